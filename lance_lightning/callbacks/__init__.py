@@ -1,0 +1,5 @@
+"""Lightning callbacks: the data cursor in checkpoints."""
+
+from lance_lightning.callbacks.cursor import DataCursorCheckpoint
+
+__all__ = ["DataCursorCheckpoint"]

@@ -1,0 +1,112 @@
+"""The train data cursor: what a checkpoint must hold to resume an epoch exactly.
+
+Guarantees:
+- The state is a small versioned dict of plain types (loads with ``weights_only=True``), of
+  constant size whatever the dataset size::
+
+      {"format": 1, "epoch": int, "rows_consumed": int, "steps": int, "finished": bool,
+       "plan": {"uri", "version", "columns", "filter", "shuffle", "rows"}, "fingerprint": str}
+
+- ``rows_consumed`` counts rows of the epoch sequence, not batches of one rank, so it does not
+  depend on the world size, the batch size or the number of DataLoader workers: a run restored
+  on another topology starts its layout at that row (see `lance_lightning.plan.layout`).
+- Only consumed batches count: the loader reports yields from the main process (the loader has a
+  length, so Lightning does not fetch ahead), and `DataCursorCheckpoint` reports the batches whose
+  training step ended, which is exact whatever fetches ahead.
+- Restore is strict: any plan field that differs raises `CursorMismatchError` naming the field.
+  Seeking is O(1): nothing is replayed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lance_lightning.errors import CursorMismatchError
+from lance_lightning.plan.layout import Layout
+from lance_lightning.plan.planner import ReadPlan
+
+CURSOR_FORMAT = 1
+STATE_KEYS = ("format", "epoch", "rows_consumed", "steps", "finished", "plan", "fingerprint")
+
+
+class CursorTracker:
+    """Tracks one split's epoch position and restores it from a saved state."""
+
+    def __init__(self, plan: ReadPlan, world_size: int) -> None:
+        self.plan = plan
+        self.world_size = world_size
+        self.epoch: int | None = None
+        self.layout: Layout | None = None
+        self.steps_before = 0
+        self.yielded = 0
+        self.consumed: int | None = None  # set when a callback reports finished steps
+        self._pending: dict[str, Any] | None = None
+
+    # -- epoch life cycle -------------------------------------------------------------------
+    def begin_epoch(self, epoch: int) -> Layout:
+        """Start iterating ``epoch``: from the restored cursor if it belongs to it, else from 0."""
+        start, steps_before = 0, 0
+        pending, self._pending = self._pending, None
+        if pending is not None and pending["epoch"] == epoch:
+            start, steps_before = pending["rows_consumed"], pending["steps"]
+        self.epoch = epoch
+        self.layout = self.plan.layout(self.world_size, start)
+        self.steps_before = steps_before
+        self.yielded = 0
+        self.consumed = None if self.consumed is None else 0
+        return self.layout
+
+    def on_yield(self) -> None:
+        self.yielded += 1
+
+    def on_step_end(self) -> None:
+        """A training step finished on the latest yielded batch (reported by the callback)."""
+        self.consumed = min(self.yielded, (self.consumed or 0) + 1)
+
+    def length(self) -> int:
+        """Batches per rank in the current (or restored) epoch, counting those before a resume."""
+        if self._pending is not None:
+            pending = self._pending
+            return pending["steps"] + self.plan.layout(self.world_size, pending["rows_consumed"]).steps
+        if self.layout is not None:
+            return self.steps_before + self.layout.steps
+        return self.plan.layout(self.world_size).steps
+
+    # -- state ------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        if self._pending is not None:
+            return dict(self._pending)
+        if self.layout is None or self.epoch is None:
+            return {}
+        done = self.consumed if self.consumed is not None else self.yielded
+        return {
+            "format": CURSOR_FORMAT,
+            "epoch": self.epoch,
+            "rows_consumed": self.layout.start + self.layout.rows_after(done),
+            "steps": self.steps_before + done,
+            "finished": done >= self.layout.steps,
+            "plan": self.plan.identity(),
+            "fingerprint": self.plan.fingerprint(),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Validate ``state`` against the current plan and resume from it at the next epoch start."""
+        if not state:
+            return
+        check_state(state, self.plan)
+        self._pending = dict(state)
+
+
+def check_state(state: dict[str, Any], plan: ReadPlan) -> None:
+    """Raise `CursorMismatchError` naming the first field where ``state`` and ``plan`` differ."""
+    if state.get("format") != CURSOR_FORMAT:
+        raise CursorMismatchError("format", state.get("format"), CURSOR_FORMAT)
+    missing = [key for key in STATE_KEYS if key not in state]
+    if missing:
+        raise CursorMismatchError("keys", sorted(state), list(STATE_KEYS))
+    saved, current = state["plan"], plan.identity()
+    for key in ("uri", "version", "filter", "columns", "shuffle", "rows"):
+        if saved.get(key) != current.get(key):
+            raise CursorMismatchError(f"plan.{key}", saved.get(key), current.get(key))
+    if not 0 <= state["rows_consumed"] <= plan.matched_rows:
+        raise CursorMismatchError("rows_consumed", state["rows_consumed"], f"0..{plan.matched_rows}")

@@ -1,0 +1,239 @@
+"""`LanceDataModule`: Lance sources in, planned, sharded, resumable dataloaders out.
+
+Guarantees:
+- Every argument is typed, so LightningCLI reads all of them from YAML and ``--print_config``
+  shows them; strategies and transforms are given by ``class_path``.
+- ``setup()`` pins each needed source to one dataset version and validates it in the main
+  process, before any worker starts; bad input raises `ConfigError` naming parameter, value, fix.
+- Rank and world size come from the trainer (rank 0 of 1 without one); every rank yields the
+  same number of batches; the train order depends on (version, filter, strategy, seed, epoch).
+- The train cursor is saved in the data module's own checkpoint state and, with
+  `DataCursorCheckpoint`, in the callback's: resume is exact even when Lightning skips
+  ``loader.load_state_dict`` (#20550). A checkpoint of another plan is refused with the field.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
+
+from lance_lightning.cursor import CursorTracker
+from lance_lightning.dataset import BatchTransform, LanceIterableDataset
+from lance_lightning.errors import ConfigError
+from lance_lightning.loader import FORK_WARNING, LanceDataLoader
+from lance_lightning.plan.planner import ReadPlan, build_plan
+from lance_lightning.source import LanceSource, pin_source
+from lance_lightning.strategies import FilterRead, NoShuffle, ShuffleStrategy
+
+Split = Literal["train", "val", "test", "predict"]
+_STAGE_SPLITS: dict[str, tuple[Split, ...]] = {
+    "fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",),
+}
+_STATE_KEY = "train_cursor"
+
+
+class LanceDataModule(pl.LightningDataModule):
+    """Train/val/test/predict dataloaders planned from Lance sources.
+
+    Args:
+        train, val, test, predict: The source of each split (uri, columns, filter, version,
+            storage_options). A split that a stage uses must be configured.
+        batch_size: Rows per batch and rank.
+        eval_batch_size: Rows per batch for val/test/predict (default: ``batch_size``).
+        shuffle: Train shuffle strategy (`NoShuffle`, `ShardShuffle`, `RowShuffle`,
+            `BufferShuffle`); default `NoShuffle`. Val/test/predict are read in storage order.
+        filter_read: How filtered splits are read (scan or take, by selectivity by default).
+        transform: Callable applied to each converted batch in the reader threads/workers,
+            e.g. `lance_lightning.transforms.DecodeImage`.
+        drop_last: Drop the train tail that does not fill a whole step (eval splits never drop:
+            their last step is split across ranks and padded where a rank has no rows).
+        num_workers: DataLoader worker processes per rank. 0 (the default) reads on in-process
+            threads, the fastest choice unless the transform is heavy Python.
+        reader_threads: Threads per process reading, converting and transforming batches.
+        prefetch_groups: Read groups (about 16k rows, or 4 batches for takes) prepared ahead.
+        prefetch_factor: Batches each worker process prepares ahead (``num_workers > 0``).
+        multiprocessing_context: Worker start method; Lance is not fork-safe.
+        persistent_workers: Keep worker processes across epochs.
+        pin_memory: Pin batches in page-locked memory for faster host-to-GPU copies.
+        fill_nulls: Value per column that replaces nulls; otherwise a null is an error.
+        resume_data: Restore the data cursor from checkpoints; ``False`` starts the data epoch
+            fresh on purpose (e.g. after changing the shuffle seed).
+    """
+
+    def __init__(
+        self,
+        train: LanceSource | None = None,
+        val: LanceSource | None = None,
+        test: LanceSource | None = None,
+        predict: LanceSource | None = None,
+        batch_size: int = 256,
+        eval_batch_size: int | None = None,
+        shuffle: ShuffleStrategy | None = None,
+        filter_read: FilterRead | None = None,
+        transform: BatchTransform | None = None,
+        drop_last: bool = True,
+        num_workers: int = 0,
+        reader_threads: int = 2,
+        prefetch_groups: int = 2,
+        prefetch_factor: int = 2,
+        multiprocessing_context: Literal["forkserver", "spawn", "fork"] = "forkserver",
+        persistent_workers: bool = True,
+        pin_memory: bool = False,
+        fill_nulls: dict[str, Any] | None = None,
+        resume_data: bool = True,
+    ) -> None:
+        super().__init__()
+        self.sources: dict[Split, LanceSource | None] = {"train": train, "val": val, "test": test, "predict": predict}
+        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size or 1),
+                            ("prefetch_groups", prefetch_groups), ("prefetch_factor", prefetch_factor)):
+            _require(name, value, 1)
+        _require("num_workers", num_workers, 0)
+        _require("reader_threads", reader_threads, 0)
+        for split, source in self.sources.items():
+            if source is not None and not isinstance(source, LanceSource):
+                raise ConfigError(split, source, "is not a LanceSource", f"pass LanceSource(uri=...) or a mapping in YAML")
+        if multiprocessing_context not in ("forkserver", "spawn", "fork"):
+            raise ConfigError("multiprocessing_context", multiprocessing_context, "unknown start method",
+                              'use "forkserver" or "spawn"')
+        if multiprocessing_context == "fork" and num_workers > 0:
+            warnings.warn(FORK_WARNING, RuntimeWarning, stacklevel=2)
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.shuffle = shuffle or NoShuffle()
+        self.filter_read = filter_read or FilterRead()
+        self.transform = transform
+        self.drop_last = drop_last
+        self.num_workers = num_workers
+        self.reader_threads = reader_threads
+        self.prefetch_groups = prefetch_groups
+        self.prefetch_factor = prefetch_factor
+        self.multiprocessing_context = multiprocessing_context
+        self.persistent_workers = persistent_workers
+        self.pin_memory = pin_memory
+        self.fill_nulls = dict(fill_nulls or {})
+        self.resume_data = resume_data
+        self.plans: dict[Split, ReadPlan] = {}
+        self.train_cursor: CursorTracker | None = None
+        self._loaders: dict[Split, LanceDataLoader] = {}
+
+    # -- topology ---------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.trainer.world_size if self.trainer is not None else 1
+
+    @property
+    def global_rank(self) -> int:
+        return self.trainer.global_rank if self.trainer is not None else 0
+
+    def _epoch(self) -> int:
+        return self.trainer.current_epoch if self.trainer is not None else 0
+
+    # -- setup ------------------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        """Pin, validate and plan every split the stage uses (all configured ones for ``None``)."""
+        needed = _STAGE_SPLITS.get(stage or "", tuple(s for s, src in self.sources.items() if src))
+        required = {"fit": "train", "validate": "val", "test": "test", "predict": "predict"}.get(stage or "")
+        if required and self.sources[required] is None:
+            raise ConfigError(required, None, f"trainer stage '{stage}' reads the {required} split, which is not "
+                              "configured", f"set `data.{required}` (LanceDataModule({required}=LanceSource(uri=...)))")
+        for split in needed:
+            if self.sources[split] is not None and split not in self.plans:
+                self._plan(split, version=None)
+        self._check_fill_nulls()
+        if stage == "fit":
+            rank_zero_info(self.explain("train"))
+
+    def _plan(self, split: Split, version: int | None) -> None:
+        source = self.sources[split]
+        if version is not None:
+            source = LanceSource(source.uri, source.columns, source.filter, version, source.storage_options)
+        pinned = pin_source(source, split)
+        train = split == "train"
+        self.plans[split] = build_plan(
+            split, pinned, self.shuffle if train else NoShuffle(), self.filter_read,
+            self.batch_size if train else self.eval_batch_size, self.drop_last if train else False, self.world_size,
+        )
+        self._loaders.pop(split, None)
+        if train:
+            self.train_cursor = CursorTracker(self.plans["train"], self.world_size)
+
+    def _check_fill_nulls(self) -> None:
+        columns = {c for plan in self.plans.values() for c in plan.source.columns}
+        unknown = sorted(set(self.fill_nulls) - columns)
+        if unknown and self.plans:
+            raise ConfigError("fill_nulls", self.fill_nulls, f"column(s) {unknown} are not read by any split",
+                              f"name only read columns: {sorted(columns)}")
+
+    def explain(self, split: Split = "train") -> str:
+        """Which plan was chosen for ``split`` and why: rows, selectivity, strategy, batches per rank."""
+        if split not in self.plans:
+            if self.sources.get(split) is None:
+                raise ConfigError("split", split, "that split is not configured", f"configure `data.{split}`")
+            self._plan(split, version=None)
+        return self.plans[split].explain(self.world_size)
+
+    # -- dataloaders ------------------------------------------------------------------------
+    def train_dataloader(self) -> LanceDataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> LanceDataLoader | list:
+        return self._loader("val") if self.sources["val"] is not None else []
+
+    def test_dataloader(self) -> LanceDataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> LanceDataLoader:
+        return self._loader("predict")
+
+    def _loader(self, split: Split) -> LanceDataLoader:
+        if split not in self.plans:
+            self.setup({"train": "fit", "val": "validate", "test": "test", "predict": "predict"}[split])
+        loader = self._loaders.get(split)
+        if loader is None:
+            dataset = LanceIterableDataset(
+                self.plans[split], world_size=self.world_size, rank=self.global_rank, transform=self.transform,
+                fill_nulls=self.fill_nulls, threads=self.reader_threads, prefetch_groups=self.prefetch_groups,
+            )
+            cursor = self.train_cursor if split == "train" else None
+            loader = LanceDataLoader(
+                dataset, cursor=cursor, epoch_source=self._epoch if split == "train" else (lambda: 0),
+                num_workers=self.num_workers, persistent_workers=self.persistent_workers,
+                pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor,
+                multiprocessing_context=self.multiprocessing_context,
+            )
+            self._loaders[split] = loader
+        return loader
+
+    # -- checkpoint state -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = self.train_cursor.state() if self.train_cursor is not None else {}
+        return {_STATE_KEY: state} if state else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.restore_cursor(state_dict.get(_STATE_KEY, {}))
+
+    def restore_cursor(self, cursor: dict[str, Any]) -> None:
+        """Resume the train split from a saved cursor, re-pinning the version it was read at."""
+        if not cursor or not self.resume_data:
+            return
+        if "train" not in self.plans:
+            self.setup("fit")
+        saved_version = cursor.get("plan", {}).get("version")
+        plan = self.plans["train"]
+        configured = self.sources["train"].version
+        if saved_version is not None and saved_version != plan.source.version and configured is None:
+            try:
+                self._plan("train", version=saved_version)
+            except ConfigError as error:
+                raise ConfigError("train.version", saved_version, "the checkpoint's data cursor was read at this "
+                                  "version, which no longer exists", "restore that version, or resume with "
+                                  "`resume_data=False` to start the data epoch fresh") from error
+        self.train_cursor.restore(cursor)
+
+
+def _require(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(name, value, f"must be an integer >= {minimum}", f"set `{name}` to {minimum} or more")

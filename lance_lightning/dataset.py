@@ -1,0 +1,148 @@
+"""The two public dataset styles, usable with a plain ``torch.utils.data.DataLoader``.
+
+Guarantees:
+- `LanceIterableDataset` yields ready batches (dicts of column -> tensor/list) of one rank, for
+  the epoch and start row set with ``set_epoch``. DataLoader worker ``w`` of ``K`` yields the
+  rank's batches ``w, w+K, ...`` so the round-robin DataLoader keeps the planned order. The epoch
+  lives in shared memory, so persistent workers see each new epoch.
+- `LanceMapDataset` maps index ``i`` to the ``i``-th matching row of a pinned source; its
+  batched ``__getitems__`` reads a whole batch with one planned read, never row by row.
+- Both read only the pinned version and convert per batch (see `lance_lightning.convert`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from lance_lightning.convert import to_torch_batch
+from lance_lightning.plan.planner import ReadPlan
+from lance_lightning.prefetch import ReadAhead
+from lance_lightning.read import PlanReader, read_positions
+from lance_lightning.source import LanceSource, PinnedSource, pin_source
+
+Batch = dict[str, Any]
+BatchTransform = Callable[[Batch], Batch]
+
+class EpochControl:
+    """Epoch and start row of the next iteration, shared with worker processes."""
+
+    def __init__(self, context: Any | None = None) -> None:
+        self._values = (context or multiprocessing).RawArray("q", 2)
+
+    def set(self, epoch: int, start: int) -> None:
+        self._values[0], self._values[1] = epoch, start
+
+    def get(self) -> tuple[int, int]:
+        return int(self._values[0]), int(self._values[1])
+
+class LanceIterableDataset(IterableDataset):
+    """Batches of one rank of a `ReadPlan`.
+
+    Args:
+        plan: The split's read plan.
+        world_size, rank: The rank's place in the job; each rank reads a disjoint share.
+        transform: Called on each converted batch, in the reader threads.
+        fill_nulls: Per-column values for nulls (else a null is an error naming the column).
+        threads: Reader threads per process (0 reads on the iterating thread).
+        prefetch_groups: Read groups kept ready ahead of the consumer, per process.
+    """
+
+    def __init__(self, plan: ReadPlan, *, world_size: int = 1, rank: int = 0,
+                 transform: BatchTransform | None = None, fill_nulls: Mapping[str, Any] | None = None,
+                 threads: int = 2, prefetch_groups: int = 2) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        self.plan = plan
+        self.world_size = world_size
+        self.rank = rank
+        self.transform = transform
+        self.fill_nulls = dict(fill_nulls or {})
+        self.threads = threads
+        self.prefetch_groups = prefetch_groups
+        self.control = EpochControl()
+
+    def use_context(self, context: Any) -> None:
+        """Put the epoch control in memory that workers of ``context`` share."""
+        epoch, start = self.control.get()
+        self.control = EpochControl(context)
+        self.control.set(epoch, start)
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Read epoch ``epoch`` from sequence row ``start`` (a resumed cursor) on the next iteration."""
+        self.control.set(epoch, start)
+
+    def __iter__(self) -> Iterator[Batch]:
+        epoch, start = self.control.get()
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        reader = PlanReader(self.plan, epoch, self.world_size, self.rank, start)
+        steps = reader.layout.worker_steps(worker, workers)
+        read_ahead = ReadAhead(self._produce(reader), reader.groups(steps), self.threads, self.prefetch_groups)
+        for group in read_ahead:
+            yield from group
+
+    def _produce(self, reader: PlanReader) -> Callable[[list], list[Batch]]:
+        def produce(group: list) -> list[Batch]:
+            return [self._finish(table) for _, table in reader.read_group(group)]
+        return produce
+
+    def _finish(self, table: pa.Table) -> Batch:
+        batch = to_torch_batch(table, self.fill_nulls)
+        return self.transform(batch) if self.transform is not None else batch
+
+class LanceMapDataset(Dataset):
+    """Map-style access to the matching rows of a pinned source, in storage order.
+
+    Use ``DataLoader(ds, batch_size=..., collate_fn=LanceMapDataset.collate)``: ``__getitems__``
+    already returns a whole batch, so the collate function passes it through.
+
+    Args:
+        source: A `LanceSource` (pinned and validated here) or an already pinned source.
+        transform: Called on each converted batch.
+        fill_nulls: Per-column values for nulls.
+    """
+
+    def __init__(self, source: LanceSource | PinnedSource, *, transform: BatchTransform | None = None,
+                 fill_nulls: Mapping[str, Any] | None = None) -> None:
+        self.source = source if isinstance(source, PinnedSource) else pin_source(source, "source")
+        self.transform = transform
+        self.fill_nulls = dict(fill_nulls or {})
+        self.positions: np.ndarray | None = None
+        self._rows = self.source.total_rows
+        if self.source.filter is not None:
+            table = self.source.open().to_table(columns=["_rowoffset"], filter=self.source.filter)
+            self.positions = table.column(0).to_numpy().astype(np.int64)
+            self._rows = len(self.positions)
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __getitems__(self, indices: Sequence[int]) -> Batch:
+        index = np.asarray(indices, dtype=np.int64)
+        if len(index) and (index.min() < -self._rows or index.max() >= self._rows):
+            raise IndexError(f"index out of range for {self._rows} rows: {index.min()}..{index.max()}")
+        index %= self._rows
+        positions = index if self.positions is None else self.positions[index]
+        wanted, inverse = np.unique(positions, return_inverse=True)
+        table = read_positions(self.source, wanted, scan_mode=False)
+        if len(wanted) != len(positions) or not np.array_equal(wanted, positions):
+            table = table.take(pa.array(inverse))
+        batch = to_torch_batch(table, self.fill_nulls)
+        return self.transform(batch) if self.transform is not None else batch
+
+    def __getitem__(self, index: int) -> Batch:
+        batch = self.__getitems__([index])
+        return {k: v[0] for k, v in batch.items()}
+
+    @staticmethod
+    def collate(batch: Batch) -> Batch:
+        """The collate function for ``__getitems__`` batches: they are already collated."""
+        return batch
+

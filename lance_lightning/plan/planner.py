@@ -1,0 +1,143 @@
+"""Read planning: from a pinned source, a filter and a strategy to a `ReadPlan`.
+
+Guarantees:
+- A filter is counted with ``count_rows`` (a scalar index answers it without reading data) and
+  the matching rows are listed once, at setup, by their positions in the pinned version. Every
+  rank and worker then shards the same exact row set, so batch counts are equal by construction.
+- The read method follows the table in the docs: scans for storage-ordered, shard and buffer
+  plans; ``take`` for row shuffles and for filters that match less than ``take_below`` of rows.
+- A `ReadPlan` is picklable and holds plain data: it is what DataLoader workers receive.
+- ``explain`` says in words which plan was chosen and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from lance_lightning.errors import ConfigError
+from lance_lightning.plan.layout import Layout
+from lance_lightning.plan.order import EpochOrder
+from lance_lightning.source import PinnedSource
+from lance_lightning.strategies import FilterRead, NoShuffle, RowShuffle, ShuffleStrategy
+
+ReadMethod = Literal["scan", "take"]
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """Everything a reader needs to produce one split's batches for any epoch and topology."""
+
+    split: str
+    source: PinnedSource
+    strategy: ShuffleStrategy
+    method: ReadMethod
+    matched_rows: int
+    batch_size: int
+    drop_last: bool
+    reason: str
+    positions: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def selectivity(self) -> float:
+        return self.matched_rows / self.source.total_rows if self.source.total_rows else 0.0
+
+    def order(self, epoch: int) -> EpochOrder:
+        return EpochOrder(self.matched_rows, self.strategy, epoch)
+
+    def layout(self, world_size: int, start: int = 0) -> Layout:
+        return Layout(start, self.matched_rows - start, world_size, self.batch_size, self.drop_last)
+
+    def row_positions(self, matched: np.ndarray) -> np.ndarray:
+        """Positions in the pinned dataset version of the given matching-row indices."""
+        return matched if self.positions is None else self.positions[matched]
+
+    def identity(self) -> dict[str, Any]:
+        """Plain description of everything that determines the epoch order (no credentials)."""
+        return {**self.source.identity(), "shuffle": self.strategy.describe(), "rows": self.matched_rows}
+
+    def fingerprint(self) -> str:
+        text = json.dumps(self.identity(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def explain(self, world_size: int = 1) -> str:
+        layout = self.layout(world_size)
+        order = self.order(0)
+        src = self.source
+        lines = [
+            f"split '{self.split}': {src.uri} @ version {src.version}, columns {list(src.columns)}",
+            f"  rows: {self.matched_rows:,} of {src.total_rows:,}"
+            + (f" match filter {src.filter!r} (selectivity {self.selectivity:.2%})" if src.filter else ""),
+            f"  strategy: {self.strategy!r} -> {order.units:,} unit(s) of {order.unit_rows:,} row(s)",
+            f"  read: {self.method} ({self.reason})",
+            f"  batches: {layout.steps:,} per rank x {world_size} rank(s), batch_size {self.batch_size}",
+        ]
+        if layout.dropped_rows:
+            lines.append(f"  tail: drop_last skips {layout.dropped_rows:,} row(s) per epoch (a new set each epoch "
+                         "when shuffled)")
+        elif layout.repeated_rows:
+            lines.append(f"  tail: last step split across ranks; {layout.repeated_rows} row(s) repeated as padding")
+        return "\n".join(lines)
+
+
+def build_plan(
+    split: str,
+    source: PinnedSource,
+    strategy: ShuffleStrategy | None,
+    filter_read: FilterRead | None,
+    batch_size: int,
+    drop_last: bool,
+    world_size: int,
+) -> ReadPlan:
+    """Count, list and plan the rows of ``source``; raise `ConfigError` for plans that cannot work."""
+    strategy = strategy or NoShuffle()
+    filter_read = filter_read or FilterRead()
+    dataset = source.open()
+    positions: np.ndarray | None = None
+    if source.filter is None:
+        matched = source.total_rows
+        method, reason = _method_without_filter(strategy)
+    else:
+        matched = dataset.count_rows(source.filter)
+        if matched == 0:
+            raise ConfigError(f"{split}.filter", source.filter, f"matches no rows of {source.uri} "
+                              f"(version {source.version})", "loosen the filter or check the column values")
+        selectivity = matched / source.total_rows
+        method, reason = _method_with_filter(strategy, filter_read, selectivity)
+        table = dataset.to_table(columns=["_rowoffset"], filter=source.filter)
+        positions = table.column(0).to_numpy().astype(np.int64)
+    if matched == 0:
+        raise ConfigError(f"{split}.uri", source.uri, "the dataset has no rows", "write rows first")
+    _check_fits(split, matched, batch_size, drop_last, world_size)
+    return ReadPlan(split, source, strategy, method, matched, batch_size, drop_last, reason, positions)
+
+
+def _method_without_filter(strategy: ShuffleStrategy) -> tuple[ReadMethod, str]:
+    if isinstance(strategy, RowShuffle):
+        return "take", f"a row shuffle reads permuted clumps of {strategy.clump_rows} row(s)"
+    return "scan", "contiguous ranges read at scan speed"
+
+
+def _method_with_filter(strategy: ShuffleStrategy, policy: FilterRead, selectivity: float) -> tuple[ReadMethod, str]:
+    if isinstance(strategy, RowShuffle):
+        return "take", "a row shuffle takes the permuted matching rows"
+    method = policy.choose(selectivity)
+    if policy.method != "auto":
+        return method, f"forced by FilterRead(method={policy.method!r})"
+    relation = "<" if method == "take" else ">="
+    why = "take only the matching rows" if method == "take" else "scan ranges and keep the matching rows"
+    return method, f"selectivity {selectivity:.2%} {relation} take_below {policy.take_below:.2%}: {why}"
+
+
+def _check_fits(split: str, rows: int, batch_size: int, drop_last: bool, world_size: int) -> None:
+    if world_size > rows:
+        raise ConfigError("world_size", world_size, f"split '{split}' has only {rows} row(s), fewer than ranks",
+                          "use fewer devices/nodes, or more data")
+    if drop_last and rows < batch_size * world_size:
+        raise ConfigError("batch_size", batch_size, f"split '{split}' has {rows} row(s), fewer than one step of "
+                          f"batch_size x world_size = {batch_size * world_size}, so drop_last leaves no batch",
+                          f"use batch_size <= {rows // world_size}, or drop_last=False")
