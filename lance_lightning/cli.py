@@ -15,10 +15,23 @@ from lightning.pytorch.cli import LightningCLI
 from lance_lightning.datamodule import LanceDataModule
 
 
-def main(args: list[str] | None = None) -> LightningCLI:
+class LanceLightningCLI(LightningCLI):
+    """LightningCLI that says where a run's logs and checkpoints went."""
+
+    def after_fit(self) -> None:
+        trainer = self.trainer
+        if trainer.is_global_zero:
+            checkpoints = trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback else None
+            print(f"logs: {trainer.log_dir}\ncheckpoints: {checkpoints}")
+            if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.last_model_path:
+                print(f"resume with: --ckpt_path {trainer.checkpoint_callback.last_model_path}")
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of ``lance-lightning``."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    return LightningCLI(
+    LanceLightningCLI(
         datamodule_class=LanceDataModule,
         subclass_mode_model=True,
         save_config_kwargs={"overwrite": True},
