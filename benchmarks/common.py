@@ -1,0 +1,249 @@
+"""Shared pieces of the benchmarks: cached datasets, paired timing, result tables and plots.
+
+Every figure the benchmarks report is a *ratio* of two measurements taken back to back in the
+same run (the machines are shared and noisy). `paired` interleaves the candidate and its
+baseline, repeats the pair, and reports the median rows/s of each and the median of the
+per-repetition ratios.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+DEFAULT_CACHE = Path(os.environ.get("LANCE_LIGHTNING_BENCH_DIR", "/tmp/lance_lightning_bench"))
+
+VEC_DIM = 128
+LABELS = 100
+#: Rows per Lance file (fragment) of the vector table: 1M rows -> 4 fragments.
+FRAGMENT_ROWS = 262_144
+IMAGE_SIDE = 64
+
+
+# -- data ------------------------------------------------------------------------------------
+def _ready(path: Path, rows: int, index_column: str | None) -> bool:
+    """True when ``path`` holds a complete dataset of ``rows`` rows (and the index, if asked)."""
+    import lance
+
+    if not path.exists():
+        return False
+    try:
+        ds = lance.dataset(str(path))
+        if ds.count_rows() != rows:
+            return False
+        if index_column is not None:
+            names = {tuple(i["fields"]) for i in ds.list_indices()}
+            return (index_column,) in names
+        return True
+    except Exception:  # noqa: BLE001 - a half-written cache: rebuild it
+        return False
+
+
+def vec_dataset(cache_dir: Path, rows: int, log: Callable[[str], None] = print) -> str:
+    """The (id int64, label int32, vec fixed_size_list<float32>[128]) table, written once.
+
+    ``label`` takes 100 values in random order and has a BITMAP scalar index.
+    """
+    import lance
+
+    path = cache_dir / f"vec_{_short(rows)}.lance"
+    if _ready(path, rows, "label"):
+        log(f"[data] reusing {path}")
+        return str(path)
+    log(f"[data] writing {rows:,} rows to {path} ...")
+    started = time.perf_counter()
+    schema = pa.schema([("id", pa.int64()), ("label", pa.int32()),
+                        ("vec", pa.list_(pa.float32(), VEC_DIM))])
+
+    def batches() -> Iterable[pa.RecordBatch]:
+        rng = np.random.default_rng(0)
+        chunk = 65_536
+        for first in range(0, rows, chunk):
+            n = min(chunk, rows - first)
+            ids = np.arange(first, first + n, dtype=np.int64)
+            labels = rng.integers(0, LABELS, n, dtype=np.int32)
+            values = rng.random(n * VEC_DIM, dtype=np.float32)
+            vec = pa.FixedSizeListArray.from_arrays(pa.array(values), VEC_DIM)
+            yield pa.RecordBatch.from_arrays([pa.array(ids), pa.array(labels), vec], schema=schema)
+
+    reader = pa.RecordBatchReader.from_batches(schema, batches())
+    ds = lance.write_dataset(reader, str(path), mode="overwrite", max_rows_per_file=FRAGMENT_ROWS)
+    ds.create_scalar_index("label", "BITMAP")
+    log(f"[data] wrote {path} in {time.perf_counter() - started:.1f} s")
+    return str(path)
+
+
+def image_dataset(cache_dir: Path, rows: int, log: Callable[[str], None] = print) -> str:
+    """(id int64, image binary JPEG 64x64 RGB, label int32), written once.
+
+    Images are smooth random colour fields plus noise (a few KB each as JPEG), encoded with
+    ``torchvision.io.encode_jpeg``.
+    """
+    import lance
+    import torch
+    import torch.nn.functional as F
+    from torchvision.io import encode_jpeg
+
+    path = cache_dir / f"images_{_short(rows)}.lance"
+    if _ready(path, rows, None):
+        log(f"[data] reusing {path}")
+        return str(path)
+    log(f"[data] encoding {rows:,} JPEGs into {path} ...")
+    started = time.perf_counter()
+    gen = torch.Generator().manual_seed(0)
+    schema = pa.schema([("id", pa.int64()), ("image", pa.binary()), ("label", pa.int32())])
+
+    def batches() -> Iterable[pa.RecordBatch]:
+        chunk = 1024
+        for first in range(0, rows, chunk):
+            n = min(chunk, rows - first)
+            coarse = torch.rand(n, 3, 8, 8, generator=gen)
+            smooth = F.interpolate(coarse, size=(IMAGE_SIDE, IMAGE_SIDE), mode="bilinear", align_corners=False)
+            noise = torch.rand(n, 3, IMAGE_SIDE, IMAGE_SIDE, generator=gen) * 0.15
+            images = ((smooth * 0.85 + noise) * 255).to(torch.uint8)
+            encoded = encode_jpeg(list(images), quality=90)
+            blobs = [bytes(e.numpy().tobytes()) for e in encoded]
+            labels = torch.randint(0, 10, (n,), generator=gen, dtype=torch.int32).numpy()
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(np.arange(first, first + n, dtype=np.int64)), pa.array(blobs, pa.binary()),
+                 pa.array(labels)], schema=schema)
+
+    reader = pa.RecordBatchReader.from_batches(schema, batches())
+    lance.write_dataset(reader, str(path), mode="overwrite")
+    log(f"[data] wrote {path} in {time.perf_counter() - started:.1f} s")
+    return str(path)
+
+
+def _short(rows: int) -> str:
+    if rows % 1_000_000 == 0:
+        return f"{rows // 1_000_000}m"
+    if rows % 1000 == 0:
+        return f"{rows // 1000}k"
+    return str(rows)
+
+
+# -- timing ----------------------------------------------------------------------------------
+def timed(fn: Callable[[], int]) -> tuple[int, float]:
+    """Run ``fn`` (which returns the number of rows it read); return (rows, seconds)."""
+    started = time.perf_counter()
+    rows = fn()
+    return rows, time.perf_counter() - started
+
+
+@dataclass
+class Paired:
+    """Medians of a candidate and its baseline measured back to back ``reps`` times."""
+
+    rows_per_s: float
+    base_rows_per_s: float
+    ratio: float
+    raw: list[tuple[float, float]] = field(default_factory=list)  # (candidate, baseline) rows/s
+
+
+def paired(candidate: Callable[[], int], baseline: Callable[[], int], reps: int) -> Paired:
+    """Interleave ``candidate`` and ``baseline`` ``reps`` times (alternating which goes first).
+
+    Returns median rows/s of each and the median of the per-repetition ratios, which cancels
+    slow drifts in machine load better than a ratio of medians.
+    """
+    raw: list[tuple[float, float]] = []
+    for rep in range(reps):
+        order = (candidate, baseline) if rep % 2 == 0 else (baseline, candidate)
+        results = {}
+        for fn in order:
+            rows, secs = timed(fn)
+            results[fn] = rows / secs
+        raw.append((results[candidate], results[baseline]))
+    return Paired(
+        rows_per_s=statistics.median(c for c, _ in raw),
+        base_rows_per_s=statistics.median(b for _, b in raw),
+        ratio=statistics.median(c / b for c, b in raw),
+        raw=raw,
+    )
+
+
+# -- results ---------------------------------------------------------------------------------
+@dataclass
+class Row:
+    """One line of a result table."""
+
+    scenario: str
+    rows_per_s: float
+    baseline: str
+    base_rows_per_s: float
+    ratio: float
+    target: float | None  # minimum ratio; None = reported only
+    note: str = ""
+
+    @property
+    def status(self) -> str:
+        if self.target is None:
+            return "info"
+        return "PASS" if self.ratio >= self.target else "FAIL"
+
+
+def command_line() -> str:
+    """The command that produced this run, as typed (relative to the repository root)."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script = script.relative_to(BENCH_DIR.parent)
+    except ValueError:
+        pass
+    return " ".join(["python", shlex.quote(str(script)), *map(shlex.quote, sys.argv[1:])])
+
+
+def machine() -> str:
+    import platform
+
+    import lance
+    import torch
+
+    return (f"{platform.machine()}, {os.cpu_count()} CPU(s), Python {platform.python_version()}, "
+            f"pylance {lance.__version__}, torch {torch.__version__}, pyarrow {pa.__version__}")
+
+
+def markdown_table(rows: list[Row]) -> str:
+    lines = ["| scenario | rows/s | baseline | baseline rows/s | ratio | target | result |",
+             "|---|---:|---|---:|---:|---:|:---:|"]
+    for r in rows:
+        target = f"≥ {r.target:g}" if r.target is not None else "—"
+        lines.append(f"| {r.scenario} | {r.rows_per_s:,.0f} | {r.baseline} | {r.base_rows_per_s:,.0f} | "
+                     f"{r.ratio:.2f} | {target} | {r.status} |")
+    return "\n".join(lines)
+
+
+def bar_plot(rows: list[Row], path: Path, title: str) -> None:
+    """Horizontal bars of each row's ratio, with its target marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r.scenario for r in rows][::-1]
+    ratios = [r.ratio for r in rows][::-1]
+    colours = [{"PASS": "#2e7d32", "FAIL": "#c62828", "info": "#607d8b"}[r.status] for r in rows][::-1]
+    fig, ax = plt.subplots(figsize=(11, 0.42 * len(rows) + 1.6))
+    ax.barh(range(len(rows)), ratios, color=colours)
+    for i, r in enumerate(rows[::-1]):
+        if r.target is not None:
+            ax.plot([r.target, r.target], [i - 0.4, i + 0.4], color="black", linewidth=2)
+        ax.text(r.ratio, i, f" {r.ratio:.2f}", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("ratio to baseline (log scale; black tick = target; green PASS, red FAIL, grey info)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

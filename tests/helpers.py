@@ -1,0 +1,128 @@
+"""Small shared test helpers: a real Lance dataset writer and a recording LightningModule.
+
+Other test modules import these (``from tests.helpers import write_dataset, RecordingModel``);
+keep the signatures stable.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import lance
+import lightning.pytorch as pl
+import numpy as np
+import pyarrow as pa
+import torch
+from torch import nn
+
+VEC_DIM = 8
+
+
+def make_table(rows: int = 1000, *, start: int = 0, sorted_labels: bool = False, label_classes: int = 10,
+               extra: Mapping[str, Any] | None = None) -> pa.Table:
+    """The table `write_dataset` writes: ids ``start..start+rows-1`` (see `write_dataset`)."""
+    ids = np.arange(start, start + rows, dtype=np.int64)
+    if sorted_labels:
+        labels = (np.arange(rows, dtype=np.int64) * label_classes) // max(rows, 1)
+    else:
+        labels = ids % label_classes
+    x = (ids.astype(np.float32) / max(start + rows, 1)).astype(np.float32)
+    vec = (ids[:, None] * VEC_DIM + np.arange(VEC_DIM)[None, :]).astype(np.float32).reshape(-1)
+    columns: dict[str, Any] = {
+        "id": pa.array(ids, pa.int64()),
+        "label": pa.array(labels, pa.int64()),
+        "x": pa.array(x, pa.float32()),
+        "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec, pa.float32()), VEC_DIM),
+    }
+    for name, values in (extra or {}).items():
+        columns[name] = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(values)
+    return pa.table(columns)
+
+
+def write_dataset(path: Any, rows: int = 1000, *, fragment_rows: int | None = None, sorted_labels: bool = False,
+                  label_classes: int = 10, extra: Mapping[str, Any] | None = None) -> str:
+    """Write a Lance dataset at ``path`` and return its URI (``str(path)``).
+
+    Columns: ``id`` int64 ``0..rows-1`` (storage order), ``label`` int64 (``id % label_classes``, or
+    ``sorted_labels=True``: non-decreasing, ``id * label_classes // rows``), ``x`` float32
+    (``id / rows``), ``vec`` fixed_size_list<float32>[8] (row ``i`` holds ``8i .. 8i+7``), plus
+    ``extra``: column name -> pyarrow array or Python list of length ``rows``.
+    ``fragment_rows`` sets Lance's ``max_rows_per_file`` (rows per fragment).
+    """
+    uri = os.fspath(path)
+    table = make_table(rows, sorted_labels=sorted_labels, label_classes=label_classes, extra=extra)
+    kwargs: dict[str, Any] = {"mode": "create"}
+    if fragment_rows is not None:
+        kwargs["max_rows_per_file"] = fragment_rows
+        kwargs["max_rows_per_group"] = min(fragment_rows, 1024)
+    lance.write_dataset(table, uri, **kwargs)
+    return uri
+
+
+def append_rows(uri: str, rows: int, *, label_classes: int = 10) -> int:
+    """Append ``rows`` rows continuing the ids after the current last one; return the new version."""
+    dataset = lance.dataset(uri)
+    start = dataset.count_rows()
+    table = make_table(rows, start=start, label_classes=label_classes)
+    table = table.select(dataset.schema.names) if set(dataset.schema.names) <= set(table.column_names) else table
+    return lance.write_dataset(table, uri, mode="append").version
+
+
+class RecordingModel(pl.LightningModule):
+    """A tiny linear model on ``batch['x']`` that records the ids it trains on.
+
+    Attributes:
+        seen: ids of each training step, in order (``batch['id'].tolist()``; ``[]`` if no id column).
+        seen_epochs: ``trainer.current_epoch`` of each training step.
+        val_seen / test_seen / predict_seen: ids per eval batch.
+        estimated_stepping_batches: what ``configure_optimizers`` read (with
+            ``read_estimated_stepping_batches=True``), else None.
+    """
+
+    def __init__(self, read_estimated_stepping_batches: bool = False) -> None:
+        super().__init__()
+        self.read_estimated_stepping_batches = read_estimated_stepping_batches
+        self.layer = nn.Linear(1, 1)
+        self.seen: list[list[int]] = []
+        self.seen_epochs: list[int] = []
+        self.val_seen: list[list[int]] = []
+        self.test_seen: list[list[int]] = []
+        self.predict_seen: list[list[int]] = []
+        self.estimated_stepping_batches: int | float | None = None
+
+    @staticmethod
+    def _ids(batch: Mapping[str, Any]) -> list[int]:
+        ids = batch.get("id")
+        return [int(i) for i in ids.tolist()] if ids is not None else []
+
+    def _loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        x = batch["x"].float().reshape(-1, 1)
+        return (self.layer(x) - x).pow(2).mean()
+
+    def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
+        self.seen.append(self._ids(batch))
+        self.seen_epochs.append(int(self.current_epoch))
+        return self._loss(batch)
+
+    def validation_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
+        self.val_seen.append(self._ids(batch))
+        self.log("val/loss", self._loss(batch), batch_size=len(batch["x"]))
+
+    def test_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
+        self.test_seen.append(self._ids(batch))
+
+    def predict_step(self, batch: Mapping[str, Any], batch_idx: int, dataloader_idx: int = 0) -> list[int]:
+        ids = self._ids(batch)
+        self.predict_seen.append(ids)
+        return ids
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.read_estimated_stepping_batches:
+            self.estimated_stepping_batches = self.trainer.estimated_stepping_batches
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def flat(seen: list[list[int]]) -> list[int]:
+    """Concatenate per-step id lists."""
+    return [i for step in seen for i in step]
