@@ -2,35 +2,49 @@
 
 Planned reads (scan or take, by shuffle strategy and filter selectivity), equal shards on every
 rank and worker, exact O(1) mid-epoch resume from Lightning checkpoints.
+
+Names are imported on first use, so DataLoader worker processes that only need the readers
+never pay for importing Lightning.
 """
 
-from lance_lightning.callbacks import DataCursorCheckpoint
-from lance_lightning.convert import NullValueError, UnsupportedColumnError, to_torch_batch
-from lance_lightning.datamodule import LanceDataModule
-from lance_lightning.dataset import LanceIterableDataset, LanceMapDataset
-from lance_lightning.errors import ConfigError, CursorMismatchError
-from lance_lightning.loader import LanceDataLoader
-from lance_lightning.source import LanceSource, PinnedSource, pin_source
-from lance_lightning.strategies import BufferShuffle, FilterRead, NoShuffle, RowShuffle, ShardShuffle, ShuffleStrategy
+from __future__ import annotations
 
-__all__ = [
-    "BufferShuffle",
-    "ConfigError",
-    "CursorMismatchError",
-    "DataCursorCheckpoint",
-    "FilterRead",
-    "LanceDataLoader",
-    "LanceDataModule",
-    "LanceIterableDataset",
-    "LanceMapDataset",
-    "LanceSource",
-    "NoShuffle",
-    "NullValueError",
-    "PinnedSource",
-    "RowShuffle",
-    "ShardShuffle",
-    "ShuffleStrategy",
-    "UnsupportedColumnError",
-    "pin_source",
-    "to_torch_batch",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BufferShuffle": "lance_lightning.strategies",
+    "ConfigError": "lance_lightning.errors",
+    "CursorMismatchError": "lance_lightning.errors",
+    "DataCursorCheckpoint": "lance_lightning.callbacks",
+    "FilterRead": "lance_lightning.strategies",
+    "LanceDataLoader": "lance_lightning.loader",
+    "LanceDataModule": "lance_lightning.datamodule",
+    "LanceIterableDataset": "lance_lightning.dataset",
+    "LanceMapDataset": "lance_lightning.dataset",
+    "LanceSource": "lance_lightning.source",
+    "NoShuffle": "lance_lightning.strategies",
+    "NullValueError": "lance_lightning.convert",
+    "PinnedSource": "lance_lightning.source",
+    "RowShuffle": "lance_lightning.strategies",
+    "ShardShuffle": "lance_lightning.strategies",
+    "ShuffleStrategy": "lance_lightning.strategies",
+    "UnsupportedColumnError": "lance_lightning.convert",
+    "pin_source": "lance_lightning.source",
+    "to_torch_batch": "lance_lightning.convert",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lance_lightning' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

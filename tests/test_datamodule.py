@@ -135,9 +135,21 @@ def test_plain_loop_reads_every_row_once(tmp_path, strategy, filtered):
         assert ids == expected
     else:
         assert ids != expected
-        # the next epoch is another permutation of the same rows
-        again = flat([b["id"].tolist() for b in loader])
-        assert sorted(again) == expected and again != ids
+
+
+def test_plain_loop_next_iteration_is_next_epoch(dataset_uri):
+    """Without a Trainer the loader counts its own epochs; ``set_epoch`` picks one."""
+    dm = LanceDataModule(train=LanceSource(dataset_uri, columns=["id"]), batch_size=100, shuffle=RowShuffle(seed=0))
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    first = flat([b["id"].tolist() for b in loader])
+    second = flat([b["id"].tolist() for b in loader])
+    assert sorted(first) == sorted(second) == list(range(1000))
+    assert second != first, "the second iteration repeated epoch 0's order"
+    loader.set_epoch(0)
+    assert flat([b["id"].tolist() for b in loader]) == first
+    loader.set_epoch(1)
+    assert flat([b["id"].tolist() for b in loader]) == second
 
 
 def test_plain_loop_drop_last_len_matches(dataset_uri):

@@ -46,10 +46,10 @@ def test_iterable_dataset_with_plain_dataloader_and_workers(uri: str) -> None:
     dataset = LanceIterableDataset(plan)
     dataset.set_epoch(4)
     in_process = [b["id"].tolist() for b in DataLoader(dataset, batch_size=None)]
-    dataset.use_context(torch.multiprocessing.get_context("spawn"))
+    dataset.use_context(torch.multiprocessing.get_context("forkserver"))
     dataset.set_epoch(4)
     with_workers = [b["id"].tolist() for b in DataLoader(dataset, batch_size=None, num_workers=2,
-                                                         multiprocessing_context="spawn")]
+                                                         multiprocessing_context="forkserver")]
     assert in_process == with_workers
     assert sorted(sum(in_process, [])) == list(range(700))
 

@@ -1,0 +1,132 @@
+"""Real DDP: 2 CPU processes (gloo) through ``Trainer.fit(strategy="ddp")``.
+
+One subprocess launch (``tests/ddp_worker.py``) fits every configuration in turn; Lightning
+re-launches the script for rank 1. Each rank records the ids it trained on. Checked per
+configuration and epoch: equal step counts, the exact planned batches on each rank, disjoint
+ranks, the union is the epoch minus the documented tail, and nothing hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lance_lightning import NoShuffle
+from lance_lightning.plan import build_plan
+from lance_lightning.source import pin_source
+from tests import ddp_worker
+from tests.helpers import write_dataset
+
+ROWS = 250
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 480
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, float]:
+    """Launch the DDP script once for every configuration; return (uri, out dir, seconds)."""
+    root = tmp_path_factory.mktemp("ddp")
+    uri = write_dataset(root / "ds.lance", ROWS, fragment_rows=64)
+    out = root / "out"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH"))
+                                                       if p)}
+    env.pop("LOCAL_RANK", None)
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "tests" / "ddp_worker.py"), str(out), uri],
+                            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # our own session: rank 0, rank 1 and their workers
+        output, _ = proc.communicate()
+        pytest.fail(f"DDP run hung: no exit within {TIMEOUT_S}s\n{output[-4000:]}")
+    seconds = time.perf_counter() - started
+    assert proc.returncode == 0, f"DDP run failed with exit code {proc.returncode}\n{output[-6000:]}"
+    print(output[-3000:])
+    return uri, out, seconds
+
+
+def load(out: Path, name: str) -> list[dict]:
+    records = []
+    for rank in range(ddp_worker.WORLD_SIZE):
+        path = out / f"{name}.rank{rank}.json"
+        assert path.exists(), f"rank {rank} wrote no record for {name}"
+        records.append(json.loads(path.read_text()))
+    return records
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ddp_worker.CONFIGS))
+def test_ddp_ranks_train_disjoint_equal_shares_of_the_epoch(ddp_run: tuple[str, Path, float], name: str) -> None:
+    uri, out, _ = ddp_run
+    records = load(out, name)
+    W = ddp_worker.WORLD_SIZE
+    config = ddp_worker.CONFIGS[name]
+    assert [r["rank"] for r in records] == list(range(W))
+    assert all(r["world_size"] == W for r in records)
+
+    # The plan every rank used, rebuilt here: the expected rows come from the pure plan layers.
+    datamodule = ddp_worker.make_datamodule(uri, name)
+    source = pin_source(datamodule.sources["train"], "train")
+    plan = build_plan("train", source, datamodule.shuffle, datamodule.filter_read, ddp_worker.BATCH_SIZE,
+                      config["drop_last"], W)
+    ids = np.arange(ROWS)
+    if config["filter"] is not None:
+        table = source.open().to_table(columns=["id"], filter=config["filter"])
+        ids = table.column("id").to_numpy()
+    assert plan.matched_rows == len(ids)
+    layout = plan.layout(W)
+    assert layout.steps > 0
+
+    orders = []
+    for epoch in range(ddp_worker.MAX_EPOCHS):
+        per_rank = []
+        for record in records:
+            steps = [ids_ for ids_, e in zip(record["seen"], record["seen_epochs"]) if e == epoch]
+            per_rank.append(steps)
+        # Both ranks ran the same number of steps, the planned number.
+        assert [len(s) for s in per_rank] == [layout.steps] * W, f"epoch {epoch}"
+        assert all(r["num_training_batches"] == layout.steps for r in records)
+        # Each rank trained on exactly its planned batches, in order.
+        order = plan.order(epoch)
+        for rank, steps in enumerate(per_rank):
+            expected = [ids[order.matched_indices(layout.batch_rows(rank, s))].tolist() for s in range(layout.steps)]
+            assert steps == expected, f"rank {rank}, epoch {epoch}"
+        # Disjoint ranks; their union is the epoch minus the documented tail.
+        rank_sets = [Counter(i for batch in steps for i in batch) for steps in per_rank]
+        union = sum(rank_sets, Counter())
+        if config["drop_last"]:
+            assert max(union.values()) == 1, "a row was trained twice in one epoch"
+            assert len(union) == len(ids) - layout.dropped_rows
+            assert layout.dropped_rows < W * ddp_worker.BATCH_SIZE
+        else:
+            assert set(union) == set(ids.tolist())
+            assert sum(union.values()) == len(ids) + layout.repeated_rows
+        sets = [set(c) for c in rank_sets]
+        overlap = set.intersection(*sets)
+        assert len(overlap) <= layout.repeated_rows, f"ranks shared rows {sorted(overlap)}"
+        orders.append([i for step in zip(*per_rank) for batch in step for i in batch])
+    if isinstance(config["shuffle"], NoShuffle):
+        assert orders[0] == orders[1] == ids[: len(orders[0])].tolist()
+    else:
+        assert orders[0] != orders[1], "the shuffled order did not change between epochs"
+
+
+@pytest.mark.slow
+def test_ddp_run_finishes_in_time(ddp_run: tuple[str, Path, float]) -> None:
+    _, out, seconds = ddp_run
+    assert seconds < TIMEOUT_S
+    for name in ddp_worker.CONFIGS:
+        for record in load(out, name):
+            assert record["global_step"] == len(record["seen"])
