@@ -134,11 +134,22 @@ def _short(rows: int) -> str:
 
 
 # -- timing ----------------------------------------------------------------------------------
-def timed(fn: Callable[[], int]) -> tuple[int, float]:
-    """Run ``fn`` (which returns the number of rows it read); return (rows, seconds)."""
+#: A measurement repeats its function until it has run at least this long (short reads are noise).
+MIN_SECONDS = 0.5
+
+
+def timed(fn: Callable[[], int], min_seconds: float = MIN_SECONDS) -> tuple[int, float]:
+    """Run ``fn`` (which returns the number of rows it read) until ``min_seconds`` have passed.
+
+    Returns (rows, seconds) summed over the calls.
+    """
+    rows = 0
     started = time.perf_counter()
-    rows = fn()
-    return rows, time.perf_counter() - started
+    while True:
+        rows += fn()
+        elapsed = time.perf_counter() - started
+        if elapsed >= min_seconds:
+            return rows, elapsed
 
 
 @dataclass
@@ -151,8 +162,12 @@ class Paired:
     raw: list[tuple[float, float]] = field(default_factory=list)  # (candidate, baseline) rows/s
 
 
-def paired(candidate: Callable[[], int], baseline: Callable[[], int], reps: int) -> Paired:
+def paired(candidate: Callable[[], int], baseline: Callable[[], int], reps: int,
+           min_seconds: float = MIN_SECONDS) -> Paired:
     """Interleave ``candidate`` and ``baseline`` ``reps`` times (alternating which goes first).
+
+    Each measurement runs its function whole (an epoch, or a fixed number of batches) until at
+    least ``min_seconds`` have passed.
 
     Returns median rows/s of each and the median of the per-repetition ratios, which cancels
     slow drifts in machine load better than a ratio of medians.
@@ -162,7 +177,7 @@ def paired(candidate: Callable[[], int], baseline: Callable[[], int], reps: int)
         order = (candidate, baseline) if rep % 2 == 0 else (baseline, candidate)
         results = {}
         for fn in order:
-            rows, secs = timed(fn)
+            rows, secs = timed(fn, min_seconds)
             results[fn] = rows / secs
         raw.append((results[candidate], results[baseline]))
     return Paired(
@@ -194,13 +209,19 @@ class Row:
 
 
 def command_line() -> str:
-    """The command that produced this run, as typed (relative to the repository root)."""
+    """The command that produced this run (relative to the repository root).
+
+    Under ``run_all.py`` this is run_all's own command (it sets ``LANCE_LIGHTNING_BENCH_COMMAND``).
+    """
+    if os.environ.get("LANCE_LIGHTNING_BENCH_COMMAND"):
+        return os.environ["LANCE_LIGHTNING_BENCH_COMMAND"]
     script = Path(sys.argv[0]).resolve()
     try:
         script = script.relative_to(BENCH_DIR.parent)
     except ValueError:
         pass
-    return " ".join(["python", shlex.quote(str(script)), *map(shlex.quote, sys.argv[1:])])
+    python = "uv run python" if os.environ.get("UV") else "python"  # `uv run` sets UV
+    return " ".join([python, shlex.quote(str(script)), *map(shlex.quote, sys.argv[1:])])
 
 
 def machine() -> str:
@@ -230,17 +251,20 @@ def bar_plot(rows: list[Row], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [r.scenario for r in rows][::-1]
+    labels = [f"{r.scenario}\nvs {r.baseline}" for r in rows][::-1]
     ratios = [r.ratio for r in rows][::-1]
     colours = [{"PASS": "#2e7d32", "FAIL": "#c62828", "info": "#607d8b"}[r.status] for r in rows][::-1]
-    fig, ax = plt.subplots(figsize=(11, 0.42 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(12, 0.55 * len(rows) + 1.6))
     ax.barh(range(len(rows)), ratios, color=colours)
     for i, r in enumerate(rows[::-1]):
         if r.target is not None:
             ax.plot([r.target, r.target], [i - 0.4, i + 0.4], color="black", linewidth=2)
         ax.text(r.ratio, i, f" {r.ratio:.2f}", va="center", fontsize=8)
-    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.set_xscale("log")
+    ticks = [t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50) if min(ratios) / 2 <= t <= max(ratios) * 2]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xlabel("ratio to baseline (log scale; black tick = target; green PASS, red FAIL, grey info)")
     ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)

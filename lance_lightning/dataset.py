@@ -24,7 +24,8 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from lance_lightning.convert import to_torch_batch
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.prefetch import ReadAhead
-from lance_lightning.read import PlanReader, read_positions
+from lance_lightning.metrics import STATS_KEY, StageClock
+from lance_lightning.read import BatchSpec, PlanReader, read_positions
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
 
 Batch = dict[str, Any]
@@ -67,6 +68,8 @@ class LanceIterableDataset(IterableDataset):
         self.threads = threads
         self.prefetch_groups = prefetch_groups
         self.control = EpochControl()
+        self.clock = StageClock()
+        self.ship_stats = False  # set by LanceDataLoader, which takes the figures off the batches
 
     def use_context(self, context: Any) -> None:
         """Put the epoch control in memory that workers of ``context`` share."""
@@ -84,18 +87,40 @@ class LanceIterableDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         reader = PlanReader(self.plan, epoch, self.world_size, self.rank, start)
         steps = reader.layout.worker_steps(worker, workers)
-        read_ahead = ReadAhead(self._produce(reader), reader.groups(steps), self.threads, self.prefetch_groups)
-        for group in read_ahead:
+        producer = BatchProducer(reader, self.transform, self.fill_nulls, self.clock, ship_stats=info is not None and self.ship_stats)
+        for group in ReadAhead(producer, reader.groups(steps), self.threads, self.prefetch_groups):
             yield from group
 
-    def _produce(self, reader: PlanReader) -> Callable[[list], list[Batch]]:
-        def produce(group: list) -> list[Batch]:
-            return [self._finish(table) for _, table in reader.read_group(group)]
-        return produce
+
+class BatchProducer:
+    """Turns one read group into finished batches: read, convert, transform (one reader thread)."""
+
+    def __init__(self, reader: PlanReader, transform: BatchTransform | None, fill_nulls: Mapping[str, Any],
+                 clock: StageClock, ship_stats: bool) -> None:
+        self.reader = reader
+        self.transform = transform
+        self.fill_nulls = fill_nulls
+        self.clock = clock
+        self.ship_stats = ship_stats
+
+    def __call__(self, group: list[BatchSpec]) -> list[Batch]:
+        rows = sum(len(spec.positions) for spec in group)
+        with self.clock.measure("read", rows=rows):
+            tables = self.reader.read_group(group)
+        batches = [self._finish(table) for _, table in tables]
+        if self.ship_stats and batches:
+            # In a worker process: the totals travel with the group's last batch to the main process.
+            batches[-1][STATS_KEY] = self.clock.drain()
+        return batches
 
     def _finish(self, table: pa.Table) -> Batch:
-        batch = to_torch_batch(table, self.fill_nulls)
-        return self.transform(batch) if self.transform is not None else batch
+        with self.clock.measure("convert", rows=table.num_rows, nbytes=table.nbytes):
+            batch = to_torch_batch(table, self.fill_nulls)
+        if self.transform is None:
+            return batch
+        with self.clock.measure("transform", rows=table.num_rows):
+            return self.transform(batch)
+
 
 class LanceMapDataset(Dataset):
     """Map-style access to the matching rows of a pinned source, in storage order.

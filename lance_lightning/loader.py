@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from lance_lightning.cursor import CursorTracker
 from lance_lightning.dataset import Batch, LanceIterableDataset
+from lance_lightning.metrics import STATS_KEY
 
 FORK_WARNING = (
     "multiprocessing_context='fork': Lance is not fork-safe. Forked DataLoader workers of a process "
@@ -63,6 +64,7 @@ class LanceDataLoader(DataLoader):
                     modules.append(type(dataset.transform).__module__)
                 context.set_forkserver_preload(modules)
             dataset.use_context(context)
+            dataset.ship_stats = True
         super().__init__(
             dataset, batch_size=None, collate_fn=_passthrough, num_workers=num_workers,
             persistent_workers=persistent_workers and num_workers > 0, pin_memory=pin_memory,
@@ -84,6 +86,9 @@ class LanceDataLoader(DataLoader):
         layout = self.cursor.begin_epoch(epoch)
         self.dataset.set_epoch(epoch, layout.start)
         for batch in super().__iter__():
+            shipped = batch.pop(STATS_KEY, None)
+            if shipped:
+                self.dataset.clock.merge(shipped)
             self.cursor.on_yield()
             yield batch
         self._own_epoch = epoch + 1

@@ -41,7 +41,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
                            num_workers=2),
     "shard-filtered-pad": dict(shuffle=ShardShuffle(16, seed=4, shuffle_within_shard=True), drop_last=False,
                                filter="label != 3"),
-    "row-clump-selective": dict(shuffle=RowShuffle(seed=5, clump_rows=4), drop_last=True, filter="id % 9 = 2"),
+    "row-clump-selective": dict(shuffle=RowShuffle(seed=5, clump_rows=4), drop_last=True, filter="id % 3 = 2"),
 }
 
 

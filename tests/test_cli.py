@@ -1,0 +1,192 @@
+"""The ``lance-lightning`` LightningCLI: YAML configs, --print_config round trip, the real
+quickstart config, typo errors and the console script."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from lance_lightning.cli import main
+
+from tests.helpers import write_dataset
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART = REPO_ROOT / "configs" / "quickstart.yaml"
+
+
+def _config(tmp_path: Path, uri: str, *, shuffle: str = "lance_lightning.RowShuffle", max_steps: int = 3) -> str:
+    text = f"""\
+seed_everything: 0
+trainer:
+  accelerator: cpu
+  devices: 1
+  max_steps: {max_steps}
+  logger: false
+  enable_progress_bar: false
+  enable_model_summary: false
+  num_sanity_val_steps: 0
+  default_root_dir: {tmp_path / "root"}
+  callbacks:
+    - class_path: lance_lightning.DataCursorCheckpoint
+model:
+  class_path: tests.helpers.RecordingModel
+data:
+  train: {{uri: {uri}, columns: [id, x], filter: "label < 5"}}
+  val: {{uri: {uri}, columns: [id, x], filter: "label >= 5"}}
+  batch_size: 16
+  shuffle:
+    class_path: {shuffle}
+    init_args: {{seed: 3}}
+  filter_read:
+    class_path: lance_lightning.FilterRead
+    init_args: {{method: take}}
+"""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def _run(args: list[str]) -> tuple[int | str | None, str, str]:
+    """``main(args)`` in-process; returns (SystemExit code or None, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    code: int | str | None = None
+    argv, sys.argv = sys.argv, ["lance-lightning"]  # LightningCLI warns when both are given
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(args)
+        except SystemExit as exit_:
+            code = exit_.code
+        finally:
+            sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def cli_uri(tmp_path: Path) -> str:
+    return write_dataset(tmp_path / "cli.lance", 400, fragment_rows=100)
+
+
+def test_fit_from_yaml_in_process(tmp_path, cli_uri):
+    cfg = _config(tmp_path, cli_uri, max_steps=3)
+    code, out, _ = _run(["fit", "--config", cfg])
+    assert code is None
+    assert f"checkpoints: {tmp_path / 'root' / 'checkpoints'}" in out
+    ckpts = list((tmp_path / "root" / "checkpoints").glob("*.ckpt"))
+    assert len(ckpts) == 1, ckpts
+    ckpt = torch.load(ckpts[0], weights_only=True)  # cursor and hparams are plain types
+    assert ckpt["global_step"] == 3
+    cursor = ckpt["LanceDataModule"]["train_cursor"]
+    assert cursor["steps"] == 3 and cursor["rows_consumed"] == 3 * 16
+    assert cursor["plan"]["filter"] == "label < 5" and cursor["plan"]["rows"] == 200
+    assert cursor["plan"]["shuffle"] == {"strategy": "RowShuffle", "seed": 3, "clump_rows": 1}
+    assert ckpt["callbacks"]["DataCursorCheckpoint"] == cursor
+    saved = yaml.safe_load((tmp_path / "root" / "config.yaml").read_text())  # SaveConfigCallback
+    assert saved["data"]["shuffle"]["class_path"] == "lance_lightning.RowShuffle"
+    assert saved["data"]["filter_read"]["init_args"]["method"] == "take"
+
+
+def test_print_config_round_trips(tmp_path, cli_uri):
+    cfg = _config(tmp_path, cli_uri)
+    code, printed, _ = _run(["fit", "--config", cfg, "--print_config"])
+    assert code in (0, None), printed
+    parsed = yaml.safe_load(printed)
+    data = parsed["data"]
+    assert data["shuffle"] == {"class_path": "lance_lightning.RowShuffle", "init_args": {"seed": 3, "clump_rows": 1}}
+    assert data["filter_read"] == {"class_path": "lance_lightning.FilterRead",
+                                   "init_args": {"method": "take", "take_below": 0.05}}
+    assert data["batch_size"] == 16
+    assert data["train"] == {"uri": cli_uri, "columns": ["id", "x"], "filter": "label < 5", "version": None,
+                             "storage_options": None}
+    for key in ("num_workers", "multiprocessing_context", "fill_nulls", "drop_last", "resume_data", "transform"):
+        assert key in data
+    assert parsed["model"]["class_path"] == "tests.helpers.RecordingModel"
+
+    again = tmp_path / "printed.yaml"
+    again.write_text(printed)
+    code, reprinted, _ = _run(["fit", "--config", str(again), "--print_config"])
+    assert code in (0, None)
+    assert reprinted == printed
+
+
+def test_print_config_shows_effective_defaults(tmp_path, cli_uri):
+    """With no `shuffle` / `filter_read` in the YAML, the printed config should say what runs."""
+    path = tmp_path / "minimal.yaml"
+    path.write_text(f"model:\n  class_path: tests.helpers.RecordingModel\ndata:\n  train: {{uri: {cli_uri}}}\n")
+    code, printed, _ = _run(["fit", "--config", str(path), "--print_config"])
+    assert code in (0, None)
+    data = yaml.safe_load(printed)["data"]
+    assert data["shuffle"] is not None and data["shuffle"]["class_path"].endswith("NoShuffle"), data["shuffle"]
+    assert data["filter_read"] is not None and data["filter_read"]["init_args"]["method"] == "auto"
+
+
+def test_strategy_class_typo_names_bad_value(tmp_path, cli_uri):
+    cfg = _config(tmp_path, cli_uri, shuffle="lance_lightning.RowShufle")
+    code, out, err = _run(["fit", "--config", cfg])
+    assert code not in (0, None)
+    message = out + err
+    assert "data.shuffle" in message
+    assert "lance_lightning.RowShufle" in message
+    assert not (tmp_path / "root").exists()  # nothing ran
+
+
+def test_short_strategy_name_override(tmp_path, cli_uri):
+    cfg = _config(tmp_path, cli_uri)
+    code, printed, _ = _run(["fit", "--config", cfg, "--data.shuffle=ShardShuffle",
+                             "--data.shuffle.shard_rows=32", "--print_config"])
+    assert code in (0, None)
+    shuffle = yaml.safe_load(printed)["data"]["shuffle"]
+    assert shuffle["class_path"] == "lance_lightning.ShardShuffle"
+    assert shuffle["init_args"]["shard_rows"] == 32
+
+
+def test_quickstart_config_runs_and_resumes(tmp_path, monkeypatch):
+    """The shipped configs/quickstart.yaml, on the real digits data, redirected into tmp_path."""
+    from examples.digits import prepare
+
+    uri = prepare(str(tmp_path / "digits.lance"))
+    monkeypatch.chdir(tmp_path)  # the config's relative runs/ paths land here
+    root = tmp_path / "runs" / "quickstart"
+    common = [
+        "--config", str(QUICKSTART),
+        f"--data.train.uri={uri}", f"--data.val.uri={uri}",
+        f"--trainer.default_root_dir={root}", f"--trainer.logger.init_args.save_dir={root}",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+    ]
+    code, out, _ = _run(["fit", *common, "--trainer.max_steps=5"])
+    assert code is None
+    last = root / "checkpoints" / "last.ckpt"
+    assert last.is_file(), out
+    ckpt = torch.load(last, weights_only=True)
+    assert ckpt["global_step"] == 5
+    assert ckpt["LanceDataModule"]["train_cursor"]["steps"] == 5
+    assert ckpt["LanceDataModule"]["train_cursor"]["plan"]["filter"] == "split = 'train'"
+    assert (root / "tensorboard" / "version_0" / "config.yaml").is_file()
+
+    assert "resume with: --ckpt_path" in out
+
+    code, out, _ = _run(["fit", *common, "--trainer.max_steps=8", f"--ckpt_path={last}"])
+    assert code is None
+    resumed = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+    assert resumed["global_step"] == 8
+    cursor = resumed["LanceDataModule"]["train_cursor"]
+    # Lightning counts an epoch stopped by max_steps as completed (the checkpoint says epoch 1),
+    # so the resumed run reads epoch 1 from its start: 3 more steps there.
+    assert (cursor["epoch"], cursor["steps"], cursor["rows_consumed"]) == (1, 3, 3 * 64)
+
+
+@pytest.mark.slow
+def test_console_script_help():
+    script = Path(sys.executable).parent / "lance-lightning"
+    assert script.is_file(), script
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=240,
+                            cwd=REPO_ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 0, result.stderr
+    assert "fit" in result.stdout and "validate" in result.stdout and "--config" in result.stdout
