@@ -174,6 +174,8 @@ def bench_strategy(args: argparse.Namespace, uri: str, name: str, shuffle: Shuff
         assert path.exists(), f"missing checkpoint {path}"
 
     state = torch.load(ckpts[args.positions[-1]], weights_only=True)[DM_KEY]["train_cursor"]
+    # One untimed resume first, so the timed fits all find the same warm caches and imports.
+    time_to_first_batch(args, root / "resume", uri, shuffle, ckpts[args.positions[0]], targets[args.positions[0]])
     timings: dict[Any, list[float]] = {p: [] for p in targets}
     timings["fresh"] = []
     for rep in range(args.repeats):
@@ -218,11 +220,14 @@ def report(args: argparse.Namespace, uri: str, results: list[dict[str, Any]]) ->
             t = r["timings"][p]
             lines.append(f"| {r['shuffle']!r} | {int(p * 100)}% | {s} | {s * args.batch_size:,} | "
                          f"{statistics.median(t) * 1000:.0f} | {min(t) * 1000:.0f}–{max(t) * 1000:.0f} |")
-    lines += ["", f"| strategy | t{int(args.positions[-1] * 100)}/t{int(args.positions[0] * 100)} | target | "
-              "result | cursor state (bytes, pickled) | epoch with checkpoints (s) |", "|---|---:|---:|:---:|---:|---:|"]
+    hi, lo = int(args.positions[-1] * 100), int(args.positions[0] * 100)
+    lines += ["", f"t{hi}/t{lo} is the ratio of the medians; the paired ratio is the median over repeats of "
+              f"t{hi}/t{lo} measured back to back (less sensitive to load drifts).", "",
+              f"| strategy | t{hi}/t{lo} | paired t{hi}/t{lo} | target | result | cursor state (bytes, pickled) | "
+              "epoch with checkpoints (s) |", "|---|---:|---:|---:|:---:|---:|---:|"]
     for r in results:
         ratio = r["ratio"]
-        lines.append(f"| {r['shuffle']!r} | {ratio:.3f} | ≤ {TARGET_RATIO} | "
+        lines.append(f"| {r['shuffle']!r} | {ratio:.3f} | {r['paired']:.3f} | ≤ {TARGET_RATIO} | "
                      f"{'PASS' if ratio <= TARGET_RATIO else 'FAIL'} | {r['state_bytes']} | {r['epoch_s']:.1f} |")
     lines += ["", "Cursor state saved at the last position (`ckpt['LanceDataModule']['train_cursor']`, "
               f"strategy {results[-1]['shuffle']!r}):", "", "```", repr(results[-1]["state"]), "```", ""]
@@ -269,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.strategies.split(","):
             r = bench_strategy(args, uri, name, chosen[name], work / "runs", log)
             t = r["timings"]
-            r["ratio"] = statistics.median(t[args.positions[-1]]) / statistics.median(t[args.positions[0]])
+            last, first = t[args.positions[-1]], t[args.positions[0]]
+            r["ratio"] = statistics.median(last) / statistics.median(first)
+            r["paired"] = statistics.median(b / a for a, b in zip(first, last))
             results.append(r)
             shutil.rmtree(work / "runs" / name, ignore_errors=True)
         text = report(args, uri, results)

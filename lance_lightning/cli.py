@@ -22,7 +22,7 @@ class LanceLightningCLI(LightningCLI):
         trainer = self.trainer
         if trainer.is_global_zero:
             checkpoints = trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback else None
-            print(f"logs: {trainer.log_dir}\ncheckpoints: {checkpoints}")
+            print(f"logs: {os.path.abspath(trainer.log_dir)}\ncheckpoints: {checkpoints}")
             if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.last_model_path:
                 print(f"resume with: --ckpt_path {trainer.checkpoint_callback.last_model_path}")
 

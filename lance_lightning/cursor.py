@@ -19,6 +19,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from lance_lightning.errors import CursorMismatchError
@@ -49,6 +50,13 @@ class CursorTracker:
         pending, self._pending = self._pending, None
         if pending is not None and pending["epoch"] == epoch:
             start, steps_before = pending["rows_consumed"], pending["steps"]
+        elif pending is not None and pending["epoch"] < epoch and not pending["finished"]:
+            left = self.plan.matched_rows - pending["rows_consumed"]
+            warnings.warn(
+                f"The checkpoint's data cursor stopped in epoch {pending['epoch']} with {left} of "
+                f"{self.plan.matched_rows} rows unread, but the trainer resumes at epoch {epoch} (Lightning counts a "
+                "run stopped by `max_steps` or `max_time` as a finished epoch). Those rows are skipped; epoch "
+                f"{epoch} is read in full.", RuntimeWarning, stacklevel=2)
         self.epoch = epoch
         self.layout = self.plan.layout(self.world_size, start)
         self.steps_before = steps_before

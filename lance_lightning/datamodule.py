@@ -18,6 +18,7 @@ import warnings
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+from jsonargparse import lazy_instance
 from lightning.pytorch.utilities import rank_zero_info
 
 from lance_lightning.cursor import CursorTracker
@@ -33,6 +34,9 @@ _STAGE_SPLITS: dict[str, tuple[Split, ...]] = {
     "fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",),
 }
 _STATE_KEY = "train_cursor"
+
+# Our loaders' length is exact by construction (each worker reads a disjoint planned share).
+warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
 
 
 class LanceDataModule(pl.LightningDataModule):
@@ -71,8 +75,8 @@ class LanceDataModule(pl.LightningDataModule):
         predict: LanceSource | None = None,
         batch_size: int = 256,
         eval_batch_size: int | None = None,
-        shuffle: ShuffleStrategy | None = None,
-        filter_read: FilterRead | None = None,
+        shuffle: ShuffleStrategy = lazy_instance(NoShuffle),
+        filter_read: FilterRead = lazy_instance(FilterRead),
         transform: BatchTransform | None = None,
         drop_last: bool = True,
         num_workers: int = 0,
@@ -128,8 +132,8 @@ class LanceDataModule(pl.LightningDataModule):
     def global_rank(self) -> int:
         return self.trainer.global_rank if self.trainer is not None else 0
 
-    def _epoch(self) -> int:
-        return self.trainer.current_epoch if self.trainer is not None else 0
+    def _trainer_epoch(self) -> int:
+        return self.trainer.current_epoch
 
     # -- setup ------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -198,8 +202,12 @@ class LanceDataModule(pl.LightningDataModule):
                 fill_nulls=self.fill_nulls, threads=self.reader_threads, prefetch_groups=self.prefetch_groups,
             )
             cursor = self.train_cursor if split == "train" else None
+            if self.trainer is not None and split == "train":
+                epoch_source = self._trainer_epoch
+            else:
+                epoch_source = None  # the loader counts its own iterations (eval splits read epoch order 0)
             loader = LanceDataLoader(
-                dataset, cursor=cursor, epoch_source=self._epoch if split == "train" else (lambda: 0),
+                dataset, cursor=cursor, epoch_source=epoch_source,
                 num_workers=self.num_workers, persistent_workers=self.persistent_workers,
                 pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor,
                 multiprocessing_context=self.multiprocessing_context,

@@ -147,6 +147,7 @@ def test_short_strategy_name_override(tmp_path, cli_uri):
     assert shuffle["init_args"]["shard_rows"] == 32
 
 
+@pytest.mark.slow
 def test_quickstart_config_runs_and_resumes(tmp_path, monkeypatch):
     """The shipped configs/quickstart.yaml, on the real digits data, redirected into tmp_path."""
     from examples.digits import prepare

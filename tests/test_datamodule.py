@@ -284,9 +284,16 @@ def test_fork_context_without_workers_does_not_warn(dataset_uri, recwarn):
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning) and "fork" in str(w.message)]
 
 
-def test_rank_batches_counter_equal(dataset_uri):
-    """Sanity on the Counter of ids across a drop_last epoch: no id twice."""
+def test_buffer_shuffle_mixes_shards_within_window(dataset_uri):
+    """BufferShuffle: each window of buffer_rows holds whole shards, its rows mixed across them."""
     dm = LanceDataModule(train=LanceSource(dataset_uri, columns=["id"]), batch_size=100,
                          shuffle=BufferShuffle(buffer_rows=200, seed=0, shard_rows=50))
-    counts = Counter(flat([b["id"].tolist() for b in (dm.setup("fit"), dm.train_dataloader())[1]]))
-    assert sum(counts.values()) == 1000 and max(counts.values()) == 1
+    dm.setup("fit")
+    ids = flat([b["id"].tolist() for b in dm.train_dataloader()])
+    assert Counter(ids) == Counter(range(1000))
+    for start in range(0, 1000, 200):
+        window = ids[start:start + 200]
+        shards = Counter(i // 50 for i in window)
+        assert len(shards) == 4 and set(shards.values()) == {50}  # 4 whole shards per window
+        first_shard = [i // 50 for i in window[:50]]
+        assert len(set(first_shard)) > 1  # rows of different shards interleave

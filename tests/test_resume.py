@@ -301,20 +301,21 @@ def test_resume_after_sigkill(tmp_path: Path) -> None:
     cmd = [sys.executable, str(WORKER), "--out", str(tmp_path / "A"), "--uri", uri, "--batch-size", str(BATCH),
            "--shuffle", shuffle, "--sleep", "0.05", "--ckpt-every", str(every), "--ckpt-dir", str(ckpt_dir),
            "--ids-log", str(ids_log)]
-    proc = subprocess.Popen(cmd, env=_worker_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 240
-        while len(list(ckpt_dir.glob("step=*.ckpt"))) < 3:
-            assert proc.poll() is None, f"run A ended before its 3rd checkpoint:\n{proc.stdout.read()[-3000:]!r}"
-            assert time.monotonic() < deadline, "run A wrote no 3rd checkpoint in time"
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
+    output = tmp_path / "A" / "output.txt"
+    with output.open("w") as sink:
+        proc = subprocess.Popen(cmd, env=_worker_env(), cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 240
+            while len(list(ckpt_dir.glob("step=*.ckpt"))) < 3:
+                assert proc.poll() is None, f"run A ended before its 3rd checkpoint:\n{output.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, "run A wrote no 3rd checkpoint in time"
+                time.sleep(0.005)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert not (tmp_path / "A" / "ids_rank0.json").exists(), "run A finished instead of being killed"
 
@@ -330,6 +331,25 @@ def test_resume_after_sigkill(tmp_path: Path) -> None:
     c = fit(tmp_path, make_dm(uri, shuffle), name="C")
     assert_exact(a_seen, b.seen, c.seen, last)
     assert sorted(flat(a_seen[:last] + b.seen)) == list(range(640))
+
+
+def test_resume_from_last_ckpt_after_steps_past_it(tmp_path: Path, uri: str) -> None:
+    """``save_last``: run A trains one step past its last checkpoint (lost work); B resumes from ``last.ckpt``."""
+    shuffle, every = "shard:32:1", 3
+    c = fit(tmp_path, make_dm(uri, shuffle, FILTER), name="C")
+
+    def run(name: str, **kwargs: Any) -> RecordingModel:
+        checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt_last", every_n_train_steps=every, save_last=True,
+                                     save_top_k=0)
+        return fit(tmp_path, make_dm(uri, shuffle, FILTER), name=name, callbacks=[DataCursorCheckpoint(), checkpoint],
+                   enable_checkpointing=True, **kwargs)
+
+    a = run("A", max_steps=2 * every + 1)
+    last = tmp_path / "ckpt_last" / "last.ckpt"
+    k = torch.load(last, weights_only=True)["global_step"]
+    assert k == 2 * every and len(a.seen) == k + 1
+    b = run("B", ckpt_path=last)
+    assert_exact(a.seen, b.seen, c.seen, k)
 
 
 # -- 5. Lightning pitfalls --------------------------------------------------------------------------
