@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     image_uri = common.image_dataset(cache, image_rows)
     ds = lance.dataset(uri)
     image_ds = lance.dataset(image_uri)
-    min_seconds = args.min_seconds if args.min_seconds is not None else (0.3 if args.quick else 0.5)
+    min_seconds = args.min_seconds if args.min_seconds is not None else (0.3 if args.quick else 1.0)
     bench = Bench(args.reps, min_seconds)
     bench.notes.append(f"vector table: {uri} ({rows:,} rows, {len(ds.get_fragments())} fragments, columns "
                        f"{COLUMNS}, BITMAP index on label); image table: {image_uri} ({image_rows:,} JPEGs "
@@ -280,7 +280,7 @@ def write_results(out_dir: Path, rows: list[Row], raw: list[str], notes: list[st
         "",
         f"Machine: {common.machine()}. Only ratios are meaningful: both sides of each row were measured "
         f"back to back, {args.reps} times (alternating order), each measurement repeating its read until it "
-        "ran at least 0.5 s (0.3 s quick); rows/s are medians, the ratio is the median of the per-repetition "
+        "ran at least 1 s (0.3 s quick); rows/s are medians, the ratio is the median of the per-repetition "
         "ratios. All loaders: `num_workers=0` (default `reader_threads=2`), columns converted to tensors.",
         "",
         table,
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clump1-batches", type=int, default=200, help="batches timed for RowShuffle clump 1")
     parser.add_argument("--reps", type=int, default=3, help="paired repetitions per comparison")
     parser.add_argument("--min-seconds", type=float, default=None,
-                        help="each measurement repeats until it ran this long (default 0.5 s, 0.3 s with --quick)")
+                        help="each measurement repeats until it ran this long (default 1 s, 0.3 s with --quick)")
     parser.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE), help="where the datasets are kept")
     parser.add_argument("--out-dir", default=str(common.RESULTS_DIR), help="where read.md and read.png go")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")

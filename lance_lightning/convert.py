@@ -18,6 +18,10 @@ Guarantees:
   integer values (days, or units of the type's time unit).
 * ``fixed_size_list`` (nested too) and ``arrow.fixed_shape_tensor`` columns
   become tensors of shape ``(n, d1, d2, ...)`` with one reshape.
+* Variable-length ``list`` / ``large_list`` columns of integers or floats
+  (e.g. token ids) become a :class:`Ragged`: one flat ``values`` tensor that
+  shares the Arrow buffer, plus ``int64`` ``offsets`` of length ``n + 1``
+  (row ``i`` is ``values[offsets[i]:offsets[i+1]]``). No per-row loop.
 * Nulls are never silently passed through: they are filled from
   ``fill_nulls`` or rejected with :class:`NullValueError`, and anything that
   has no faithful tensor or list form is rejected with
@@ -27,13 +31,45 @@ Guarantees:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-__all__ = ["NullValueError", "UnsupportedColumnError", "to_torch_batch"]
+__all__ = ["NullValueError", "Ragged", "UnsupportedColumnError", "to_torch_batch"]
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """A batch of variable-length rows: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
+
+    ``offsets`` is an ``int64`` tensor of ``len(self) + 1`` non-decreasing entries starting at 0;
+    ``values`` holds every row back to back. It moves like a tensor (``to``, ``pin_memory``), so
+    Lightning's batch transfer and the DataLoader's pinning handle it.
+    """
+
+    values: torch.Tensor
+    offsets: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.offsets.numel()) - 1
+
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def row(self, index: int) -> torch.Tensor:
+        return self.values[int(self.offsets[index]):int(self.offsets[index + 1])]
+
+    def to(self, *args: Any, **kwargs: Any) -> Ragged:
+        return Ragged(self.values.to(*args, **kwargs), self.offsets.to(*args, **kwargs))
+
+    def pin_memory(self, *args: Any) -> Ragged:
+        return Ragged(self.values.pin_memory(*args), self.offsets.pin_memory(*args))
+
+    def is_pinned(self) -> bool:
+        return self.values.is_pinned()
 
 
 class NullValueError(ValueError):
@@ -89,6 +125,8 @@ def _convert_column(name: str, arr: pa.Array, fill_nulls: Mapping[str, Any]) -> 
         return arr.to_pylist()
     if kind == "scalar":
         return _primitive_tensor(name, arr)
+    if kind == "list":
+        return _ragged(name, arr)
     n = len(arr)
     dims: list[int] = []
     while True:
@@ -119,6 +157,8 @@ def _kind(name: str, typ: pa.DataType) -> str:
         return "bytes"
     if _is_numeric(typ):
         return "scalar"
+    if (t.is_list(typ) or t.is_large_list(typ)) and (t.is_integer(typ.value_type) or t.is_floating(typ.value_type)):
+        return "list"
     inner = typ
     while t.is_fixed_size_list(inner):
         inner = inner.value_type
@@ -127,7 +167,8 @@ def _kind(name: str, typ: pa.DataType) -> str:
     raise UnsupportedColumnError(
         f"column {name!r} has Arrow type {typ}, which cannot become a tensor or a "
         "list of str/bytes (supported: integers, floats, bool, dates, timestamps, "
-        "durations, fixed_size_list / fixed_shape_tensor of those, strings, binary); "
+        "durations, fixed_size_list / fixed_shape_tensor of those, list / large_list of "
+        "integers or floats, strings, binary); "
         "drop it from `columns`, or cast it to a supported type when writing the dataset"
     )
 
@@ -170,3 +211,16 @@ def _primitive_tensor(name: str, arr: pa.Array) -> torch.Tensor:
     # The tensor aliases the batch's buffer, which nothing else reads after
     # conversion, so in-place edits by a transform are harmless.
     return torch.from_dlpack(arr)
+
+
+def _ragged(name: str, arr: pa.Array) -> Ragged:
+    """`Ragged` from a null-free list array: values share the Arrow buffer, offsets are rebased."""
+    values = arr.values  # the whole child array; a slice of `arr` only moves its offsets
+    if values.null_count:
+        raise NullValueError(
+            f"column {name!r} has nulls inside its lists and tensors cannot hold nulls; "
+            "fix the data or drop it from `columns`"
+        )
+    offsets = torch.from_dlpack(arr.offsets).to(torch.int64)  # n + 1 entries (a copy of those only)
+    first, last = int(offsets[0]), int(offsets[-1])
+    return Ragged(_primitive_tensor(name, values)[first:last], offsets - first)

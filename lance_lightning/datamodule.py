@@ -10,18 +10,30 @@ Guarantees:
 - The train cursor is saved in the data module's own checkpoint state and, with
   `DataCursorCheckpoint`, in the callback's: resume is exact even when Lightning skips
   ``loader.load_state_dict`` (#20550). A checkpoint of another plan is refused with the field.
+- Data loading does not make the step wait: batches are read, transformed (decoded) and pinned
+  ahead on ``reader_threads`` threads (and/or ``num_workers`` processes), at most
+  ``prefetch_batches`` finished batches per process, then copied to the device without blocking,
+  where ``device_transform`` runs (in ``on_after_batch_transfer``). If the model overrides
+  ``transfer_batch_to_device`` or ``on_after_batch_transfer`` too, its hook still runs (after ours).
+- A row the transform cannot decode raises naming the dataset row and column (`RaiseOnBadRow`),
+  or is replaced deterministically (`ReplaceBadRow`); either way it is counted as ``bad_rows``.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
+from lance_lightning.badrows import BadRowPolicy, RaiseOnBadRow
 from lance_lightning.cursor import CursorTracker
+from lance_lightning.device import DeviceTransfer
 from lance_lightning.dataset import BatchTransform, LanceIterableDataset
 from lance_lightning.errors import ConfigError
 from lance_lightning.loader import FORK_WARNING, LanceDataLoader
@@ -51,17 +63,29 @@ class LanceDataModule(pl.LightningDataModule):
             `BufferShuffle`); default `NoShuffle`. Val/test/predict are read in storage order.
         filter_read: How filtered splits are read (scan or take, by selectivity by default).
         transform: Callable applied to each converted batch in the reader threads/workers,
-            e.g. `lance_lightning.transforms.DecodeImage`.
+            e.g. `lance_lightning.transforms.DecodeImage`; `lance_lightning.transforms.Compose`
+            chains several. Columns it does not name pass through untouched.
+        device_transform: Callable applied to each batch on the training device, in
+            ``on_after_batch_transfer`` (main thread), e.g. `lance_lightning.transforms.DeviceAugment`
+            or ``DecodeImage(device="cuda")`` (GPU JPEG decode of a bytes column, which stays on host).
+        bad_rows: Policy for rows the transform cannot decode: `RaiseOnBadRow` (default) or
+            `ReplaceBadRow` (see `lance_lightning.badrows`).
         drop_last: Drop the train tail that does not fill a whole step (eval splits never drop:
             their last step is split across ranks and padded where a rank has no rows).
         num_workers: DataLoader worker processes per rank. 0 (the default) reads on in-process
             threads, the fastest choice unless the transform is heavy Python.
-        reader_threads: Threads per process reading, converting and transforming batches.
+        reader_threads: Threads per process reading, converting and transforming batches; 0 does it
+            all on the training loop's thread (no prefetch). Default ``min(4, os.cpu_count())``.
         prefetch_groups: Read groups (about 16k rows, or 4 batches for takes) prepared ahead.
+        prefetch_batches: Transformed batches prepared ahead, per process. Memory bound per
+            process: ``prefetch_groups`` groups of raw rows + ``prefetch_batches`` finished batches
+            (+ ``prefetch_factor`` batches per worker process in the DataLoader queue).
         prefetch_factor: Batches each worker process prepares ahead (``num_workers > 0``).
         multiprocessing_context: Worker start method; Lance is not fork-safe.
         persistent_workers: Keep worker processes across epochs.
-        pin_memory: Pin batches in page-locked memory for faster host-to-GPU copies.
+        pin_memory: Pin batches in page-locked memory (off the training thread) so host-to-GPU
+            copies are asynchronous; default: when the trainer runs on CUDA.
+        copy_stream: On CUDA, copy batches on a side stream that overlaps the previous step.
         fill_nulls: Value per column that replaces nulls; otherwise a null is an error.
         resume_data: Restore the data cursor from checkpoints; ``False`` starts the data epoch
             fresh on purpose (e.g. after changing the shuffle seed).
@@ -78,24 +102,40 @@ class LanceDataModule(pl.LightningDataModule):
         shuffle: ShuffleStrategy = lazy_instance(NoShuffle),
         filter_read: FilterRead = lazy_instance(FilterRead),
         transform: BatchTransform | None = None,
+        device_transform: BatchTransform | None = None,
+        bad_rows: BadRowPolicy = lazy_instance(RaiseOnBadRow),
         drop_last: bool = True,
         num_workers: int = 0,
-        reader_threads: int = 2,
+        reader_threads: int | None = None,
         prefetch_groups: int = 2,
+        prefetch_batches: int = 4,
         prefetch_factor: int = 2,
         multiprocessing_context: Literal["forkserver", "spawn", "fork"] = "forkserver",
         persistent_workers: bool = True,
-        pin_memory: bool = False,
+        pin_memory: bool | None = None,
+        copy_stream: bool = True,
         fill_nulls: dict[str, Any] | None = None,
         resume_data: bool = True,
     ) -> None:
         super().__init__()
         self.sources: dict[Split, LanceSource | None] = {"train": train, "val": val, "test": test, "predict": predict}
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size or 1),
-                            ("prefetch_groups", prefetch_groups), ("prefetch_factor", prefetch_factor)):
+                            ("prefetch_groups", prefetch_groups), ("prefetch_batches", prefetch_batches),
+                            ("prefetch_factor", prefetch_factor)):
             _require(name, value, 1)
         _require("num_workers", num_workers, 0)
+        if reader_threads is None:
+            reader_threads = min(4, os.cpu_count() or 1)
         _require("reader_threads", reader_threads, 0)
+        for name, value in (("transform", transform), ("device_transform", device_transform)):
+            if value is not None and not callable(value):
+                raise ConfigError(name, value, "is not callable", "pass a callable batch -> batch, e.g. "
+                                  "lance_lightning.transforms.DecodeImage(...), or None")
+        if bad_rows is not None and not isinstance(bad_rows, BadRowPolicy):
+            raise ConfigError("bad_rows", bad_rows, "is not a bad-row policy",
+                              "pass lance_lightning.badrows.RaiseOnBadRow() or ReplaceBadRow(seed=0)")
+        if pin_memory is not None and not isinstance(pin_memory, bool):
+            raise ConfigError("pin_memory", pin_memory, "must be true, false or null (auto)", "set pin_memory: null")
         for split, source in self.sources.items():
             if source is not None and not isinstance(source, LanceSource):
                 raise ConfigError(split, source, "is not a LanceSource", f"pass LanceSource(uri=...) or a mapping in YAML")
@@ -109,14 +149,18 @@ class LanceDataModule(pl.LightningDataModule):
         self.shuffle = shuffle or NoShuffle()
         self.filter_read = filter_read or FilterRead()
         self.transform = transform
+        self.device_transform = device_transform
+        self.bad_rows = bad_rows or RaiseOnBadRow()
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.reader_threads = reader_threads
         self.prefetch_groups = prefetch_groups
+        self.prefetch_batches = prefetch_batches
         self.prefetch_factor = prefetch_factor
         self.multiprocessing_context = multiprocessing_context
         self.persistent_workers = persistent_workers
         self.pin_memory = pin_memory
+        self.device_transfer = DeviceTransfer(copy_stream)
         self.fill_nulls = dict(fill_nulls or {})
         self.resume_data = resume_data
         self.plans: dict[Split, ReadPlan] = {}
@@ -197,9 +241,12 @@ class LanceDataModule(pl.LightningDataModule):
             self.setup({"train": "fit", "val": "validate", "test": "test", "predict": "predict"}[split])
         loader = self._loaders.get(split)
         if loader is None:
+            pin = self._pin()
             dataset = LanceIterableDataset(
                 self.plans[split], world_size=self.world_size, rank=self.global_rank, transform=self.transform,
                 fill_nulls=self.fill_nulls, threads=self.reader_threads, prefetch_groups=self.prefetch_groups,
+                prefetch_batches=self.prefetch_batches, bad_rows=self.bad_rows,
+                pin_memory=pin and self.num_workers == 0,  # worker batches are pinned by the DataLoader's thread
             )
             cursor = self.train_cursor if split == "train" else None
             if self.trainer is not None and split == "train":
@@ -209,11 +256,36 @@ class LanceDataModule(pl.LightningDataModule):
             loader = LanceDataLoader(
                 dataset, cursor=cursor, epoch_source=epoch_source,
                 num_workers=self.num_workers, persistent_workers=self.persistent_workers,
-                pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor,
+                pin_memory=pin and self.num_workers > 0, prefetch_factor=self.prefetch_factor,
                 multiprocessing_context=self.multiprocessing_context,
             )
             self._loaders[split] = loader
         return loader
+
+    def _pin(self) -> bool:
+        if self.pin_memory is not None:
+            return self.pin_memory and torch.cuda.is_available()
+        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+
+    # -- batch transfer (main process, training loop thread) ----------------------------------
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Non-blocking copies of the batch's tensors (side CUDA stream); str/bytes lists stay on host."""
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        if model is not None and is_overridden("transfer_batch_to_device", model, pl.LightningModule):
+            return model.transfer_batch_to_device(batch, device, dataloader_idx)
+        return self.device_transfer(batch, device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Runs ``device_transform`` on the device batch, then the model's hook if it has one."""
+        if self.device_transform is not None:
+            batch = self.device_transform(batch)
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        if model is not None and is_overridden("on_after_batch_transfer", model, pl.LightningModule):
+            batch = model.on_after_batch_transfer(batch, dataloader_idx)
+        return batch
+
+    def teardown(self, stage: str) -> None:
+        self.device_transfer.stop()
 
     # -- checkpoint state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -5,6 +5,12 @@ Guarantees:
   the epoch and start row set with ``set_epoch``. DataLoader worker ``w`` of ``K`` yields the
   rank's batches ``w, w+K, ...`` so the round-robin DataLoader keeps the planned order. The epoch
   lives in shared memory, so persistent workers see each new epoch.
+- Batches are prepared ahead on background threads (`BatchProducer`): read groups on one pool,
+  convert + transform (decoding) per batch on another, in order. Memory is bounded per process
+  by ``prefetch_groups`` read groups of raw Arrow rows plus ``prefetch_batches`` finished
+  (decoded) batches, in flight or waiting; ``threads=0`` turns prefetching off.
+- A row the transform rejects is handled by the bad-row policy (`lance_lightning.badrows`):
+  raise naming the dataset row, or replace it deterministically; batch sizes never change.
 - `LanceMapDataset` maps index ``i`` to the ``i``-th matching row of a pinned source; its
   batched ``__getitems__`` reads a whole batch with one planned read, never row by row.
 - Both read only the pinned version and convert per batch (see `lance_lightning.convert`).
@@ -18,10 +24,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from lance_lightning.convert import to_torch_batch
+from lance_lightning.badrows import BadRowGuard, BadRowPolicy, RaiseOnBadRow
+from lance_lightning.device import pin_batch
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.prefetch import ReadAhead
 from lance_lightning.metrics import STATS_KEY, StageClock
@@ -51,13 +57,17 @@ class LanceIterableDataset(IterableDataset):
         world_size, rank: The rank's place in the job; each rank reads a disjoint share.
         transform: Called on each converted batch, in the reader threads.
         fill_nulls: Per-column values for nulls (else a null is an error naming the column).
-        threads: Reader threads per process (0 reads on the iterating thread).
+        threads: Reader threads per process (0 reads on the iterating thread: no prefetch).
         prefetch_groups: Read groups kept ready ahead of the consumer, per process.
+        prefetch_batches: Finished (transformed) batches in flight or ready, per process.
+        bad_rows: What to do with rows the transform rejects (default `RaiseOnBadRow`).
+        pin_memory: Pin finished batches in page-locked memory, on the reader threads.
     """
 
     def __init__(self, plan: ReadPlan, *, world_size: int = 1, rank: int = 0,
                  transform: BatchTransform | None = None, fill_nulls: Mapping[str, Any] | None = None,
-                 threads: int = 2, prefetch_groups: int = 2) -> None:
+                 threads: int = 2, prefetch_groups: int = 2, prefetch_batches: int = 4,
+                 bad_rows: BadRowPolicy | None = None, pin_memory: bool = False) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         self.plan = plan
@@ -67,6 +77,9 @@ class LanceIterableDataset(IterableDataset):
         self.fill_nulls = dict(fill_nulls or {})
         self.threads = threads
         self.prefetch_groups = prefetch_groups
+        self.prefetch_batches = prefetch_batches
+        self.bad_rows = bad_rows or RaiseOnBadRow()
+        self.pin_memory = pin_memory
         self.control = EpochControl()
         self.clock = StageClock()
         self.ship_stats = False  # set by LanceDataLoader, which takes the figures off the batches
@@ -87,39 +100,74 @@ class LanceIterableDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         reader = PlanReader(self.plan, epoch, self.world_size, self.rank, start)
         steps = reader.layout.worker_steps(worker, workers)
-        producer = BatchProducer(reader, self.transform, self.fill_nulls, self.clock, ship_stats=info is not None and self.ship_stats)
-        for group in ReadAhead(producer, reader.groups(steps), self.threads, self.prefetch_groups):
-            yield from group
+        producer = BatchProducer(reader, self.transform, self.fill_nulls, self.clock,
+                                 ship_stats=info is not None and self.ship_stats, bad_rows=self.bad_rows,
+                                 pin_memory=self.pin_memory)
+        yield from producer.run(reader.groups(steps), self.threads, self.prefetch_groups, self.prefetch_batches)
 
 
 class BatchProducer:
-    """Turns one read group into finished batches: read, convert, transform (one reader thread)."""
+    """Turns read groups into finished batches: read, then convert + transform (+ pin), in order.
+
+    Without a transform, conversion is zero-copy and cheap, so each read group is read and
+    converted by one reader thread (``prefetch_groups`` groups ahead). With a transform, reading
+    and transforming are two `ReadAhead` stages: groups are read ``prefetch_groups`` ahead and
+    batches transformed ``prefetch_batches`` ahead, one batch per task, so decoding spreads over
+    all threads and decoded memory stays bounded by ``prefetch_batches`` batches.
+    """
 
     def __init__(self, reader: PlanReader, transform: BatchTransform | None, fill_nulls: Mapping[str, Any],
-                 clock: StageClock, ship_stats: bool) -> None:
+                 clock: StageClock, ship_stats: bool, bad_rows: BadRowPolicy | None = None,
+                 pin_memory: bool = False) -> None:
         self.reader = reader
         self.transform = transform
-        self.fill_nulls = fill_nulls
         self.clock = clock
         self.ship_stats = ship_stats
+        self.pin_memory = pin_memory
+        plan = reader.plan
+        self.guard = BadRowGuard(bad_rows or RaiseOnBadRow(), plan.source, plan.matched_rows, plan.positions,
+                                 transform, dict(fill_nulls), clock)
 
-    def __call__(self, group: list[BatchSpec]) -> list[Batch]:
+    def read(self, group: list[BatchSpec]) -> list[tuple[BatchSpec, pa.Table]]:
         rows = sum(len(spec.positions) for spec in group)
         with self.clock.measure("read", rows=rows):
             tables = self.reader.read_group(group)
-        batches = [self._finish(table) for _, table in tables]
-        if self.ship_stats and batches:
-            # In a worker process: the totals travel with the group's last batch to the main process.
-            batches[-1][STATS_KEY] = self.clock.drain()
-        return batches
+        return list(zip(group, (table for _, table in tables)))
 
-    def _finish(self, table: pa.Table) -> Batch:
-        with self.clock.measure("convert", rows=table.num_rows, nbytes=table.nbytes):
-            batch = to_torch_batch(table, self.fill_nulls)
+    def finish(self, item: tuple[BatchSpec, pa.Table]) -> Batch:
+        spec, table = item
+        batch = self.guard(table, spec.positions)
+        if self.pin_memory:
+            with self.clock.measure("pin", rows=table.num_rows):
+                batch = pin_batch(batch)
+        return batch
+
+    def __call__(self, group: list[BatchSpec]) -> list[Batch]:
+        return [self.finish(item) for item in self.read(group)]
+
+    def run(self, groups: Iterator[list[BatchSpec]], threads: int, prefetch_groups: int,
+            prefetch_batches: int) -> Iterator[Batch]:
+        """The finished batches of ``groups``, in order, prepared ahead on ``threads`` threads."""
         if self.transform is None:
-            return batch
-        with self.clock.measure("transform", rows=table.num_rows):
-            return self.transform(batch)
+            for batches in ReadAhead(self, groups, threads, prefetch_groups):
+                for batch in batches:
+                    yield self._ship(batch)
+            return
+        reads = ReadAhead(self.read, groups, threads, prefetch_groups, name="lance-read")
+        tables = (item for group in reads for item in group)
+        try:
+            for batch in ReadAhead(self.finish, tables, threads, prefetch_batches, name="lance-transform"):
+                yield self._ship(batch)
+        finally:
+            tables.close()  # stops the read stage's threads too
+
+    def _ship(self, batch: Batch) -> Batch:
+        if self.ship_stats:
+            # In a worker process: the totals travel with the batches to the main process.
+            totals = self.clock.drain()
+            if totals:
+                batch[STATS_KEY] = totals
+        return batch
 
 
 class LanceMapDataset(Dataset):
@@ -132,10 +180,12 @@ class LanceMapDataset(Dataset):
         source: A `LanceSource` (pinned and validated here) or an already pinned source.
         transform: Called on each converted batch.
         fill_nulls: Per-column values for nulls.
+        bad_rows: What to do with rows the transform rejects (default `RaiseOnBadRow`); a
+            replacement is chosen among the source's matching rows, deterministically.
     """
 
     def __init__(self, source: LanceSource | PinnedSource, *, transform: BatchTransform | None = None,
-                 fill_nulls: Mapping[str, Any] | None = None) -> None:
+                 fill_nulls: Mapping[str, Any] | None = None, bad_rows: BadRowPolicy | None = None) -> None:
         self.source = source if isinstance(source, PinnedSource) else pin_source(source, "source")
         self.transform = transform
         self.fill_nulls = dict(fill_nulls or {})
@@ -145,6 +195,9 @@ class LanceMapDataset(Dataset):
             table = self.source.open().to_table(columns=["_rowoffset"], filter=self.source.filter)
             self.positions = table.column(0).to_numpy().astype(np.int64)
             self._rows = len(self.positions)
+        self.clock = StageClock()
+        self.guard = BadRowGuard(bad_rows or RaiseOnBadRow(), self.source, self._rows, self.positions, transform,
+                                 self.fill_nulls, self.clock)
 
     def __len__(self) -> int:
         return self._rows
@@ -159,8 +212,7 @@ class LanceMapDataset(Dataset):
         table = read_positions(self.source, wanted, scan_mode=False)
         if len(wanted) != len(positions) or not np.array_equal(wanted, positions):
             table = table.take(pa.array(inverse))
-        batch = to_torch_batch(table, self.fill_nulls)
-        return self.transform(batch) if self.transform is not None else batch
+        return self.guard(table, positions)
 
     def __getitem__(self, index: int) -> Batch:
         batch = self.__getitems__([index])

@@ -1,45 +1,74 @@
-"""Loader-side measurements: time, rows and bytes per pipeline stage.
+"""Loader-side measurements: time, rows and bytes per pipeline stage, and what the consumer saw.
 
 Guarantees:
 - `StageClock` is safe to update from many reader threads at once (one lock, tiny critical
-  sections) and costs two ``perf_counter`` calls per measured stage and batch.
+  sections) and costs two ``perf_counter`` calls per measured stage and batch. A disabled clock
+  (``enabled=False``) measures nothing, and stays disabled in worker processes.
 - ``drain()`` returns the totals since the previous drain and resets them, so figures measured in
   a DataLoader worker can travel to the main process with the batches and be merged there
   without double counting.
+- While a thread is inside ``clock.measure(...)``, `record_io` adds Lance's I/O statistics to that
+  clock: bytes and requests read are attributed to the loader that read them, in any process.
+- `LoaderMeter` lives in the process that iterates the loader. It measures the consumer's side:
+  time blocked waiting for each batch, time spent with each batch (the training step), rows and
+  bytes delivered, time to the first batch. Its memory is constant (`LatencyHistogram`).
+- `figures(before, after, config)` turns two cumulative snapshots into named, always finite
+  figures (`FIGURES`); the same names are logged by `DataLoadingMonitor` and read by the report.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 #: Reserved batch key under which worker processes send their stage totals to the main process.
 STATS_KEY = "_lance_lightning_stats"
 
+_NULL = nullcontext()
+_ACTIVE = threading.local()  # the clock whose `measure` block the current thread is in
+
 
 class StageClock:
-    """Accumulates ``<stage>_seconds``, ``<stage>_rows`` and ``<stage>_bytes`` totals."""
+    """Accumulates ``<stage>_seconds``, ``<stage>_rows`` and ``<stage>_bytes`` totals.
 
-    def __init__(self) -> None:
+    Other totals (``io_bytes``, ``io_requests``, ``prefetch_ready``, ...) are added by name.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self._lock = threading.Lock()
         self._totals: defaultdict[str, float] = defaultdict(float)
 
     def __getstate__(self) -> dict:
-        return {}  # a copy sent to a worker process starts from zero
+        return {"enabled": self.enabled}  # a copy sent to a worker process starts from zero
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__()
+        self.__init__(state.get("enabled", True))
+
+    def measure(self, stage: str, rows: int = 0, nbytes: int = 0) -> Any:
+        """Context manager adding the block's duration, ``rows`` and ``nbytes`` to ``stage``."""
+        if not self.enabled:
+            return _NULL
+        return self._measure(stage, rows, nbytes)
 
     @contextmanager
-    def measure(self, stage: str, rows: int = 0, nbytes: int = 0) -> Iterator[None]:
+    def _measure(self, stage: str, rows: int, nbytes: int) -> Iterator[None]:
+        outer = getattr(_ACTIVE, "clock", None)
+        _ACTIVE.clock = self
         start = time.perf_counter()
         try:
             yield
         finally:
             elapsed = time.perf_counter() - start
+            _ACTIVE.clock = outer
             with self._lock:
                 self._totals[f"{stage}_seconds"] += elapsed
                 self._totals[f"{stage}_rows"] += rows
@@ -62,3 +91,240 @@ class StageClock:
     def peek(self) -> dict[str, float]:
         with self._lock:
             return dict(self._totals)
+
+
+def active_clock() -> StageClock | None:
+    """The enabled clock measuring the current thread's stage, if any."""
+    clock = getattr(_ACTIVE, "clock", None)
+    return clock if clock is not None and clock.enabled else None
+
+
+def record_io(dataset: Any) -> None:
+    """Add the I/O ``dataset`` did since the last call to the clock measuring this thread.
+
+    Uses ``io_stats_incremental()``, which counts scans and takes alike. It is per dataset handle,
+    and reader threads share one handle per process: a delta may include another thread's reads,
+    but every byte is counted exactly once, so the totals are right. Without an active clock it
+    does nothing (the I/O is counted by the next measured read on the handle).
+    """
+    clock = active_clock()
+    if clock is None:
+        return
+    try:
+        stats = dataset.io_stats_incremental()
+    except AttributeError:  # not a Lance dataset
+        return
+    clock.merge({"io_bytes": stats.read_bytes, "io_requests": stats.read_iops})
+
+
+class LatencyHistogram:
+    """Counts of durations in log-spaced bins: constant memory, percentiles within about ±7.5%.
+
+    Bins span 1 µs to 10⁴ s with 16 bins per decade; shorter or longer durations go to the
+    first or last bin. ``counts`` is a plain list, so a snapshot is ``list(h.counts)`` and the
+    histogram of a span is the difference of two snapshots.
+    """
+
+    PER_DECADE = 16
+    LOW_EXP = -6
+    BINS = 10 * PER_DECADE
+
+    def __init__(self) -> None:
+        self.counts = [0] * self.BINS
+
+    def record(self, seconds: float) -> None:
+        index = int((math.log10(seconds) - self.LOW_EXP) * self.PER_DECADE) if seconds > 0 else 0
+        self.counts[min(max(index, 0), self.BINS - 1)] += 1
+
+    @classmethod
+    def percentile(cls, counts: list[int], q: float) -> float:
+        """The ``q``-th percentile (0..100) in seconds of ``counts``; 0.0 when empty."""
+        total = sum(counts)
+        if total == 0:
+            return 0.0
+        rank = max(1, math.ceil(q / 100 * total))
+        seen = 0
+        for index, count in enumerate(counts):
+            seen += count
+            if seen >= rank:
+                return 10 ** (cls.LOW_EXP + (index + 0.5) / cls.PER_DECADE)
+        return 10 ** (cls.LOW_EXP + cls.BINS / cls.PER_DECADE)  # unreachable
+
+
+@dataclass
+class Snapshot:
+    """Cumulative loader totals at one moment: meter counters, stage clock totals, fetch histogram."""
+
+    totals: dict[str, float]
+    fetch_counts: list[int] = field(default_factory=lambda: [0] * LatencyHistogram.BINS)
+
+    def minus(self, earlier: Snapshot | None) -> Snapshot:
+        if earlier is None:
+            return self
+        keys = self.totals.keys() | earlier.totals.keys()
+        return Snapshot({k: self.totals.get(k, 0.0) - earlier.totals.get(k, 0.0) for k in keys},
+                        [a - b for a, b in zip(self.fetch_counts, earlier.fetch_counts)])
+
+
+class LoaderMeter:
+    """The consumer's side of one loader, updated by the iterating thread only (no locks).
+
+    The loader calls ``start_iteration`` when an epoch's iteration begins, ``resume`` when the
+    consumer asks for the next batch and ``delivered`` when it hands one over. ``step_end``
+    (called by `DataLoadingMonitor` at the end of each training step) closes the step of the
+    epoch's last batch, which the consumer never follows with another request.
+    """
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.rows = 0
+        self.bytes = 0
+        self.wait_s = 0.0  # blocked waiting for batches, first batch of each iteration excluded
+        self.step_s = 0.0  # holding a batch: from its hand-off to the next request
+        self.first_s = 0.0  # waiting for the first batch of each iteration (startup)
+        self.iterations = 0
+        self.last_first_s = 0.0
+        self.ready_sum = 0
+        self.ready_samples = 0
+        self.fetch = LatencyHistogram()
+        self._last_yield = 0.0
+        self._holding = False
+        self._mark = 0.0
+        self._first = False
+
+    def start_iteration(self, now: float) -> None:
+        if self._holding and self._mark > self._last_yield:
+            self.step_s += self._mark - self._last_yield  # the previous epoch's last step
+        self._holding = False
+        self._first = True
+
+    def resume(self, now: float) -> None:
+        if self._holding:
+            self.step_s += now - self._last_yield
+            self._holding = False
+
+    def delivered(self, batch: Any, asked: float, now: float) -> None:
+        waited = now - asked
+        if self._first:
+            self._first = False
+            self.first_s += waited
+            self.last_first_s = waited
+            self.iterations += 1
+        else:
+            self.wait_s += waited
+            self.fetch.record(waited)
+        rows, nbytes = batch_size_and_bytes(batch)
+        self.batches += 1
+        self.rows += rows
+        self.bytes += nbytes
+        self._last_yield = now
+        self._holding = True
+
+    def workers_ready(self, batches: int) -> None:
+        self.ready_sum += batches
+        self.ready_samples += 1
+
+    def step_end(self, now: float) -> None:
+        self._mark = now
+
+    def totals(self, now: float) -> dict[str, float]:
+        pending = 0.0
+        if self._holding:
+            pending = (self._mark if self._mark > self._last_yield else now) - self._last_yield
+        return {
+            "batches": self.batches, "rows": self.rows, "bytes": self.bytes, "wait_s": self.wait_s,
+            "step_s": self.step_s + pending, "first_s": self.first_s, "iterations": self.iterations,
+            "workers_ready_sum": self.ready_sum, "workers_ready_samples": self.ready_samples,
+        }
+
+
+def batch_size_and_bytes(batch: Any) -> tuple[int, int]:
+    """Rows and payload bytes of a batch: tensors, lists of bytes/str, tensor-like pairs."""
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else (batch,)
+    rows = nbytes = 0
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            nbytes += value.nbytes
+            if not rows and value.dim():
+                rows = value.shape[0]
+        elif isinstance(value, list):
+            rows = rows or len(value)
+            try:
+                nbytes += sum(map(len, value))
+            except TypeError:
+                pass
+        elif isinstance(getattr(value, "values", None), torch.Tensor):  # e.g. a Ragged column
+            nbytes += value.values.nbytes + getattr(value, "offsets", value.values).nbytes
+            rows = rows or len(value)
+    return rows, nbytes
+
+
+# -- figures ---------------------------------------------------------------------------------
+#: Figure name -> meaning. Every figure is finite (0 when there is nothing to measure).
+FIGURES: dict[str, str] = {
+    "epochs": "iterations over the loader (epochs) started in the span",
+    "batches": "batches delivered to the consumer",
+    "rows": "rows delivered to the consumer",
+    "seconds": "wall time of the consumer loop: waiting for batches plus holding them",
+    "rows_per_s": "rows delivered per second of loop time (rows / seconds)",
+    "bytes_per_s": "bytes of batch payload delivered per second of loop time",
+    "wait_fraction": "share of the step cycle spent waiting for data: wait_s / (wait_s + step_s)",
+    "wait_s": "time the consumer blocked waiting for batches (first batch of each epoch excluded)",
+    "step_s": "time the consumer held batches (the training step and its hooks)",
+    "first_batch_s": "time to the first batch of an epoch (mean over epochs started in the span)",
+    "fetch_p50_ms": "median time waiting for one batch (first batch excluded)",
+    "fetch_p99_ms": "99th percentile of the time waiting for one batch",
+    "io_wait_s": "time reader threads spent in Lance reads (summed over threads and workers)",
+    "io_bytes": "bytes read from storage (Lance I/O statistics)",
+    "io_requests": "read requests to storage (Lance I/O statistics)",
+    "io_mb_per_s": "effective I/O bandwidth: io_bytes / io_wait_s, in MB/s per reader thread",
+    "decode_s": "time in decode/transform (summed over threads and workers)",
+    "convert_s": "time converting Arrow to tensors (summed over threads and workers)",
+    "other_s": "time in any other measured stage",
+    "prefetch_ready": "read groups ready in the read-ahead queue when the consumer asked (mean)",
+    "workers_ready": ("batches the worker processes finished that had not reached the main process when "
+                      "the consumer asked (mean): batches in transfer"),
+}
+
+#: Clock stages, by the figure they count towards.
+STAGE_FIGURES = {"read": "io_wait_s", "transform": "decode_s", "decode": "decode_s", "augment": "decode_s",
+                 "convert": "convert_s"}
+
+
+def figures(span: Snapshot) -> dict[str, float]:
+    """The `FIGURES` of a span (``after.minus(before)``): every name present, every value finite."""
+    t = span.totals
+    g = t.get
+    batches = g("batches", 0.0)
+    wait, step, first = g("wait_s", 0.0), g("step_s", 0.0), g("first_s", 0.0)
+    seconds = wait + step + first
+    stages = {"io_wait_s": 0.0, "decode_s": 0.0, "convert_s": 0.0, "other_s": 0.0}
+    for key, value in t.items():
+        if key.endswith("_seconds"):
+            stages[STAGE_FIGURES.get(key[: -len("_seconds")], "other_s")] += value
+    iterations = g("iterations", 0.0)
+    out = {
+        "epochs": iterations,
+        "batches": batches,
+        "rows": g("rows", 0.0),
+        "seconds": seconds,
+        "rows_per_s": _ratio(g("rows", 0.0), seconds),
+        "bytes_per_s": _ratio(g("bytes", 0.0), seconds),
+        "wait_fraction": _ratio(wait, wait + step),
+        "wait_s": wait,
+        "step_s": step,
+        "first_batch_s": _ratio(first, iterations),
+        "fetch_p50_ms": 1e3 * LatencyHistogram.percentile(span.fetch_counts, 50),
+        "fetch_p99_ms": 1e3 * LatencyHistogram.percentile(span.fetch_counts, 99),
+        "io_bytes": g("io_bytes", 0.0),
+        "io_requests": g("io_requests", 0.0),
+        "io_mb_per_s": _ratio(g("io_bytes", 0.0), stages["io_wait_s"]) / 1e6,
+        **stages,
+        "prefetch_ready": _ratio(g("prefetch_ready", 0.0), g("prefetch_polls", 0.0)),
+        "workers_ready": _ratio(g("workers_ready_sum", 0.0), g("workers_ready_samples", 0.0)),
+    }
+    return {name: float(out[name]) for name in FIGURES}
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else 0.0

@@ -70,9 +70,12 @@ class ShardShuffle(ShuffleStrategy):
 
     Shard size is independent of Lance fragment size: shards are offset/limit ranges. Rows inside a
     shard come in storage order unless ``shuffle_within_shard`` is set. Reads run at scan speed.
+    Batches are not mixed: with shards of at least the batch size every batch comes from one or two
+    shards (on label-sorted data, 0.15–0.2 of a perfect shuffle's per-batch label entropy). Use
+    `BufferShuffle` or `RowShuffle` when batches must mix.
 
     Args:
-        shard_rows: Rows per shard. Smaller shards shuffle better; 1k–16k rows keep scan speed.
+        shard_rows: Rows per shard; 1k–16k rows keep scan speed.
         seed: Base seed; the order depends on (seed, epoch) only.
         shuffle_within_shard: Also permute rows inside each shard.
     """
@@ -98,7 +101,9 @@ class RowShuffle(ShuffleStrategy):
     Args:
         seed: Base seed; the order depends on (seed, epoch) only.
         clump_rows: Permute contiguous clumps of this many rows instead of single rows. Clumps of
-            64 read several times faster than single rows, at a small cost in shuffle quality.
+            64 read several times faster than single rows but mix less: on label-sorted data a
+            batch of 256 holds 5 clumps (0.35 of a perfect shuffle's label entropy; clumps of 8:
+            0.75). Clumps suit data whose storage order is already random.
     """
 
     def __init__(self, seed: int = 0, clump_rows: int = 1) -> None:

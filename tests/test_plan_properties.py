@@ -37,8 +37,8 @@ from lance_lightning.read import PlanReader
 from lance_lightning.source import pin_source
 from tests.helpers import VEC_DIM, write_dataset
 
-PURE = settings(max_examples=60, deadline=None)
-REAL = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+PURE = settings(max_examples=150, deadline=None)
+REAL = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                         HealthCheck.too_slow])
 
 # -- strategies ------------------------------------------------------------------------------
@@ -466,6 +466,7 @@ WORKER_CASES = [
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 @pytest.mark.parametrize(("flt", "strategy", "world", "workers", "batch_size", "drop_last"), WORKER_CASES)
 def test_real_dataloader_workers_keep_the_planned_order(uri: str, flt: Filter, strategy: ShuffleStrategy,
                                                         world: int, workers: int, batch_size: int,

@@ -2,11 +2,22 @@
 
 Guarantees: a batch transform is a callable ``transform(batch) -> batch`` on a
 ``dict[str, Any]`` mapping column name to a torch tensor (numeric columns),
+a `lance_lightning.convert.Ragged` (variable-length numeric lists),
 ``list[str]`` (strings) or ``list[bytes]`` (binary columns). Every transform
-here returns a new dict, replaces only the keys it documents, and is picklable
-and free of shared mutable state, so it may run on worker threads or processes.
+here returns a new dict, replaces only the keys it documents, works on the
+whole batch at once (no per-row Python loop where a batched call exists), and is
+picklable and free of shared mutable state, so it may run on reader threads,
+worker processes or both. A row a transform cannot handle raises a
+`lance_lightning.badrows.RowError` naming its index in the batch and the column.
+
+Host-side transforms go in ``LanceDataModule(transform=...)``; transforms that
+run on the accelerator after the batch is copied there (`DeviceAugment`,
+``DecodeImage(device="cuda")``) go in ``LanceDataModule(device_transform=...)``.
 """
 
+from lance_lightning.transforms.augment import DeviceAugment
+from lance_lightning.transforms.compose import Compose
 from lance_lightning.transforms.image import DecodeImage, ImageDecodeError
+from lance_lightning.transforms.tokens import TokenWindows
 
-__all__ = ["DecodeImage", "ImageDecodeError"]
+__all__ = ["Compose", "DecodeImage", "DeviceAugment", "ImageDecodeError", "TokenWindows"]

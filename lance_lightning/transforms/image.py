@@ -4,12 +4,17 @@ Guarantees: :class:`DecodeImage` turns one column of encoded images (JPEG,
 PNG, WebP or GIF bytes) into a single ``(N, C, H, W)`` tensor stored under the
 same key, leaves every other key of the batch untouched, and never returns a
 partially decoded batch: a row that cannot be decoded raises
-:class:`ImageDecodeError` naming the column and the row's index in the batch.
-All argument checks happen in ``__init__``, so a bad configuration fails before
-any data is read.
+:class:`ImageDecodeError` naming the column and the row's index in the batch
+(the data module's bad-row policy maps it to the dataset row). All argument
+checks happen in ``__init__``, so a bad configuration fails before any data is
+read.
 
-The decoders (``torchvision.io``) release the GIL, so the transform is meant to
-be run on a thread pool; that is the caller's business, not this module's.
+Batched, not per row: the column's bytes are joined into one buffer and split
+into views (no per-row copies), the JPEG check is one vectorised comparison,
+JPEGs go to one batched ``decode_jpeg`` call, and resizing and normalising run
+once per group of same-shaped images. The decoders release the GIL, so the
+transform scales on the reader threads. With ``device="cuda"`` the JPEGs are
+decoded on the GPU (nvJPEG); use it as the data module's ``device_transform``.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ import torch
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 from torchvision.transforms.v2 import functional as F
 
-__all__ = ["DecodeImage", "ImageDecodeError"]
+from lance_lightning.badrows import RowError
+from lance_lightning.transforms.sizes import check_size, fit_batch
 
-_JPEG_MAGIC = b"\xff\xd8\xff"
+__all__ = ["DecodeImage", "ImageDecodeError"]
 
 _MODES: dict[str, ImageReadMode] = {
     "gray": ImageReadMode.GRAY,
@@ -31,53 +37,21 @@ _MODES: dict[str, ImageReadMode] = {
     "unchanged": ImageReadMode.UNCHANGED,
 }
 _MODE_CHANNELS: dict[str, int] = {"gray": 1, "rgb": 3}
+_BYTES = (bytes, bytearray, memoryview)
 
 
-class ImageDecodeError(ValueError):
+class ImageDecodeError(RowError):
     """A row's bytes could not be decoded as an image.
 
     Attributes:
         column: the batch column being decoded.
         index: the row's position within the batch (not the dataset row id; the
-            caller maps it to a row id).
+            bad-row policy maps it to the dataset row).
     """
 
     def __init__(self, column: str, index: int, reason: str) -> None:
-        self.column = column
-        self.index = index
-        self.reason = reason
-        super().__init__(
-            f"column {column!r}: row {index} of the batch could not be decoded as an image: {reason}"
-        )
-
-    def __reduce__(self) -> tuple[Any, ...]:  # keep it picklable across processes
-        return (type(self), (self.column, self.index, self.reason))
-
-
-def _normalize_size(size: int | tuple[int, int] | Sequence[int] | None) -> tuple[int, int] | None:
-    if size is None:
-        return None
-    if isinstance(size, bool):
-        raise ValueError(f"size={size!r} is not a valid size; pass an int or a (height, width) pair of positive ints, or None")
-    if isinstance(size, int):
-        pair: tuple[Any, ...] = (size, size)
-    else:
-        try:
-            pair = tuple(size)
-        except TypeError:
-            raise ValueError(
-                f"size={size!r} is not a valid size; pass an int or a (height, width) pair of positive ints, or None"
-            ) from None
-        if len(pair) != 2:
-            raise ValueError(
-                f"size={size!r} has {len(pair)} elements; pass an int or a (height, width) pair of positive ints"
-            )
-    for v in pair:
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(
-                f"size={size!r} must hold positive ints; pass e.g. size=224 or size=(224, 224)"
-            )
-    return (int(pair[0]), int(pair[1]))
+        super().__init__(column, index, reason)
+        self.args = (f"column {column!r}: row {index} of the batch could not be decoded as an image: {reason}",)
 
 
 class DecodeImage:
@@ -90,11 +64,12 @@ class DecodeImage:
 
     Args:
         column: name of the binary column holding the encoded images.
-        size: output ``(height, width)``; an int ``s`` means ``(s, s)`` (unlike
-            torchvision's ``resize``, which would resize the shorter edge, an
-            int here is a square so that every image stacks). Images are resized
-            with antialiasing. When ``None`` no resize happens and every image
+        size: output ``(height, width)``; an int ``s`` means ``(s, s)`` so that
+            every image stacks. When ``None`` no resize happens and every image
             in a batch must already have the same shape.
+        fit: how an image reaches ``size``: ``"stretch"`` resizes to it exactly
+            (aspect ratio not kept); ``"crop"`` resizes the image to cover it,
+            keeping the aspect ratio, and crops the centre. Antialiased.
         mode: ``"gray"`` (1 channel), ``"rgb"`` (3 channels) or ``"unchanged"``
             (whatever the file holds; every image must then have the same
             number of channels).
@@ -104,6 +79,10 @@ class DecodeImage:
         mean: per-channel mean for standardisation; needs ``std`` and
             ``normalize=True``.
         std: per-channel standard deviation (all > 0); needs ``mean``.
+        device: where to decode and return the images: ``None`` (CPU, for the
+            reader threads) or a CUDA device such as ``"cuda"`` (JPEGs decoded
+            by nvJPEG; other formats on the CPU, then moved). A CUDA device
+            belongs in ``LanceDataModule(device_transform=...)``.
 
     Raises:
         ImageDecodeError: a row's bytes are missing or undecodable.
@@ -119,87 +98,72 @@ class DecodeImage:
         normalize: bool = True,
         mean: tuple[float, ...] | None = None,
         std: tuple[float, ...] | None = None,
+        fit: Literal["stretch", "crop"] = "stretch",
+        device: str | None = None,
     ) -> None:
         if not isinstance(column, str) or not column:
             raise ValueError(f"column={column!r} must be a non-empty column name, e.g. column='image'")
         if mode not in _MODES:
             raise ValueError(f"mode={mode!r} is not supported; use one of {sorted(_MODES)}")
+        if fit not in ("stretch", "crop"):
+            raise ValueError(f"fit={fit!r} is not supported; use 'stretch' or 'crop'")
         self.column = column
-        self.size = _normalize_size(size)
+        self.size = check_size(size)
         self.mode = mode
         self.normalize = bool(normalize)
-
-        if (mean is None) != (std is None):
-            given, missing = ("mean", "std") if mean is not None else ("std", "mean")
-            raise ValueError(
-                f"{given}={mean if mean is not None else std!r} was given without {missing}; "
-                f"pass both mean and std, or neither"
-            )
-        if mean is not None and std is not None:
-            mean_t = tuple(float(m) for m in mean)
-            std_t = tuple(float(s) for s in std)
-            if not mean_t:
-                raise ValueError(f"mean={mean!r} is empty; pass one value per channel, or leave mean and std as None")
-            if len(mean_t) != len(std_t):
-                raise ValueError(
-                    f"mean={mean!r} has {len(mean_t)} values but std={std!r} has {len(std_t)}; "
-                    f"pass one value per channel in each"
-                )
-            if any(not s > 0 for s in std_t):
-                raise ValueError(f"std={std!r} must be > 0 in every channel; a zero std would divide by zero")
-            if not self.normalize:
-                raise ValueError(
-                    f"mean={mean!r}/std={std!r} need normalize=True (they apply to [0, 1] floats); "
-                    f"set normalize=True or drop mean and std"
-                )
-            expected = _MODE_CHANNELS.get(mode)
-            if expected is not None and len(mean_t) not in (1, expected):
-                raise ValueError(
-                    f"mean={mean!r} has {len(mean_t)} values but mode={mode!r} gives {expected} channel(s); "
-                    f"pass {expected} values (or 1 to share across channels)"
-                )
-            self.mean: tuple[float, ...] | None = mean_t
-            self.std: tuple[float, ...] | None = std_t
-        else:
-            self.mean = None
-            self.std = None
+        self.fit = fit
+        self.device = _check_device(device)
+        self.mean, self.std = _check_mean_std(mean, std, self.normalize, mode)
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(column={self.column!r}, size={self.size!r}, mode={self.mode!r}, "
-            f"normalize={self.normalize!r}, mean={self.mean!r}, std={self.std!r})"
+            f"normalize={self.normalize!r}, mean={self.mean!r}, std={self.std!r}, fit={self.fit!r}, "
+            f"device={self.device!r})"
         )
 
     # -- decoding -----------------------------------------------------------
 
-    def _buffers(self, values: Sequence[Any]) -> list[torch.Tensor]:
-        buffers: list[torch.Tensor] = []
-        for i, b in enumerate(values):
-            if b is None:
-                raise ImageDecodeError(self.column, i, "value is null")
-            if not isinstance(b, (bytes, bytearray, memoryview)):
-                raise ImageDecodeError(self.column, i, f"expected bytes, got {type(b).__name__}")
-            if len(b) == 0:
-                raise ImageDecodeError(self.column, i, "value is empty (0 bytes)")
-            buffers.append(torch.frombuffer(bytearray(b), dtype=torch.uint8))
-        return buffers
+    def _buffers(self, values: Sequence[Any]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """One view per row into a single joined buffer, and a bool mask of the JPEG rows."""
+        if None in values:
+            raise ImageDecodeError(self.column, list(values).index(None), "value is null")
+        if not set(map(type, values)) <= set(_BYTES):
+            index = next(i for i, v in enumerate(values) if not isinstance(v, _BYTES))
+            raise ImageDecodeError(self.column, index, f"expected bytes, got {type(values[index]).__name__}")
+        lengths = torch.tensor(list(map(len, values)), dtype=torch.int64)
+        if bool((lengths == 0).any()):
+            raise ImageDecodeError(self.column, int((lengths == 0).nonzero()[0]), "value is empty (0 bytes)")
+        joined = torch.frombuffer(bytearray().join(values), dtype=torch.uint8)
+        starts = torch.cumsum(lengths, 0) - lengths
+        head = joined[torch.minimum(starts[:, None] + torch.arange(3), starts[:, None] + lengths[:, None] - 1)]
+        is_jpeg = (lengths >= 3) & (head == torch.tensor([0xFF, 0xD8, 0xFF], dtype=torch.uint8)).all(1)
+        return list(torch.split(joined, lengths.tolist())), is_jpeg
+
+    def _decode(self, values: Sequence[Any]) -> list[torch.Tensor]:
+        buffers, is_jpeg = self._buffers(values)
+        read_mode = _MODES[self.mode]
+        images: list[torch.Tensor | None] = [None] * len(buffers)
+        jpegs = is_jpeg.nonzero().flatten().tolist()
+        if jpegs:
+            try:
+                decoded = decode_jpeg([buffers[i] for i in jpegs], mode=read_mode, device=self.device or "cpu")
+            except (RuntimeError, ValueError):  # decode one by one on the CPU to find the row at fault
+                decoded = [self._decode_one(i, buffers[i], read_mode).to(self.device or "cpu") for i in jpegs]
+            for i, image in zip(jpegs, decoded):
+                images[i] = image
+        if len(jpegs) < len(buffers):
+            # No batched decoder exists for PNG/WebP/GIF: one call per image (each releases the GIL).
+            for i in (~is_jpeg).nonzero().flatten().tolist():
+                image = self._decode_one(i, buffers[i], read_mode)
+                images[i] = image.to(self.device) if self.device else image
+        return images  # type: ignore[return-value]
 
     def _decode_one(self, i: int, buf: torch.Tensor, read_mode: ImageReadMode) -> torch.Tensor:
         try:
             return decode_image(buf, mode=read_mode)
         except (RuntimeError, ValueError) as e:
             raise ImageDecodeError(self.column, i, str(e)) from e
-
-    def _decode(self, values: Sequence[Any]) -> list[torch.Tensor]:
-        buffers = self._buffers(values)
-        read_mode = _MODES[self.mode]
-        if buffers and all(bytes(buf[:3].tolist()) == _JPEG_MAGIC for buf in buffers):
-            try:
-                out = decode_jpeg(buffers, mode=read_mode)
-                return list(out) if isinstance(out, (list, tuple)) else [out]
-            except (RuntimeError, ValueError):
-                pass  # decode one at a time below to find the row at fault
-        return [self._decode_one(i, buf, read_mode) for i, buf in enumerate(buffers)]
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         if self.column not in batch:
@@ -213,37 +177,17 @@ class DecodeImage:
                 f"DecodeImage: column {self.column!r} is already a tensor of shape {tuple(values.shape)}; "
                 f"it expects encoded image bytes (was the column decoded twice?)"
             )
-        images = self._decode(values)
-
-        if self.size is not None:
-            images = [F.resize(img, list(self.size), antialias=True) for img in images]
-
-        if images:
-            first = images[0]
-            for img in images[1:]:
-                if img.shape[0] != first.shape[0]:
-                    raise ValueError(
-                        f"DecodeImage: column {self.column!r} holds images with different channel counts "
-                        f"{tuple(first.shape)} and {tuple(img.shape)} (C, H, W); set mode='rgb' or mode='gray'"
-                    )
-                if img.shape != first.shape:
-                    raise ValueError(
-                        f"DecodeImage: column {self.column!r} holds images of different shapes "
-                        f"{tuple(first.shape)} and {tuple(img.shape)} (C, H, W); set size= to resize "
-                        f"them to one shape"
-                    )
-                if img.dtype != first.dtype:
-                    raise ValueError(
-                        f"DecodeImage: column {self.column!r} holds images of different bit depths "
-                        f"({first.dtype} and {img.dtype}); set normalize=True to get float32 for all"
-                    )
+        if len(values):
+            images = self._decode(values)
+            self._check_stackable(images)
+            out = fit_batch(images, self.size, self.fit)
             if self.normalize:
-                images = [F.to_dtype(img, torch.float32, scale=True) for img in images]
-            out = torch.stack(images)
+                out = F.to_dtype(out, torch.float32, scale=True)
         else:
             c = _MODE_CHANNELS.get(self.mode, 0)
             h, w = self.size if self.size is not None else (0, 0)
-            out = torch.empty((0, c, h, w), dtype=torch.float32 if self.normalize else torch.uint8)
+            out = torch.empty((0, c, h, w), dtype=torch.float32 if self.normalize else torch.uint8,
+                              device=self.device or "cpu")
 
         if self.normalize and self.mean is not None and self.std is not None:
             channels = out.shape[1]
@@ -261,3 +205,71 @@ class DecodeImage:
         result = dict(batch)
         result[self.column] = out
         return result
+
+    def _check_stackable(self, images: list[torch.Tensor]) -> None:
+        first = images[0]
+        for img in images[1:]:
+            if img.shape == first.shape and img.dtype == first.dtype:
+                continue
+            if img.shape[0] != first.shape[0]:
+                raise ValueError(
+                    f"DecodeImage: column {self.column!r} holds images with different channel counts "
+                    f"{tuple(first.shape)} and {tuple(img.shape)} (C, H, W); set mode='rgb' or mode='gray'"
+                )
+            if img.shape != first.shape and self.size is None:
+                raise ValueError(
+                    f"DecodeImage: column {self.column!r} holds images of different shapes "
+                    f"{tuple(first.shape)} and {tuple(img.shape)} (C, H, W); set size= to resize "
+                    f"them to one shape"
+                )
+            if img.dtype != first.dtype:
+                raise ValueError(
+                    f"DecodeImage: column {self.column!r} holds images of different bit depths "
+                    f"({first.dtype} and {img.dtype}); set normalize=True to get float32 for all"
+                )
+
+
+def _check_device(device: str | None) -> str | None:
+    if device is None or device == "cpu":
+        return None
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device!r} is not a device; use None (CPU) or 'cuda' / 'cuda:N'") from None
+    if parsed.type != "cuda":
+        raise ValueError(f"device={device!r}: GPU decoding needs a CUDA device; use None (CPU) or 'cuda'")
+    return str(parsed)
+
+
+def _check_mean_std(mean: Sequence[float] | None, std: Sequence[float] | None, normalize: bool,
+                    mode: str) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+    if (mean is None) != (std is None):
+        given, missing = ("mean", "std") if mean is not None else ("std", "mean")
+        raise ValueError(
+            f"{given}={mean if mean is not None else std!r} was given without {missing}; "
+            f"pass both mean and std, or neither"
+        )
+    if mean is None or std is None:
+        return None, None
+    mean_t, std_t = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+    if not mean_t:
+        raise ValueError(f"mean={mean!r} is empty; pass one value per channel, or leave mean and std as None")
+    if len(mean_t) != len(std_t):
+        raise ValueError(
+            f"mean={mean!r} has {len(mean_t)} values but std={std!r} has {len(std_t)}; "
+            f"pass one value per channel in each"
+        )
+    if any(not s > 0 for s in std_t):
+        raise ValueError(f"std={std!r} must be > 0 in every channel; a zero std would divide by zero")
+    if not normalize:
+        raise ValueError(
+            f"mean={mean!r}/std={std!r} need normalize=True (they apply to [0, 1] floats); "
+            f"set normalize=True or drop mean and std"
+        )
+    expected = _MODE_CHANNELS.get(mode)
+    if expected is not None and len(mean_t) not in (1, expected):
+        raise ValueError(
+            f"mean={mean!r} has {len(mean_t)} values but mode={mode!r} gives {expected} channel(s); "
+            f"pass {expected} values (or 1 to share across channels)"
+        )
+    return mean_t, std_t

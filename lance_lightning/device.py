@@ -1,0 +1,112 @@
+"""Getting batches onto the accelerator before the step needs them.
+
+Guarantees:
+- `pin_batch` pins every tensor of a batch (and `Ragged` columns) in page-locked host memory, so
+  the host-to-device copy can be asynchronous; lists (strings, bytes) are left as they are. The
+  data module runs it on the reader threads (``num_workers=0``) or lets the DataLoader's pin
+  thread do it (worker processes), never on the training loop's thread.
+- `DeviceTransfer` copies a batch's tensors with ``non_blocking=True``. On CUDA (``start``ed
+  with ``copy_stream=True``) the copies are issued on a side stream: batch k+1 is copied while
+  the GPU still runs step k's kernels (the CPU queues kernels ahead of the GPU), the compute
+  stream waits on the copy only when step k+1 starts, and each tensor is marked as used by the
+  compute stream so its memory is not reused early. Lists stay on the host, where a device
+  stage such as ``DecodeImage(device="cuda")`` reads them.
+- Without CUDA (CPU, MPS, ...) a transfer is a plain ``.to(device)``, never an error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lance_lightning.convert import Ragged
+
+Batch = dict[str, Any]
+
+
+def pin_batch(batch: Batch) -> Batch:
+    """The batch with its tensors (and objects with ``pin_memory``, such as `Ragged`) pinned."""
+    if not torch.cuda.is_available():
+        return batch  # page-locked memory needs a CUDA driver; nothing to gain without one
+    return {key: _pin(value) for key, value in batch.items()}
+
+
+def _pin(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value if value.is_pinned() else value.pin_memory()
+    if isinstance(value, Ragged):
+        return value if value.is_pinned() else value.pin_memory()
+    return value
+
+
+def move(value: Any, device: torch.device) -> Any:
+    """``value`` on ``device``: tensors and `Ragged` copy without blocking; str/bytes lists stay."""
+    if isinstance(value, (torch.Tensor, Ragged)):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {key: move(item, device) for key, item in value.items()}
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (torch.Tensor, Ragged, dict)):
+        return type(value)(move(item, device) for item in value)
+    return value  # lists of str/bytes and plain values stay on the host
+
+
+class DeviceTransfer:
+    """Copies batches to the training device, on a side CUDA stream when there is one.
+
+    Args:
+        copy_stream: On CUDA, issue the copies on a dedicated stream so they overlap the
+            previous step's kernels. ``False`` copies on the current stream (still non-blocking).
+    """
+
+    def __init__(self, copy_stream: bool = True) -> None:
+        self.copy_stream = bool(copy_stream)
+        self._stream: Any = None
+        self._device: torch.device | None = None
+
+    def start(self, device: torch.device) -> None:
+        """Create the side stream for ``device`` (CUDA only; a no-op elsewhere)."""
+        device = torch.device(device)
+        if self._stream is not None and self._device == device:
+            return
+        self._device = device
+        self._stream = torch.cuda.Stream(device) if self.copy_stream and device.type == "cuda" else None
+
+    def stop(self) -> None:
+        """Wait for copies in flight and drop the side stream."""
+        if self._stream is not None:
+            self._stream.synchronize()
+        self._stream = None
+        self._device = None
+
+    def __call__(self, batch: Any, device: torch.device) -> Any:
+        device = torch.device(device)
+        if device.type != "cuda" or not self.copy_stream:
+            return move(batch, device)
+        if self._device != device or self._stream is None:
+            self.start(device)
+        current = torch.cuda.current_stream(device)
+        with torch.cuda.stream(self._stream):
+            moved = move(batch, device)
+        current.wait_stream(self._stream)
+        _record(moved, current)
+        return moved
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"copy_stream": self.copy_stream, "_stream": None, "_device": None}
+
+
+def _record(value: Any, stream: Any) -> None:
+    """Mark the device tensors of ``value`` as used by ``stream`` (allocator safety across streams)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            value.record_stream(stream)
+    elif isinstance(value, Ragged):
+        _record(value.values, stream)
+        _record(value.offsets, stream)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _record(item, stream)
+    elif isinstance(value, (list, tuple)) and value and isinstance(value[0], (torch.Tensor, Ragged, dict)):
+        for item in value:
+            _record(item, stream)

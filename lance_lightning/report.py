@@ -1,0 +1,199 @@
+"""The data loading report: what limits throughput, with the numbers and the first thing to change.
+
+Guarantees:
+- `diagnose` names exactly one bottleneck from a span's figures (`lance_lightning.metrics.FIGURES`):
+  ``model`` when the step waited for data less than `MODEL_BOUND_BELOW` of its cycle, otherwise the
+  largest share of loader time among ``storage`` (I/O wait), ``decode`` (decode/transform),
+  ``convert`` (Arrow to tensors) and ``workers`` (waiting that no stage explains: moving batches
+  out of worker processes). A loader-only profile has no model, so it always names a loader part.
+- Loader time is wall-equivalent: a stage's thread-seconds divided by the threads that run it
+  (``reader_threads`` x processes), so the shares compare with the step's wait.
+- Under DDP the report shows the mean over ranks with the range, and diagnoses the rank that
+  waited most (in DDP every rank ends up waiting for the slowest).
+- `format_report` is plain text; nothing here reads clocks, loggers or the trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lance_lightning.metrics import Snapshot, figures
+
+#: Below this share of the step cycle spent waiting for data, the model is the bottleneck.
+MODEL_BOUND_BELOW = 0.05
+#: The first batch counts as a start-up cost worth a note above this share of the loop time.
+STARTUP_NOTE_ABOVE = 0.2
+#: A row shuffle reading clumps shorter than this is dominated by per-row take requests.
+SHORT_CLUMP = 64
+
+PARTS = {
+    "storage": ("io_wait_s", "waiting on storage (I/O)"),
+    "decode": ("decode_s", "in decode/transform"),
+    "convert": ("convert_s", "converting Arrow to tensors"),
+    "other": ("other_s", "in other measured stages"),
+}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The bottleneck, a one-line verdict with its numbers, and the first thing to change."""
+
+    bottleneck: str  # "model" | "storage" | "decode" | "convert" | "workers" | "other" | "none"
+    headline: str
+    advice: str
+    shares: dict[str, float] = field(default_factory=dict)  # loader part -> share of loader time
+    seconds: dict[str, float] = field(default_factory=dict)  # loader part -> wall-equivalent seconds
+    rank: int = 0
+
+
+def parallelism(config: Mapping[str, Any]) -> int:
+    """Threads running the loader stages: reader threads (at least the iterating one) x processes."""
+    return max(int(config.get("num_workers", 0)), 1) * max(int(config.get("reader_threads", 1)), 1)
+
+
+def loader_seconds(fig: Mapping[str, float], config: Mapping[str, Any]) -> dict[str, float]:
+    """Wall-equivalent seconds per loader part, ``workers`` being the wait no stage explains."""
+    threads = parallelism(config)
+    parts = {name: fig[key] / threads for name, (key, _) in PARTS.items()}
+    busy = sum(parts.values())
+    # While the step runs, busy stages overlap it; only stage time beyond the step can cause a wait.
+    parts["workers"] = max(0.0, fig["wait_s"] - max(0.0, busy - fig["step_s"]))
+    return parts
+
+
+def diagnose(fig: Mapping[str, float], config: Mapping[str, Any], *, loader_only: bool = False,
+             rank: int = 0) -> Diagnosis:
+    """What limits throughput in the span ``fig`` (one rank's figures) of a loader with ``config``."""
+    seconds = loader_seconds(fig, config)
+    total = sum(seconds.values())
+    shares = {name: value / total if total > 0 else 0.0 for name, value in seconds.items()}
+    wait = fig["wait_fraction"]
+    if fig["batches"] < 2:
+        return Diagnosis("none", "not enough batches measured to tell", "run more steps", shares, seconds, rank)
+    if not loader_only and wait < MODEL_BOUND_BELOW:
+        busy = total / fig["seconds"] if fig["seconds"] > 0 else 0.0
+        headline = (f"model-bound: the step waited for data {wait:.0%} of the time; the loader keeps up "
+                    f"(busy {min(busy, 1.0):.0%} of the time)")
+        advice = "speed up the training step (model, precision, batch size); loader settings will not raise throughput"
+        if busy < 0.25 and parallelism(config) > 1:
+            advice += (f"; the loader idles, so fewer `reader_threads` ({config.get('reader_threads')} now) or "
+                       f"`num_workers` ({config.get('num_workers')} now) would free CPU for the step")
+        return Diagnosis("model", headline, advice, shares, seconds, rank)
+    name = max(shares, key=shares.__getitem__)
+    if name == "workers" and not config.get("num_workers"):
+        what = "outside the measured stages (hand-off between reader threads and the step)"
+    elif name == "workers":
+        what = "moving batches from worker processes (not reading, decoding or converting)"
+    else:
+        what = PARTS[name][1]
+        if name == "decode" and config.get("transform"):
+            what += f" ({config['transform']})"
+    waited = "no model: the profile consumes batches as fast as they come" if loader_only else \
+        f"the step waited for data {wait:.0%} of the time"
+    headline = f"{name}-bound: {shares[name]:.0%} of loader time {what}; {waited}"
+    return Diagnosis(name, headline, _advice(name, config), shares, seconds, rank)
+
+
+def _advice(name: str, config: Mapping[str, Any]) -> str:
+    threads, workers = config.get("reader_threads"), config.get("num_workers", 0)
+    groups = config.get("prefetch_groups")
+    if name == "storage":
+        shuffle = config.get("shuffle") or {}
+        clump = shuffle.get("clump_rows")
+        if config.get("method") == "take" and shuffle.get("strategy") == "RowShuffle" and clump is not None \
+                and clump < SHORT_CLUMP:
+            return (f"reads are random row takes (RowShuffle clump_rows={clump}): set `shuffle.clump_rows` to "
+                    f"{SHORT_CLUMP} or more, or use ShardShuffle/BufferShuffle, so Lance reads ranges")
+        return (f"raise `reader_threads` ({threads} now) and `prefetch_groups` ({groups} now) to keep more reads "
+                "in flight; on object stores also raise LANCE_IO_THREADS")
+    if name == "decode":
+        if not workers:
+            return (f"raise `reader_threads` ({threads} now; decoding runs on them); if the transform is pure "
+                    "Python (holds the GIL), use `num_workers` processes instead")
+        return f"raise `num_workers` ({workers} now) or `reader_threads` ({threads} per worker now)"
+    if name == "convert":
+        return (f"read fewer columns (`columns`), or raise `reader_threads` ({threads} now); columns with nulls, "
+                "bools or several chunks are copied")
+    if name == "workers" and workers:
+        return (f"use `num_workers=0` with `reader_threads` (Lance reads and torchvision decoding release the "
+                f"GIL, so threads skip the copy between processes), or fewer, larger batches ({workers} workers now)")
+    if name == "workers":
+        return f"raise `prefetch_groups` ({groups} now) so more batches are ready ahead"
+    return "look at the stages your transform measures"
+
+
+def format_report(per_rank: Sequence[Mapping[str, float]], config: Mapping[str, Any], *,
+                  loader_only: bool = False, title: str = "Data loading report") -> str:
+    """The console report of one span: ``per_rank[r]`` holds rank r's figures (one entry without DDP)."""
+    ranks = len(per_rank)
+    mean = {k: sum(f[k] for f in per_rank) / ranks for k in per_rank[0]}
+    worst = 0 if loader_only else max(range(ranks), key=lambda r: per_rank[r]["wait_fraction"])
+    diagnosis = diagnose(per_rank[worst], config, loader_only=loader_only, rank=worst)
+
+    def show(key: str, fmt: str, scale: float = 1.0) -> str:
+        text = format(mean[key] * scale, fmt)
+        if ranks > 1:
+            low, high = (min(f[key] for f in per_rank) * scale, max(f[key] for f in per_rank) * scale)
+            text += f" [{format(low, fmt)} .. {format(high, fmt)}]"
+        return text
+
+    workers, threads = config.get("num_workers", 0), config.get("reader_threads")
+    where = f"{ranks} ranks, mean [min .. max]" if ranks > 1 else f"rank {config.get('rank', 0)}"
+    lines = [
+        f"{title} ({where}): {show('batches', ',.0f')} batches, {show('rows', ',.0f')} rows in "
+        f"{show('seconds', '.2f')} s",
+        f"  {diagnosis.headline}" + (f" (rank {diagnosis.rank})" if ranks > 1 else ""),
+        f"  first thing to change: {diagnosis.advice}",
+        "",
+    ]
+    if loader_only:
+        per_batch = mean["seconds"] / mean["batches"] if mean["batches"] else 0.0
+        lines.append(f"  loader ceiling           a batch every {per_batch * 1e3:.2f} ms: a training step slower "
+                     "than this would not wait for data")
+    else:
+        lines.append(f"  step waited for data     {show('wait_fraction', '.1%')} of the step cycle")
+        step_ms = {k: 1e3 * f["step_s"] / f["batches"] if f["batches"] else 0.0 for k, f in enumerate(per_rank)}
+        lines.append(f"  training step            {sum(step_ms.values()) / ranks:.2f} ms per batch")
+    lines += [
+        f"  wait per batch           p50 {show('fetch_p50_ms', '.2f')} ms, p99 {show('fetch_p99_ms', '.2f')} ms",
+        f"  first batch              {show('first_batch_s', '.3f')} s",
+        f"  delivered                {show('rows_per_s', ',.0f')} rows/s, {show('bytes_per_s', ',.2f', 1e-6)} MB/s",
+        f"  loader time (wall-equivalent: stage thread-seconds / {parallelism(config)} threads = "
+        f"{threads} reader thread(s) x {max(workers, 1)} process(es)):",
+    ]
+    labels = {"storage": "storage (I/O wait)", "decode": "decode/transform", "convert": "convert to tensors",
+              "other": "other stages", "workers": "workers (transfer)" if workers else "hand-off (unmeasured)"}
+    for name in ("storage", "decode", "convert", "other", "workers"):
+        if name == "other" and diagnosis.seconds.get(name, 0.0) == 0.0:
+            continue
+        line = f"    {labels[name]:<22} {diagnosis.seconds[name]:8.3f} s {diagnosis.shares[name]:6.1%}"
+        if name == "storage":
+            line += (f"   {show('io_bytes', ',.2f', 1e-6)} MB read in {show('io_requests', ',.0f')} requests, "
+                     f"{show('io_mb_per_s', ',.1f')} MB/s per reader thread")
+        lines.append(line)
+    lines.append(f"  read-ahead               {show('prefetch_ready', '.2f')} of {config.get('prefetch_groups')} "
+                 "groups ready when asked" + (" (per worker)" if workers else ""))
+    if workers:
+        lines.append(f"  worker output            {show('workers_ready', '.2f')} finished batches not yet "
+                     "received when asked")
+    startup = mean["first_batch_s"] * mean["epochs"]
+    if mean["seconds"] > 0 and startup / mean["seconds"] > STARTUP_NOTE_ABOVE:
+        lines.append(f"  note: start-up is {startup / mean['seconds']:.0%} of the loop time (first batch "
+                     f"{mean['first_batch_s']:.2f} s): workers start and the first reads run; keep "
+                     "`persistent_workers=True`, and measure longer runs")
+    if ranks > 1:
+        slow = max(range(ranks), key=lambda r: per_rank[r]["wait_fraction"])
+        fast = min(range(ranks), key=lambda r: per_rank[r]["rows_per_s"])
+        lines.append(f"  stragglers               rank {slow} waited most for data "
+                     f"({per_rank[slow]['wait_fraction']:.1%}); rank {fast} delivered fewest rows/s "
+                     f"({per_rank[fast]['rows_per_s']:,.0f})")
+    return "\n".join(lines)
+
+
+def loader_report(loader: Any, since: Snapshot | None = None, *, loader_only: bool = False,
+                  title: str = "Data loading report") -> str:
+    """The report of one `LanceDataLoader` in this process, from ``since`` (default: its creation)."""
+    fig = figures(loader.metrics_snapshot().minus(since))
+    return format_report([fig], loader.describe(), loader_only=loader_only, title=title)

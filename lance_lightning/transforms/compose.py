@@ -1,0 +1,44 @@
+"""Chaining batch transforms.
+
+Guarantees: `Compose` applies its transforms in the given order, each to the previous one's
+output, and is picklable when they are. Columns no transform names pass through untouched, so
+numeric columns reach the model exactly as converted (zero-copy tensors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lance_lightning.errors import ConfigError
+
+__all__ = ["Compose"]
+
+Batch = dict[str, Any]
+
+
+class Compose:
+    """Runs ``transforms`` one after the other on a batch.
+
+    Args:
+        transforms: Batch transforms (callables ``batch -> batch``), e.g. `DecodeImage` for the
+            images, then `TokenWindows` for a token column. In YAML, a list of ``class_path`` entries.
+    """
+
+    def __init__(self, transforms: Sequence[Callable[[Batch], Batch]]) -> None:
+        if isinstance(transforms, (str, bytes)) or not isinstance(transforms, Sequence):
+            raise ConfigError("transforms", transforms, "must be a list of batch transforms",
+                              "pass a list, e.g. [DecodeImage(...)]")
+        for i, transform in enumerate(transforms):
+            if not callable(transform):
+                raise ConfigError(f"transforms[{i}]", transform, "is not callable",
+                                  "pass callables that take and return a batch dict")
+        self.transforms = list(transforms)
+
+    def __call__(self, batch: Batch) -> Batch:
+        for transform in self.transforms:
+            batch = transform(batch)
+        return batch
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.transforms!r})"
