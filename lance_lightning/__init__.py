@@ -17,6 +17,7 @@ _EXPORTS = {
     "ConfigError": "lance_lightning.errors",
     "CursorMismatchError": "lance_lightning.errors",
     "DataCursorCheckpoint": "lance_lightning.callbacks",
+    "DataLoadingMonitor": "lance_lightning.callbacks",
     "FilterRead": "lance_lightning.strategies",
     "LanceDataLoader": "lance_lightning.loader",
     "LanceDataModule": "lance_lightning.datamodule",

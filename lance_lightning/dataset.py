@@ -156,7 +156,8 @@ class BatchProducer:
         reads = ReadAhead(self.read, groups, threads, prefetch_groups, name="lance-read")
         tables = (item for group in reads for item in group)
         try:
-            for batch in ReadAhead(self.finish, tables, threads, prefetch_batches, name="lance-transform"):
+            for batch in ReadAhead(self.finish, tables, threads, prefetch_batches, name="lance-transform",
+                                   clock=self.clock):
                 yield self._ship(batch)
         finally:
             tables.close()  # stops the read stage's threads too

@@ -159,11 +159,19 @@ class Snapshot:
     fetch_counts: list[int] = field(default_factory=lambda: [0] * LatencyHistogram.BINS)
 
     def minus(self, earlier: Snapshot | None) -> Snapshot:
-        if earlier is None:
+        """The span from ``earlier`` to this snapshot (this snapshot itself when ``earlier`` is None)."""
+        return self._combine(earlier, -1)
+
+    def plus(self, other: Snapshot | None) -> Snapshot:
+        """Two spans added (of two loaders, or consecutive spans)."""
+        return self._combine(other, 1)
+
+    def _combine(self, other: Snapshot | None, sign: int) -> Snapshot:
+        if other is None:
             return self
-        keys = self.totals.keys() | earlier.totals.keys()
-        return Snapshot({k: self.totals.get(k, 0.0) - earlier.totals.get(k, 0.0) for k in keys},
-                        [a - b for a, b in zip(self.fetch_counts, earlier.fetch_counts)])
+        keys = self.totals.keys() | other.totals.keys()
+        return Snapshot({k: self.totals.get(k, 0.0) + sign * other.totals.get(k, 0.0) for k in keys},
+                        [a + sign * b for a, b in zip(self.fetch_counts, other.fetch_counts)])
 
 
 class LoaderMeter:

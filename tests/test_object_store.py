@@ -1,0 +1,97 @@
+"""Sources on an S3-compatible store (a real moto server on loopback), fit → checkpoint → resume."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import lance
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lance_lightning import ConfigError, DataCursorCheckpoint, LanceDataModule, LanceSource, RowShuffle
+from tests.helpers import RecordingModel, flat, make_table
+from tests.s3_server import S3Server, environment_credentials
+
+ROWS, BATCH = 240, 16
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    server = S3Server()
+    server.start()
+    server.create_bucket("data")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_uri(s3: S3Server) -> str:
+    uri = "s3://data/train.lance"
+    lance.write_dataset(make_table(ROWS), uri, storage_options=s3.storage_options(), max_rows_per_file=100)
+    return uri
+
+
+def _module(uri: str, options: dict[str, str] | None) -> LanceDataModule:
+    return LanceDataModule(train=LanceSource(uri, columns=["id", "x"], storage_options=options),
+                           batch_size=BATCH, shuffle=RowShuffle(seed=5))
+
+
+def _fit(tmp_path: Path, dm: LanceDataModule, max_steps: int, ckpt_path: str | None = None,
+         every: int | None = None) -> RecordingModel:
+    model = RecordingModel()
+    callbacks: list = [DataCursorCheckpoint()]
+    if every:
+        callbacks.append(ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=every, save_top_k=-1))
+    trainer = pl.Trainer(max_steps=max_steps, max_epochs=1, accelerator="cpu", logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+                         enable_checkpointing=bool(every), default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    return model
+
+
+def test_fit_checkpoint_resume_against_s3(tmp_path: Path, s3: S3Server, s3_uri: str) -> None:
+    full = flat(_fit(tmp_path / "full", _module(s3_uri, s3.storage_options()), max_steps=100).seen)
+    assert sorted(full) == list(range(ROWS // BATCH * BATCH)) or len(set(full)) == len(full) == ROWS // BATCH * BATCH
+
+    first = _fit(tmp_path / "a", _module(s3_uri, s3.storage_options()), max_steps=6, every=6)
+    checkpoint = tmp_path / "a" / "ckpt" / "epoch=0-step=6.ckpt"
+    assert checkpoint.exists()
+    raw = checkpoint.read_bytes()
+    assert s3.secret_key.encode() not in raw, "credentials must never be written into checkpoints"
+    state = torch.load(checkpoint, weights_only=True)
+    assert state["LanceDataModule"]["train_cursor"]["plan"]["uri"] == s3_uri
+
+    resumed = _fit(tmp_path / "b", _module(s3_uri, s3.storage_options()), max_steps=100, ckpt_path=str(checkpoint))
+    assert flat(first.seen) + flat(resumed.seen) == full
+
+
+def test_credentials_from_environment(tmp_path: Path, s3: S3Server, s3_uri: str,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in environment_credentials(s3).items():
+        monkeypatch.setenv(name, value)
+    dm = _module(s3_uri, None)
+    dm.setup("fit")
+    assert s3.secret_key not in repr(dm.plans["train"]) and s3.secret_key not in dm.explain("train")
+    ids = [i for batch in dm.train_dataloader() for i in batch["id"].tolist()]
+    assert len(ids) == ROWS // BATCH * BATCH and len(set(ids)) == len(ids)
+
+
+def test_wrong_credentials_fail_early_with_the_uri(s3: S3Server, s3_uri: str) -> None:
+    dm = _module(s3_uri, s3.storage_options(secret="wrong-secret"))
+    with pytest.raises(ConfigError) as error:
+        dm.setup("fit")
+    message = str(error.value)
+    assert "train.uri" in message or "storage_options" in message
+    assert s3_uri in message and "wrong-secret" not in message
+
+
+def test_missing_dataset_on_s3_names_the_uri(s3: S3Server) -> None:
+    dm = _module("s3://data/missing.lance", s3.storage_options())
+    with pytest.raises(ConfigError, match="missing.lance"):
+        dm.setup("fit")
+
