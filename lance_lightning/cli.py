@@ -3,10 +3,14 @@
 Guarantees: ``lance-lightning fit|validate|test|predict --config X.yaml`` builds any
 LightningModule given by ``class_path`` and a `LanceDataModule` from ``data:``; modules in the
 current directory (e.g. ``examples.digits``) resolve as with ``python -m``.
+``lance-lightning profile --config X.yaml`` runs only the config's data pipeline and prints the
+data loading report (see `lance_lightning.profile`); ``lance-lightning materialize`` copies a
+source to a local view (see `lance_lightning.materialize`).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -27,14 +31,31 @@ class LanceLightningCLI(LightningCLI):
                 print(f"resume with: --ckpt_path {trainer.checkpoint_callback.last_model_path}")
 
 
+_DESCRIPTION = (
+    "Train with a LanceDataModule. Also: `lance-lightning profile --config X.yaml [--batches N] "
+    "[--split train]` runs only the data pipeline of a config and reports what limits it; "
+    "`lance-lightning materialize --uri URI --out-dir DIR` copies a source to a local view once."
+)
+#: Subcommands that are not Trainer stages: name -> "module:function(argv) -> exit status".
+_TOOLS = {"profile": "lance_lightning.profile:main", "materialize": "lance_lightning.materialize:materialize_main"}
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``lance-lightning``."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] and argv[0] in _TOOLS:
+        module, function = _TOOLS[argv[0]].split(":")
+        code = getattr(importlib.import_module(module), function)(argv[1:])
+        if code:
+            sys.exit(code)
+        return
     LanceLightningCLI(
         datamodule_class=LanceDataModule,
         subclass_mode_model=True,
         save_config_kwargs={"overwrite": True},
+        parser_kwargs={"description": _DESCRIPTION},
         args=args,
     )
 

@@ -38,6 +38,8 @@ from lance_lightning.dataset import BatchTransform, LanceIterableDataset
 from lance_lightning.errors import ConfigError
 from lance_lightning.loader import FORK_WARNING, LanceDataLoader
 from lance_lightning.plan.planner import ReadPlan, build_plan
+from lance_lightning.materialize import MaterializedView
+from lance_lightning.retry import RetryPolicy
 from lance_lightning.source import LanceSource, pin_source
 from lance_lightning.strategies import FilterRead, NoShuffle, ShuffleStrategy
 
@@ -89,6 +91,9 @@ class LanceDataModule(pl.LightningDataModule):
         fill_nulls: Value per column that replaces nulls; otherwise a null is an error.
         resume_data: Restore the data cursor from checkpoints; ``False`` starts the data epoch
             fresh on purpose (e.g. after changing the shuffle seed).
+        retry: How reads ride out transient storage errors (attempts, backoff, deadline).
+        materialize: Copy each split's source once to a local view (`MaterializedView`) and
+            read the view: for remote sources trained for many epochs.
     """
 
     def __init__(
@@ -116,6 +121,8 @@ class LanceDataModule(pl.LightningDataModule):
         copy_stream: bool = True,
         fill_nulls: dict[str, Any] | None = None,
         resume_data: bool = True,
+        retry: RetryPolicy = lazy_instance(RetryPolicy),
+        materialize: MaterializedView | None = None,
     ) -> None:
         super().__init__()
         self.sources: dict[Split, LanceSource | None] = {"train": train, "val": val, "test": test, "predict": predict}
@@ -163,6 +170,8 @@ class LanceDataModule(pl.LightningDataModule):
         self.device_transfer = DeviceTransfer(copy_stream)
         self.fill_nulls = dict(fill_nulls or {})
         self.resume_data = resume_data
+        self.retry = retry or RetryPolicy()
+        self.materialize = materialize
         self.plans: dict[Split, ReadPlan] = {}
         self.train_cursor: CursorTracker | None = None
         self._loaders: dict[Split, LanceDataLoader] = {}
@@ -198,6 +207,8 @@ class LanceDataModule(pl.LightningDataModule):
         source = self.sources[split]
         if version is not None:
             source = LanceSource(source.uri, source.columns, source.filter, version, source.storage_options)
+        elif self.materialize is not None:
+            source = self.materialize.apply(source, split)
         pinned = pin_source(source, split)
         train = split == "train"
         self.plans[split] = build_plan(
@@ -245,7 +256,7 @@ class LanceDataModule(pl.LightningDataModule):
             dataset = LanceIterableDataset(
                 self.plans[split], world_size=self.world_size, rank=self.global_rank, transform=self.transform,
                 fill_nulls=self.fill_nulls, threads=self.reader_threads, prefetch_groups=self.prefetch_groups,
-                prefetch_batches=self.prefetch_batches, bad_rows=self.bad_rows,
+                prefetch_batches=self.prefetch_batches, bad_rows=self.bad_rows, retry=self.retry,
                 pin_memory=pin and self.num_workers == 0,  # worker batches are pinned by the DataLoader's thread
             )
             cursor = self.train_cursor if split == "train" else None
@@ -273,6 +284,8 @@ class LanceDataModule(pl.LightningDataModule):
         model = self.trainer.lightning_module if self.trainer is not None else None
         if model is not None and is_overridden("transfer_batch_to_device", model, pl.LightningModule):
             return model.transfer_batch_to_device(batch, device, dataloader_idx)
+        if not isinstance(batch, dict):  # a transform changed the batch type: Lightning's generic transfer
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
         return self.device_transfer(batch, device)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
@@ -285,7 +298,10 @@ class LanceDataModule(pl.LightningDataModule):
         return batch
 
     def teardown(self, stage: str) -> None:
+        """Release the side copy stream and the reader threads (restarted on the next iteration)."""
         self.device_transfer.stop()
+        for loader in self._loaders.values():
+            loader.dataset.pools.stop()
 
     # -- checkpoint state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -304,7 +320,9 @@ class LanceDataModule(pl.LightningDataModule):
         saved_version = cursor.get("plan", {}).get("version")
         plan = self.plans["train"]
         configured = self.sources["train"].version
-        if saved_version is not None and saved_version != plan.source.version and configured is None:
+        # A materialized view is immutable: its version never moves (a new source version is a new view).
+        if saved_version is not None and saved_version != plan.source.version and configured is None \
+                and self.materialize is None:
             try:
                 self._plan("train", version=saved_version)
             except ConfigError as error:

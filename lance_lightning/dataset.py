@@ -8,7 +8,8 @@ Guarantees:
 - Batches are prepared ahead on background threads (`BatchProducer`): read groups on one pool,
   convert + transform (decoding) per batch on another, in order. Memory is bounded per process
   by ``prefetch_groups`` read groups of raw Arrow rows plus ``prefetch_batches`` finished
-  (decoded) batches, in flight or waiting; ``threads=0`` turns prefetching off.
+  (decoded) batches, in flight or waiting; ``threads=0`` turns prefetching off. The same
+  threads serve every epoch (`ReaderThreads`), so RSS stays flat from epoch to epoch.
 - A row the transform rejects is handled by the bad-row policy (`lance_lightning.badrows`):
   raise naming the dataset row, or replace it deterministically; batch sizes never change.
 - `LanceMapDataset` maps index ``i`` to the ``i``-th matching row of a pinned source; its
@@ -19,11 +20,14 @@ Guarantees:
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from lance_lightning.badrows import BadRowGuard, BadRowPolicy, RaiseOnBadRow
@@ -32,6 +36,7 @@ from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.prefetch import ReadAhead
 from lance_lightning.metrics import STATS_KEY, StageClock
 from lance_lightning.read import BatchSpec, PlanReader, read_positions
+from lance_lightning.retry import DEFAULT_POLICY, RetryPolicy
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
 
 Batch = dict[str, Any]
@@ -49,6 +54,74 @@ class EpochControl:
     def get(self) -> tuple[int, int]:
         return int(self._values[0]), int(self._values[1])
 
+class ReaderThreads:
+    """The reader and transform threads of one process, kept from epoch to epoch (start/stop).
+
+    Fresh threads every epoch would each get a fresh malloc arena that keeps what it freed, so
+    the process's RSS would grow with every epoch; the same threads keep it flat. Each thread runs
+    torch ops with one intra-op thread (the threads themselves are the parallelism). Pickling (to
+    a worker process) or forking leaves the threads behind: each process starts its own.
+    """
+
+    STAGES = ("read", "transform")
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._pid = os.getpid()
+
+    def start(self) -> None:
+        if self._pid != os.getpid():  # forked: the parent's threads do not exist here
+            self._pools, self._pid = {}, os.getpid()
+        if self.threads and not self._pools:
+            self._pools = {stage: ThreadPoolExecutor(self.threads, thread_name_prefix=f"lance-{stage}",
+                                                     initializer=_one_intra_op_thread) for stage in self.STAGES}
+
+    def stop(self) -> None:
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def ahead(self, stage: str, work: Callable[[Any], Any], items: Iterable[Any], depth: int,
+              clock: StageClock | None = None) -> ReadAhead:
+        """A `ReadAhead` of ``work`` over ``items`` on this process's ``stage`` threads."""
+        if not self.threads:
+            return ReadAhead(work, items, 0, depth, name=f"lance-{stage}", clock=clock)
+        self.start()
+        return _PooledReadAhead(work, items, self._pools[stage], self.threads, depth, stage, clock)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"threads": self.threads}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["threads"])
+
+
+def _one_intra_op_thread() -> None:
+    # The reader threads are the parallelism: torch ops inside them running their own OpenMP
+    # teams would oversubscribe the cores (and spin), starving the training loop's thread. Torch
+    # does the same in DataLoader worker processes. The setting is per thread.
+    torch.set_num_threads(1)
+
+
+class _PooledReadAhead(ReadAhead):
+    """`ReadAhead` on a long-lived pool: stopping cancels its own work, never the shared threads."""
+
+    def __init__(self, work: Callable[[Any], Any], items: Iterable[Any], pool: ThreadPoolExecutor, threads: int,
+                 depth: int, stage: str, clock: StageClock | None) -> None:
+        super().__init__(work, items, threads, depth, name=f"lance-{stage}", clock=clock)
+        self._shared = pool
+
+    def start(self) -> None:
+        self._pool = self._shared
+
+    def stop(self) -> None:
+        for future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        self._pool = None
+
+
 class LanceIterableDataset(IterableDataset):
     """Batches of one rank of a `ReadPlan`.
 
@@ -62,12 +135,14 @@ class LanceIterableDataset(IterableDataset):
         prefetch_batches: Finished (transformed) batches in flight or ready, per process.
         bad_rows: What to do with rows the transform rejects (default `RaiseOnBadRow`).
         pin_memory: Pin finished batches in page-locked memory, on the reader threads.
+        retry: How reads ride out transient storage errors.
     """
 
     def __init__(self, plan: ReadPlan, *, world_size: int = 1, rank: int = 0,
                  transform: BatchTransform | None = None, fill_nulls: Mapping[str, Any] | None = None,
                  threads: int = 2, prefetch_groups: int = 2, prefetch_batches: int = 4,
-                 bad_rows: BadRowPolicy | None = None, pin_memory: bool = False) -> None:
+                 bad_rows: BadRowPolicy | None = None, pin_memory: bool = False,
+                 retry: RetryPolicy = DEFAULT_POLICY) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         self.plan = plan
@@ -80,6 +155,8 @@ class LanceIterableDataset(IterableDataset):
         self.prefetch_batches = prefetch_batches
         self.bad_rows = bad_rows or RaiseOnBadRow()
         self.pin_memory = pin_memory
+        self.retry = retry
+        self.pools = ReaderThreads(threads)
         self.control = EpochControl()
         self.clock = StageClock()
         self.ship_stats = False  # set by LanceDataLoader, which takes the figures off the batches
@@ -98,12 +175,12 @@ class LanceIterableDataset(IterableDataset):
         epoch, start = self.control.get()
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        reader = PlanReader(self.plan, epoch, self.world_size, self.rank, start)
+        reader = PlanReader(self.plan, epoch, self.world_size, self.rank, start, retry=self.retry)
         steps = reader.layout.worker_steps(worker, workers)
         producer = BatchProducer(reader, self.transform, self.fill_nulls, self.clock,
                                  ship_stats=info is not None and self.ship_stats, bad_rows=self.bad_rows,
                                  pin_memory=self.pin_memory)
-        yield from producer.run(reader.groups(steps), self.threads, self.prefetch_groups, self.prefetch_batches)
+        yield from producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
 
 
 class BatchProducer:
@@ -145,22 +222,21 @@ class BatchProducer:
     def __call__(self, group: list[BatchSpec]) -> list[Batch]:
         return [self.finish(item) for item in self.read(group)]
 
-    def run(self, groups: Iterator[list[BatchSpec]], threads: int, prefetch_groups: int,
+    def run(self, groups: Iterator[list[BatchSpec]], pools: ReaderThreads, prefetch_groups: int,
             prefetch_batches: int) -> Iterator[Batch]:
-        """The finished batches of ``groups``, in order, prepared ahead on ``threads`` threads."""
+        """The finished batches of ``groups``, in order, prepared ahead on the ``pools`` threads."""
         if self.transform is None:
-            for batches in ReadAhead(self, groups, threads, prefetch_groups):
+            for batches in pools.ahead("read", self, groups, prefetch_groups, clock=self.clock):
                 for batch in batches:
                     yield self._ship(batch)
             return
-        reads = ReadAhead(self.read, groups, threads, prefetch_groups, name="lance-read")
+        reads = pools.ahead("read", self.read, groups, prefetch_groups)
         tables = (item for group in reads for item in group)
         try:
-            for batch in ReadAhead(self.finish, tables, threads, prefetch_batches, name="lance-transform",
-                                   clock=self.clock):
+            for batch in pools.ahead("transform", self.finish, tables, prefetch_batches, clock=self.clock):
                 yield self._ship(batch)
         finally:
-            tables.close()  # stops the read stage's threads too
+            tables.close()  # cancels the read stage's queued work too
 
     def _ship(self, batch: Batch) -> Batch:
         if self.ship_stats:
@@ -183,11 +259,14 @@ class LanceMapDataset(Dataset):
         fill_nulls: Per-column values for nulls.
         bad_rows: What to do with rows the transform rejects (default `RaiseOnBadRow`); a
             replacement is chosen among the source's matching rows, deterministically.
+        retry: How reads ride out transient storage errors.
     """
 
     def __init__(self, source: LanceSource | PinnedSource, *, transform: BatchTransform | None = None,
-                 fill_nulls: Mapping[str, Any] | None = None, bad_rows: BadRowPolicy | None = None) -> None:
+                 fill_nulls: Mapping[str, Any] | None = None, bad_rows: BadRowPolicy | None = None,
+                 retry: RetryPolicy = DEFAULT_POLICY) -> None:
         self.source = source if isinstance(source, PinnedSource) else pin_source(source, "source")
+        self.retry = retry
         self.transform = transform
         self.fill_nulls = dict(fill_nulls or {})
         self.positions: np.ndarray | None = None
@@ -210,7 +289,7 @@ class LanceMapDataset(Dataset):
         index %= self._rows
         positions = index if self.positions is None else self.positions[index]
         wanted, inverse = np.unique(positions, return_inverse=True)
-        table = read_positions(self.source, wanted, scan_mode=False)
+        table = read_positions(self.source, wanted, scan_mode=False, retry=self.retry)
         if len(wanted) != len(positions) or not np.array_equal(wanted, positions):
             table = table.take(pa.array(inverse))
         return self.guard(table, positions)

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 from lance_lightning.cursor import CursorTracker
 from lance_lightning.dataset import Batch, LanceIterableDataset
 from lance_lightning.metrics import STATS_KEY, LoaderMeter, Snapshot
+from lance_lightning.workers import guard_workers
 
 FORK_WARNING = (
     "multiprocessing_context='fork': Lance is not fork-safe. Forked DataLoader workers of a process "
@@ -103,7 +104,7 @@ class LanceDataLoader(DataLoader):
         layout = self.cursor.begin_epoch(epoch)
         self.dataset.set_epoch(epoch, layout.start)
         if self.meter is None:
-            for batch in super().__iter__():
+            for batch in guard_workers(super().__iter__()):
                 batch.pop(STATS_KEY, None)
                 self.cursor.on_yield()
                 yield batch
@@ -115,8 +116,9 @@ class LanceDataLoader(DataLoader):
         meter, clock, now = self.meter, self.dataset.clock, time.perf_counter
         asked = now()
         meter.start_iteration(asked)
-        iterator = super().__iter__()  # starts the workers on the first epoch: part of the first wait
-        queue = getattr(iterator, "_data_queue", None) if self.num_workers > 0 else None
+        raw = super().__iter__()  # starts the workers on the first epoch: part of the first wait
+        queue = getattr(raw, "_data_queue", None) if self.num_workers > 0 else None
+        iterator = guard_workers(raw)
         while True:
             if queue is not None:
                 meter.workers_ready(_queue_size(queue))
@@ -148,8 +150,10 @@ class LanceDataLoader(DataLoader):
         transform = dataset.transform
         return {
             "num_workers": self.num_workers, "reader_threads": dataset.threads,
-            "prefetch_groups": dataset.prefetch_groups, "batch_size": dataset.plan.batch_size,
-            "method": dataset.plan.method, "shuffle": dataset.plan.strategy.describe(), "transform": type(transform).__name__ if transform is not None else None,
+            "prefetch_groups": dataset.prefetch_groups, "prefetch_batches": getattr(dataset, "prefetch_batches", None),
+            "batch_size": dataset.plan.batch_size, "method": dataset.plan.method,
+            "shuffle": dataset.plan.strategy.describe(),
+            "transform": type(transform).__name__ if transform is not None else None,
             "world_size": dataset.world_size, "rank": dataset.rank,
         }
 

@@ -12,7 +12,7 @@ Guarantees:
 - `LoaderMeter` lives in the process that iterates the loader. It measures the consumer's side:
   time blocked waiting for each batch, time spent with each batch (the training step), rows and
   bytes delivered, time to the first batch. Its memory is constant (`LatencyHistogram`).
-- `figures(before, after, config)` turns two cumulative snapshots into named, always finite
+- `figures(later.minus(earlier))` turns two cumulative `Snapshot`s into named, always finite
   figures (`FIGURES`); the same names are logged by `DataLoadingMonitor` and read by the report.
 """
 
@@ -22,17 +22,19 @@ import math
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 #: Reserved batch key under which worker processes send their stage totals to the main process.
 STATS_KEY = "_lance_lightning_stats"
 
 _NULL = nullcontext()
+_STAGE_KEYS: dict[str, tuple[str, str, str]] = {}
 _ACTIVE = threading.local()  # the clock whose `measure` block the current thread is in
 
 
@@ -57,22 +59,16 @@ class StageClock:
         """Context manager adding the block's duration, ``rows`` and ``nbytes`` to ``stage``."""
         if not self.enabled:
             return _NULL
-        return self._measure(stage, rows, nbytes)
+        return _Measure(self, stage, rows, nbytes)
 
-    @contextmanager
-    def _measure(self, stage: str, rows: int, nbytes: int) -> Iterator[None]:
-        outer = getattr(_ACTIVE, "clock", None)
-        _ACTIVE.clock = self
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            elapsed = time.perf_counter() - start
-            _ACTIVE.clock = outer
-            with self._lock:
-                self._totals[f"{stage}_seconds"] += elapsed
-                self._totals[f"{stage}_rows"] += rows
-                self._totals[f"{stage}_bytes"] += nbytes
+    def _add_stage(self, stage: str, elapsed: float, rows: int, nbytes: int) -> None:
+        keys = _STAGE_KEYS.get(stage) or _STAGE_KEYS.setdefault(
+            stage, (f"{stage}_seconds", f"{stage}_rows", f"{stage}_bytes"))
+        with self._lock:
+            totals = self._totals
+            totals[keys[0]] += elapsed
+            totals[keys[1]] += rows
+            totals[keys[2]] += nbytes
 
     def add(self, name: str, value: float) -> None:
         with self._lock:
@@ -91,6 +87,25 @@ class StageClock:
     def peek(self) -> dict[str, float]:
         with self._lock:
             return dict(self._totals)
+
+
+class _Measure:
+    """One measured block (a class, not a generator: this runs per batch on the reader threads)."""
+
+    __slots__ = ("clock", "stage", "rows", "nbytes", "outer", "start")
+
+    def __init__(self, clock: StageClock, stage: str, rows: int, nbytes: int) -> None:
+        self.clock, self.stage, self.rows, self.nbytes = clock, stage, rows, nbytes
+
+    def __enter__(self) -> None:
+        self.outer = getattr(_ACTIVE, "clock", None)
+        _ACTIVE.clock = self.clock
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc: Any) -> None:
+        elapsed = time.perf_counter() - self.start
+        _ACTIVE.clock = self.outer
+        self.clock._add_stage(self.stage, elapsed, self.rows, self.nbytes)
 
 
 def active_clock() -> StageClock | None:
@@ -121,20 +136,38 @@ class LatencyHistogram:
     """Counts of durations in log-spaced bins: constant memory, percentiles within about ±7.5%.
 
     Bins span 1 µs to 10⁴ s with 16 bins per decade; shorter or longer durations go to the
-    first or last bin. ``counts`` is a plain list, so a snapshot is ``list(h.counts)`` and the
-    histogram of a span is the difference of two snapshots.
+    first or last bin. Durations are buffered (at most `FOLD_EVERY`) and binned with NumPy, so
+    recording one costs a list append. ``counts`` is a plain list, so the histogram of a span is
+    the difference of two snapshots.
     """
 
     PER_DECADE = 16
     LOW_EXP = -6
     BINS = 10 * PER_DECADE
+    FOLD_EVERY = 4096
 
     def __init__(self) -> None:
-        self.counts = [0] * self.BINS
+        self._counts = np.zeros(self.BINS, dtype=np.int64)
+        self._pending: list[float] = []
 
     def record(self, seconds: float) -> None:
-        index = int((math.log10(seconds) - self.LOW_EXP) * self.PER_DECADE) if seconds > 0 else 0
-        self.counts[min(max(index, 0), self.BINS - 1)] += 1
+        self._pending.append(seconds)
+        if len(self._pending) >= self.FOLD_EVERY:
+            self._fold()
+
+    @property
+    def counts(self) -> list[int]:
+        self._fold()
+        return self._counts.tolist()
+
+    def _fold(self) -> None:
+        if not self._pending:
+            return
+        seconds = np.maximum(np.asarray(self._pending, dtype=np.float64), 1e-300)
+        self._pending.clear()
+        index = np.floor((np.log10(seconds) - self.LOW_EXP) * self.PER_DECADE)
+        index = np.clip(index, 0, self.BINS - 1).astype(np.int64)
+        self._counts += np.bincount(index, minlength=self.BINS)
 
     @classmethod
     def percentile(cls, counts: list[int], q: float) -> float:
@@ -195,6 +228,7 @@ class LoaderMeter:
         self.ready_sum = 0
         self.ready_samples = 0
         self.fetch = LatencyHistogram()
+        self._waits = self.fetch._pending  # appended to directly: the cheapest per-batch record
         self._last_yield = 0.0
         self._holding = False
         self._mark = 0.0
@@ -220,13 +254,18 @@ class LoaderMeter:
             self.iterations += 1
         else:
             self.wait_s += waited
-            self.fetch.record(waited)
+            self._waits.append(waited)
+            if len(self._waits) >= LatencyHistogram.FOLD_EVERY:
+                self._fold_waits()
         rows, nbytes = batch_size_and_bytes(batch)
         self.batches += 1
         self.rows += rows
         self.bytes += nbytes
         self._last_yield = now
         self._holding = True
+
+    def _fold_waits(self) -> None:
+        self.fetch._fold()
 
     def workers_ready(self, batches: int) -> None:
         self.ready_sum += batches
@@ -246,14 +285,17 @@ class LoaderMeter:
         }
 
 
+_Tensor = torch.Tensor
+
+
 def batch_size_and_bytes(batch: Any) -> tuple[int, int]:
     """Rows and payload bytes of a batch: tensors, lists of bytes/str, tensor-like pairs."""
     values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else (batch,)
     rows = nbytes = 0
     for value in values:
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, _Tensor):
             nbytes += value.nbytes
-            if not rows and value.dim():
+            if not rows and value.ndim:
                 rows = value.shape[0]
         elif isinstance(value, list):
             rows = rows or len(value)
@@ -288,8 +330,11 @@ FIGURES: dict[str, str] = {
     "io_mb_per_s": "effective I/O bandwidth: io_bytes / io_wait_s, in MB/s per reader thread",
     "decode_s": "time in decode/transform (summed over threads and workers)",
     "convert_s": "time converting Arrow to tensors (summed over threads and workers)",
-    "other_s": "time in any other measured stage",
-    "prefetch_ready": "read groups ready in the read-ahead queue when the consumer asked (mean)",
+    "other_s": "time in any other measured stage (e.g. pinning memory)",
+    "prefetch_ready": "items (read groups, or batches with a transform) ready in the read-ahead queue "
+                      "when the consumer asked (mean)",
+    "prefetch_slots": "size of that read-ahead queue (mean)",
+    "bad_rows": "rows the bad-row policy replaced",
     "workers_ready": ("batches the worker processes finished that had not reached the main process when "
                       "the consumer asked (mean): batches in transfer"),
 }
@@ -329,6 +374,8 @@ def figures(span: Snapshot) -> dict[str, float]:
         "io_mb_per_s": _ratio(g("io_bytes", 0.0), stages["io_wait_s"]) / 1e6,
         **stages,
         "prefetch_ready": _ratio(g("prefetch_ready", 0.0), g("prefetch_polls", 0.0)),
+        "prefetch_slots": _ratio(g("prefetch_slots", 0.0), g("prefetch_polls", 0.0)),
+        "bad_rows": g("bad_rows", 0.0),
         "workers_ready": _ratio(g("workers_ready_sum", 0.0), g("workers_ready_samples", 0.0)),
     }
     return {name: float(out[name]) for name in FIGURES}

@@ -8,7 +8,8 @@ Guarantees:
 - Lance reads and torchvision decoding release the GIL, so threads overlap them with the
   training step without the cost of shipping batches between processes.
 - With a clock (given, or the ``clock`` of ``work``), each hand-off adds how many items were
-  ready ahead to ``prefetch_ready`` and one to ``prefetch_polls``: the queue depth the consumer saw.
+  ready ahead to ``prefetch_ready``, the queue's ``depth`` to ``prefetch_slots`` and one to
+  ``prefetch_polls``: the queue depth the consumer saw.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class ReadAhead(Generic[In, Out]):
             self._fill()
             while self._pending:
                 if self._clock is not None:
-                    self._clock.merge({"prefetch_ready": self.ready, "prefetch_polls": 1})
+                    self._clock.merge({"prefetch_ready": self.ready, "prefetch_slots": self._depth,
+                                       "prefetch_polls": 1})
                 result = self._pending.popleft().result()
                 self._fill()
                 yield result

@@ -7,6 +7,8 @@ Guarantees:
   are sorted and split into runs; long runs (and runs with short gaps, in scan mode) are read
   with offset/limit scans, which Lance pushes down, and the rest with one ``take`` per group.
 - Reads only touch the pinned dataset version, with only the planned columns.
+- Each read is retried through transient storage errors (`lance_lightning.retry.RetryPolicy`);
+  one that fails for good raises `DataReadError` naming the URI, version, rows and columns.
 - Lance's I/O statistics of each read (bytes, requests) go to the `StageClock` measuring the
   reading thread (see `lance_lightning.metrics.record_io`); I/O done on the process's dataset
   handle before an epoch's reads (planning, validation) is not counted.
@@ -22,6 +24,7 @@ import pyarrow as pa
 
 from lance_lightning.metrics import active_clock, record_io
 from lance_lightning.plan.planner import ReadPlan
+from lance_lightning.retry import DEFAULT_POLICY, RetryPolicy, describe_rows
 from lance_lightning.source import PinnedSource
 
 #: Runs at least this long are scanned even in take mode.
@@ -44,8 +47,9 @@ class PlanReader:
     """Reads one rank's batches of one epoch of a `ReadPlan`."""
 
     def __init__(self, plan: ReadPlan, epoch: int, world_size: int, rank: int, start: int,
-                 group_rows: int = 16384) -> None:
+                 group_rows: int = 16384, retry: RetryPolicy = DEFAULT_POLICY) -> None:
         self.plan = plan
+        self.retry = retry
         self.rank = rank
         self.layout = plan.layout(world_size, start)
         self.order = plan.order(epoch)
@@ -77,7 +81,7 @@ class PlanReader:
     def read_group(self, group: list[BatchSpec]) -> list[tuple[int, pa.Table]]:
         """Read every batch of ``group`` with as few Lance calls as the positions allow."""
         wanted = np.unique(np.concatenate([spec.positions for spec in group]))
-        table = read_positions(self.plan.source, wanted, scan_mode=self.plan.method == "scan")
+        table = read_positions(self.plan.source, wanted, scan_mode=self.plan.method == "scan", retry=self.retry)
         out = []
         for spec in group:
             index = np.searchsorted(wanted, spec.positions)
@@ -88,8 +92,15 @@ class PlanReader:
         return out
 
 
-def read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool) -> pa.Table:
-    """Rows at the sorted, unique ``positions`` of the pinned version, in that order."""
+def read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool,
+                   retry: RetryPolicy = DEFAULT_POLICY) -> pa.Table:
+    """Rows at the sorted, unique ``positions`` of the pinned version, in that order (retried)."""
+    what = describe_rows(positions, "scan" if scan_mode else "take", source.columns)
+    return retry.call(lambda: _read_positions(source, positions, scan_mode), what=what, uri=source.uri,
+                      version=source.version)
+
+
+def _read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool) -> pa.Table:
     dataset = source.open()
     columns = list(source.columns)
     breaks = np.flatnonzero(np.diff(positions) > (SCAN_MERGE_GAP if scan_mode else 0) + 1) + 1

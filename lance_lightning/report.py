@@ -32,7 +32,7 @@ PARTS = {
     "storage": ("io_wait_s", "waiting on storage (I/O)"),
     "decode": ("decode_s", "in decode/transform"),
     "convert": ("convert_s", "converting Arrow to tensors"),
-    "other": ("other_s", "in other measured stages"),
+    "other": ("other_s", "in other measured stages (e.g. pinning memory)"),
 }
 
 
@@ -118,16 +118,18 @@ def _advice(name: str, config: Mapping[str, Any]) -> str:
                 "bools or several chunks are copied")
     if name == "workers" and workers:
         return (f"use `num_workers=0` with `reader_threads` (Lance reads and torchvision decoding release the "
-                f"GIL, so threads skip the copy between processes), or fewer, larger batches ({workers} workers now)")
+                f"GIL, so threads skip the copy between processes), or fewer, larger batches "
+                f"({workers} worker process(es) now)")
     if name == "workers":
         return f"raise `prefetch_groups` ({groups} now) so more batches are ready ahead"
-    return "look at the stages your transform measures"
+    return "pinning memory on the reader threads: raise `reader_threads`, or pin on the GPU side (`pin_memory=False`)"
 
 
 def format_report(per_rank: Sequence[Mapping[str, float]], config: Mapping[str, Any], *,
                   loader_only: bool = False, title: str = "Data loading report") -> str:
     """The console report of one span: ``per_rank[r]`` holds rank r's figures (one entry without DDP)."""
     ranks = len(per_rank)
+    per_rank = [{**f, "step_ms": 1e3 * f["step_s"] / f["batches"] if f["batches"] else 0.0} for f in per_rank]
     mean = {k: sum(f[k] for f in per_rank) / ranks for k in per_rank[0]}
     worst = 0 if loader_only else max(range(ranks), key=lambda r: per_rank[r]["wait_fraction"])
     diagnosis = diagnose(per_rank[worst], config, loader_only=loader_only, rank=worst)
@@ -140,10 +142,12 @@ def format_report(per_rank: Sequence[Mapping[str, float]], config: Mapping[str, 
         return text
 
     workers, threads = config.get("num_workers", 0), config.get("reader_threads")
-    where = f"{ranks} ranks, mean [min .. max]" if ranks > 1 else f"rank {config.get('rank', 0)}"
+    if ranks > 1:
+        title += f" ({ranks} ranks, mean [min .. max])"
+    elif config.get("world_size", 1) > 1:
+        title += f" (rank {config.get('rank', 0)})"
     lines = [
-        f"{title} ({where}): {show('batches', ',.0f')} batches, {show('rows', ',.0f')} rows in "
-        f"{show('seconds', '.2f')} s",
+        f"{title}: {show('batches', ',.0f')} batches, {show('rows', ',.0f')} rows in {show('seconds', '.2f')} s",
         f"  {diagnosis.headline}" + (f" (rank {diagnosis.rank})" if ranks > 1 else ""),
         f"  first thing to change: {diagnosis.advice}",
         "",
@@ -154,8 +158,7 @@ def format_report(per_rank: Sequence[Mapping[str, float]], config: Mapping[str, 
                      "than this would not wait for data")
     else:
         lines.append(f"  step waited for data     {show('wait_fraction', '.1%')} of the step cycle")
-        step_ms = {k: 1e3 * f["step_s"] / f["batches"] if f["batches"] else 0.0 for k, f in enumerate(per_rank)}
-        lines.append(f"  training step            {sum(step_ms.values()) / ranks:.2f} ms per batch")
+        lines.append(f"  training step            {show('step_ms', '.2f')} ms per batch")
     lines += [
         f"  wait per batch           p50 {show('fetch_p50_ms', '.2f')} ms, p99 {show('fetch_p99_ms', '.2f')} ms",
         f"  first batch              {show('first_batch_s', '.3f')} s",
@@ -164,7 +167,7 @@ def format_report(per_rank: Sequence[Mapping[str, float]], config: Mapping[str, 
         f"{threads} reader thread(s) x {max(workers, 1)} process(es)):",
     ]
     labels = {"storage": "storage (I/O wait)", "decode": "decode/transform", "convert": "convert to tensors",
-              "other": "other stages", "workers": "workers (transfer)" if workers else "hand-off (unmeasured)"}
+              "other": "other (pin memory)", "workers": "workers (transfer)" if workers else "hand-off (unmeasured)"}
     for name in ("storage", "decode", "convert", "other", "workers"):
         if name == "other" and diagnosis.seconds.get(name, 0.0) == 0.0:
             continue
@@ -173,16 +176,21 @@ def format_report(per_rank: Sequence[Mapping[str, float]], config: Mapping[str, 
             line += (f"   {show('io_bytes', ',.2f', 1e-6)} MB read in {show('io_requests', ',.0f')} requests, "
                      f"{show('io_mb_per_s', ',.1f')} MB/s per reader thread")
         lines.append(line)
-    lines.append(f"  read-ahead               {show('prefetch_ready', '.2f')} of {config.get('prefetch_groups')} "
-                 "groups ready when asked" + (" (per worker)" if workers else ""))
+    unit = "batches" if config.get("transform") else "read groups"
+    lines.append(f"  read-ahead               {show('prefetch_ready', '.2f')} of {show('prefetch_slots', '.0f')} "
+                 f"{unit} ready when asked" + (" (per worker)" if workers else ""))
+    if mean["bad_rows"]:
+        lines.append(f"  bad rows replaced        {show('bad_rows', ',.0f')}")
     if workers:
         lines.append(f"  worker output            {show('workers_ready', '.2f')} finished batches not yet "
                      "received when asked")
     startup = mean["first_batch_s"] * mean["epochs"]
     if mean["seconds"] > 0 and startup / mean["seconds"] > STARTUP_NOTE_ABOVE:
-        lines.append(f"  note: start-up is {startup / mean['seconds']:.0%} of the loop time (first batch "
-                     f"{mean['first_batch_s']:.2f} s): workers start and the first reads run; keep "
-                     "`persistent_workers=True`, and measure longer runs")
+        why = "worker processes start and the first reads run; keep `persistent_workers=True`" if workers else \
+            "the first reads run"
+        lines.append(f"  note: start-up (the first batch of each of {mean['epochs']:.0f} epoch(s), "
+                     f"{mean['first_batch_s']:.2f} s each) is {startup / mean['seconds']:.0%} of the loop time: "
+                     f"{why}; measure longer runs for steady-state figures")
     if ranks > 1:
         slow = max(range(ranks), key=lambda r: per_rank[r]["wait_fraction"])
         fast = min(range(ranks), key=lambda r: per_rank[r]["rows_per_s"])

@@ -256,7 +256,7 @@ def test_fill_nulls() -> None:
 @pytest.mark.parametrize(
     ("arr", "type_text"),
     [
-        (pa.array([[1], [2, 3]]), "list<item: int64>"),
+        (pa.array([["a"], ["b", "c"]]), "list<item: string>"),
         (pa.array([{"a": 1}, {"a": 2}]), "struct<a: int64>"),
         (pa.array([[("k", 1)], []], pa.map_(pa.string(), pa.int64())), "map<string, int64>"),
         (pa.array(["a", "b"]).dictionary_encode(), "dictionary<values=string"),

@@ -126,7 +126,7 @@ class DataLoadingMonitor(Callback):
 
     def _attach(self, trainer: pl.Trainer) -> None:
         loader = _find_lance_loader(trainer.train_dataloader)
-        if loader is self._loader:
+        if loader is not None and loader is self._loader:
             return
         if self._loader is not None:  # the trainer reloaded the train loader: keep what was measured
             span = self._loader.metrics_snapshot().minus(self._fit_start)

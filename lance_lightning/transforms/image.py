@@ -181,6 +181,11 @@ class DecodeImage:
             images = self._decode(values)
             self._check_stackable(images)
             out = fit_batch(images, self.size, self.fit)
+            if self.normalize and out.dtype == torch.uint8:
+                out = self._scale_uint8(out)
+                result = dict(batch)
+                result[self.column] = out
+                return result
             if self.normalize:
                 out = F.to_dtype(out, torch.float32, scale=True)
         else:
@@ -205,6 +210,25 @@ class DecodeImage:
         result = dict(batch)
         result[self.column] = out
         return result
+
+    def _scale_uint8(self, images: torch.Tensor) -> torch.Tensor:
+        """``(x / 255 - mean) / std`` as float32 in one allocation and two passes (not 3 and 3)."""
+        channels = images.shape[1]
+        mean = torch.tensor(self.mean if self.mean is not None else (0.0,), dtype=torch.float64)
+        std = torch.tensor(self.std if self.std is not None else (1.0,), dtype=torch.float64)
+        if len(mean) == 1:
+            mean, std = mean.expand(channels), std.expand(channels)
+        if len(mean) != channels:
+            raise ValueError(
+                f"DecodeImage: column {self.column!r} decoded to {channels} channel(s) but mean/std have "
+                f"{len(mean)} values; pass {channels} values or set mode='gray'/'rgb'"
+            )
+        scale = (1.0 / (255.0 * std)).to(torch.float32).view(1, channels, 1, 1).to(images.device)
+        out = torch.empty(images.shape, dtype=torch.float32, device=images.device)
+        torch.mul(images, scale, out=out)
+        if self.mean is not None:
+            out.sub_((mean / std).to(torch.float32).view(1, channels, 1, 1).to(images.device))
+        return out
 
     def _check_stackable(self, images: list[torch.Tensor]) -> None:
         first = images[0]

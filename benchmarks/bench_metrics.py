@@ -1,0 +1,300 @@
+"""Metrics overhead benchmark: the same loader with its measurements on and off.
+
+The loader measures every batch (waits, stage times, Lance I/O statistics, a latency histogram)
+and `DataLoadingMonitor` logs the figures. The target: throughput with metrics on is at least
+0.97 x throughput with metrics off. Each row compares two loaders built from the same plan and
+settings, one with ``LanceDataLoader(..., metrics=True)`` (the default) and one with
+``metrics=False``, measured back to back and interleaved (`common.paired`).
+
+Scenarios:
+- loader alone, whole epochs: a fast scan (the worst case: the most batches per second, so the
+  per-batch cost weighs most), row-shuffle takes, and JPEG decoding (the two-stage transform
+  pipeline);
+- ``Trainer.fit`` with a trivial model: `DataLoadingMonitor` logging to a CSVLogger every 50 steps
+  and metrics on, against metrics off and no monitor; the epoch time is taken from the first to
+  the last training batch.
+
+Usage (from the repository root)::
+
+    python benchmarks/bench_metrics.py            # 1M vectors, 20k JPEGs, ~6 minutes on 2 cores
+    python benchmarks/bench_metrics.py --quick    # 200k vectors, 5k JPEGs, smoke run
+
+Writes ``benchmarks/results/metrics.md`` and ``benchmarks/results/metrics.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+for path in (HERE, HERE.parent):  # `common` and `lance_lightning` from a plain checkout
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import common  # noqa: E402
+from common import Paired, Row  # noqa: E402
+from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle  # noqa: E402
+from lance_lightning.dataset import LanceIterableDataset  # noqa: E402
+from lance_lightning.loader import LanceDataLoader  # noqa: E402
+from lance_lightning.transforms import DecodeImage  # noqa: E402
+
+TARGET = 0.97
+BATCH = 256
+
+
+def loader_pair(uri: str, columns: list[str], shuffle=None, transform=None) -> tuple[LanceDataLoader, LanceDataLoader]:
+    """Two loaders of the same plan and settings: metrics on, metrics off."""
+    dm = LanceDataModule(train=LanceSource(uri, columns=columns), batch_size=BATCH, shuffle=shuffle or NoShuffle())
+    dm.setup("fit")
+    plan = dm.plans["train"]
+
+    def make(metrics: bool) -> LanceDataLoader:
+        dataset = LanceIterableDataset(plan, transform=transform, threads=dm.reader_threads,
+                                       prefetch_groups=dm.prefetch_groups)
+        return LanceDataLoader(dataset, metrics=metrics)
+
+    return make(True), make(False)
+
+
+def epoch(loader: LanceDataLoader) -> Callable[[], int]:
+    def run() -> int:
+        rows = 0
+        for batch in loader:
+            rows += len(next(iter(batch.values())))
+        return rows
+    return run
+
+
+def fit_pair(uri: str, columns: list[str], log_dir: Path) -> tuple[Callable[[], float], Callable[[], float], int]:
+    """One-epoch fits with the monitor + metrics on, and with metrics off and no monitor.
+
+    Each callable runs one fit and returns the rows/s between the first and the last training batch.
+    """
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lance_lightning import DataLoadingMonitor
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch["label"][:1].float().reshape(1, 1)).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    class EpochClock(pl.Callback):
+        def __init__(self) -> None:
+            self.first = self.last = 0.0
+            self.rows = 0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == 0:
+                self.first = time.perf_counter()
+                self.rows = 0
+            else:
+                self.rows += len(batch["label"])
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.last = time.perf_counter()
+
+    steps = LanceDataModule(train=LanceSource(uri, columns=columns), batch_size=BATCH)
+    steps.setup("fit")
+    batches = len(steps.train_dataloader())
+
+    def make(metrics: bool) -> Callable[[], float]:
+        def run() -> float:
+            dm = LanceDataModule(train=LanceSource(uri, columns=columns), batch_size=BATCH)
+            dm.setup("fit")
+            loader = dm.train_dataloader()
+            if not metrics:  # what LanceDataLoader(metrics=False) does
+                loader.meter = None
+                loader.dataset.clock.enabled = False
+            clock = EpochClock()
+            callbacks = [clock, DataLoadingMonitor(log_every_n_steps=50, report=False)] if metrics else [clock]
+            trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=CSVLogger(str(log_dir)),
+                                 log_every_n_steps=50, enable_progress_bar=False, enable_model_summary=False,
+                                 enable_checkpointing=False, num_sanity_val_steps=0, callbacks=callbacks)
+            trainer.fit(Tiny(), datamodule=dm)
+            return clock.rows / (clock.last - clock.first)
+        return run
+
+    return make(True), make(False), batches
+
+
+def paired_wall_and_cpu(candidate: Callable[[], int], baseline: Callable[[], int], reps: int,
+                        min_seconds: float) -> tuple[Paired, Paired]:
+    """`common.paired`, also recording rows per CPU-second of this process (all its threads).
+
+    CPU time is less sensitive than wall time to other processes sharing the machine, so the
+    second result cross-checks the first on a busy machine.
+    """
+    wall: list[tuple[float, float]] = []
+    cpu: list[tuple[float, float]] = []
+    for rep in range(reps):
+        order = (candidate, baseline) if rep % 2 == 0 else (baseline, candidate)
+        rates: dict[Callable[[], int], tuple[float, float]] = {}
+        for fn in order:
+            rows, started, cpu_started = 0, time.perf_counter(), time.process_time()
+            while True:
+                rows += fn()
+                elapsed = time.perf_counter() - started
+                if elapsed >= min_seconds:
+                    break
+            rates[fn] = (rows / elapsed, rows / max(time.process_time() - cpu_started, 1e-9))
+        wall.append((rates[candidate][0], rates[baseline][0]))
+        cpu.append((rates[candidate][1], rates[baseline][1]))
+    return _summary(wall), _summary(cpu)
+
+
+def _summary(raw: list[tuple[float, float]]) -> Paired:
+    return Paired(statistics.median(c for c, _ in raw), statistics.median(b for _, b in raw),
+                  statistics.median(c / b for c, b in raw), raw)
+
+
+def paired_rates(candidate: Callable[[], float], baseline: Callable[[], float], reps: int) -> Paired:
+    """Like `common.paired` for callables that return a rate themselves (one fit each)."""
+    raw: list[tuple[float, float]] = []
+    for rep in range(reps):
+        if rep % 2 == 0:
+            c = candidate()
+            b = baseline()
+        else:
+            b = baseline()
+            c = candidate()
+        raw.append((c, b))
+    return _summary(raw)
+
+
+def run(args: argparse.Namespace) -> tuple[list[Row], list[str], list[str]]:
+    cache = Path(args.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    rows = 200_000 if args.quick else args.rows
+    image_rows = 5_000 if args.quick else args.image_rows
+    min_seconds = args.min_seconds if args.min_seconds is not None else (0.3 if args.quick else 0.5)
+    reps = args.reps if args.reps is not None else (3 if args.quick else 15)
+    vec_uri = common.vec_dataset(cache, rows)
+    image_uri = common.image_dataset(cache, image_rows)
+    results: list[Row] = []
+    raw_lines: list[str] = []
+    notes = [f"vector table: {vec_uri} ({rows:,} rows, columns id, label, vec[128] float32); image table: "
+             f"{image_uri} ({image_rows:,} JPEGs of 64x64)",
+             f"{reps} paired repetitions per row (alternating order); loader rows measured for at least "
+             f"{min_seconds:g} s each; fit rows are one epoch each, timed from the first to the last batch",
+             "loaders: num_workers=0, reader_threads=2, prefetch_groups=2 (the defaults), B=256"]
+
+    def add(scenario: str, result: Paired, note: str = "", target: float | None = TARGET,
+            baseline: str = "metrics off") -> None:
+        row = Row(scenario, result.rows_per_s, baseline, result.base_rows_per_s, result.ratio, target, note)
+        results.append(row)
+        raw = ", ".join(f"{c:,.0f} / {b:,.0f}" for c, b in result.raw)
+        raw_lines.append(f"- {scenario}: {raw}")
+        print(f"  {scenario:<52} on {row.rows_per_s:>12,.0f} rows/s  off {row.base_rows_per_s:>12,.0f} rows/s  "
+              f"ratio {row.ratio:5.3f}  {row.status}   raw (on / off): {raw}", flush=True)
+
+    vec_columns = ["id", "label", "vec"]
+    def loader_rows(scenario: str, on: LanceDataLoader, off: LanceDataLoader, note: str = "") -> None:
+        wall, cpu = paired_wall_and_cpu(epoch(on), epoch(off), reps, min_seconds)
+        add(scenario, wall, note)
+        add(f"{scenario}, rows per CPU-second", cpu, target=None, baseline="metrics off, rows per CPU-second")
+
+    print(f"\n[1/4] scan, NoShuffle, {rows:,} rows", flush=True)
+    on, off = loader_pair(vec_uri, vec_columns)
+    loader_rows(f"loader NoShuffle scan B={BATCH}", on, off, f"{len(on)} batches per epoch")
+
+    print("\n[2/4] takes, RowShuffle(clump_rows=64)", flush=True)
+    on, off = loader_pair(vec_uri, vec_columns, shuffle=RowShuffle(seed=1, clump_rows=64))
+    loader_rows(f"loader RowShuffle(clump_rows=64) B={BATCH}", on, off)
+
+    print(f"\n[3/4] JPEG decode, {image_rows:,} rows", flush=True)
+    on, off = loader_pair(image_uri, ["image", "label"], transform=DecodeImage(column="image", mode="rgb"))
+    loader_rows(f"loader DecodeImage B={BATCH}", on, off,
+                "two-stage pipeline: read groups, then convert + decode per batch")
+
+    print(f"\n[4/4] Trainer.fit, 1 epoch of {rows:,} rows, trivial model", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench_metrics_") as log_dir:
+        fit_on, fit_off, batches = fit_pair(vec_uri, vec_columns, Path(log_dir))
+        add(f"fit + DataLoadingMonitor B={BATCH}", paired_rates(fit_on, fit_off, reps),
+            f"{batches} steps; DataLoadingMonitor(log_every_n_steps=50) and CSVLogger vs metrics off, no monitor")
+    return results, raw_lines, notes
+
+
+def write_results(out_dir: Path, rows: list[Row], raw: list[str], notes: list[str], args, elapsed: float) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    failed = [r.scenario for r in rows if r.status == "FAIL"]
+    targets = sum(r.target is not None for r in rows)
+    kind = "QUICK smoke run (small data; not the reference figures)" if args.quick else "full run"
+    text = "\n".join([
+        "# Metrics overhead benchmark",
+        "",
+        f"{stamp}, {kind}, {elapsed:.0f} s. Command: `{common.command_line()}`",
+        "",
+        f"Machine: {common.machine()}. Each row compares the same loader with metrics on (the default: "
+        "per-batch waits, stage times, Lance I/O statistics, latency histogram) and off "
+        "(`LanceDataLoader(metrics=False)`), measured back to back; rows/s are medians, the ratio is the "
+        f"median of the per-repetition ratios. Target: ratio ≥ {TARGET} (wall-clock rows/s). The rows per "
+        "CPU-second of this process (all threads) are reported alongside: on a shared machine they are less "
+        "disturbed by other processes than wall time.",
+        "",
+        common.markdown_table(rows),
+        "",
+        f"Targets failed: {len(failed)} of {targets}" + ("" if not failed else ": " + "; ".join(failed)),
+        "",
+        "## Setup",
+        "",
+        *[f"- {n}" for n in notes],
+        *[f"- {r.scenario}: {r.note}" for r in rows if r.note],
+        "",
+        "## Raw rows/s per repetition (on / off)",
+        "",
+        *raw,
+        "",
+    ])
+    (out_dir / "metrics.md").write_text(text)
+    common.bar_plot(rows, out_dir / "metrics.png", f"lance-lightning metrics overhead ({kind}, {stamp})")
+    print(f"\nwrote {out_dir / 'metrics.md'} and {out_dir / 'metrics.png'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="200k rows, 5k images: a smoke run")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the vector table (full run)")
+    parser.add_argument("--image-rows", type=int, default=20_000, help="rows of the image table (full run)")
+    parser.add_argument("--reps", type=int, default=None, help="paired repetitions (default 15, 3 with --quick)")
+    parser.add_argument("--min-seconds", type=float, default=None,
+                        help="each loader measurement repeats until it ran this long (default 0.5 s, 0.3 s quick)")
+    parser.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE), help="where the datasets are kept")
+    parser.add_argument("--out-dir", default=str(common.RESULTS_DIR), help="where metrics.md and metrics.png go")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
+    args = parser.parse_args(argv)
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    print(f"command: {common.command_line()}")
+    print(f"machine: {common.machine()}", flush=True)
+    started = time.perf_counter()
+    rows, raw, notes = run(args)
+    elapsed = time.perf_counter() - started
+    print()
+    print(common.markdown_table(rows))
+    write_results(Path(args.out_dir), rows, raw, notes, args, elapsed)
+    print(f"command: {common.command_line()}  ({elapsed:.0f} s)")
+    return 1 if args.strict and any(r.status == "FAIL" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

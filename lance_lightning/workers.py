@@ -1,0 +1,89 @@
+"""DataLoader worker processes that die mid-epoch give a clear error, never a hang.
+
+Guarantees:
+- `guard_workers` wraps a DataLoader's multi-process iterator: when a worker process dies
+  mid-epoch (e.g. SIGKILL by the out-of-memory killer), the consumer gets `WorkerDiedError`, a
+  `RuntimeError` naming the worker's pid and how it died, instead of a bare
+  ``ConnectionResetError``/``EOFError`` from the batch it was handing over. PyTorch's own
+  ``DataLoader worker (pid(s) ...) exited unexpectedly`` errors pass through; either way the
+  loader raises within seconds and never hangs.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class WorkerDiedError(RuntimeError):
+    """A DataLoader worker process died mid-epoch; names its pid and how it died."""
+
+    def __init__(self, message: str, pids: list[int]) -> None:
+        super().__init__(message)
+        self.pids = pids
+
+
+def _how(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "exited"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = " (the kernel's out-of-memory killer sends SIGKILL when memory runs out)" if name == "SIGKILL" else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {exitcode}"
+
+
+def dead_workers(workers: Sequence[Any], wait_s: float = 1.0) -> list[Any]:
+    """The worker processes of ``workers`` that are dead (waiting up to ``wait_s`` for the kernel)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        dead = [w for w in workers if w.exitcode is not None]
+        if dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.02)
+
+
+def worker_died_error(workers: Sequence[Any], error: BaseException) -> WorkerDiedError | None:
+    """A `WorkerDiedError` if one of ``workers`` died (``error`` is what the consumer got), else None."""
+    dead = dead_workers(workers)
+    if not dead:
+        return None
+    pids = [int(w.pid) for w in dead]
+    what = "; ".join(f"pid {w.pid} {_how(w.exitcode)}" for w in dead)
+    return WorkerDiedError(
+        f"DataLoader worker (pid {', '.join(map(str, pids))}) died mid-epoch: {what}. The batch it was handing "
+        f"over was lost ({type(error).__name__}: {error}). Resume from the last checkpoint: the data cursor "
+        "continues exactly after the last trained batch. If memory ran out, lower num_workers, "
+        "prefetch_factor, prefetch_batches or batch_size.", pids)
+
+
+def guard_workers(iterator: Iterator[T]) -> Iterator[T]:
+    """``iterator`` (a DataLoader iterator), raising `WorkerDiedError` when a worker process died.
+
+    Returns ``iterator`` itself when it has no worker processes.
+    """
+    workers = list(getattr(iterator, "_workers", None) or [])
+    if not workers:
+        return iterator
+    return _guarded(iterator, workers)
+
+
+def _guarded(iterator: Iterator[T], workers: list[Any]) -> Iterator[T]:
+    while True:
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        except (OSError, EOFError) as error:  # e.g. fetching a dead worker's shared tensor
+            died = worker_died_error(workers, error)
+            if died is not None:
+                raise died from error
+            raise
+        yield item
