@@ -35,7 +35,6 @@ _EXPORTS = {
     "ShuffleStrategy": "lance_lightning.strategies",
     "UnsupportedColumnError": "lance_lightning.convert",
     "WorkerDiedError": "lance_lightning.workers",
-    "materialize": "lance_lightning.materialize",
     "pin_source": "lance_lightning.source",
     "to_torch_batch": "lance_lightning.convert",
 }

@@ -37,7 +37,7 @@ _DESCRIPTION = (
     "`lance-lightning materialize --uri URI --out-dir DIR` copies a source to a local view once."
 )
 #: Subcommands that are not Trainer stages: name -> "module:function(argv) -> exit status".
-_TOOLS = {"profile": "lance_lightning.profile:main", "materialize": "lance_lightning.materialize:materialize_main"}
+_TOOLS = {"profile": "lance_lightning.profile:main", "materialize": "lance_lightning.materialize_cli:materialize_main"}
 
 
 def main(args: list[str] | None = None) -> None:

@@ -153,11 +153,11 @@ class LanceDataModule(pl.LightningDataModule):
             warnings.warn(FORK_WARNING, RuntimeWarning, stacklevel=2)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
-        self.shuffle = shuffle or NoShuffle()
-        self.filter_read = filter_read or FilterRead()
+        self.shuffle = _initialized(shuffle) or NoShuffle()
+        self.filter_read = _initialized(filter_read) or FilterRead()
         self.transform = transform
         self.device_transform = device_transform
-        self.bad_rows = bad_rows or RaiseOnBadRow()
+        self.bad_rows = _initialized(bad_rows) or RaiseOnBadRow()
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.reader_threads = reader_threads
@@ -170,7 +170,7 @@ class LanceDataModule(pl.LightningDataModule):
         self.device_transfer = DeviceTransfer(copy_stream)
         self.fill_nulls = dict(fill_nulls or {})
         self.resume_data = resume_data
-        self.retry = retry or RetryPolicy()
+        self.retry = _initialized(retry) or RetryPolicy()
         self.materialize = materialize
         self.plans: dict[Split, ReadPlan] = {}
         self.train_cursor: CursorTracker | None = None
@@ -198,17 +198,17 @@ class LanceDataModule(pl.LightningDataModule):
                               "configured", f"set `data.{required}` (LanceDataModule({required}=LanceSource(uri=...)))")
         for split in needed:
             if self.sources[split] is not None and split not in self.plans:
-                self._plan(split, version=None)
+                self._plan(split)
         self._check_fill_nulls()
         if stage == "fit":
             rank_zero_info(self.explain("train"))
 
-    def _plan(self, split: Split, version: int | None) -> None:
-        source = self.sources[split]
-        if version is not None:
-            source = LanceSource(source.uri, source.columns, source.filter, version, source.storage_options)
-        elif self.materialize is not None:
-            source = self.materialize.apply(source, split)
+    def _plan(self, split: Split, source: LanceSource | None = None) -> None:
+        """Pin and plan ``split`` from its configured source (through the view, if materializing)."""
+        if source is None:
+            source = self.sources[split]
+            if self.materialize is not None:
+                source = self.materialize.apply(source, split)
         pinned = pin_source(source, split)
         train = split == "train"
         self.plans[split] = build_plan(
@@ -231,7 +231,7 @@ class LanceDataModule(pl.LightningDataModule):
         if split not in self.plans:
             if self.sources.get(split) is None:
                 raise ConfigError("split", split, "that split is not configured", f"configure `data.{split}`")
-            self._plan(split, version=None)
+            self._plan(split)
         return self.plans[split].explain(self.world_size)
 
     # -- dataloaders ------------------------------------------------------------------------
@@ -317,19 +317,37 @@ class LanceDataModule(pl.LightningDataModule):
             return
         if "train" not in self.plans:
             self.setup("fit")
-        saved_version = cursor.get("plan", {}).get("version")
-        plan = self.plans["train"]
-        configured = self.sources["train"].version
-        # A materialized view is immutable: its version never moves (a new source version is a new view).
-        if saved_version is not None and saved_version != plan.source.version and configured is None \
-                and self.materialize is None:
+        saved = cursor.get("plan", {})
+        current = self.plans["train"].source
+        if self.materialize is not None:
+            # The checkpoint names the view it read; views are kept when the source moves on.
+            if saved.get("uri") not in (None, current.uri):
+                view = self.materialize.reopen(saved["uri"])
+                if view is not None:
+                    self._plan("train", view)
+        elif saved.get("uri") == current.uri and saved.get("version") not in (None, current.version) \
+                and self.sources["train"].version is None:
+            source = self.sources["train"]
             try:
-                self._plan("train", version=saved_version)
+                self._plan("train", LanceSource(source.uri, source.columns, source.filter, saved["version"],
+                                                source.storage_options))
             except ConfigError as error:
-                raise ConfigError("train.version", saved_version, "the checkpoint's data cursor was read at this "
-                                  "version, which no longer exists", "restore that version, or resume with "
+                raise ConfigError("train.version", saved["version"], "the checkpoint's data cursor was read at "
+                                  "this version, which no longer exists", "restore that version, or resume with "
                                   "`resume_data=False` to start the data epoch fresh") from error
         self.train_cursor.restore(cursor)
+
+
+def _initialized(value: Any) -> Any:
+    """``value``, initialized if it is a jsonargparse ``lazy_instance`` default.
+
+    A lazy instance runs ``__init__`` only when one of its methods is first called, so until then
+    it has no attributes: the policies' fields would be missing outside the CLI.
+    """
+    pending = getattr(value, "_lazy_methods", None)
+    if pending and any(name in vars(value) for name in pending):
+        value._lazy_init()
+    return value
 
 
 def _require(name: str, value: Any, minimum: int) -> None:

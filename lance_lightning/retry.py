@@ -110,7 +110,7 @@ def is_transient(error: BaseException) -> bool:
 def first_line(error: BaseException, limit: int = 400) -> str:
     text = str(error).strip()
     line = text.splitlines()[0] if text else type(error).__name__
-    line = re.sub(r", /home/runner/\S+|, /rustc/\S+", "", line)  # Lance's Rust source locations
+    line = re.sub(r",? /home/runner/\S+|,? /rustc/\S+", "", line)  # Lance's Rust source locations
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 

@@ -53,7 +53,9 @@ class PinnedSource:
 
     def open(self) -> lance.LanceDataset:
         """Return this process's handle on the pinned version (opened once per process)."""
-        key = (os.getpid(), self.uri, self.version, _options_key(self.storage_options))
+        # A relative path names another dataset after a chdir: key local paths by their absolute path.
+        where = self.uri if "://" in self.uri else os.path.abspath(self.uri)
+        key = (os.getpid(), where, self.version, _options_key(self.storage_options))
         dataset = _OPEN_DATASETS.get(key)
         if dataset is None:
             dataset = lance.dataset(self.uri, version=self.version, storage_options=self.storage_options)

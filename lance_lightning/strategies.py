@@ -9,6 +9,7 @@ Guarantees:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from lance_lightning.errors import ConfigError
@@ -150,6 +151,7 @@ class BufferShuffle(ShuffleStrategy):
                 "shard_rows": self.shard_rows}
 
 
+@dataclass
 class FilterRead:
     """How a filtered split is read: scan with the filter, or take the matching rows.
 
@@ -159,18 +161,19 @@ class FilterRead:
             costs about 30 scanned rows, so below a few percent taking is cheaper.
     """
 
-    def __init__(self, method: Literal["auto", "scan", "take"] = "auto", take_below: float = 0.05) -> None:
-        if method not in ("auto", "scan", "take"):
-            raise ConfigError("method", method, "unknown filter read method", 'use "auto", "scan" or "take"')
-        if not 0.0 <= float(take_below) <= 1.0:
-            raise ConfigError("take_below", take_below, "must be a fraction in [0, 1]", "e.g. take_below=0.05")
-        self.method = method
-        self.take_below = float(take_below)
+    method: Literal["auto", "scan", "take"] = "auto"
+    take_below: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.method not in ("auto", "scan", "take"):
+            raise ConfigError("method", self.method, "unknown filter read method", 'use "auto", "scan" or "take"')
+        if isinstance(self.take_below, bool) or not isinstance(self.take_below, (int, float)) \
+                or not 0.0 <= self.take_below <= 1.0:
+            raise ConfigError("take_below", self.take_below, "must be a fraction in [0, 1]", "e.g. take_below=0.05")
+        self.take_below = float(self.take_below)
 
     def choose(self, selectivity: float) -> Literal["scan", "take"]:
         if self.method != "auto":
             return self.method
         return "take" if selectivity < self.take_below else "scan"
 
-    def __repr__(self) -> str:
-        return f"FilterRead(method={self.method!r}, take_below={self.take_below})"

@@ -246,3 +246,18 @@ def test_cursor_mismatch_is_ignored_with_resume_data_false(dataset_uri):
     other.load_state_dict(state)  # no error: the data epoch starts fresh on purpose
     other.setup("fit")
     assert len(list(other.train_dataloader())) == 80
+
+
+def test_corrupt_image_with_the_default_policy_names_row_and_column(tmp_path) -> None:
+    """No ``bad_rows`` given: the default (a lazy ``RaiseOnBadRow``) raises `BadRowError`."""
+    from lance_lightning.badrows import BadRowError
+    from lance_lightning.transforms import DecodeImage
+    from tests.test_transforms_image import write_image_dataset
+
+    uri = write_image_dataset(tmp_path / "img.lance", 40, bad=(13,), fragment_rows=64)
+    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "image"]), batch_size=8,
+                         transform=DecodeImage(size=8, normalize=False))
+    dm.setup("fit")
+    with pytest.raises(BadRowError, match=r"dataset row 13 \(id=13\).*column 'image'"):
+        for _ in dm.train_dataloader():
+            pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import lance
 import lightning.pytorch as pl
 import numpy as np
 import pyarrow as pa
@@ -297,3 +298,15 @@ def test_buffer_shuffle_mixes_shards_within_window(dataset_uri):
         assert len(shards) == 4 and set(shards.values()) == {50}  # 4 whole shards per window
         first_shard = [i // 50 for i in window[:50]]
         assert len(set(first_shard)) > 1  # rows of different shards interleave
+
+
+def test_relative_uri_after_chdir_reads_the_dataset_it_names(tmp_path, monkeypatch) -> None:
+    """Two datasets at the same relative path and version: each module reads its own."""
+    for name, rows in (("a", 30), ("b", 80)):
+        lance.write_dataset(pa.table({"id": list(range(rows))}), str(tmp_path / name / "ds.lance"))
+    for name, rows in (("a", 30), ("b", 80)):
+        monkeypatch.chdir(tmp_path / name)
+        dm = LanceDataModule(train=LanceSource("ds.lance"), batch_size=10)
+        dm.setup("fit")
+        assert dm.plans["train"].matched_rows == rows
+        assert sum(len(batch["id"]) for batch in dm.train_dataloader()) == rows

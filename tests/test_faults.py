@@ -1,8 +1,13 @@
-"""Faults during loading: a DataLoader worker killed mid-epoch gives a clear error, never a hang.
+"""Faults during loading: dead workers and datasets that change under a running fit.
 
-Workers are real processes (forkserver) reading a real Lance dataset; they are killed with
-SIGKILL, as the kernel's OOM killer would. The DataLoader must notice within seconds (its SIGCHLD
-handler, or its worker status check every 5 s) and raise a `RuntimeError` naming the worker.
+- A DataLoader worker killed mid-epoch gives a clear error, never a hang. Workers are real
+  processes (forkserver) reading a real Lance dataset; they are killed with SIGKILL, as the
+  kernel's OOM killer would. The DataLoader must notice within seconds (its SIGCHLD handler, or
+  its worker status check every 5 s) and raise a `RuntimeError` naming the worker.
+- A dataset that gets new versions during training (rows appended, overwritten, deleted, mid-epoch
+  and between epochs) does not change what the run reads: it reads the version pinned at setup,
+  exactly as a run on an unchanged copy does; resuming from a checkpoint after the dataset moved on
+  re-pins the checkpoint's version and trains exactly the rest.
 """
 
 from __future__ import annotations
@@ -16,10 +21,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
-from lightning.pytorch.callbacks import Callback
+import lance
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lance_lightning import LanceDataModule, LanceSource, RowShuffle
-from tests.helpers import RecordingModel, write_dataset
+from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceSource, RowShuffle
+from tests.helpers import RecordingModel, append_rows, flat, make_table, write_dataset
 
 WORKER_DIED = r"DataLoader worker \(pid"
 
@@ -58,6 +64,7 @@ def uri(tmp_path: Path) -> str:
     return write_dataset(tmp_path / "ds.lance", 4000, fragment_rows=500)
 
 
+@pytest.mark.slow  # forkserver workers: 10-20 s on 2 busy cores
 @pytest.mark.timeout(90)
 def test_worker_killed_between_batches_raises(uri: str) -> None:
     dm = _module(uri)
@@ -79,6 +86,7 @@ def test_worker_killed_between_batches_raises(uri: str) -> None:
     assert str(pids[0]) in str(error.value)
 
 
+@pytest.mark.slow  # forkserver workers: 10-20 s on 2 busy cores
 @pytest.mark.timeout(90)
 def test_worker_killed_while_main_process_waits_raises(uri: str) -> None:
     """The main thread is blocked in ``next()`` when the worker dies (killed from another thread)."""
@@ -135,3 +143,106 @@ def test_worker_killed_during_trainer_fit_raises(uri: str, tmp_path: Path) -> No
     assert killer.killed is not None and str(killer.killed) in str(error.value)
     assert time.monotonic() - started < 60
     assert 4 <= len(model.seen) < 4000 // 16, "training stopped at the fault, not before and not at the end"
+
+
+# -- datasets that get new versions during training --------------------------------------------------
+CHANGE_ROWS, CHANGE_BATCH = 600, 16  # filter label < 8: 480 rows, 30 steps per epoch
+
+
+def _append(uri: str) -> None:
+    append_rows(uri, 200)
+
+
+def _overwrite(uri: str) -> None:
+    lance.write_dataset(make_table(300, start=10_000), uri, mode="overwrite")
+
+
+def _delete(uri: str) -> None:
+    lance.dataset(uri).delete("id % 3 = 0")
+
+
+class ChangeDataset(Callback):
+    """Writes a new version of the dataset at given global steps (mid-epoch) and at epoch ends."""
+
+    def __init__(self, uri: str, at_steps: dict[int, Any], at_epoch_end: dict[int, Any]) -> None:
+        self.uri = uri
+        self.at_steps = at_steps
+        self.at_epoch_end = at_epoch_end
+        self.done: list[str] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        change = self.at_steps.get(trainer.global_step)
+        if change is not None and f"step {trainer.global_step}" not in self.done:
+            change(self.uri)
+            self.done.append(f"step {trainer.global_step}")
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        change = self.at_epoch_end.get(trainer.current_epoch)
+        if change is not None:
+            change(self.uri)
+            self.done.append(f"end of epoch {trainer.current_epoch}")
+
+
+def _changing_module(uri: str, num_workers: int) -> LanceDataModule:
+    return LanceDataModule(train=LanceSource(uri, columns=["id", "x"], filter="label < 8"), batch_size=CHANGE_BATCH,
+                           shuffle=RowShuffle(seed=4), num_workers=num_workers, persistent_workers=False)
+
+
+def _fit_changing(root: Path, dm: LanceDataModule, *, max_epochs: int = 1, max_steps: int = -1,
+                  callbacks: list[Any] | None = None, ckpt_every: int = 0, ckpt_path: str | None = None
+                  ) -> RecordingModel:
+    model = RecordingModel()
+    callbacks = [DataCursorCheckpoint(), *(callbacks or [])]
+    if ckpt_every:
+        callbacks.append(ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=ckpt_every,
+                                         save_top_k=-1))
+    trainer = pl.Trainer(max_epochs=max_epochs, max_steps=max_steps, accelerator="cpu", logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(ckpt_every),
+                         default_root_dir=root, num_sanity_val_steps=0, callbacks=callbacks)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    return model
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_new_versions_during_training_do_not_change_what_the_run_reads(tmp_path: Path, num_workers: int) -> None:
+    """Append, overwrite and delete mid-epoch and between epochs; compare with a run on an unchanged copy.
+
+    With ``num_workers=2`` and ``persistent_workers=False`` new worker processes open the dataset
+    in the second epoch, after the changes: they must still read the pinned version. The baseline
+    reads with ``num_workers=0`` (the order does not depend on the number of workers).
+    """
+    changing = write_dataset(tmp_path / "changing.lance", CHANGE_ROWS, fragment_rows=150)
+    unchanged = write_dataset(tmp_path / "unchanged.lance", CHANGE_ROWS, fragment_rows=150)
+    changes = ChangeDataset(changing, at_steps={3: _append, 10: _delete, 40: _overwrite, 52: _append},
+                            at_epoch_end={0: _delete})
+    dm = _changing_module(changing, num_workers)
+    run = _fit_changing(tmp_path / "changing", dm, max_epochs=2, callbacks=[changes])
+    baseline = _fit_changing(tmp_path / "unchanged", _changing_module(unchanged, 0), max_epochs=2)
+
+    assert changes.done == ["step 3", "step 10", "end of epoch 0", "step 40", "step 52"]
+    assert lance.dataset(changing).version == 6, "every change wrote a new version"
+    assert dm.plans["train"].source.version == 1
+    assert run.seen_epochs == baseline.seen_epochs and len(set(run.seen_epochs)) == 2
+    assert run.seen == baseline.seen, "the run read rows of a version written during training"
+    assert max(flat(run.seen)) < CHANGE_ROWS and all(i % 10 < 8 for i in flat(run.seen))
+
+
+@pytest.mark.timeout(240)
+def test_resume_after_the_dataset_moved_on_repins_the_checkpoint_version(tmp_path: Path) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", CHANGE_ROWS, fragment_rows=150)
+    k = 50  # mid second epoch (steps 31..60)
+    whole = _fit_changing(tmp_path / "whole", _changing_module(uri, 0), max_epochs=2)
+    first = _fit_changing(tmp_path / "first", _changing_module(uri, 0), max_epochs=2, max_steps=k, ckpt_every=k)
+    assert first.seen == whole.seen[:k]
+    for change in (_overwrite, _append, _delete):
+        change(uri)
+    latest = lance.dataset(uri)
+    assert latest.version == 4 and latest.count_rows() < CHANGE_ROWS
+    dm = _changing_module(uri, 0)
+    checkpoint = tmp_path / "first" / "ckpt" / f"step={k}.ckpt"
+    rest = _fit_changing(tmp_path / "rest", dm, max_epochs=2, ckpt_path=str(checkpoint))
+    assert dm.plans["train"].source.version == 1, "the checkpoint's version was not re-pinned"
+    assert first.seen + rest.seen == whole.seen, "the resumed run did not train exactly the rest"
+    assert rest.seen_epochs == whole.seen_epochs[k:]

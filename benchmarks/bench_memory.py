@@ -1,0 +1,252 @@
+"""Memory benchmark: peak RSS per epoch over a 20-epoch run stays flat.
+
+A real ``Trainer`` trains a tiny model for ``--epochs`` epochs on JPEG images stored in Lance
+(`common.image_dataset`: 64x64 RGB), read with ``RowShuffle`` and decoded by
+``DecodeImage`` in the loader. A sampler thread reads the resident set size every
+``--interval`` seconds (psutil, or ``/proc/self/status`` ``VmRSS`` without it), for the training
+process and, with ``num_workers > 0``, its DataLoader worker processes; each epoch's peak is the
+largest sample taken from its start to its end. One run per ``--num-workers`` value (default 0
+and 2), one after the other. The process-lifetime peak (``VmHWM``) is reported too.
+
+The figure of merit is the ratio of the last epoch's peak to epoch 2's peak (epoch 1 includes
+one-time allocations: imports, thread pools, first batches): flat means ``<= 1.05``.
+
+Usage (from the repository root; benchmarks take the machine's lock)::
+
+    flock /tmp/bench.lock .venv/bin/python benchmarks/bench_memory.py           # 20k images, 20 epochs x 2 runs
+    flock /tmp/bench.lock .venv/bin/python benchmarks/bench_memory.py --quick   # 5k images, 20 epochs
+
+Writes ``benchmarks/results/memory.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+for path in (HERE, HERE.parent):  # `common` and `lance_lightning` from a plain checkout
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import lightning.pytorch as pl  # noqa: E402
+import torch  # noqa: E402
+from lightning.pytorch.callbacks import Callback  # noqa: E402
+
+import common  # noqa: E402
+from lance_lightning import LanceDataModule, LanceSource, RowShuffle  # noqa: E402
+from lance_lightning.transforms import DecodeImage  # noqa: E402
+
+TARGET = 1.05
+MB = 1024 * 1024
+
+
+def _status_kb(field: str, pid: int | str = "self") -> int:
+    """A ``kB`` field of ``/proc/<pid>/status`` (0 if the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class RssSampler:
+    """Samples the RSS of this process (plus its children) on a thread; keeps the peak since `reset`."""
+
+    def __init__(self, interval: float, children: bool) -> None:
+        self.interval = interval
+        self.children = children
+        self.peak = 0
+        self.source = "psutil"
+        try:
+            import psutil
+
+            self._process: Any = psutil.Process()
+        except ImportError:  # pragma: no cover - psutil is a dev dependency
+            self._process = None
+            self.source = "/proc/self/status VmRSS"
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def rss(self) -> int:
+        if self._process is None:
+            return _status_kb("VmRSS") * 1024
+        total = self._process.memory_info().rss
+        if self.children:
+            for child in self._process.children(recursive=True):
+                try:
+                    total += child.memory_info().rss
+                except Exception:  # noqa: BLE001 - a worker that just exited
+                    pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            value = self.rss()
+            with self._lock:
+                self.peak = max(self.peak, value)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def reset(self) -> int:
+        """The peak since the last reset (including one sample now); starts a new window."""
+        value = self.rss()
+        with self._lock:
+            peak, self.peak = max(self.peak, value), value
+        return peak
+
+
+class EpochPeaks(Callback):
+    """Per epoch: peak RSS, RSS at its end and its wall time."""
+
+    def __init__(self, sampler: RssSampler) -> None:
+        self.sampler = sampler
+        self.rows: list[tuple[int, int, int, float]] = []  # (epoch, peak, end rss, seconds)
+        self._started = 0.0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self.sampler.reset()
+        self._started = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        seconds = time.perf_counter() - self._started
+        peak = self.sampler.reset()
+        self.rows.append((trainer.current_epoch + 1, peak, self.sampler.rss(), seconds))
+        print(f"epoch {trainer.current_epoch + 1:>2}: peak RSS {peak / MB:7.1f} MiB, {seconds:5.1f} s", flush=True)
+
+
+class TinyImageModel(pl.LightningModule):
+    """Average-pool to 8x8, then one linear layer: the step is cheap, the data path dominates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = torch.nn.AdaptiveAvgPool2d(8)
+        self.head = torch.nn.Linear(3 * 8 * 8, 10)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        logits = self.head(self.pool(batch["image"]).flatten(1))
+        return torch.nn.functional.cross_entropy(logits, batch["label"].long())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-2)
+
+
+def run(uri: str, args: argparse.Namespace, num_workers: int) -> tuple[EpochPeaks, str]:
+    """One ``Trainer.fit`` of ``args.epochs`` epochs, sampled; returns the per-epoch peaks and the RSS source."""
+    dm = LanceDataModule(train=LanceSource(uri, columns=["image", "label"]), batch_size=args.batch_size,
+                         shuffle=RowShuffle(seed=0), transform=DecodeImage(column="image"), num_workers=num_workers)
+    sampler = RssSampler(args.interval, children=num_workers > 0)
+    peaks = EpochPeaks(sampler)
+    trainer = pl.Trainer(max_epochs=args.epochs, accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                         callbacks=[peaks], default_root_dir=str(args.cache_dir))
+    print(f"-- num_workers {num_workers}", flush=True)
+    sampler.start()
+    try:
+        trainer.fit(TinyImageModel(), datamodule=dm)
+    finally:
+        sampler.stop()
+        dm.teardown("fit")
+    return peaks, sampler.source
+
+
+def ratio(peaks: EpochPeaks) -> float:
+    """Peak RSS of the last epoch / peak RSS of epoch 2."""
+    by_epoch = {epoch: peak for epoch, peak, _, _ in peaks.rows}
+    return by_epoch[max(by_epoch)] / by_epoch[2]
+
+
+def write_results(path: Path, runs: dict[int, EpochPeaks], args: argparse.Namespace, uri: str, rows: int,
+                  source: str, hwm_kb: int, elapsed: float) -> str:
+    stamp = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    kind = "QUICK smoke run (small data; not the reference figures)" if args.quick else "full run"
+    last = args.epochs
+    lines = [
+        f"# Memory benchmark: peak RSS per epoch over {last} epochs",
+        "",
+        f"{stamp}, {kind}, {elapsed:.0f} s. Command: `{common.command_line()}`",
+        "",
+        f"Machine: {common.machine()}. Data: `{uri}`, {rows:,} rows (id, 64x64 RGB JPEG, label). Real `Trainer`, "
+        f"{last} epochs, a tiny model (8x8 average pool + linear), batch_size {args.batch_size}, "
+        "`RowShuffle(seed=0)`, `DecodeImage(column='image')` in the loader. One run per `num_workers`, one "
+        "after the other in this process: with 0 the reader threads run in the training process; with more, "
+        "RSS is summed over the training process and its (forkserver, persistent) workers. RSS sampled every "
+        f"{args.interval:g} s with {source}; an epoch's peak is the largest sample from its start to its end "
+        f"(both included). Process VmHWM (lifetime peak of the training process, all runs): {hwm_kb / 1024:.1f} MiB.",
+        "",
+        f"| num_workers | peak RSS epoch {last} / epoch 2 | target | result | epoch 2 peak (MiB) "
+        f"| epoch {last} peak (MiB) | growth (MiB) | max over epochs 2..{last} (MiB) |",
+        "|---:|---:|---:|:---:|---:|---:|---:|---:|",
+    ]
+    for workers, peaks in runs.items():
+        by_epoch = {epoch: peak for epoch, peak, _, _ in peaks.rows}
+        r = ratio(peaks)
+        growth = (by_epoch[last] - by_epoch[2]) / MB
+        lines.append(f"| {workers} | {r:.3f} | ≤ {TARGET} | {'PASS' if r <= TARGET else 'FAIL'} | "
+                     f"{by_epoch[2] / MB:.1f} | {by_epoch[last] / MB:.1f} | {growth:+.1f} | "
+                     f"{max(p for e, p in by_epoch.items() if e >= 2) / MB:.1f} |")
+    for workers, peaks in runs.items():
+        lines += [
+            "",
+            f"## Per epoch, num_workers {workers}",
+            "",
+            "| epoch | peak RSS (MiB) | RSS at epoch end (MiB) | seconds |",
+            "|---:|---:|---:|---:|",
+            *[f"| {epoch} | {peak / MB:.1f} | {end / MB:.1f} | {seconds:.1f} |"
+              for epoch, peak, end, seconds in peaks.rows],
+        ]
+    text = "\n".join(lines) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="5k images: a smoke run (still 20 epochs)")
+    parser.add_argument("--rows", type=int, default=None, help="images (default 20k, 5k quick)")
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--num-workers", type=int, nargs="+", default=[0, 2], help="one run per value")
+    parser.add_argument("--interval", type=float, default=0.02, help="seconds between RSS samples")
+    parser.add_argument("--cache-dir", type=Path, default=common.DEFAULT_CACHE, help="where the dataset is kept")
+    parser.add_argument("--out", type=Path, default=common.RESULTS_DIR / "memory.md")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a ratio misses the target")
+    args = parser.parse_args(argv)
+    if args.epochs < 2:
+        parser.error("--epochs must be at least 2 (epoch 2 is the reference)")
+    rows = args.rows or (5_000 if args.quick else 20_000)
+
+    warnings.filterwarnings("ignore")
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    print(f"command: {common.command_line()}\nmachine: {common.machine()}", flush=True)
+    started = time.perf_counter()
+    uri = common.image_dataset(args.cache_dir, rows)
+    runs: dict[int, EpochPeaks] = {}
+    for workers in args.num_workers:
+        runs[workers], source = run(uri, args, workers)
+    elapsed = time.perf_counter() - started
+    text = write_results(args.out, runs, args, uri, rows, source, _status_kb("VmHWM"), elapsed)
+    print("\n" + text + f"\nwrote {args.out}\ncommand: {common.command_line()}  ({elapsed:.0f} s)")
+    return 1 if args.strict and any(ratio(p) > TARGET for p in runs.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

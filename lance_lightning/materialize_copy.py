@@ -1,0 +1,234 @@
+"""The copy behind a materialized view: resumable chunk commits by one writer at a time.
+
+Guarantees:
+- `ViewCopier.run` fills ``<work>/view.lance`` with exactly the rows a pinned source selects, in
+  commits of ``chunk_rows`` rows (each one Lance commit, itself atomic). Rows are read in source
+  order (deterministic for a pinned version); with a shuffle seed they are first staged locally
+  in ``<work>/stage.lance`` and then written in ``numpy.random.default_rng(seed).permutation``
+  order, so the result never depends on where an earlier copy stopped.
+- A work directory left by an interrupted copy is adopted (`adopt_partial`): the copy continues
+  after its last committed chunk. A partial dataset that cannot be opened, or holds more rows
+  than the source selects, is deleted and rewritten.
+- Each chunk is retried through transient storage errors from the first row not yet committed
+  (`lance_lightning.retry.RetryPolicy`); retries are counted in ``ViewCopier.stats["retries"]``.
+- `WriterLock` serialises processes copying the same view (an ``flock``, released by the OS when
+  a process dies, so a killed writer never blocks the next one).
+- Writes that run out of space raise Lance's error unchanged; `lance_lightning.materialize_space`
+  recognises it and cleans up.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+from lance_lightning.errors import ConfigError
+from lance_lightning.metrics import StageClock
+from lance_lightning.retry import RetryPolicy
+from lance_lightning.source import PinnedSource
+
+log = logging.getLogger(__name__)
+
+#: Rows per batch read from the source (and taken from the staging copy).
+READ_BATCH_ROWS = 8192
+
+
+class ViewCopier:
+    """Copies the selected rows of a pinned source into ``work/view.lance`` in resumable chunks.
+
+    Args:
+        pinned: The source at its pinned version (columns and filter select what is copied).
+        dataset: ``pinned.open()``.
+        shuffle_seed: Write the rows in this seeded permutation; ``None`` keeps source order.
+        chunk_rows: Rows per commit.
+        retry: How each chunk rides out transient storage errors.
+        on_chunk: Called with ``(rows_done, rows_total)`` after each commit.
+        filter_param: How errors name the filter (e.g. ``"train.filter"``).
+    """
+
+    def __init__(self, pinned: PinnedSource, dataset: lance.LanceDataset, *, shuffle_seed: int | None,
+                 chunk_rows: int, retry: RetryPolicy, on_chunk: Callable[[int, int], None] | None,
+                 filter_param: str = "filter") -> None:
+        self.pinned = pinned
+        self.dataset = dataset
+        self.shuffle_seed = shuffle_seed
+        self.chunk_rows = chunk_rows
+        self.retry = retry
+        self.on_chunk = on_chunk
+        self.columns = list(pinned.columns)
+        self.rows = dataset.count_rows(pinned.filter) if pinned.filter else pinned.total_rows
+        self.schema = dataset.scanner(columns=self.columns).projected_schema
+        self.chunks = 0
+        self.stats: dict[str, float] = {"retries": 0.0}
+        self.clock = StageClock()
+        if self.rows == 0:
+            raise ConfigError(filter_param, pinned.filter, f"matches no rows of {pinned.uri} (version "
+                              f"{pinned.version}), so the view would be empty",
+                              "loosen the filter or check the column values")
+
+    # copy -------------------------------------------------------------------------------
+    def run(self, work: Path) -> tuple[int, int]:
+        """Copy into ``work/view.lance``; return (rows in the view, rows there from an interrupted copy)."""
+        view = work / "view.lance"
+        if self.shuffle_seed is None:
+            resumed = self._prepare(view)
+            self._fill(view, self._source_batches, "source")
+        else:
+            stage = work / "stage.lance"
+            resumed = self._prepare(view) or self._prepare(stage)
+            if count_rows(view) == 0:  # nothing of the shuffled view yet: the staging copy may be unfinished
+                self._fill(stage, self._source_batches, "source")
+            staged = lance.dataset(str(stage))
+            order = np.random.default_rng(self.shuffle_seed).permutation(self.rows)
+            self._fill(view, lambda start: _take_batches(staged, order, start, self.columns), "staging copy")
+        rows = count_rows(view)
+        if rows != self.rows:  # pragma: no cover - a bug, not an input problem
+            raise RuntimeError(f"materialized {rows} rows of {self.pinned.uri}, expected {self.rows}")
+        return rows, resumed
+
+    def _prepare(self, path: Path) -> int:
+        """Rows an interrupted copy committed at ``path`` (0 if none; an unusable one is removed)."""
+        if not path.exists():
+            return 0
+        rows = count_rows(path)
+        if rows == 0 or rows > self.rows:
+            shutil.rmtree(path, ignore_errors=True)
+            return 0
+        log.info("resuming the copy of %s after %s committed rows", self.pinned.uri, f"{rows:,}")
+        return rows
+
+    def _source_batches(self, start: int) -> Iterator[pa.RecordBatch]:
+        scanner = self.dataset.scanner(columns=self.columns, filter=self.pinned.filter, offset=start or None,
+                                       batch_size=READ_BATCH_ROWS, scan_in_order=True)
+        yield from scanner.to_batches()
+
+    def _fill(self, dest: Path, batches_from: Callable[[int], Iterator[pa.RecordBatch]], origin: str) -> None:
+        """Append chunks to ``dest`` until it holds every row; each chunk is one Lance commit."""
+        done = count_rows(dest)
+        stream: _Rechunker | None = None
+        while done < self.rows:
+            count = min(self.chunk_rows, self.rows - done)
+
+            def write_chunk(first: int = done, count: int = count) -> None:
+                nonlocal stream
+                if stream is None:
+                    stream = _Rechunker(batches_from(first))
+                try:
+                    reader = pa.RecordBatchReader.from_batches(self.schema, stream.take(count))
+                    lance.write_dataset(reader, str(dest), mode="append" if first else "create",
+                                        max_rows_per_file=max(self.chunk_rows, 1024),
+                                        data_storage_version=self.dataset.data_storage_version)
+                except BaseException:
+                    stream = None  # the next attempt starts a fresh read after the committed rows
+                    raise
+
+            what = (f"rows {done}..{done + count - 1} of {self.rows} from the {origin} (materialize copy into "
+                    f"{dest.parent.name}), columns {self.columns}")
+            before = time.perf_counter()
+            try:
+                self.retry.call(write_chunk, what=what, uri=self.pinned.uri, version=self.pinned.version,
+                                clock=self.clock)
+            finally:
+                self.stats["retries"] = self.clock.peek().get("retries", 0.0)
+            self.stats[f"{origin}_seconds"] = self.stats.get(f"{origin}_seconds", 0.0) + time.perf_counter() - before
+            committed = count_rows(dest)
+            if committed != done + count:  # pragma: no cover - a bug, not an input problem
+                raise RuntimeError(f"chunk of {count} rows committed {committed - done} rows into {dest}")
+            done = committed
+            self.chunks += 1
+            if self.on_chunk is not None:
+                self.on_chunk(done, self.rows)
+
+
+class _Rechunker:
+    """Hands out exactly ``n`` rows at a time from a stream of record batches."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self._batches = iter(batches)
+        self._left: pa.RecordBatch | None = None
+
+    def take(self, n: int) -> Iterator[pa.RecordBatch]:
+        while n > 0:
+            batch = self._left if self._left is not None else next(self._batches, None)
+            self._left = None
+            if batch is None:
+                return
+            if batch.num_rows > n:
+                batch, self._left = batch.slice(0, n), batch.slice(n)
+            n -= batch.num_rows
+            if batch.num_rows:
+                yield batch
+
+
+def _take_batches(dataset: lance.LanceDataset, order: np.ndarray, start: int,
+                  columns: list[str]) -> Iterator[pa.RecordBatch]:
+    for first in range(start, len(order), READ_BATCH_ROWS):
+        table = dataset.take(order[first:first + READ_BATCH_ROWS], columns=columns)
+        yield from table.combine_chunks().to_batches()
+
+
+# -- work directories and locks ------------------------------------------------------------------
+def adopt_partial(root: Path, key: str, owner: str) -> Path:
+    """The work directory ``<key>.partial-<owner>``: the most advanced interrupted copy, or a new one.
+
+    Call it holding the `WriterLock` of ``key``: every existing partial then belongs to a writer
+    that stopped. The others are deleted.
+    """
+    mine = root / f"{key}.partial-{owner}"
+    partials = [p for p in root.glob(f"{key}.partial-*") if p.is_dir()]
+    best, best_rows = None, -1
+    for partial in partials:
+        rows = count_rows(partial / "view.lance") + count_rows(partial / "stage.lance")
+        if rows > best_rows:
+            best, best_rows = partial, rows
+    for partial in partials:
+        if partial != best:
+            shutil.rmtree(partial, ignore_errors=True)
+    if best is not None and best != mine:
+        best.rename(mine)
+    mine.mkdir(exist_ok=True)
+    return mine
+
+
+class WriterLock:
+    """An exclusive ``flock`` on a file (released by the OS if the process dies)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: Any = None
+
+    def __enter__(self) -> WriterLock:
+        self._file = open(self.path, "a+")  # noqa: SIM115 - closed in __exit__
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: one writer is assumed
+            return self
+        fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._file.close()  # closing releases the lock
+
+
+# -- small helpers ---------------------------------------------------------------------------------
+def count_rows(uri: Path) -> int:
+    """Rows of the Lance dataset at ``uri``; 0 if there is none or it cannot be opened."""
+    if not uri.exists():
+        return 0
+    try:
+        return lance.dataset(str(uri)).count_rows()
+    except (OSError, ValueError):
+        return 0
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path``."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
