@@ -9,7 +9,6 @@ Guarantees:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from lance_lightning.errors import ConfigError
@@ -151,7 +150,6 @@ class BufferShuffle(ShuffleStrategy):
                 "shard_rows": self.shard_rows}
 
 
-@dataclass
 class FilterRead:
     """How a filtered split is read: scan with the filter, or take the matching rows.
 
@@ -161,16 +159,20 @@ class FilterRead:
             costs about 30 scanned rows, so below a few percent taking is cheaper.
     """
 
-    method: Literal["auto", "scan", "take"] = "auto"
-    take_below: float = 0.05
+    def __init__(self, method: Literal["auto", "scan", "take"] = "auto", take_below: float = 0.05) -> None:
+        if method not in ("auto", "scan", "take"):
+            raise ConfigError("method", method, "unknown filter read method", 'use "auto", "scan" or "take"')
+        if isinstance(take_below, bool) or not isinstance(take_below, (int, float)) or not 0.0 <= take_below <= 1.0:
+            raise ConfigError("take_below", take_below, "must be a fraction in [0, 1]", "e.g. take_below=0.05")
+        self.method = method
+        self.take_below = float(take_below)
 
-    def __post_init__(self) -> None:
-        if self.method not in ("auto", "scan", "take"):
-            raise ConfigError("method", self.method, "unknown filter read method", 'use "auto", "scan" or "take"')
-        if isinstance(self.take_below, bool) or not isinstance(self.take_below, (int, float)) \
-                or not 0.0 <= self.take_below <= 1.0:
-            raise ConfigError("take_below", self.take_below, "must be a fraction in [0, 1]", "e.g. take_below=0.05")
-        self.take_below = float(self.take_below)
+    def describe(self) -> dict[str, Any]:
+        return {"method": self.method, "take_below": self.take_below}
+
+    def __repr__(self) -> str:
+        # Through a method, so that a jsonargparse lazy_instance default initializes first.
+        return "FilterRead(" + ", ".join(f"{k}={v!r}" for k, v in self.describe().items()) + ")"
 
     def choose(self, selectivity: float) -> Literal["scan", "take"]:
         if self.method != "auto":
