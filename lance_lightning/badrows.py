@@ -135,7 +135,7 @@ class BadRowGuard:
         positions = np.asarray(positions)
         # Each pass fixes one bad row; a replacement was checked first, so it cannot fail again.
         for _ in range(table.num_rows + 1):
-            with self.clock.measure("convert", rows=table.num_rows, nbytes=table.nbytes):
+            with self.clock.measure("convert", rows=table.num_rows):
                 batch = to_torch_batch(table, self.fill_nulls)
             if self.transform is None:
                 return batch

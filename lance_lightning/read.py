@@ -1,11 +1,13 @@
 """Reading planned batches from Lance.
 
 Guarantees:
-- ``PlanReader.batches(steps)`` yields ``(step, table)`` for the given batch indices of one rank,
-  in the order given; each table holds exactly the batch's rows, in the planned order.
-- Consecutive batches are read together in groups of about ``group_rows`` rows: their positions
-  are sorted and split into runs; long runs (and runs with short gaps, in scan mode) are read
-  with offset/limit scans, which Lance pushes down, and the rest with one ``take`` per group.
+- ``PlanReader.read_group(group)`` returns ``(step, table)`` for each batch of a group, in the
+  group's order; each table holds exactly the batch's rows, in the planned order.
+- Consecutive batches are read together in groups (``PlanReader.groups``): about
+  ``GROUP_BYTES`` of rows for scan plans (never fewer rows than one batch or, for a buffer
+  shuffle, than one buffer window), four batches for take plans. A group is one Lance call
+  whatever its positions: a scan restricted to the wanted rows (``row_addr_allowlist``), so a
+  group of many short ranges (small shards) costs one call, not one per range.
 - Reads only touch the pinned dataset version, with only the planned columns.
 - Each read is retried through transient storage errors (`lance_lightning.retry.RetryPolicy`);
   one that fails for good raises `DataReadError` naming the URI, version, rows and columns.
@@ -16,23 +18,31 @@ Guarantees:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import lance
 import numpy as np
 import pyarrow as pa
+from lance.dataset import serialize_row_addrs
 
 from lance_lightning.metrics import active_clock, record_io
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.retry import DEFAULT_POLICY, RetryPolicy, describe_rows
 from lance_lightning.source import PinnedSource
 
-#: Runs at least this long are scanned even in take mode.
-SCAN_MIN_ROWS = 512
-#: In scan mode, runs of at least this many wanted rows are scanned.
-SCAN_SMALL_RUN = 64
-#: In scan mode, runs separated by at most this many unwanted rows are read as one range.
-SCAN_MERGE_GAP = 256
+#: A scan plan's read group holds about this many bytes of rows (from the plan's row estimate).
+GROUP_BYTES = 8 << 20
+#: ... and at most this many rows (unless a buffer window is larger).
+MAX_GROUP_ROWS = 16384
+#: A take plan's read group holds this many batches (random rows read slowly: keep groups short).
+TAKE_GROUP_BATCHES = 4
+#: Rows per Arrow batch inside a read: Lance decodes wide binary columns several times slower
+#: per row in its default 8192-row batches.
+READ_BATCH_ROWS = 1024
+#: A batch made of at most this many contiguous pieces of its group is sliced; else gathered.
+MAX_SLICED_PIECES = 4
 
 
 @dataclass(frozen=True)
@@ -47,13 +57,13 @@ class PlanReader:
     """Reads one rank's batches of one epoch of a `ReadPlan`."""
 
     def __init__(self, plan: ReadPlan, epoch: int, world_size: int, rank: int, start: int,
-                 group_rows: int = 16384, retry: RetryPolicy = DEFAULT_POLICY) -> None:
+                 retry: RetryPolicy = DEFAULT_POLICY) -> None:
         self.plan = plan
         self.retry = retry
         self.rank = rank
         self.layout = plan.layout(world_size, start)
         self.order = plan.order(epoch)
-        self.group_rows = group_rows if plan.method == "scan" else min(group_rows, 4 * plan.batch_size)
+        self.group_rows = group_rows(plan)
         if active_clock() is None:  # not inside a measured read: drop I/O done before this epoch
             try:
                 plan.source.open().io_stats_incremental()
@@ -61,40 +71,92 @@ class PlanReader:
                 pass
 
     def spec(self, step: int) -> BatchSpec:
-        seq = self.layout.batch_rows(self.rank, step)
-        return BatchSpec(step, self.plan.row_positions(self.order.matched_indices(seq)))
+        return self.specs([step])[0]
+
+    def specs(self, steps: list[int]) -> list[BatchSpec]:
+        """The batches at ``steps``, their positions computed together (one pass over the order)."""
+        seqs = [self.layout.batch_rows(self.rank, step) for step in steps]
+        positions = self.plan.row_positions(self.order.matched_indices(np.concatenate(seqs)))
+        bounds = np.cumsum([len(seq) for seq in seqs])[:-1]
+        return [BatchSpec(step, part) for step, part in zip(steps, np.split(positions, bounds))]
 
     def groups(self, steps: Iterable[int]) -> Iterator[list[BatchSpec]]:
         """Consecutive batches bundled into read groups of about ``group_rows`` rows."""
-        group: list[BatchSpec] = []
+        group: list[int] = []
         rows = 0
         for step in steps:
-            spec = self.spec(step)
-            group.append(spec)
-            rows += len(spec.positions)
+            group.append(step)
+            rows += len(self.layout.batch_rows(self.rank, step))
             if rows >= self.group_rows:
-                yield group
+                yield self.specs(group)
                 group, rows = [], 0
         if group:
-            yield group
+            yield self.specs(group)
 
     def read_group(self, group: list[BatchSpec]) -> list[tuple[int, pa.Table]]:
-        """Read every batch of ``group`` with as few Lance calls as the positions allow."""
-        wanted = np.unique(np.concatenate([spec.positions for spec in group]))
+        """Read every batch of ``group`` with one Lance call, then cut the batches out of it."""
+        positions = np.concatenate([spec.positions for spec in group])
+        wanted, index = storage_index(positions)
         table = read_positions(self.plan.source, wanted, scan_mode=self.plan.method == "scan", retry=self.retry)
-        out = []
-        for spec in group:
-            index = np.searchsorted(wanted, spec.positions)
-            if len(index) and index[-1] - index[0] == len(index) - 1 and np.all(np.diff(index) == 1):
-                out.append((spec.step, table.slice(int(index[0]), len(index))))
-            else:
-                out.append((spec.step, table.take(pa.array(index))))
-        return out
+        bounds = np.cumsum([0, *(len(spec.positions) for spec in group)])
+        if index is not None and scattered(index, bounds):
+            # A shuffle buffer: one gather puts the whole group in planned order.
+            table, index = table.take(index), None
+        return [(spec.step, cut(table, index, int(first), int(end)))
+                for spec, first, end in zip(group, bounds[:-1], bounds[1:])]
+
+
+def group_rows(plan: ReadPlan) -> int:
+    """Rows per read group of ``plan`` (see the module docstring)."""
+    if plan.method == "take":
+        return min(MAX_GROUP_ROWS, TAKE_GROUP_BATCHES * plan.batch_size)
+    rows = min(MAX_GROUP_ROWS, max(plan.batch_size, GROUP_BYTES // max(1, plan.row_bytes)))
+    return max(rows, plan.strategy.window_rows or 0)
+
+
+def storage_index(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """The sorted unique ``positions`` (what to read), and where each position sits among them:
+    ``None`` when ``positions`` already increase (row ``i`` of the read is position ``i``)."""
+    if len(positions) < 2 or bool(np.all(positions[1:] > positions[:-1])):
+        return positions, None
+    order = np.argsort(positions)
+    ordered = positions[order]
+    repeated = ordered[1:] == ordered[:-1]
+    if repeated.any():  # the padding row of a short tail can repeat a row
+        wanted = ordered[np.concatenate([[True], ~repeated])]
+        return wanted, np.searchsorted(wanted, positions)
+    index = np.empty(len(positions), dtype=np.int64)
+    index[order] = np.arange(len(positions))
+    return ordered, index
+
+
+def scattered(index: np.ndarray, bounds: np.ndarray) -> bool:
+    """Whether some batch (rows ``bounds[i]:bounds[i+1]`` of ``index``) spans more than
+    `MAX_SLICED_PIECES` runs of consecutive rows of the read."""
+    breaks = np.flatnonzero(np.diff(index) != 1) + 1  # where a new run starts
+    inside = np.searchsorted(breaks, bounds[1:], "left") - np.searchsorted(breaks, bounds[:-1], "right")
+    return bool((inside >= MAX_SLICED_PIECES).any())
+
+
+def cut(table: pa.Table, index: np.ndarray | None, first: int, end: int) -> pa.Table:
+    """Rows ``first:end`` of the group out of its read ``table`` (row ``index[i]`` is group row
+    ``i``; ``None``: row ``i``): one slice, or a few slices put together."""
+    if index is None:
+        return table.slice(first, end - first)
+    rows = index[first:end]
+    edges = [0, *(np.flatnonzero(np.diff(rows) != 1) + 1).tolist(), len(rows)]
+    pieces = [table.slice(int(rows[a]), b - a) for a, b in zip(edges[:-1], edges[1:])]
+    return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
 
 
 def read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool,
                    retry: RetryPolicy = DEFAULT_POLICY) -> pa.Table:
-    """Rows at the sorted, unique ``positions`` of the pinned version, in that order (retried)."""
+    """Rows at the sorted, unique ``positions`` of the pinned version, in that order (retried).
+
+    One Lance call: with ``scan_mode``, an offset/limit scan of a single range, or else a scan
+    restricted to those rows (it reads many ranges at scan speed); otherwise a ``take`` (cheapest
+    for scattered rows).
+    """
     what = describe_rows(positions, "scan" if scan_mode else "take", source.columns)
     return retry.call(lambda: _read_positions(source, positions, scan_mode), what=what, uri=source.uri,
                       version=source.version)
@@ -103,19 +165,42 @@ def read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool,
 def _read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool) -> pa.Table:
     dataset = source.open()
     columns = list(source.columns)
-    breaks = np.flatnonzero(np.diff(positions) > (SCAN_MERGE_GAP if scan_mode else 0) + 1) + 1
-    runs = np.split(positions, breaks)
-    scanned = [len(run) >= (SCAN_SMALL_RUN if scan_mode else SCAN_MIN_ROWS) for run in runs]
-    taken_runs = [run for run, scan in zip(runs, scanned) if not scan]
-    taken = dataset.take(np.concatenate(taken_runs), columns=columns) if taken_runs else None
-    pieces, cursor = [], 0
-    for run, scan in zip(runs, scanned):
-        if scan:
-            first, span = int(run[0]), int(run[-1] - run[0] + 1)
-            ranged = dataset.scanner(columns=columns, offset=first, limit=span).to_table()
-            pieces.append(ranged if span == len(run) else ranged.take(pa.array(run - first)))
-        else:
-            pieces.append(taken.slice(cursor, len(run)))
-            cursor += len(run)
+    if scan_mode and len(positions) and positions[-1] - positions[0] == len(positions) - 1:  # one range
+        table = dataset.scanner(columns=columns, offset=int(positions[0]), limit=len(positions),
+                                batch_size=READ_BATCH_ROWS).to_table()
+    elif scan_mode:
+        allow = serialize_row_addrs(row_ids(source, dataset, positions).tolist())
+        table = dataset.scanner(columns=columns, row_addr_allowlist=allow, batch_size=READ_BATCH_ROWS,
+                                scan_in_order=True).to_table()
+    else:
+        table = dataset.take(positions, columns=columns)
     record_io(dataset)
-    return pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
+    return table
+
+
+def row_ids(source: PinnedSource, dataset: lance.LanceDataset, positions: np.ndarray) -> np.ndarray:
+    """Lance row ids of the live-row ``positions``: computed from fragment sizes when the version
+    has no deletions and no stable row ids (id = fragment id << 32 | offset), else looked up."""
+    key = (source.uri, source.version, tuple(sorted((source.storage_options or {}).items())))
+    fragments = _FRAGMENT_STARTS.get(key)
+    if fragments is None:
+        fragments = _fragment_starts(dataset)
+        _FRAGMENT_STARTS[key] = fragments
+    if fragments is _LOOK_UP:
+        return dataset.take(positions, columns=["_rowid"]).column(0).to_numpy()
+    starts, fragment_ids = fragments
+    slot = np.searchsorted(starts, positions, side="right") - 1
+    return (fragment_ids[slot] << np.uint64(32)) | (positions - starts[slot]).astype(np.uint64)
+
+
+def _fragment_starts(dataset: lance.LanceDataset) -> tuple[np.ndarray, np.ndarray] | object:
+    fragments = dataset.get_fragments()
+    if dataset.has_stable_row_ids or any(f.metadata.deletion_file is not None for f in fragments):
+        return _LOOK_UP
+    sizes = np.array([f.metadata.physical_rows for f in fragments], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    return starts, np.array([f.fragment_id for f in fragments], dtype=np.uint64)
+
+
+_LOOK_UP = object()  # row ids cannot be computed: look them up with a take
+_FRAGMENT_STARTS: dict[tuple, tuple[np.ndarray, np.ndarray] | object] = {}

@@ -1,12 +1,14 @@
-"""DecodeImage's batched paths, Compose and DeviceAugment, on real JPEG/PNG bytes in real Lance datasets.
+"""DecodeImage, Compose and DeviceAugment, on real JPEG/PNG bytes (and in real Lance datasets).
 
-Images are solid colours derived from the row id (PNG is lossless, flat JPEG is within a few
-levels), so every decoded image can be checked against the id it arrived with: this catches a
-reordering of rows by the reader threads, not only a wrong shape.
+Batched paths use solid colours derived from the row id (PNG is lossless, flat JPEG is within a
+few levels), so every decoded image can be checked against the id it arrived with: this catches a
+reordering of rows by the reader threads, not only a wrong shape. Single-batch checks (modes,
+sizes, normalisation, errors, pickling) use random-noise images, exact through PNG.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ from lance_lightning import LanceDataModule, LanceSource, RowShuffle
 from lance_lightning.dataset import LanceIterableDataset
 from lance_lightning.errors import ConfigError
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError
+from lance_lightning.transforms import image as image_module
+from lance_lightning.transforms.image import ImageDecodeError as ImageDecodeErrorDirect
 from tests.helpers import write_dataset
 
 BAD_BYTES = b"\xff\xd8\xff\xe0 this is not a JPEG"
@@ -126,6 +130,242 @@ def test_fit_and_device_validation() -> None:
     assert DecodeImage(device="cpu").device is None
 
 
+# -- DecodeImage on single batches: modes, sizes, normalisation, errors, pickling -----------------
+def noise(c: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (c, h, w), dtype=torch.uint8, generator=g)
+
+
+def png(image: torch.Tensor) -> bytes:
+    return encode(image, "png")
+
+
+def jpeg(image: torch.Tensor) -> bytes:
+    return encode(image, "jpeg")
+
+
+def test_exports() -> None:
+    assert ImageDecodeError is ImageDecodeErrorDirect
+    assert issubclass(ImageDecodeError, ValueError)
+
+
+def test_png_lossless_roundtrip_uint8() -> None:
+    imgs = [noise(3, 10, 12, seed=i) for i in range(4)]
+    batch = {"image": [png(x) for x in imgs], "label": torch.arange(4), "name": ["a", "b", "c", "d"]}
+    out = DecodeImage(normalize=False)(batch)
+    assert out["image"].dtype == torch.uint8
+    assert out["image"].shape == (4, 3, 10, 12)
+    assert torch.equal(out["image"], torch.stack(imgs))
+    # other keys untouched (same objects), input dict not mutated
+    assert out["label"] is batch["label"]
+    assert out["name"] is batch["name"]
+    assert isinstance(batch["image"], list)
+    assert set(out) == set(batch)
+
+
+def test_png_normalize_float_range() -> None:
+    imgs = [noise(3, 8, 8, seed=i) for i in range(3)]
+    out = DecodeImage()({"image": [png(x) for x in imgs]})["image"]
+    assert out.dtype == torch.float32
+    assert out.shape == (3, 3, 8, 8)
+    assert torch.allclose(out, torch.stack(imgs).float() / 255.0)
+
+
+def test_mixed_png_and_jpeg() -> None:
+    blobs = [png(noise(3, 8, 8, 0)), jpeg(noise(3, 8, 8, 1)), png(noise(1, 8, 8, 2))]
+    out = DecodeImage(mode="rgb")({"image": blobs})["image"]
+    assert out.shape == (3, 3, 8, 8)
+
+
+def test_gray_mode_from_rgb() -> None:
+    blobs = [png(noise(3, 8, 8, i)) for i in range(2)] + [jpeg(noise(3, 8, 8, 9))]
+    out = DecodeImage(mode="gray")({"image": blobs})["image"]
+    assert out.shape == (3, 1, 8, 8)
+
+
+def test_gray_mode_jpeg_only() -> None:
+    blobs = [jpeg(noise(3, 8, 8, i)) for i in range(3)]
+    out = DecodeImage(mode="gray", normalize=False)({"image": blobs})["image"]
+    assert out.shape == (3, 1, 8, 8)
+
+
+def test_rgb_mode_from_gray() -> None:
+    img = noise(1, 8, 8)
+    out = DecodeImage(mode="rgb", normalize=False)({"image": [png(img)]})["image"]
+    assert out.shape == (1, 3, 8, 8)
+    for c in range(3):
+        assert torch.equal(out[0, c], img[0])
+
+
+def test_unchanged_mode_keeps_channels() -> None:
+    out = DecodeImage(mode="unchanged", normalize=False)({"image": [png(noise(1, 5, 5))]})["image"]
+    assert out.shape == (1, 1, 5, 5)
+
+
+def test_unchanged_mode_mixed_channels_error() -> None:
+    blobs = [png(noise(1, 5, 5)), png(noise(3, 5, 5))]
+    with pytest.raises(ValueError, match="channel counts") as ei:
+        DecodeImage(mode="unchanged")({"image": blobs})
+    assert "mode='rgb'" in str(ei.value)
+
+
+def test_resize_stacks_mixed_sizes() -> None:
+    blobs = [png(noise(3, 10, 20, 0)), jpeg(noise(3, 33, 17, 1)), png(noise(3, 8, 8, 2))]
+    out = DecodeImage(size=(12, 14))({"image": blobs})["image"]
+    assert out.shape == (3, 3, 12, 14)
+    out = DecodeImage(size=9, normalize=False)({"image": blobs})["image"]
+    assert out.shape == (3, 3, 9, 9)
+    assert out.dtype == torch.uint8
+
+
+def test_different_sizes_without_size_errors() -> None:
+    blobs = [png(noise(3, 8, 8)), png(noise(3, 9, 8))]
+    with pytest.raises(ValueError) as ei:
+        DecodeImage(column="pix")({"pix": blobs})
+    msg = str(ei.value)
+    assert "'pix'" in msg
+    assert "(3, 8, 8)" in msg and "(3, 9, 8)" in msg
+    assert "size" in msg
+    assert not isinstance(ei.value, ImageDecodeError)
+
+
+def test_normalize_with_mean_std() -> None:
+    img = noise(3, 6, 6)
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.5)
+    out = DecodeImage(mean=mean, std=std)({"image": [png(img)]})["image"]
+    expected = (img.float() / 255.0 - torch.tensor(mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1)
+    assert torch.allclose(out[0], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("size", [None, (40, 24)])
+def test_normalize_spans_several_chunks(size: tuple[int, int] | None) -> None:
+    # 50 images of 3x64x64 float32 = 2.4 MB: normalised in 1 MB chunks, so chunk edges are covered
+    images = [noise(3, 64, 64, seed=i) for i in range(50)]
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    out = DecodeImage(size=size, mean=mean, std=std)({"image": [png(x) for x in images]})["image"]
+    stacked = torch.stack(images)
+    if size is not None:
+        stacked = v2.functional.resize(stacked, list(size), antialias=True)
+    expected = (stacked.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    assert out.shape == (50, 3, *(size or (64, 64))) and out.dtype == torch.float32 and out.is_contiguous()
+    assert torch.allclose(out, expected, atol=1e-5)
+
+
+def test_normalize_single_value_broadcast_gray() -> None:
+    img = noise(1, 4, 4)
+    out = DecodeImage(mode="gray", mean=(0.5,), std=(0.5,))({"image": [png(img)]})["image"]
+    assert torch.allclose(out[0], img.float() / 255.0 * 2 - 1, atol=1e-6)
+    assert out.min() >= -1 and out.max() <= 1
+
+
+def test_custom_column_only_that_key_replaced() -> None:
+    batch = {"a": [png(noise(3, 4, 4))], "b": [b"not-an-image"]}
+    out = DecodeImage(column="a")(batch)
+    assert out["a"].shape == (1, 3, 4, 4)
+    assert out["b"] == [b"not-an-image"]
+
+
+def test_accepts_bytearray_and_memoryview() -> None:
+    raw = png(noise(3, 4, 4))
+    out = DecodeImage()({"image": [bytearray(raw), memoryview(raw)]})["image"]
+    assert out.shape == (2, 3, 4, 4)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"definitely not an image",
+        b"\xff\xd8\xff\xe0garbage-after-jpeg-magic",
+        b"\x89PNG\r\n\x1a\n-truncated",
+        b"",
+        None,
+    ],
+)
+@pytest.mark.parametrize("others", ["png", "jpeg"])
+def test_corrupt_bytes_raise_image_decode_error(bad: bytes | None, others: str) -> None:
+    enc = png if others == "png" else jpeg
+    blobs = [enc(noise(3, 8, 8, i)) for i in range(4)]
+    blobs[2] = bad
+    with pytest.raises(ImageDecodeError) as ei:
+        DecodeImage(column="photo")({"photo": blobs})
+    err = ei.value
+    assert err.column == "photo"
+    assert err.index == 2
+    assert "'photo'" in str(err) and "row 2" in str(err)
+    assert isinstance(err, ValueError)
+
+
+def test_truncated_jpeg_raises() -> None:
+    good = jpeg(noise(3, 32, 32))
+    blobs = [good, good[: len(good) // 3]]
+    with pytest.raises(ImageDecodeError) as ei:
+        DecodeImage()({"image": blobs})
+    assert ei.value.index == 1
+
+
+def test_image_decode_error_pickles() -> None:
+    err = ImageDecodeError("image", 3, "boom")
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.column, back.index, str(back)) == ("image", 3, str(err))
+
+
+def test_missing_column_errors() -> None:
+    with pytest.raises(ValueError, match="'image'.*not in the batch"):
+        DecodeImage()({"label": torch.arange(2)})
+
+
+def test_already_tensor_errors() -> None:
+    with pytest.raises(ValueError, match="already a tensor"):
+        DecodeImage()({"image": torch.zeros(2, 3, 4, 4)})
+
+
+def test_empty_batch() -> None:
+    out = DecodeImage(size=8, mode="gray")({"image": []})["image"]
+    assert out.shape == (0, 1, 8, 8)
+    assert out.dtype == torch.float32
+
+
+def test_transform_is_picklable() -> None:
+    t = DecodeImage(size=(4, 5), mode="gray", mean=(0.1,), std=(0.2,))
+    t2 = pickle.loads(pickle.dumps(t))
+    assert repr(t2) == repr(t)
+    blobs = [png(noise(1, 8, 8))]
+    assert torch.equal(t({"image": blobs})["image"], t2({"image": blobs})["image"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"mean": (0.5, 0.5, 0.5)}, "std"),
+        ({"std": (0.5, 0.5, 0.5)}, "mean"),
+        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5)}, "std="),
+        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.0, 0.5)}, "std="),
+        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, -1.0, 0.5)}, "> 0"),
+        ({"mean": (), "std": ()}, "mean="),
+        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "normalize": False}, "normalize=True"),
+        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "mode": "gray"}, "mode='gray'"),
+        ({"size": 0}, "size=0"),
+        ({"size": -3}, "size=-3"),
+        ({"size": (8, 0)}, "size=(8, 0)"),
+        ({"size": (8, 8, 8)}, "size="),
+        ({"size": (8.5, 8)}, "size="),
+        ({"size": True}, "size="),
+        ({"mode": "bgr"}, "mode='bgr'"),
+        ({"column": ""}, "column="),
+    ],
+)
+def test_init_validation(kwargs: dict, needle: str) -> None:
+    with pytest.raises(ValueError) as ei:
+        DecodeImage(**kwargs)
+    assert needle in str(ei.value)
+
+
+def test_unchanged_mode_mean_std_channel_mismatch_at_call() -> None:
+    t = DecodeImage(mode="unchanged", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="1 channel"):
+        t({"image": [png(noise(1, 4, 4))]})
+
+
 # -- Compose and pass-through -----------------------------------------------------------------------
 class AddOne:
     """A picklable toy transform: ``x + 1`` on one column."""
@@ -193,3 +433,32 @@ def test_threads_keep_order_and_rows(tmp_path: Path, threads: int) -> None:
         assert batch["image"].shape == (16, 3, 8, 8)
         assert batch["name"] == [f"row-{i}" for i in batch["id"].tolist()]
         assert_images_match_ids(batch["image"], batch["id"])
+
+
+class RecordPolicy:
+    """A transform that notes the scheduling policy of the thread it runs on."""
+
+    def __init__(self) -> None:
+        self.policies: set[int] = set()
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        self.policies.add(os.sched_getscheduler(0))
+        return batch
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux only")
+def test_reader_threads_run_at_batch_priority_and_the_loop_does_not(tmp_path: Path) -> None:
+    # SCHED_BATCH threads never preempt the training loop's thread when they wake for new work.
+    uri = write_image_dataset(tmp_path / "img.lance", 64)
+    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "image"]), batch_size=8, transform=DecodeImage())
+    dm.setup("fit")
+    record = RecordPolicy()
+    assert len(list(LanceIterableDataset(dm.plans["train"], transform=record, threads=2))) == 8
+    assert record.policies == {os.SCHED_BATCH}
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+def test_cpu_decoding_is_compiled() -> None:
+    # The compiled loop releases the GIL once per batch; a silent fallback to the Python loop
+    # would halve decode scaling over the reader threads without failing anything else.
+    assert isinstance(image_module._decode_all, torch.jit.ScriptFunction)

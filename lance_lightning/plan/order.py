@@ -83,9 +83,12 @@ class EpochOrder:
     def _permute_within(self, group: np.ndarray, offset: np.ndarray, stream: int, size: int) -> np.ndarray:
         """Apply the per-group permutation of stream ``stream`` to ``offset`` within each group."""
         out = np.empty_like(offset)
-        for g in np.unique(group):
-            mask = group == g
-            out[mask] = self._group_permutation(stream, int(g), size)[offset[mask]]
+        groups, inverse = np.unique(group, return_inverse=True)
+        members = np.argsort(inverse, kind="stable")  # positions of each group, group after group
+        edges = np.searchsorted(inverse[members], np.arange(len(groups) + 1))
+        for g, first, end in zip(groups.tolist(), edges[:-1].tolist(), edges[1:].tolist()):
+            rows = members[first:end]
+            out[rows] = self._group_permutation(stream, g, size)[offset[rows]]
         return out
 
     def _group_permutation(self, stream: int, group: int, size: int) -> np.ndarray:

@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import lance
 import numpy as np
 
 from lance_lightning.errors import ConfigError
@@ -26,6 +27,8 @@ from lance_lightning.source import PinnedSource
 from lance_lightning.strategies import FilterRead, NoShuffle, RowShuffle, ShuffleStrategy
 
 ReadMethod = Literal["scan", "take"]
+#: Rows read at setup to estimate the bytes per row.
+ROW_BYTES_SAMPLE = 64
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,8 @@ class ReadPlan:
     drop_last: bool
     reason: str
     positions: np.ndarray | None = field(default=None, repr=False, compare=False)
+    #: Estimated Arrow bytes per row of the read columns (sizes read groups; not part of the order).
+    row_bytes: int = field(default=1, compare=False)
 
     @property
     def selectivity(self) -> float:
@@ -113,7 +118,14 @@ def build_plan(
     if matched == 0:
         raise ConfigError(f"{split}.uri", source.uri, "the dataset has no rows", "write rows first")
     _check_fits(split, matched, batch_size, drop_last, world_size)
-    return ReadPlan(split, source, strategy, method, matched, batch_size, drop_last, reason, positions)
+    return ReadPlan(split, source, strategy, method, matched, batch_size, drop_last, reason, positions,
+                    _row_bytes(dataset, source))
+
+
+def _row_bytes(dataset: lance.LanceDataset, source: PinnedSource) -> int:
+    """Arrow bytes per row of the source's columns, measured on its first rows (at most 64)."""
+    sample = dataset.scanner(columns=list(source.columns), limit=ROW_BYTES_SAMPLE).to_table()
+    return max(1, -(-sample.nbytes // max(1, sample.num_rows)))
 
 
 def _method_without_filter(strategy: ShuffleStrategy) -> tuple[ReadMethod, str]:

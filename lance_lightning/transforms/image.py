@@ -9,17 +9,20 @@ partially decoded batch: a row that cannot be decoded raises
 checks happen in ``__init__``, so a bad configuration fails before any data is
 read.
 
-Batched, not per row: the column's bytes are joined into one buffer and split
-into views (no per-row copies), the JPEG check is one vectorised comparison,
-JPEGs go to one batched ``decode_jpeg`` call, and resizing and normalising run
-once per group of same-shaped images. The decoders release the GIL, so the
-transform scales on the reader threads. With ``device="cuda"`` the JPEGs are
-decoded on the GPU (nvJPEG); use it as the data module's ``device_transform``.
+Batched, not per row: the column's bytes are joined into one buffer, the whole
+batch is decoded and stacked by one compiled loop that releases the GIL once for
+the batch, not once per image (so the transform scales over the reader
+threads), resizing runs once per group of same-shaped images, and normalising
+runs in cache-sized chunks. With
+``device="cuda"`` the JPEGs (found with one vectorised comparison) go to one
+batched nvJPEG call on the GPU; use it as the data module's ``device_transform``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Any, Literal
 
 import torch
@@ -38,6 +41,50 @@ _MODES: dict[str, ImageReadMode] = {
 }
 _MODE_CHANNELS: dict[str, int] = {"gray": 1, "rgb": 3}
 _BYTES = (bytes, bytearray, memoryview)
+#: Output bytes normalised per chunk: small enough to stay in a core's L2 cache between passes.
+_SCALE_CHUNK_BYTES = 1 << 20
+
+
+def _decode_batch(data: torch.Tensor, bounds: list[int], mode: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Rows ``data[bounds[i]:bounds[i + 1]]`` decoded on the CPU (JPEG, PNG, WebP or GIF, by their bytes).
+
+    Returns ``(stacked, [])``, the images stacked as (N, C, H, W), when they share a shape and a
+    dtype (the usual case: one tensor, not a Python object per image), else ``(empty, images)``.
+    """
+    images = [torch.ops.image.decode_image(data[bounds[i]:bounds[i + 1]], mode, False)
+              for i in range(len(bounds) - 1)]
+    for image in images:
+        if image.shape != images[0].shape or image.dtype != images[0].dtype:
+            return torch.empty(0), images
+    return torch.stack(images), images[:0]
+
+
+def _jpeg_rows(data: torch.Tensor, bounds: list[int]) -> list[int]:
+    """The rows of ``data`` (as in `_decode_batch`) that start with the JPEG magic bytes: one vectorised check."""
+    starts = torch.tensor(bounds[:-1], dtype=torch.int64)
+    lengths = torch.tensor(bounds[1:], dtype=torch.int64) - starts
+    head = data[torch.minimum(starts[:, None] + torch.arange(3), starts[:, None] + lengths[:, None] - 1)]
+    is_jpeg = (lengths >= 3) & (head == torch.tensor([0xFF, 0xD8, 0xFF], dtype=torch.uint8)).all(1)
+    return is_jpeg.nonzero().flatten().tolist()
+
+
+def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` compiled by TorchScript, so that its loop runs without the GIL; ``fn`` where that fails.
+
+    A Python loop takes the GIL back after every image and makes a Python object of each; with
+    small images the reader threads then queue for the GIL and the garbage collector. Measured
+    on 64x64 JPEGs (2 cores): two threads decode 1.6-1.9x as fast as one with a Python loop,
+    1.9-2.0x with the compiled one.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script is deprecated, still supported
+            return torch.jit.script(fn)
+    except Exception:  # noqa: BLE001 - any failure to compile leaves the plain loop, which is correct
+        return fn
+
+
+_decode_all = _compiled(_decode_batch)
 
 
 class ImageDecodeError(RowError):
@@ -124,40 +171,44 @@ class DecodeImage:
 
     # -- decoding -----------------------------------------------------------
 
-    def _buffers(self, values: Sequence[Any]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """One view per row into a single joined buffer, and a bool mask of the JPEG rows."""
+    def _joined(self, values: Sequence[Any]) -> tuple[torch.Tensor, list[int]]:
+        """All rows' bytes in one buffer, and the bounds of row ``i``: ``bounds[i]:bounds[i + 1]``."""
         if None in values:
             raise ImageDecodeError(self.column, list(values).index(None), "value is null")
         if not set(map(type, values)) <= set(_BYTES):
             index = next(i for i, v in enumerate(values) if not isinstance(v, _BYTES))
             raise ImageDecodeError(self.column, index, f"expected bytes, got {type(values[index]).__name__}")
-        lengths = torch.tensor(list(map(len, values)), dtype=torch.int64)
-        if bool((lengths == 0).any()):
-            raise ImageDecodeError(self.column, int((lengths == 0).nonzero()[0]), "value is empty (0 bytes)")
+        lengths = list(map(len, values))
+        if 0 in lengths:
+            raise ImageDecodeError(self.column, lengths.index(0), "value is empty (0 bytes)")
         joined = torch.frombuffer(bytearray().join(values), dtype=torch.uint8)
-        starts = torch.cumsum(lengths, 0) - lengths
-        head = joined[torch.minimum(starts[:, None] + torch.arange(3), starts[:, None] + lengths[:, None] - 1)]
-        is_jpeg = (lengths >= 3) & (head == torch.tensor([0xFF, 0xD8, 0xFF], dtype=torch.uint8)).all(1)
-        return list(torch.split(joined, lengths.tolist())), is_jpeg
+        return joined, list(accumulate(lengths, initial=0))
 
-    def _decode(self, values: Sequence[Any]) -> list[torch.Tensor]:
-        buffers, is_jpeg = self._buffers(values)
+    def _decode(self, values: Sequence[Any]) -> torch.Tensor | list[torch.Tensor]:
+        """The images stacked as (N, C, H, W) when they share a shape and dtype, else one per row."""
+        joined, bounds = self._joined(values)
         read_mode = _MODES[self.mode]
-        images: list[torch.Tensor | None] = [None] * len(buffers)
-        jpegs = is_jpeg.nonzero().flatten().tolist()
+        if self.device is None:
+            try:
+                stacked, images = _decode_all(joined, bounds, read_mode.value)
+            except (RuntimeError, ValueError):  # decode one by one to find the row at fault
+                images = [self._decode_one(i, joined[bounds[i]:bounds[i + 1]], read_mode)
+                          for i in range(len(values))]
+            return images or stacked
+        rows = [joined[bounds[i]:bounds[i + 1]] for i in range(len(values))]
+        jpegs = _jpeg_rows(joined, bounds)
+        images = [torch.empty(0)] * len(rows)
         if jpegs:
             try:
-                decoded = decode_jpeg([buffers[i] for i in jpegs], mode=read_mode, device=self.device or "cpu")
+                decoded = decode_jpeg([rows[i] for i in jpegs], mode=read_mode, device=self.device)
             except (RuntimeError, ValueError):  # decode one by one on the CPU to find the row at fault
-                decoded = [self._decode_one(i, buffers[i], read_mode).to(self.device or "cpu") for i in jpegs]
+                decoded = [self._decode_one(i, rows[i], read_mode) for i in jpegs]
             for i, image in zip(jpegs, decoded):
-                images[i] = image
-        if len(jpegs) < len(buffers):
-            # No batched decoder exists for PNG/WebP/GIF: one call per image (each releases the GIL).
-            for i in (~is_jpeg).nonzero().flatten().tolist():
-                image = self._decode_one(i, buffers[i], read_mode)
-                images[i] = image.to(self.device) if self.device else image
-        return images  # type: ignore[return-value]
+                images[i] = image.to(self.device)
+        others = sorted(set(range(len(rows))).difference(jpegs))
+        for i in others:  # nvJPEG decodes only JPEGs: the rest on the CPU, then moved
+            images[i] = self._decode_one(i, rows[i], read_mode).to(self.device)
+        return images
 
     def _decode_one(self, i: int, buf: torch.Tensor, read_mode: ImageReadMode) -> torch.Tensor:
         try:
@@ -179,13 +230,11 @@ class DecodeImage:
             )
         if len(values):
             images = self._decode(values)
-            self._check_stackable(images)
+            if isinstance(images, list):
+                self._check_stackable(images)
             out = fit_batch(images, self.size, self.fit)
             if self.normalize and out.dtype == torch.uint8:
-                out = self._scale_uint8(out)
-                result = dict(batch)
-                result[self.column] = out
-                return result
+                return {**batch, self.column: self._scale_uint8(out)}
             if self.normalize:
                 out = F.to_dtype(out, torch.float32, scale=True)
         else:
@@ -207,12 +256,16 @@ class DecodeImage:
             if out.shape[0] > 0:
                 out = F.normalize(out, mean=mean, std=std)
 
-        result = dict(batch)
-        result[self.column] = out
-        return result
+        return {**batch, self.column: out}
 
     def _scale_uint8(self, images: torch.Tensor) -> torch.Tensor:
-        """``(x / 255 - mean) / std`` as float32 in one allocation and two passes (not 3 and 3)."""
+        """``(x / 255 - mean) / std`` as float32, of a uint8 (N, C, H, W) batch.
+
+        Works through the batch `_SCALE_CHUNK_BYTES` of output at a time, so that each chunk is
+        shifted while it is still in the CPU cache: two whole-batch passes would stream the
+        float32 batch through memory twice, memory-bound work that does not scale over the
+        reader threads.
+        """
         channels = images.shape[1]
         mean = torch.tensor(self.mean if self.mean is not None else (0.0,), dtype=torch.float64)
         std = torch.tensor(self.std if self.std is not None else (1.0,), dtype=torch.float64)
@@ -224,10 +277,14 @@ class DecodeImage:
                 f"{len(mean)} values; pass {channels} values or set mode='gray'/'rgb'"
             )
         scale = (1.0 / (255.0 * std)).to(torch.float32).view(1, channels, 1, 1).to(images.device)
+        shift = (-mean / std).to(torch.float32).view(1, channels, 1, 1).to(images.device)
         out = torch.empty(images.shape, dtype=torch.float32, device=images.device)
-        torch.mul(images, scale, out=out)
-        if self.mean is not None:
-            out.sub_((mean / std).to(torch.float32).view(1, channels, 1, 1).to(images.device))
+        step = max(1, _SCALE_CHUNK_BYTES // (4 * images[0].numel()))
+        for start in range(0, len(images), step):
+            chunk = out[start:start + step]
+            torch.mul(images[start:start + step], scale, out=chunk)
+            if self.mean is not None:
+                chunk.add_(shift)
         return out
 
     def _check_stackable(self, images: list[torch.Tensor]) -> None:

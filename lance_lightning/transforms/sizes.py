@@ -2,8 +2,8 @@
 
 Guarantees: `check_size` accepts an int or a (height, width) pair of positive ints (or None) and
 raises `ValueError` naming the value otherwise. `fit_batch` stacks a list of (C, H, W) images into
-one (N, C, h, w) tensor, resizing once per group of same-shaped images (one call for a batch whose
-images share a shape, the usual case), never once per image.
+one (N, C, h, w) tensor (or takes one already stacked), resizing once per group of same-shaped
+images (one call for a batch whose images share a shape, the usual case), never once per image.
 """
 
 from __future__ import annotations
@@ -40,12 +40,16 @@ def check_size(size: int | tuple[int, int] | Sequence[int] | None) -> tuple[int,
     return (int(pair[0]), int(pair[1]))
 
 
-def fit_batch(images: list[torch.Tensor], size: tuple[int, int] | None, fit: str) -> torch.Tensor:
+def fit_batch(images: list[torch.Tensor] | torch.Tensor, size: tuple[int, int] | None,
+              fit: str) -> torch.Tensor:
     """Stack ``images`` (same channels and dtype) into (N, C, h, w), fitted to ``size`` if given.
 
+    ``images`` is a list of (C, H, W) images or an already stacked (N, C, H, W) tensor.
     ``fit="stretch"`` resizes to ``size`` exactly; ``fit="crop"`` resizes to cover ``size`` keeping
     the aspect ratio, then crops the centre. Without ``size`` the images must share one shape.
     """
+    if isinstance(images, torch.Tensor):
+        return _fit(images, size, fit)
     groups: defaultdict[tuple[int, ...], list[int]] = defaultdict(list)
     for i, image in enumerate(images):
         groups[tuple(image.shape)].append(i)
