@@ -11,11 +11,12 @@ Scenarios:
 - loader alone, whole epochs: a fast scan (the worst case: the most batches per second, so the
   per-batch cost weighs most), row-shuffle takes, and JPEG decoding (the two-stage transform
   pipeline);
-- ``Trainer.fit`` with a trivial model: `DataLoadingMonitor` logging to a CSVLogger every 50 steps
-  and metrics on, against metrics off and no monitor; the epoch time is taken from the first to
-  the last training batch.
+- ``Trainer.fit`` of 1,000 steps of a trivial model (under 1 ms a step: the worst case again):
+  `DataLoadingMonitor` logging to a CSVLogger every 50 steps and metrics on, against metrics off
+  and no monitor; timed from the first to the last training batch. A no-op callback against no
+  callback is shown too: Lightning's dispatch to any callback, which the monitor pays as well.
 
-Repetitions during which other processes used >= 5% of the CPUs are measured again (up to 3x);
+Repetitions during which other processes used >= 5% of the CPUs are measured again (up to 2x);
 the share of each repetition kept and the load average are written with the results.
 
 Usage (from the repository root, under the machine's benchmark lock)::
@@ -48,8 +49,7 @@ for path in (HERE, HERE.parent):  # `common` and `lance_lightning` from a plain 
         sys.path.insert(0, str(path))
 
 import common  # noqa: E402
-from bench_transforms import QUIET, OtherLoad  # noqa: E402
-from common import Paired, Row  # noqa: E402
+from common import QUIET, Paired, Row, quiet_reps  # noqa: E402
 from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle  # noqa: E402
 from lance_lightning.dataset import LanceIterableDataset  # noqa: E402
 from lance_lightning.loader import LanceDataLoader  # noqa: E402
@@ -99,10 +99,21 @@ def epoch(loader: LanceDataLoader) -> Callable[[], int]:
     return run
 
 
-def fit_pair(uri: str, columns: list[str], log_dir: Path) -> tuple[Callable[[], float], Callable[[], float], int]:
-    """One-epoch fits with the monitor + metrics on, and with metrics off and no monitor.
+#: Rows of the table the takes read (takes are slow: a smaller table allows more repetitions).
+TAKE_ROWS = 200_000
+#: Training steps per fit (``limit_train_batches``): short fits, so that more repetitions fit the time.
+FIT_STEPS = 1000
+#: The fit configurations: the candidate, the baseline, and a no-op callback (what any callback costs).
+FIT_KINDS = ("monitor", "none", "noop")
 
-    Each callable runs one fit and returns the rows/s between the first and the last training batch.
+
+def fit_runs(uri: str, columns: list[str], log_dir: Path) -> dict[str, Callable[[], float]]:
+    """Fits of `FIT_STEPS` steps of a trivial model, one callable per kind of `FIT_KINDS`.
+
+    ``monitor``: metrics on and `DataLoadingMonitor` logging every 50 steps; ``none``: metrics off
+    (what ``LanceDataLoader(..., metrics=False)`` sets) and no monitor; ``noop``: metrics off and a
+    callback that does nothing, which shows what Lightning's dispatch to any callback costs. Each
+    callable runs one fit and returns the rows/s between the first and the last training batch.
     """
     import lightning.pytorch as pl
     import torch
@@ -136,46 +147,26 @@ def fit_pair(uri: str, columns: list[str], log_dir: Path) -> tuple[Callable[[], 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             self.last = time.perf_counter()
 
-    steps = LanceDataModule(train=LanceSource(uri, columns=columns), batch_size=BATCH)
-    steps.setup("fit")
-    batches = len(steps.train_dataloader())
-
-    def make(metrics: bool) -> Callable[[], float]:
+    def make(kind: str) -> Callable[[], float]:
         def run() -> float:
             dm = LanceDataModule(train=LanceSource(uri, columns=columns), batch_size=BATCH)
             dm.setup("fit")
             loader = dm.train_dataloader()
-            if not metrics:  # what LanceDataLoader(metrics=False) does
+            if kind != "monitor":
                 loader.meter = None
                 loader.dataset.clock.enabled = False
             clock = EpochClock()
-            callbacks = [clock, DataLoadingMonitor(log_every_n_steps=50, report=False)] if metrics else [clock]
-            trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=CSVLogger(str(log_dir)),
-                                 log_every_n_steps=50, enable_progress_bar=False, enable_model_summary=False,
-                                 enable_checkpointing=False, num_sanity_val_steps=0, callbacks=callbacks)
+            extra = {"monitor": [DataLoadingMonitor(log_every_n_steps=50, report=False)], "noop": [pl.Callback()],
+                     "none": []}[kind]
+            trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=FIT_STEPS,
+                                 logger=CSVLogger(str(log_dir)), log_every_n_steps=50, enable_progress_bar=False,
+                                 enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                                 callbacks=[clock, *extra])
             trainer.fit(Tiny(), datamodule=dm)
             return clock.rows / (clock.last - clock.first)
         return run
 
-    return make(True), make(False), batches
-
-
-def quiet_reps(measure: Callable[[int], Any], reps: int, tries: int = 3) -> tuple[list[Any], list[float]]:
-    """``measure(rep)`` for ``reps`` repetitions measured while other processes used < `QUIET` of the CPUs.
-
-    A repetition during which they used more is measured again, until ``tries * reps``
-    measurements in all; after that every repetition is kept. Returns the results and the
-    others' CPU share of each.
-    """
-    kept: list[tuple[Any, float]] = []
-    tried = 0
-    while len(kept) < reps:
-        with OtherLoad() as load:
-            result = measure(len(kept))  # a repetition measured again keeps its order of the two sides
-        tried += 1
-        if load.share < QUIET or tried >= tries * reps:
-            kept.append((result, load.share))
-    return [result for result, _ in kept], [share for _, share in kept]
+    return {kind: make(kind) for kind in FIT_KINDS}
 
 
 def paired_wall_and_cpu(candidate: Callable[[], int], baseline: Callable[[], int], reps: int,
@@ -217,18 +208,16 @@ def _summary(raw: list[tuple[float, float]]) -> Paired:
                   statistics.median(blocks), raw)
 
 
-def paired_rates(candidate: Callable[[], float], baseline: Callable[[], float],
-                 reps: int) -> tuple[Paired, list[float]]:
-    """Like `paired_wall_and_cpu` for callables that return a rate themselves (one fit each)."""
-    def measure(rep: int) -> tuple[float, float]:
-        if rep % 2 == 0:
-            c = candidate()
-            return c, baseline()
-        b = baseline()
-        return candidate(), b
+def fit_rates(runs: dict[str, Callable[[], float]], reps: int) -> tuple[dict[str, Paired], list[float]]:
+    """Each kind of ``runs`` against ``none``: fits in ``runs`` order, then reversed, alternately."""
+    kinds = list(runs)
 
-    raw, loads = quiet_reps(measure, reps)
-    return _summary(raw), loads
+    def measure(rep: int) -> dict[str, float]:
+        order = kinds if rep % 2 == 0 else kinds[::-1]
+        return {kind: runs[kind]() for kind in order}
+
+    results, loads = quiet_reps(measure, reps)
+    return {kind: _summary([(r[kind], r["none"]) for r in results]) for kind in kinds if kind != "none"}, loads
 
 
 def run(args: argparse.Namespace) -> tuple[list[Row], list[str], list[str]]:
@@ -237,15 +226,18 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[str], list[str]]:
     rows = 200_000 if args.quick else args.rows
     image_rows = 5_000 if args.quick else args.image_rows
     min_seconds = args.min_seconds if args.min_seconds is not None else (0.3 if args.quick else 0.5)
-    reps = args.reps if args.reps is not None else (4 if args.quick else 14)
+    reps = args.reps if args.reps is not None else (4 if args.quick else 12)
     vec_uri = common.vec_dataset(cache, rows)
+    take_uri = common.vec_dataset(cache, TAKE_ROWS)
     image_uri = common.image_dataset(cache, image_rows)
     results: list[Row] = []
     raw_lines: list[str] = []
     notes = [f"vector table: {vec_uri} ({rows:,} rows, columns id, label, vec[128] float32); image table: "
              f"{image_uri} ({image_rows:,} JPEGs of 64x64)",
-             f"{reps} paired repetitions per row (alternating order); loader rows measured for at least "
-             f"{min_seconds:g} s each; fit rows are one epoch each, timed from the first to the last batch",
+             f"{3 * reps} paired repetitions per loader row and {reps} per fit row (alternating order); loader "
+             f"rows measured for at least {min_seconds:g} s each (whole epochs); the takes read the "
+             f"{TAKE_ROWS:,}-row vector table; fit rows are one fit of {FIT_STEPS:,} steps each, timed from the "
+             "first to the last batch",
              "loaders: num_workers=0, reader_threads=2, prefetch_groups=2 (the defaults), B=256"]
 
     def add(scenario: str, result: Paired, loads: list[float], note: str = "", target: float | None = TARGET,
@@ -263,7 +255,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[str], list[str]]:
     vec_columns = ["id", "label", "vec"]
 
     def loader_rows(scenario: str, on: Callable[[], int], off: Callable[[], int], note: str = "") -> None:
-        wall, cpu, loads = paired_wall_and_cpu(on, off, reps, min_seconds)
+        wall, cpu, loads = paired_wall_and_cpu(on, off, 3 * reps, min_seconds)
         add(scenario, wall, loads, note)
         add(f"{scenario}, rows per CPU-second", cpu, loads, target=None, baseline="metrics off, rows per CPU-second")
 
@@ -271,8 +263,8 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[str], list[str]]:
     on, off, batches = loader_pair(vec_uri, vec_columns)
     loader_rows(f"loader NoShuffle scan B={BATCH}", on, off, f"{batches} batches per epoch")
 
-    print("\n[2/4] takes, RowShuffle(clump_rows=64)", flush=True)
-    on, off, _ = loader_pair(vec_uri, vec_columns, shuffle=RowShuffle(seed=1, clump_rows=64))
+    print(f"\n[2/4] takes, RowShuffle(clump_rows=64), {TAKE_ROWS:,} rows", flush=True)
+    on, off, _ = loader_pair(take_uri, vec_columns, shuffle=RowShuffle(seed=1, clump_rows=64))
     loader_rows(f"loader RowShuffle(clump_rows=64) B={BATCH}", on, off)
 
     print(f"\n[3/4] JPEG decode, {image_rows:,} rows", flush=True)
@@ -280,11 +272,15 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[str], list[str]]:
     loader_rows(f"loader DecodeImage B={BATCH}", on, off,
                 "two-stage pipeline: read groups, then convert + decode per batch")
 
-    print(f"\n[4/4] Trainer.fit, 1 epoch of {rows:,} rows, trivial model", flush=True)
+    print(f"\n[4/4] Trainer.fit, {FIT_STEPS:,} steps, trivial model", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_metrics_") as log_dir:
-        fit_on, fit_off, batches = fit_pair(vec_uri, vec_columns, Path(log_dir))
-        add(f"fit + DataLoadingMonitor B={BATCH}", *paired_rates(fit_on, fit_off, reps),
-            f"{batches} steps; DataLoadingMonitor(log_every_n_steps=50) and CSVLogger vs metrics off, no monitor")
+        fits, loads = fit_rates(fit_runs(vec_uri, vec_columns, Path(log_dir)), reps)
+        add(f"fit + DataLoadingMonitor B={BATCH}", fits["monitor"], loads,
+            f"{FIT_STEPS} steps of a trivial model; metrics on, DataLoadingMonitor(log_every_n_steps=50), "
+            "CSVLogger vs metrics off, no monitor", baseline="metrics off, no callback")
+        add(f"fit + a no-op callback B={BATCH}", fits["noop"], loads,
+            "what Lightning's dispatch to any callback costs: metrics off, `Callback()` vs no callback",
+            target=None, baseline="metrics off, no callback")
     return results, raw_lines, notes
 
 
@@ -307,7 +303,7 @@ def write_results(out_dir: Path, rows: list[Row], raw: list[str], notes: list[st
         f"mean of their ratios. Target: ratio ≥ {TARGET} (wall-clock rows/s). The rows per "
         "CPU-second of this process (all threads) are reported alongside: on a shared machine they are less "
         "disturbed by other processes than wall time. A repetition during which other processes used "
-        f"≥ {100 * QUIET:.0f}% of the CPUs is measured again (up to 3x the repetitions). Load average (1, 5, "
+        f"≥ {100 * QUIET:.0f}% of the CPUs is measured again (up to 2x the repetitions). Load average (1, 5, "
         f"15 min) at the start {', '.join(f'{v:.2f}' for v in load_before)}, at the end "
         f"{', '.join(f'{v:.2f}' for v in os.getloadavg())}.",
         "",
@@ -335,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="200k rows, 5k images: a smoke run")
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the vector table (full run)")
     parser.add_argument("--image-rows", type=int, default=20_000, help="rows of the image table (full run)")
-    parser.add_argument("--reps", type=int, default=None, help="paired repetitions, even (default 14, 4 with --quick)")
+    parser.add_argument("--reps", type=int, default=None,
+                        help="paired repetitions per fit row, even; loader rows get 3x (default 12, 4 with --quick)")
     parser.add_argument("--min-seconds", type=float, default=None,
                         help="each loader measurement repeats until it ran this long (default 0.5 s, 0.3 s quick)")
     parser.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE), help="where the datasets are kept")

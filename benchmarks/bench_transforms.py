@@ -4,10 +4,10 @@ All figures come from this one run; ratios are of measurements taken back to bac
 `common.paired`). Data: ``common.image_dataset`` (64x64 RGB JPEGs, ~2.5 KB each) in Lance.
 
 1. Decode scaling: `DecodeImage` (normalised float32 output) on the same in-memory batches of
-   JPEG bytes, on a pool of 2 threads vs 1 (``torch.set_num_threads(1)`` so only our threads
+   JPEG bytes (converted as the loader converts them), on a pool of 2 threads vs 1 (``torch.set_num_threads(1)`` so only our threads
    parallelise). Target: 2 threads >= 1.7x 1 thread. Two threads can only be 2x faster on 2 cores
    that nothing else uses, so only pairs during which other processes used < 5% of the CPUs count
-   (`OtherLoad`; up to 4x the repetitions are tried); the table says how many were kept.
+   (`common.OtherLoad`; up to 4x the repetitions are tried); the table says how many were kept.
 2. Against plain PyTorch, one shuffled image epoch with decoding: ``LanceDataModule`` (RowShuffle,
    DecodeImage, default reader threads, no worker processes) vs a plain ``DataLoader`` over a
    ``Dataset`` whose ``__getitem__`` does ``ds.take([i])`` and a PIL decode (``shuffle=True``,
@@ -19,10 +19,11 @@ All figures come from this one run; ratios are of measurements taken back to bac
    time ``next(loader)`` blocks per step. Target with prefetch: < 5% of the step; prefetch off
    (``reader_threads=0``) is shown for the difference. Each loop is retried (up to 3 times) while
    other processes used >= 5% of the CPUs during it.
-4. Memory: peak RSS per epoch over 5 epochs (each setting in a fresh process, psutil sampling
-   every 5 ms), with ``prefetch_batches`` 2 and 16. Target: the 5th epoch's peak within 5% (and
-   16 MB) of the 1st; the growth over the idle RSS is compared with the prefetch bound
-   ``prefetch_batches x decoded batch + prefetch_groups x raw group``.
+4. Memory: peak RSS per epoch over 5 epochs after a warm-up epoch (each setting in a fresh
+   process, psutil sampling every 5 ms), with ``prefetch_batches`` 2 and 16 and a 20 ms step, so
+   the read-ahead queue is full (the most it can hold). Targets: flat, the 5th epoch's peak within
+   5% (and 16 MB) of the 1st; bounded by the depth, each extra batch of depth adds at most 2
+   decoded batches to the mean epoch peak (the batch itself, plus what malloc keeps around it).
 
 Usage (from the repository root)::
 
@@ -65,53 +66,12 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import common  # noqa: E402
-from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle  # noqa: E402
+from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle, to_torch_batch  # noqa: E402
 from lance_lightning.transforms import DecodeImage  # noqa: E402
 
 RESULTS = common.RESULTS_DIR / "transforms.md"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 BATCH = 256
-
-
-class OtherLoad:
-    """Context manager: the share of the machine's CPUs others used while the block ran.
-
-    Others are every other process and the hypervisor (steal time): the busy time of all CPUs
-    (``/proc/stat``) minus the CPU time of this process and its children (DataLoader workers).
-    ``share`` is 0 where ``/proc`` is missing.
-    """
-
-    share = 0.0
-
-    @staticmethod
-    def _sample() -> tuple[float, float, float]:
-        try:
-            with open("/proc/stat") as stat:
-                ticks = [int(v) for v in stat.readline().split()[1:]]
-        except OSError:
-            ticks = [0, 0, 0, 0, 0]
-        busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
-        me = psutil.Process()
-        own = 0.0
-        for process in (me, *me.children(recursive=True)):
-            try:
-                times = process.cpu_times()
-            except psutil.Error:  # a child that just exited
-                continue
-            own += times.user + times.system
-        return time.perf_counter(), busy, own
-
-    def __enter__(self) -> OtherLoad:
-        self._start = self._sample()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        (w0, b0, o0), (w1, b1, o1) = self._start, self._sample()
-        self.share = max(0.0, ((b1 - b0) - (o1 - o0)) / ((w1 - w0) * (os.cpu_count() or 1)))
-
-
-#: A measurement counts as quiet when others used less than this share of the CPUs during it.
-QUIET = 0.05
 
 
 def quiet_paired(candidate: Any, baseline: Any, reps: int, min_seconds: float,
@@ -125,16 +85,16 @@ def quiet_paired(candidate: Any, baseline: Any, reps: int, min_seconds: float,
     pairs measured.
     """
     pairs: list[tuple[float, float, float]] = []  # (candidate rows/s, baseline rows/s, others' share)
-    while sum(load < QUIET for *_, load in pairs) < reps and len(pairs) < tries * reps:
+    while sum(load < common.QUIET for *_, load in pairs) < reps and len(pairs) < tries * reps:
         order = (candidate, baseline) if len(pairs) % 2 == 0 else (baseline, candidate)
         rates = {}
-        with OtherLoad() as load:
+        with common.OtherLoad() as load:
             for fn in order:
                 fn()
                 rows, seconds = common.timed(fn, min_seconds)
                 rates[fn] = rows / seconds
         pairs.append((rates[candidate], rates[baseline], load.share))
-    kept = [p for p in pairs if p[2] < QUIET] or pairs
+    kept = [p for p in pairs if p[2] < common.QUIET] or pairs
     raw = [(c, b) for c, b, _ in kept]
     result = common.Paired(statistics.median(c for c, _ in raw), statistics.median(b for _, b in raw),
                            statistics.median(c / b for c, b in raw), raw)
@@ -148,8 +108,8 @@ def decode() -> DecodeImage:
 # -- 1. decode scaling --------------------------------------------------------------------------
 def decode_scaling(uri: str, reps: int) -> dict[str, Any]:
     table = lance.dataset(uri).to_table(columns=["image"], limit=BATCH * 16)
-    blobs = table.column("image").to_pylist()
-    batches = [{"image": blobs[i:i + BATCH]} for i in range(0, len(blobs), BATCH)]
+    # Converted as the loader converts them: each batch's JPEGs as one uint8 buffer (a `Ragged`).
+    batches = [to_torch_batch(table.slice(i, BATCH)) for i in range(0, table.num_rows, BATCH)]
     transform = decode()
     pools = {n: ThreadPoolExecutor(n, initializer=torch.set_num_threads, initargs=(1,)) for n in (1, 2)}
 
@@ -157,7 +117,7 @@ def decode_scaling(uri: str, reps: int) -> dict[str, Any]:
         def epoch() -> int:
             for _ in pools[threads].map(transform, batches):
                 pass
-            return len(blobs)
+            return table.num_rows
         return epoch
 
     before = torch.get_num_threads()
@@ -219,7 +179,7 @@ def against_plain(uri: str, reps: int) -> dict[str, Any]:
     plain2()  # start the persistent workers outside the timings
     out = {"threads": dm.reader_threads}
     for name, baseline in (("workers0", plain0), ("workers2", plain2)):
-        with OtherLoad() as load:
+        with common.OtherLoad() as load:
             result = common.paired(ours, baseline, reps, min_seconds=0.1)
         out[name] = {"ours": result.rows_per_s, "plain": result.base_rows_per_s, "ratio": result.ratio,
                      "others": load.share}
@@ -259,11 +219,11 @@ def prepare_seconds(uri: str, batch_size: int) -> float:
 
 
 def quiet_waited(uri: str, batch_size: int, threads: int, step: Any, tries: int = 3) -> dict[str, float]:
-    """`waited` on a fresh loader, retried while other processes used >= `QUIET` of the CPUs."""
+    """`waited` on a fresh loader, retried while other processes used >= `common.QUIET` of the CPUs."""
     for _ in range(tries):
-        with OtherLoad() as load:
+        with common.OtherLoad() as load:
             result = waited(overlap_loader(uri, batch_size, threads), step)
-        if load.share < QUIET:
+        if load.share < common.QUIET:
             break
     return {**result, "others": load.share}
 
@@ -302,6 +262,13 @@ def overlap(uri: str) -> dict[str, Any]:
 
 
 # -- 4. memory (each setting in a fresh process) -----------------------------------------------------
+#: Bytes of one decoded batch (float32, 3 x 64 x 64 per image).
+DECODED_BATCH_BYTES = BATCH * 3 * 64 * 64 * 4
+#: Seconds each training step of the memory runs takes: longer than a batch takes to prepare, so the
+#: read-ahead queue is full (the most memory it can hold) for the whole epoch.
+MEMORY_STEP_S = 0.02
+
+
 def memory_child(uri: str, depth: int, epochs: int) -> dict[str, Any]:
     process = psutil.Process()
     dm = LanceDataModule(train=LanceSource(uri, columns=["image", "label"]), batch_size=BATCH,
@@ -322,14 +289,14 @@ def memory_child(uri: str, depth: int, epochs: int) -> dict[str, Any]:
     for _ in range(epochs):
         peak[0] = process.memory_info().rss
         for _batch in loader:
-            pass
+            time.sleep(MEMORY_STEP_S)  # a model step: the read-ahead queue fills up to its depth
         peaks.append(peak[0])
     stop.set()
     sampler.join()
     plan = dm.plans["train"]
     group_rows = min(16384, 4 * BATCH) if plan.method == "take" else 16384
     raw_row = lance.dataset(uri).to_table(columns=["image", "label"], limit=1000).nbytes / 1000
-    bound = depth * BATCH * 3 * 64 * 64 * 4 + dm.prefetch_groups * group_rows * raw_row
+    bound = depth * DECODED_BATCH_BYTES + dm.prefetch_groups * group_rows * raw_row
     return {"idle": idle, "peaks": peaks, "bound": bound}
 
 
@@ -369,13 +336,20 @@ def table(scaling: dict, plain: dict, lap: dict, mem: dict) -> tuple[str, bool]:
              f"{off['wait_ms'] / max(on['wait_ms'], 1e-6):.0f}x less waiting", "< 5% of step",
              on["fraction"] < 0.05 if kind == "sleep" else None, max(on["others"], off["others"]))
     for depth, r in mem.items():
-        first, last = r["peaks"][0], r["peaks"][-1]
-        growth = (max(r["peaks"]) - r["idle"]) / 2**20
+        warm, peaks = r["peaks"][0], r["peaks"][1:]
+        first, last = peaks[0], peaks[-1]
+        growth = (max(peaks) - r["idle"]) / 2**20
         flat = last <= first * 1.05 + 16 * 2**20
         line(f"memory, prefetch_batches={depth}: peak RSS epoch 5 vs 1",
-             f"{last / 2**20:,.0f} MB (peaks {', '.join(f'{p / 2**20:,.0f}' for p in r['peaks'])})",
-             f"epoch 1: {first / 2**20:,.0f} MB; growth over idle {growth:,.0f} MB, bound {r['bound'] / 2**20:,.0f} MB",
-             f"{last / first:.3f}", "≤ 1.05 (flat)", flat)
+             f"{last / 2**20:,.0f} MB (peaks {', '.join(f'{p / 2**20:,.0f}' for p in peaks)}; warm-up epoch "
+             f"{warm / 2**20:,.0f})", f"epoch 1: {first / 2**20:,.0f} MB; growth over idle {growth:,.0f} MB, of "
+             f"which queue {r['bound'] / 2**20:,.0f} MB", f"{last / first:.3f}", "≤ 1.05 (flat)", flat)
+    low, high = sorted(mem)
+    mean_peak = {depth: statistics.mean(r["peaks"][1:]) for depth, r in mem.items()}
+    per_batch = (mean_peak[high] - mean_peak[low]) / (high - low) / DECODED_BATCH_BYTES
+    line(f"memory, bounded by the depth: mean epoch peak added per batch of depth ({low} → {high})",
+         f"{per_batch * DECODED_BATCH_BYTES / 2**20:,.1f} MB", f"one decoded batch: {DECODED_BATCH_BYTES / 2**20:.1f} MB",
+         f"{per_batch:.2f}", "≤ 2 batches", per_batch <= 2)
     head = ["| scenario | measured | baseline | ratio | target | result | others' CPU |",
             "|---|---|---|---:|---|:---:|---:|"]
     return "\n".join(head + rows), ok
@@ -403,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     plain = against_plain(uri, max(2, reps - 2))
     print("[3/4] overlap", flush=True)
     lap = overlap(uri)
-    print("[4/4] memory over 5 epochs", flush=True)
-    mem = memory(uri, 5)
+    print("[4/4] memory over 5 epochs (after a warm-up epoch)", flush=True)
+    mem = memory(uri, 6)
     text, ok = table(scaling, plain, lap, mem)
     report = "\n".join([
         "# Batch transforms: decode scaling, plain PyTorch, overlap, memory", "",
@@ -414,9 +388,10 @@ def main(argv: list[str] | None = None) -> int:
         "",
         text, "",
         "\"others' CPU\": the share of the 2 CPUs used by other processes during the measurement (the most "
-        f"of its repetitions); measurements retried while it was ≥ {100 * QUIET:.0f}%.", "",
+        f"of its repetitions); measurements retried while it was ≥ {100 * common.QUIET:.0f}%.", "",
         "Notes:",
-        f"- Decode scaling: {len(range(0, BATCH * 16, BATCH))} batches of {BATCH} JPEGs already in memory, "
+        f"- Decode scaling: {len(range(0, BATCH * 16, BATCH))} batches of {BATCH} JPEGs already in memory "
+        "(converted by `to_torch_batch`, as in the loader: one uint8 `Ragged` per batch), "
         "`DecodeImage(mean, std)` on a thread pool, `torch.set_num_threads(1)`; median of interleaved pairs "
         "(each side warmed up, then timed for at least 0.2 s), quiet pairs only. Raw img/s (2 threads / 1 thread): "
         f"{', '.join(f'{c:,.0f} / {b:,.0f}' for c, b in scaling['raw'])}.",
@@ -429,9 +404,11 @@ def main(argv: list[str] | None = None) -> int:
         "the matmul step keeps one of the 2 cores busy, leaving one for decoding. Prefetch on: `reader_threads=2, "
         "prefetch_batches=4`; off: `reader_threads=0` (read and decode inline when the step asks). The reader "
         "threads run under SCHED_BATCH, so waking one for new work never preempts the training loop.",
-        "- Memory: each setting in a fresh process; 5 epochs of RowShuffle + DecodeImage (float32 64x64 batches of "
-        f"{BATCH} = {BATCH * 3 * 64 * 64 * 4 / 2**20:.1f} MB); the bound is `prefetch_batches` decoded batches + "
-        "`prefetch_groups` raw read groups.", "",
+        "- Memory: each setting in a fresh process; a warm-up epoch, then 5 epochs of RowShuffle + DecodeImage "
+        f"(float32 64x64 batches of {BATCH} = {DECODED_BATCH_BYTES / 2**20:.1f} MB) with a {1e3 * MEMORY_STEP_S:.0f} ms "
+        "step, so the read-ahead queue stays full; the queue holds `prefetch_batches` decoded batches + "
+        "`prefetch_groups` raw read groups; the rest of the growth is the decode threads' working memory and "
+        "malloc arenas, the same at every depth.", "",
     ])
     RESULTS.write_text(report)
     print(report)

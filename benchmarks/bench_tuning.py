@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import common  # noqa: E402
-from bench_metrics import fit_pair, paired_rates  # noqa: E402
+from bench_metrics import FIT_STEPS, fit_rates, fit_runs  # noqa: E402
 from bench_read import iterate, raw_scan  # noqa: E402
 from bench_transforms import decode  # noqa: E402
 from lance_lightning import (  # noqa: E402
@@ -289,13 +289,14 @@ def scan_or_take(t: Tuning, uri: str) -> None:
 
 
 def monitor(t: Tuning, uri: str, work: Path) -> None:
-    with_monitor, without, batches = fit_pair(uri, COLUMNS, work / "logs")
-    result = paired_rates(with_monitor, without, 3 * t.reps)  # a fit is short and noisy: more pairs
+    runs = fit_runs(uri, COLUMNS, work / "logs")
+    fits, _ = fit_rates({kind: runs[kind] for kind in ("monitor", "none")}, 3 * t.reps)  # short, noisy fits
+    result = fits["monitor"]
     t.raw.append("- [10] fit rows/s (monitor / none): " + ", ".join(f"{c:,.0f} / {b:,.0f}" for c, b in result.raw))
     t.add(Figure(10, "Trainer.fit with DataLoadingMonitor, metrics on: step time",
                  f"{1e3 * BATCH / result.rows_per_s:.3f} ms", "no monitor, metrics off",
                  f"{1e3 * BATCH / result.base_rows_per_s:.3f} ms", f"{result.ratio:.2f}"))
-    t.notes.append(f"[10] `bench_metrics.fit_pair`: one-epoch fits ({batches} steps of {BATCH} rows) of a 1-weight "
+    t.notes.append(f"[10] `bench_metrics.fit_runs`: fits of {FIT_STEPS:,} steps of {BATCH} rows of a 1-weight "
                    "model, the monitor logging to a CSVLogger every 50 steps, timed from the first to the last "
                    f"batch, {3 * t.reps} pairs; the ratio is rows/s, i.e. step time without / with the monitor")
 

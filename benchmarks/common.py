@@ -1,5 +1,11 @@
 """Shared pieces of the benchmarks: cached datasets, paired timing, result tables and plots.
 
+`OtherLoad` measures the share of the CPUs other processes used during a block, and
+`quiet_reps` measures again a repetition during which it was `QUIET` or more.
+
+`steady_allocator` pins glibc malloc's thresholds so that both sides of a pair are measured under
+the same allocator state, whichever ran first.
+
 Every figure the benchmarks report is a *ratio* of two measurements taken back to back in the
 same run (the machines are shared and noisy). `paired` interleaves the candidate and its
 baseline, repeats the pair, and reports the median rows/s of each and the median of the
@@ -16,8 +22,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import psutil
 import pyarrow as pa
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -134,6 +142,36 @@ def _short(rows: int) -> str:
 
 
 # -- timing ----------------------------------------------------------------------------------
+#: glibc malloc thresholds (bytes) pinned by `steady_allocator`: the largest values glibc's own
+#: dynamic tuning reaches in a long-running process (mmap threshold 32 MiB, trim threshold 2x that).
+STEADY_MMAP_THRESHOLD = 32 << 20
+STEADY_TRIM_THRESHOLD = 64 << 20
+
+
+def steady_allocator() -> str:
+    """Pin glibc malloc's mmap and trim thresholds for the whole run; return what was done.
+
+    Both sides of a comparison run in this one process. By default glibc raises those thresholds
+    whenever a large block is freed, so whichever side frees large Arrow buffers first changes how
+    the other side's allocations fault in fresh pages (measured: the raw image scan ran at 28-33 ms
+    per epoch right after our loader, 41-47 ms alone). Pinned, each side is measured under the same
+    allocator state whatever ran before it.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        if libc.mallopt(m_mmap_threshold, STEADY_MMAP_THRESHOLD) and libc.mallopt(m_trim_threshold,
+                                                                                  STEADY_TRIM_THRESHOLD):
+            return (f"glibc malloc pinned: mmap threshold {STEADY_MMAP_THRESHOLD >> 20} MiB, trim threshold "
+                    f"{STEADY_TRIM_THRESHOLD >> 20} MiB")
+    except (OSError, AttributeError):
+        pass
+    return "allocator thresholds not pinned (not glibc)"
+
+
 #: A measurement repeats its function until it has run at least this long (short reads are noise).
 MIN_SECONDS = 0.5
 
@@ -186,6 +224,66 @@ def paired(candidate: Callable[[], int], baseline: Callable[[], int], reps: int,
         ratio=statistics.median(c / b for c, b in raw),
         raw=raw,
     )
+
+
+# -- machine load ----------------------------------------------------------------------------
+class OtherLoad:
+    """Context manager: the share of the machine's CPUs others used while the block ran.
+
+    Others are every other process and the hypervisor (steal time): the busy time of all CPUs
+    (``/proc/stat``) minus the CPU time of this process and its children (DataLoader workers).
+    ``share`` is 0 where ``/proc`` is missing.
+    """
+
+    share = 0.0
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float]:
+        try:
+            with open("/proc/stat") as stat:
+                ticks = [int(v) for v in stat.readline().split()[1:]]
+        except OSError:
+            ticks = [0, 0, 0, 0, 0]
+        busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+        me = psutil.Process()
+        own = 0.0
+        for process in (me, *me.children(recursive=True)):
+            try:
+                times = process.cpu_times()
+            except psutil.Error:  # a child that just exited
+                continue
+            own += times.user + times.system
+        return time.perf_counter(), busy, own
+
+    def __enter__(self) -> OtherLoad:
+        self._start = self._sample()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        (w0, b0, o0), (w1, b1, o1) = self._start, self._sample()
+        self.share = max(0.0, ((b1 - b0) - (o1 - o0)) / ((w1 - w0) * (os.cpu_count() or 1)))
+
+
+#: A measurement counts as quiet when others used less than this share of the CPUs during it.
+QUIET = 0.05
+
+
+def quiet_reps(measure: Callable[[int], Any], reps: int, tries: int = 2) -> tuple[list[Any], list[float]]:
+    """``measure(rep)`` for ``reps`` repetitions measured while other processes used < `QUIET` of the CPUs.
+
+    A repetition during which they used more is measured again, until ``tries * reps``
+    measurements in all; after that every repetition is kept. Returns the results and the
+    others' CPU share of each.
+    """
+    kept: list[tuple[Any, float]] = []
+    tried = 0
+    while len(kept) < reps:
+        with OtherLoad() as load:
+            result = measure(len(kept))  # a repetition measured again keeps its order of the two sides
+        tried += 1
+        if load.share < QUIET or tried >= tries * reps:
+            kept.append((result, load.share))
+    return [result for result, _ in kept], [share for _, share in kept]
 
 
 # -- results ---------------------------------------------------------------------------------

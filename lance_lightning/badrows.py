@@ -136,7 +136,7 @@ class BadRowGuard:
         # Each pass fixes one bad row; a replacement was checked first, so it cannot fail again.
         for _ in range(table.num_rows + 1):
             with self.clock.measure("convert", rows=table.num_rows):
-                batch = to_torch_batch(table, self.fill_nulls)
+                batch = self.convert(table)
             if self.transform is None:
                 return batch
             try:
@@ -148,6 +148,11 @@ class BadRowGuard:
                 self.clock.add("bad_rows", 1)
                 table, positions = self._replace(table, positions, error)
         raise AssertionError("unreachable: every pass replaces one row")  # pragma: no cover
+
+    def convert(self, table: pa.Table) -> Batch:
+        """``table`` as tensors, unmeasured: all a batch needs when there is no transform (no
+        row can be bad then), so the caller may measure a whole read group at once."""
+        return to_torch_batch(table, self.fill_nulls)
 
     def _describe(self, table: pa.Table, index: int, position: int, column: str) -> tuple[str, Any]:
         id_column = self.policy.id_column

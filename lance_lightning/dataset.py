@@ -9,7 +9,8 @@ Guarantees:
   convert + transform (decoding) per batch on another, in order. Memory is bounded per process
   by ``prefetch_groups`` read groups of raw Arrow rows plus ``prefetch_batches`` finished
   (decoded) batches, in flight or waiting; ``threads=0`` turns prefetching off. The same
-  threads serve every epoch (`ReaderThreads`), so RSS stays flat from epoch to epoch.
+  threads serve every epoch (`ReaderThreads`) and finished epochs return the heap's free pages
+  to the OS (`HeapTrimmer`), so RSS stays flat from epoch to epoch.
 - A row the transform rejects is handled by the bad-row policy (`lance_lightning.badrows`):
   raise naming the dataset row, or replace it deterministically; batch sizes never change.
 - `LanceMapDataset` maps index ``i`` to the ``i``-th matching row of a pinned source; its
@@ -19,8 +20,11 @@ Guarantees:
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -96,6 +100,40 @@ class ReaderThreads:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["threads"])
+
+
+class HeapTrimmer:
+    """Returns the heap pages malloc holds free to the OS (glibc ``malloc_trim``; elsewhere nothing).
+
+    Batches are allocated on the reader threads and freed by the consumer, in another order: the
+    holes they leave in the threads' malloc arenas stay resident, so the peak RSS crept up from
+    epoch to epoch (+8% over 8 epochs with 16 decoded batches in flight). ``after_epoch()`` trims
+    at most once per `interval_s`: the pages a trim returns are faulted in again by the next
+    epoch, which costs a few percent of a sub-second epoch but nothing measurable of a long one.
+    """
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self._last = time.monotonic()
+        self._libc = _load_libc()
+
+    def after_epoch(self) -> None:
+        now = time.monotonic()
+        if self._libc is not None and now - self._last >= self.interval_s:
+            self._libc.malloc_trim(0)
+            self._last = now
+
+
+def _load_libc() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
+
+
+#: The heap trimmer of this process (the heap is per process).
+HEAP = HeapTrimmer()
 
 
 def _background_thread() -> None:
@@ -189,6 +227,7 @@ class LanceIterableDataset(IterableDataset):
                                  ship_stats=info is not None and self.ship_stats, bad_rows=self.bad_rows,
                                  pin_memory=self.pin_memory)
         yield from producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
+        HEAP.after_epoch()
 
 
 class BatchProducer:
@@ -228,7 +267,19 @@ class BatchProducer:
         return batch
 
     def __call__(self, group: list[BatchSpec]) -> list[Batch]:
-        return [self.finish(item) for item in self.read(group)]
+        """Read, convert (and pin) a whole group: the one stage of `run` without a transform.
+
+        No row can be bad without a transform, so each step is measured once per group, not per
+        batch (on a fast scan, per-batch measurements cost several percent of the throughput).
+        """
+        tables = [table for _, table in self.read(group)]
+        rows = sum(table.num_rows for table in tables)
+        with self.clock.measure("convert", rows=rows):
+            batches = [self.guard.convert(table) for table in tables]
+        if self.pin_memory:
+            with self.clock.measure("pin", rows=rows):
+                batches = [pin_batch(batch) for batch in batches]
+        return batches
 
     def run(self, groups: Iterator[list[BatchSpec]], pools: ReaderThreads, prefetch_groups: int,
             prefetch_batches: int) -> Iterator[Batch]:

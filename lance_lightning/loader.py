@@ -142,7 +142,7 @@ class LanceDataLoader(DataLoader):
         """
         meter = self.meter or LoaderMeter()
         totals = {**self.dataset.clock.peek(), **meter.totals(time.perf_counter())}
-        return Snapshot(totals, list(meter.fetch.counts))
+        return Snapshot(totals, meter.fetch.counts)
 
     def describe(self) -> dict[str, Any]:
         """The settings the report bases its advice on (plain types)."""

@@ -5,7 +5,8 @@ Guarantees:
   group's order; each table holds exactly the batch's rows, in the planned order.
 - Consecutive batches are read together in groups (``PlanReader.groups``): about
   ``GROUP_BYTES`` of rows for scan plans (never fewer rows than one batch or, for a buffer
-  shuffle, than one buffer window), four batches for take plans. A group is one Lance call
+  shuffle, than one buffer window; a whole number of groups per shard when shards are large),
+  four batches for take plans. A group is one Lance call
   whatever its positions: a scan restricted to the wanted rows (``row_addr_allowlist``), so a
   group of many short ranges (small shards) costs one call, not one per range.
 - Reads only touch the pinned dataset version, with only the planned columns.
@@ -111,7 +112,18 @@ def group_rows(plan: ReadPlan) -> int:
     if plan.method == "take":
         return min(MAX_GROUP_ROWS, TAKE_GROUP_BATCHES * plan.batch_size)
     rows = min(MAX_GROUP_ROWS, max(plan.batch_size, GROUP_BYTES // max(1, plan.row_bytes)))
-    return max(rows, plan.strategy.window_rows or 0)
+    strategy = plan.strategy
+    if strategy.window_rows:
+        return max(rows, strategy.window_rows)
+    unit = strategy.unit_rows(plan.matched_rows)
+    batches = unit // plan.batch_size
+    if strategy.permute_units and rows // 4 <= unit and unit % plan.batch_size == 0:
+        # Groups that tile the shards are single ranges (offset/limit scans), faster per row than
+        # one scan of two shards' rows (4.2 vs 3.2 ms per 16k rows of the 1M-row vector table).
+        # After the epoch's short shard, if any, batches straddle shards and so do groups.
+        pieces = next(p for p in range(-(-unit // rows), batches + 1) if batches % p == 0)
+        return unit // pieces
+    return rows
 
 
 def storage_index(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

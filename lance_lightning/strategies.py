@@ -75,7 +75,8 @@ class ShardShuffle(ShuffleStrategy):
     `BufferShuffle` or `RowShuffle` when batches must mix.
 
     Args:
-        shard_rows: Rows per shard; 1k–16k rows keep scan speed.
+        shard_rows: Rows per shard. The default 8192 reads at scan speed; smaller shards mix
+            more but cost more per row (1024-row shards read at 0.7–1.2 of a raw scan).
         seed: Base seed; the order depends on (seed, epoch) only.
         shuffle_within_shard: Also permute rows inside each shard.
     """

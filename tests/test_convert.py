@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from lance_lightning.convert import NullValueError, UnsupportedColumnError, to_torch_batch
+from lance_lightning.convert import NullValueError, Ragged, UnsupportedColumnError, to_torch_batch
 
 N = 6
 
@@ -98,13 +98,28 @@ def _check_all_types(table: pa.Table, out: dict) -> None:
     assert out["s"] == [f"row{i}" for i in range(N)]
     assert out["ls"] == [f"L{i}" for i in range(N)]
     assert out["sv"] == [f"v{i}" for i in range(N)]
-    assert out["bin"] == [bytes([i]) for i in range(N)]
-    assert out["lbin"] == [bytes([i, i]) for i in range(N)]
-    assert out["bv"] == [b"x" * i for i in range(N)]
+    assert rows_bytes(out["bin"]) == [bytes([i]) for i in range(N)]
+    assert rows_bytes(out["lbin"]) == [bytes([i, i]) for i in range(N)]
+    assert rows_bytes(out["bv"]) == [b"x" * i for i in range(N)]
     for name in ("s", "ls", "sv"):
         assert all(type(v) is str for v in out[name])
     for name in ("bin", "lbin", "bv"):
-        assert all(type(v) is bytes for v in out[name])
+        assert isinstance(out[name], Ragged) and out[name].values.dtype == torch.uint8
+
+
+def rows_bytes(ragged: Ragged) -> list[bytes]:
+    return [ragged.row(i).numpy().tobytes() for i in range(len(ragged))]
+
+
+def test_binary_column_is_zero_copy_and_respects_slices() -> None:
+    """A binary column's bytes are the Arrow data buffer itself; a sliced table keeps its rows."""
+    arr = pa.array([b"ab", b"", b"xyz", b"q"] * 100, pa.binary())
+    table = pa.table({"b": arr}).slice(101, 3)
+    out = to_torch_batch(table)["b"]
+    assert rows_bytes(out) == [b"", b"xyz", b"q"]
+    assert out.offsets.tolist() == [0, 0, 3, 4]
+    data = arr.buffers()[2]
+    assert data.address <= out.values.data_ptr() < data.address + data.size
 
 
 def test_all_types_from_table_and_record_batch() -> None:
@@ -171,7 +186,7 @@ def test_sliced_record_batch_all_types() -> None:
     assert torch.equal(out["nested"], torch.arange(12, 30, dtype=torch.int16).reshape(3, 3, 2))
     assert torch.equal(out["img"], torch.arange(12, 30, dtype=torch.float32).reshape(3, 2, 3))
     assert out["s"] == ["row2", "row3", "row4"]
-    assert out["bv"] == [b"xx", b"xxx", b"xxxx"]
+    assert rows_bytes(out["bv"]) == [b"xx", b"xxx", b"xxxx"]
 
 
 def test_multi_chunk_table_is_combined() -> None:
@@ -249,7 +264,7 @@ def test_fill_nulls() -> None:
     assert out["ts"].tolist() == [0, 5, 6]
     assert out["s"] == ["a", "", "c"]
     assert out["sv"] == ["?", "b", "c"]
-    assert out["bv"] == [b"a", b"", b"c"]
+    assert rows_bytes(out["bv"]) == [b"a", b"", b"c"]
     assert out["vec"].tolist() == [[1, 2], [0, 0], [5, 6]]
 
 

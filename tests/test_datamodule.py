@@ -21,6 +21,7 @@ from lance_lightning import (
     RowShuffle,
     ShardShuffle,
 )
+from lance_lightning.convert import Ragged
 from tests.helpers import RecordingModel, append_rows, flat, write_dataset
 
 ROWS = 200
@@ -71,8 +72,10 @@ def test_every_column_type_converts(tmp_path):
         assert batch["f64"].dtype == torch.float64 and torch.equal(batch["f64"], ids.double() / 4.0)
         assert batch["flag"].dtype == torch.bool and torch.equal(batch["flag"], ids % 3 == 0)
         assert isinstance(batch["name"], list) and batch["name"] == [f"row-{i}" for i in ids.tolist()]
-        assert isinstance(batch["blob"], list) and all(isinstance(b, bytes) for b in batch["blob"])
-        assert batch["blob"] == [bytes([i % 256, 7]) * (1 + i % 3) for i in ids.tolist()]
+        blob = batch["blob"]
+        assert isinstance(blob, Ragged) and blob.values.dtype == torch.uint8
+        assert [blob.row(r).numpy().tobytes() for r in range(n)] == [bytes([i % 256, 7]) * (1 + i % 3)
+                                                                     for i in ids.tolist()]
         seen += ids.tolist()
     assert sorted(seen) == list(range(ROWS))
     assert seen != list(range(ROWS))  # RowShuffle really shuffled

@@ -516,3 +516,19 @@ def test_plain_torch_dataloader_with_forkserver_workers(uri: str) -> None:
         got.append([check_rows(b) for b in loader])
     assert got == expected
     assert sorted(set(global_ids(got))) == matched_ids(flt).tolist()
+
+
+def test_read_groups_tile_large_shards(tmp_path) -> None:
+    """With shards of at least a quarter of a read group, each group is one range inside one
+    shard (read by one offset/limit scan, not a scan of several ranges). Here every shard is
+    whole; after an epoch's short shard, batches (and so groups) straddle two shards."""
+    uri = write_dataset(tmp_path / "big.lance", 40_960, fragment_rows=15_000, label_classes=LABELS)
+    source = pin_source(LanceSource(uri, columns=["id", "label", "x", "vec"]), "train")
+    plan = build_plan("train", source, ShardShuffle(shard_rows=8192, seed=3), FilterRead(), 256, False, 1)
+    reader = PlanReader(plan, epoch=1, world_size=1, rank=0, start=0)
+    groups = list(reader.groups(range(reader.layout.steps)))
+    for group in groups:
+        positions = np.concatenate([spec.positions for spec in group])
+        assert np.array_equal(positions, np.arange(positions[0], positions[0] + len(positions)))
+        assert positions[0] // 8192 == positions[-1] // 8192  # inside one shard
+    assert sorted(np.concatenate([s.positions for g in groups for s in g]).tolist()) == list(range(40_960))

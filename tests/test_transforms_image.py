@@ -20,6 +20,7 @@ from torchvision.io import encode_jpeg, encode_png
 from torchvision.transforms import v2
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle
+from lance_lightning.convert import Ragged, to_torch_batch
 from lance_lightning.dataset import LanceIterableDataset
 from lance_lightning.errors import ConfigError
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError
@@ -99,6 +100,20 @@ def test_non_bytes_value_names_the_row() -> None:
     with pytest.raises(ImageDecodeError, match="expected bytes, got str") as info:
         DecodeImage()({"image": blobs})
     assert info.value.index == 1
+
+
+def test_converted_binary_column_decodes_like_bytes_and_names_an_empty_row() -> None:
+    """The loader's form of a binary column (a uint8 `Ragged` over the Arrow buffer) decodes
+    exactly like the list of bytes; an empty row is named by its index."""
+    blobs = image_blobs(5, "mixed")
+    column = to_torch_batch(pa.table({"image": pa.array(blobs, pa.binary())}))["image"]
+    assert isinstance(column, Ragged)
+    assert torch.equal(DecodeImage(normalize=False)({"image": column})["image"],
+                       DecodeImage(normalize=False)({"image": blobs})["image"])
+    blobs[2] = b""
+    with pytest.raises(ImageDecodeError, match="empty") as info:
+        DecodeImage()({"image": to_torch_batch(pa.table({"image": pa.array(blobs)}))["image"]})
+    assert info.value.index == 2
 
 
 @pytest.mark.parametrize("fit", ["stretch", "crop"])

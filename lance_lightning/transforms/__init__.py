@@ -2,8 +2,8 @@
 
 Guarantees: a batch transform is a callable ``transform(batch) -> batch`` on a
 ``dict[str, Any]`` mapping column name to a torch tensor (numeric columns),
-a `lance_lightning.convert.Ragged` (variable-length numeric lists),
-``list[str]`` (strings) or ``list[bytes]`` (binary columns). Every transform
+a `lance_lightning.convert.Ragged` (variable-length numeric lists, and binary
+columns as uint8 rows) or ``list[str]`` (strings). Every transform
 here returns a new dict, replaces only the keys it documents, works on the
 whole batch at once (no per-row Python loop where a batched call exists), and is
 picklable and free of shared mutable state, so it may run on reader threads,

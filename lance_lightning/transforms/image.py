@@ -30,6 +30,7 @@ from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 from torchvision.transforms.v2 import functional as F
 
 from lance_lightning.badrows import RowError
+from lance_lightning.convert import Ragged
 from lance_lightning.transforms.sizes import check_size, fit_batch
 
 __all__ = ["DecodeImage", "ImageDecodeError"]
@@ -104,8 +105,9 @@ class ImageDecodeError(RowError):
 class DecodeImage:
     """Decodes a column of encoded images (JPEG/PNG bytes) into one uint8 or float tensor (N, C, H, W).
 
-    The column's value must be a sequence of ``bytes`` (``bytearray`` and
-    ``memoryview`` are accepted too), one encoded image per row. The result
+    The column's value is a binary column as the loader converts it (a uint8
+    `Ragged`, read without a copy) or a sequence of ``bytes`` (``bytearray``
+    and ``memoryview`` are accepted too), one encoded image per row. The result
     replaces the column under the same key; every other key is passed through
     unchanged.
 
@@ -171,8 +173,16 @@ class DecodeImage:
 
     # -- decoding -----------------------------------------------------------
 
-    def _joined(self, values: Sequence[Any]) -> tuple[torch.Tensor, list[int]]:
+    def _joined(self, values: Ragged | Sequence[Any]) -> tuple[torch.Tensor, list[int]]:
         """All rows' bytes in one buffer, and the bounds of row ``i``: ``bounds[i]:bounds[i + 1]``."""
+        if isinstance(values, Ragged):  # a converted binary column: already one buffer (no copy)
+            if values.values.dtype != torch.uint8:
+                raise ValueError(f"DecodeImage: column {self.column!r} holds {values.values.dtype} lists; it "
+                                 "expects a binary column of encoded images")
+            empty = torch.nonzero(values.lengths() == 0)
+            if len(empty):
+                raise ImageDecodeError(self.column, int(empty[0]), "value is empty (0 bytes)")
+            return values.values, values.offsets.tolist()
         if None in values:
             raise ImageDecodeError(self.column, list(values).index(None), "value is null")
         if not set(map(type, values)) <= set(_BYTES):
