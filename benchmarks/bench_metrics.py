@@ -41,7 +41,6 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 for path in (HERE, HERE.parent):  # `common` and `lance_lightning` from a plain checkout

@@ -19,7 +19,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 

@@ -1,4 +1,5 @@
-"""Small shared test helpers: a real Lance dataset writer and a recording LightningModule.
+"""Small shared test helpers: a real Lance dataset writer, a recording LightningModule and an
+in-process ``lance-lightning`` runner.
 
 Other test modules import these (``from tests.helpers import write_dataset, RecordingModel``);
 keep the signatures stable.
@@ -6,7 +7,10 @@ keep the signatures stable.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import sys
 from typing import Any, Mapping
 
 import lance
@@ -126,3 +130,20 @@ class RecordingModel(pl.LightningModule):
 def flat(seen: list[list[int]]) -> list[int]:
     """Concatenate per-step id lists."""
     return [i for step in seen for i in step]
+
+
+def run_cli(args: list[str]) -> tuple[int, str, str]:
+    """``lance-lightning ARGS`` in process: (exit status as a shell sees it, stdout, stderr)."""
+    from lance_lightning.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    argv, sys.argv = sys.argv, ["lance-lightning"]  # LightningCLI warns when both are given
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(args)
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        finally:
+            sys.argv = argv
+    return code, out.getvalue(), err.getvalue()

@@ -1,7 +1,8 @@
 """A real S3-compatible server (moto's server mode) on loopback, for tests.
 
 Guarantees: `S3Server.start()` returns only once the server answers on 127.0.0.1; `stop()` ends
-the process and never leaves it running. Traffic never leaves the machine.
+the process and never leaves it running (`S3Server.serving(...)` does both around a block).
+Traffic never leaves the machine.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 #: Requests moto serves before it starts checking signatures: the IAM set-up in `start()`.
@@ -33,6 +36,19 @@ class S3Server:
         self._process: subprocess.Popen | None = None
         self.access_key = ""
         self.secret_key = ""
+
+    @classmethod
+    @contextmanager
+    def serving(cls, *buckets: str) -> Iterator[S3Server]:
+        """A started server with ``buckets`` created, stopped when the block ends."""
+        server = cls()
+        server.start()
+        try:
+            for bucket in buckets:
+                server.create_bucket(bucket)
+            yield server
+        finally:
+            server.stop()
 
     def start(self, timeout: float = 60.0) -> None:
         moto = Path(sys.executable).with_name("moto_server")

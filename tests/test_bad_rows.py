@@ -18,7 +18,7 @@ from lance_lightning.badrows import BadRowError, RaiseOnBadRow, ReplaceBadRow, R
 from lance_lightning.dataset import LanceIterableDataset
 from lance_lightning.transforms import DecodeImage
 from tests.test_resume import assert_exact, run_resume
-from tests.test_transforms_image import BAD_BYTES, assert_images_match_ids, write_image_dataset
+from tests.test_transforms_image import assert_images_match_ids, write_image_dataset
 
 BAD = (13, 14, 57, 130)
 

@@ -3,8 +3,6 @@ quickstart config, typo errors and the console script."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import subprocess
 import sys
@@ -14,9 +12,8 @@ import pytest
 import torch
 import yaml
 
-from lance_lightning.cli import main
 
-from tests.helpers import write_dataset
+from tests.helpers import run_cli, write_dataset
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO_ROOT / "configs" / "quickstart.yaml"
@@ -54,21 +51,6 @@ data:
     return str(path)
 
 
-def _run(args: list[str]) -> tuple[int | str | None, str, str]:
-    """``main(args)`` in-process; returns (SystemExit code or None, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    code: int | str | None = None
-    argv, sys.argv = sys.argv, ["lance-lightning"]  # LightningCLI warns when both are given
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(args)
-        except SystemExit as exit_:
-            code = exit_.code
-        finally:
-            sys.argv = argv
-    return code, out.getvalue(), err.getvalue()
-
-
 @pytest.fixture
 def cli_uri(tmp_path: Path) -> str:
     return write_dataset(tmp_path / "cli.lance", 400, fragment_rows=100)
@@ -76,8 +58,8 @@ def cli_uri(tmp_path: Path) -> str:
 
 def test_fit_from_yaml_in_process(tmp_path, cli_uri):
     cfg = _config(tmp_path, cli_uri, max_steps=3)
-    code, out, _ = _run(["fit", "--config", cfg])
-    assert code is None
+    code, out, _ = run_cli(["fit", "--config", cfg])
+    assert code == 0
     assert f"checkpoints: {tmp_path / 'root' / 'checkpoints'}" in out
     ckpts = list((tmp_path / "root" / "checkpoints").glob("*.ckpt"))
     assert len(ckpts) == 1, ckpts
@@ -95,8 +77,8 @@ def test_fit_from_yaml_in_process(tmp_path, cli_uri):
 
 def test_print_config_round_trips(tmp_path, cli_uri):
     cfg = _config(tmp_path, cli_uri)
-    code, printed, _ = _run(["fit", "--config", cfg, "--print_config"])
-    assert code in (0, None), printed
+    code, printed, _ = run_cli(["fit", "--config", cfg, "--print_config"])
+    assert code == 0, printed
     parsed = yaml.safe_load(printed)
     data = parsed["data"]
     assert data["shuffle"] == {"class_path": "lance_lightning.RowShuffle", "init_args": {"seed": 3, "clump_rows": 1}}
@@ -111,8 +93,8 @@ def test_print_config_round_trips(tmp_path, cli_uri):
 
     again = tmp_path / "printed.yaml"
     again.write_text(printed)
-    code, reprinted, _ = _run(["fit", "--config", str(again), "--print_config"])
-    assert code in (0, None)
+    code, reprinted, _ = run_cli(["fit", "--config", str(again), "--print_config"])
+    assert code == 0
     assert reprinted == printed
 
 
@@ -120,8 +102,8 @@ def test_print_config_shows_effective_defaults(tmp_path, cli_uri):
     """With no `shuffle` / `filter_read` in the YAML, the printed config should say what runs."""
     path = tmp_path / "minimal.yaml"
     path.write_text(f"model:\n  class_path: tests.helpers.RecordingModel\ndata:\n  train: {{uri: {cli_uri}}}\n")
-    code, printed, _ = _run(["fit", "--config", str(path), "--print_config"])
-    assert code in (0, None)
+    code, printed, _ = run_cli(["fit", "--config", str(path), "--print_config"])
+    assert code == 0
     data = yaml.safe_load(printed)["data"]
     assert data["shuffle"] is not None and data["shuffle"]["class_path"].endswith("NoShuffle"), data["shuffle"]
     assert data["filter_read"] is not None and data["filter_read"]["init_args"]["method"] == "auto"
@@ -129,8 +111,8 @@ def test_print_config_shows_effective_defaults(tmp_path, cli_uri):
 
 def test_strategy_class_typo_names_bad_value(tmp_path, cli_uri):
     cfg = _config(tmp_path, cli_uri, shuffle="lance_lightning.RowShufle")
-    code, out, err = _run(["fit", "--config", cfg])
-    assert code not in (0, None)
+    code, out, err = run_cli(["fit", "--config", cfg])
+    assert code != 0
     message = out + err
     assert "data.shuffle" in message
     assert "lance_lightning.RowShufle" in message
@@ -139,9 +121,9 @@ def test_strategy_class_typo_names_bad_value(tmp_path, cli_uri):
 
 def test_short_strategy_name_override(tmp_path, cli_uri):
     cfg = _config(tmp_path, cli_uri)
-    code, printed, _ = _run(["fit", "--config", cfg, "--data.shuffle=ShardShuffle",
+    code, printed, _ = run_cli(["fit", "--config", cfg, "--data.shuffle=ShardShuffle",
                              "--data.shuffle.shard_rows=32", "--print_config"])
-    assert code in (0, None)
+    assert code == 0
     shuffle = yaml.safe_load(printed)["data"]["shuffle"]
     assert shuffle["class_path"] == "lance_lightning.ShardShuffle"
     assert shuffle["init_args"]["shard_rows"] == 32
@@ -161,8 +143,8 @@ def test_quickstart_config_runs_and_resumes(tmp_path, monkeypatch):
         f"--trainer.default_root_dir={root}", f"--trainer.logger.init_args.save_dir={root}",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
     ]
-    code, out, _ = _run(["fit", *common, "--trainer.max_steps=5"])
-    assert code is None
+    code, out, _ = run_cli(["fit", *common, "--trainer.max_steps=5"])
+    assert code == 0
     last = root / "checkpoints" / "last.ckpt"
     assert last.is_file(), out
     ckpt = torch.load(last, weights_only=True)
@@ -173,8 +155,8 @@ def test_quickstart_config_runs_and_resumes(tmp_path, monkeypatch):
 
     assert "resume with: --ckpt_path" in out
 
-    code, out, _ = _run(["fit", *common, "--trainer.max_steps=8", f"--ckpt_path={last}"])
-    assert code is None
+    code, out, _ = run_cli(["fit", *common, "--trainer.max_steps=8", f"--ckpt_path={last}"])
+    assert code == 0
     resumed = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
     assert resumed["global_step"] == 8
     cursor = resumed["LanceDataModule"]["train_cursor"]

@@ -10,9 +10,6 @@ and a training loss that went down. The image example (``configs/quickstart.yaml
 
 from __future__ import annotations
 
-import contextlib
-import io
-import sys
 from pathlib import Path
 
 import lance
@@ -20,25 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from lance_lightning.cli import main
+from tests.helpers import run_cli
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = REPO_ROOT / "configs"
-
-
-def _run(args: list[str]) -> tuple[int | str | None, str]:
-    """``lance-lightning ARGS`` in-process; returns (SystemExit code or None, stdout)."""
-    out = io.StringIO()
-    code: int | str | None = None
-    argv, sys.argv = sys.argv, ["lance-lightning"]
-    with contextlib.redirect_stdout(out):
-        try:
-            main(args)
-        except SystemExit as exit_:
-            code = exit_.code
-        finally:
-            sys.argv = argv
-    return code, out.getvalue()
 
 
 def _scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -53,10 +35,10 @@ def _scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
 def _fit(config: Path, run: str, uri: str, *overrides: str) -> tuple[dict, Path]:
     """Fit ``config`` on the dataset at ``uri`` from the current directory; return (last checkpoint,
     TensorBoard dir)."""
-    code, out = _run(["fit", "--config", str(config), f"--data.train.uri={uri}", f"--data.val.uri={uri}",
+    code, out, _ = run_cli(["fit", "--config", str(config), f"--data.train.uri={uri}", f"--data.val.uri={uri}",
                       "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
                       "--trainer.accelerator=cpu", *overrides])
-    assert code is None, out
+    assert code == 0, out
     last = Path("runs") / run / "checkpoints" / "last.ckpt"
     assert last.is_file(), out
     assert "Data loading report" in out, "DataLoadingMonitor printed no report"

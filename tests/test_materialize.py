@@ -7,8 +7,6 @@ because the kernel refuses them (a file size limit, a full tmpfs), a real Traine
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
 import os
@@ -38,12 +36,11 @@ from lance_lightning import (
     MaterializedView,
     RowShuffle,
 )
-from lance_lightning.cli import main as cli_main
 from lance_lightning.materialize import materialize_view
 from lance_lightning.materialize_space import estimate_view_bytes
 from lance_lightning.retry import RetryPolicy
 from lance_lightning.source import pin_source
-from tests.helpers import RecordingModel, append_rows, flat, make_table, write_dataset
+from tests.helpers import RecordingModel, append_rows, flat, make_table, run_cli, write_dataset
 from tests.s3_server import S3Server
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -60,13 +57,8 @@ def source_uri(tmp_path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    server = S3Server()
-    server.start()
-    server.create_bucket("views")
-    try:
+    with S3Server.serving("views") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -98,16 +90,9 @@ def leftovers(cache: Path) -> list[str]:
     return sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock"))
 
 
-def run_cli(args: list[str]) -> tuple[int, str, str]:
-    """``lance-lightning materialize ...`` in process: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            cli_main(["materialize", *args])
-        except SystemExit as exit_:
-            code = int(exit_.code or 0)
-    return code, out.getvalue(), err.getvalue()
+def run_materialize(args: list[str]) -> tuple[int, str, str]:
+    """``lance-lightning materialize ARGS`` in process: (exit status, stdout, stderr)."""
+    return run_cli(["materialize", *args])
 
 
 # -- 1. what a view holds ----------------------------------------------------------------------------
@@ -354,12 +339,12 @@ def test_full_disk_gives_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
 def test_cli_quiet_prints_only_the_path_and_reuses(tmp_path: Path, source_uri: str) -> None:
     args = ["--uri", source_uri, "--out-dir", str(tmp_path / "views"), "--columns", "id", "x", "--filter", FILTER,
             "--shuffle-seed", "3", "--chunk-rows", "300"]
-    code, out, err = run_cli([*args, "--quiet"])
+    code, out, err = run_materialize([*args, "--quiet"])
     assert code == 0 and err == ""
     view = out.strip()
     assert out == view + "\n" and Path(view).is_dir() and Path(view).parent == tmp_path / "views"
     assert sorted(ids(view)) == expected_ids(FILTER)
-    code, out, err = run_cli(args)
+    code, out, err = run_materialize(args)
     assert code == 0 and f"view: {view}" in out and "reused (source version unchanged)" in out
     assert "rows: 800" in out and err == "", "a reused view commits nothing, so no progress lines"
 
@@ -379,7 +364,7 @@ def test_cli_quiet_prints_only_the_path_and_reuses(tmp_path: Path, source_uri: s
         "usage"])
 def test_cli_errors_and_exit_codes(tmp_path: Path, source_uri: str, args: list[str], code: int, text: str) -> None:
     fill = {"tmp": str(tmp_path), "src": source_uri}
-    got, out, err = run_cli([a.format(**fill) for a in args] + ["--out-dir", str(tmp_path / "views")])
+    got, out, err = run_materialize([a.format(**fill) for a in args] + ["--out-dir", str(tmp_path / "views")])
     assert got == code, err
     assert text.format(**fill) in err, err
     assert out == ""
@@ -387,19 +372,19 @@ def test_cli_errors_and_exit_codes(tmp_path: Path, source_uri: str, args: list[s
 
 
 def test_cli_help_exits_zero() -> None:
-    code, out, _ = run_cli(["--help"])
+    code, out, _ = run_materialize(["--help"])
     assert code == 0 and "--chunk-rows" in out and "--storage-option" in out
 
 
 def test_cli_reads_s3_with_storage_options_and_never_prints_them(tmp_path: Path, s3: S3Server, s3_uri: str) -> None:
     options = [f"--storage-option={k}={v}" for k, v in s3.storage_options().items()]
-    code, out, err = run_cli(["--uri", s3_uri, "--out-dir", str(tmp_path / "views"), "--filter", FILTER, *options])
+    code, out, err = run_materialize(["--uri", s3_uri, "--out-dir", str(tmp_path / "views"), "--filter", FILTER, *options])
     assert code == 0, err
     assert s3.secret_key not in out + err and s3.access_key not in out + err
     view = out.split("view: ")[1].split()[0]
     assert ids(view) == expected_ids(FILTER)
     wrong = [o for o in options if "secret" not in o] + ["--storage-option=aws_secret_access_key=wrong-secret-42"]
-    code, _, err = run_cli(["--uri", s3_uri, "--out-dir", str(tmp_path / "views"), *wrong])
+    code, _, err = run_materialize(["--uri", s3_uri, "--out-dir", str(tmp_path / "views"), *wrong])
     assert code == 1 and f"`materialize.uri`='{s3_uri}'" in err and "wrong-secret-42" not in err, err
 
 
@@ -509,18 +494,12 @@ data:
   batch_size: 16
   materialize: {{cache_dir: {cache}, shuffle_seed: 5, chunk_rows: 256}}
 """)
-    printed = io.StringIO()
-    argv, sys.argv = sys.argv, ["lance-lightning"]
-    try:
-        with contextlib.redirect_stdout(printed), pytest.raises(SystemExit) as exit_:
-            cli_main(["fit", "--config", str(config), "--print_config"])
-        assert exit_.value.code in (0, None)
-        assert yaml.safe_load(printed.getvalue())["data"]["materialize"] == {
-            "cache_dir": str(cache), "shuffle_seed": 5, "splits": None, "chunk_rows": 256}
-        with contextlib.redirect_stdout(io.StringIO()):
-            cli_main(["fit", "--config", str(config)])
-    finally:
-        sys.argv = argv
+    code, printed, err = run_cli(["fit", "--config", str(config), "--print_config"])
+    assert code == 0, err
+    assert yaml.safe_load(printed)["data"]["materialize"] == {
+        "cache_dir": str(cache), "shuffle_seed": 5, "splits": None, "chunk_rows": 256}
+    code, _, err = run_cli(["fit", "--config", str(config)])
+    assert code == 0, err
     views = list(cache.glob("*.lance"))
     assert len(views) == 1 and json.loads(views[0].with_suffix(".json").read_text())["shuffle_seed"] == 5
     checkpoint = next((tmp_path / "root" / "checkpoints").glob("*.ckpt"))

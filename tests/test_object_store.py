@@ -20,13 +20,8 @@ ROWS, BATCH = 240, 16
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    server = S3Server()
-    server.start()
-    server.create_bucket("data")
-    try:
+    with S3Server.serving("data") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import subprocess
 import sys
@@ -13,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from lance_lightning.cli import main
-from tests.helpers import write_dataset
+from tests.helpers import run_cli, write_dataset
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO_ROOT / "configs" / "quickstart.yaml"
@@ -54,17 +51,6 @@ data:
     return str(path)
 
 
-def _run(args: list[str]) -> tuple[int | str | None, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code: int | str | None = None
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(args)
-        except SystemExit as exit_:
-            code = exit_.code
-    return code, out.getvalue(), err.getvalue()
-
-
 @pytest.fixture
 def uri(tmp_path: Path) -> str:
     return write_dataset(tmp_path / "profile.lance", 400, fragment_rows=100)
@@ -72,8 +58,8 @@ def uri(tmp_path: Path) -> str:
 
 def test_profile_runs_only_the_data_pipeline_for_n_batches(tmp_path, uri):
     cfg = _config(tmp_path, uri)
-    code, out, err = _run(["profile", "--config", cfg, "--batches", "60"])  # 25 batches per epoch
-    assert code is None, err[-3000:]
+    code, out, err = run_cli(["profile", "--config", cfg, "--batches", "60"])  # 25 batches per epoch
+    assert code == 0, err[-3000:]
     lines = out.splitlines()
     assert lines[0] == ("Loader-only profile of the train split (0 workers, 2 reader threads, batch_size 16): "
                         f"60 batches, {60 * 16:,} rows in " + lines[0].rsplit(" in ", 1)[1])
@@ -88,8 +74,8 @@ def test_profile_names_decoding_for_a_slow_transform(tmp_path, uri):
     cfg = _config(tmp_path, uri, data=(
         "  shuffle: {class_path: lance_lightning.RowShuffle, init_args: {seed: 1}}\n"
         "  transform: {class_path: tests.test_profile_cli.SlowTransform, init_args: {seconds: 0.01}}\n"))
-    code, out, err = _run(["profile", "--config", cfg, "--batches", "30", "--progress", "false"])
-    assert code is None, err[-3000:]
+    code, out, err = run_cli(["profile", "--config", cfg, "--batches", "30", "--progress", "false"])
+    assert code == 0, err[-3000:]
     assert "decode-bound: " in out and "(SlowTransform)" in out, out
     assert "raise `reader_threads` (2 now" in out
     assert "profiling" not in err
@@ -97,17 +83,17 @@ def test_profile_names_decoding_for_a_slow_transform(tmp_path, uri):
 
 def test_profile_names_storage_for_single_row_takes(tmp_path, uri):
     cfg = _config(tmp_path, uri, data="  shuffle: {class_path: lance_lightning.RowShuffle, init_args: {seed: 1}}\n")
-    code, out, err = _run(["profile", "--config", cfg, "--batches", "50", "--progress", "false"])
-    assert code is None, err[-3000:]
+    code, out, err = run_cli(["profile", "--config", cfg, "--batches", "50", "--progress", "false"])
+    assert code == 0, err[-3000:]
     assert "storage-bound: " in out, out
     assert "set `shuffle.clump_rows` to 64 or more" in out
 
 
 def test_profile_command_line_overrides_and_workers(tmp_path, uri):
     cfg = _config(tmp_path, uri)
-    code, out, err = _run(["profile", "--config", cfg, "--data.num_workers=1", "--data.batch_size=8",
+    code, out, err = run_cli(["profile", "--config", cfg, "--data.num_workers=1", "--data.batch_size=8",
                            "--batches", "20", "--progress", "false"])
-    assert code is None, err[-3000:]
+    assert code == 0, err[-3000:]
     assert out.startswith("Loader-only profile of the train split (1 workers, 2 reader threads, batch_size 8): "
                           "20 batches, 160 rows")
     assert "worker output" in out and "workers (transfer)" in out and "(per worker)" in out
@@ -115,13 +101,13 @@ def test_profile_command_line_overrides_and_workers(tmp_path, uri):
 
 def test_profile_errors_name_the_problem(tmp_path, uri):
     cfg = _config(tmp_path, uri)
-    code, _, err = _run(["profile", "--config", cfg, "--split", "val"])
+    code, _, err = run_cli(["profile", "--config", cfg, "--split", "val"])
     assert code == 2
     assert "lance-lightning profile: error: `val`=None: the config has no val split to profile" in err
-    code, _, err = _run(["profile", "--config", cfg, "--batches", "0"])
+    code, _, err = run_cli(["profile", "--config", cfg, "--batches", "0"])
     assert code == 2 and "`batches`=0: must be an integer >= 1" in err
-    code, _, err = _run(["profile", "--config", cfg, "--data.batch_sise=3"])
-    assert code not in (0, None) and "batch_sise" in err
+    code, _, err = run_cli(["profile", "--config", cfg, "--data.batch_sise=3"])
+    assert code != 0 and "batch_sise" in err
 
 
 def test_profile_the_quickstart_config(tmp_path, monkeypatch):
@@ -129,9 +115,9 @@ def test_profile_the_quickstart_config(tmp_path, monkeypatch):
 
     digits = prepare(str(tmp_path / "digits.lance"))
     monkeypatch.chdir(REPO_ROOT)  # examples.digits resolves from the working directory
-    code, out, err = _run(["profile", "--config", str(QUICKSTART), f"--data.train.uri={digits}",
+    code, out, err = run_cli(["profile", "--config", str(QUICKSTART), f"--data.train.uri={digits}",
                            f"--data.val.uri={digits}", "--batches", "30", "--progress", "false"])
-    assert code is None, err[-3000:]
+    assert code == 0, err[-3000:]
     assert out.startswith("Loader-only profile of the train split (0 workers, 2 reader threads, batch_size 64): "
                           "30 batches, 1,920 rows")
     assert "decode/transform" in out and "batches ready when asked" in out  # DecodeImage runs per batch

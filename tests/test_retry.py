@@ -14,7 +14,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import boto3
 import lance
@@ -32,21 +31,13 @@ ROWS = 2000
 FAST_FAIL = {"client_max_retries": "0", "timeout": "300ms", "connect_timeout": "300ms"}
 
 
-def _server() -> S3Server:
-    server = S3Server()
-    server.start()
-    server.create_bucket("data")
-    return server
-
-
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    server = _server()
-    try:
-        yield server
-    finally:
-        _resume(server)
-        server.stop()
+    with S3Server.serving("data") as server:
+        try:
+            yield server
+        finally:
+            _resume(server)  # a test may leave it frozen: stop() must reach a live process
 
 
 def _options(server: S3Server) -> dict[str, str]:
@@ -190,12 +181,9 @@ def test_scan_on_paused_server_is_retried(s3: S3Server, s3_uri: str) -> None:
 @pytest.fixture
 def dead_store() -> Iterator[tuple[str, lance.LanceDataset]]:
     """A dataset handle whose server was stopped for good: every connection is refused."""
-    server = _server()
-    try:
+    with S3Server.serving("data") as server:
         uri = _write(server, "gone", rows=600)
         dataset = lance.dataset(uri, storage_options=_options(server))
-    finally:
-        server.stop()
     yield uri, dataset
 
 
