@@ -86,7 +86,7 @@ class PlanReader:
         rows = 0
         for step in steps:
             group.append(step)
-            rows += len(self.layout.batch_rows(self.rank, step))
+            rows += self.layout.batch_len(self.rank, step)
             if rows >= self.group_rows:
                 yield self.specs(group)
                 group, rows = [], 0

@@ -202,6 +202,14 @@ def test_tail_step_is_split_evenly(layout: Layout) -> None:
 
 
 @PURE
+@given(layouts())
+def test_batch_len_is_the_length_of_batch_rows(layout: Layout) -> None:
+    for rank in range(layout.world_size):
+        for step in range(layout.steps):
+            assert layout.batch_len(rank, step) == len(layout.batch_rows(rank, step))
+
+
+@PURE
 @given(layout=layouts(), workers=st.integers(0, 6))
 def test_worker_steps_partition_the_rank_steps(layout: Layout, workers: int) -> None:
     K = max(1, workers)

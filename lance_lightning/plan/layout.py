@@ -76,6 +76,10 @@ class Layout:
             return np.array([base + rank % self.tail_rows], dtype=np.int64)
         return np.arange(first, first + size, dtype=np.int64)
 
+    def batch_len(self, rank: int, step: int) -> int:
+        """``len(self.batch_rows(rank, step))``, without building the positions of a full step."""
+        return self.batch_size if 0 <= step < self.full_steps else len(self.batch_rows(rank, step))
+
     def worker_steps(self, worker: int, num_workers: int) -> range:
         """The rank's batch indices produced by DataLoader worker ``worker`` of ``num_workers``."""
         return range(worker, self.steps, max(1, num_workers))

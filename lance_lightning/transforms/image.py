@@ -9,7 +9,8 @@ partially decoded batch: a row that cannot be decoded raises
 checks happen in ``__init__``, so a bad configuration fails before any data is
 read.
 
-Batched, not per row: the column's bytes are joined into one buffer, the whole
+Batched, not per row: the column's bytes are one buffer (a converted binary
+column already is; a list of bytes is joined once), the whole
 batch is decoded and stacked by one compiled loop that releases the GIL once for
 the batch, not once per image (so the transform scales over the reader
 threads), resizing runs once per group of same-shaped images, and normalising
