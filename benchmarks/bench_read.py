@@ -233,8 +233,8 @@ def run(args: argparse.Namespace) -> list[Row]:
     _, loader = train_loader(uri, BATCH, ShardShuffle(shard_rows=1024))
     bench.compare(f"ShardShuffle(shard_rows=1024) B={BATCH}", iterate(loader), f"raw scan + to_torch_batch B={BATCH}",
                   scan256, None, "small shards mix more but read slower: a read group of 16 ranges of 1024 rows "
-                  "costs Lance about 3x one 16k-row range (9.7 vs 3.2 ms measured), so this row moves between 0.7 "
-                  "and 1.2 from run to run")
+                  "costs Lance more than one 16k-row range (`python benchmarks/probe_ranges.py`), and this row "
+                  "moves between 0.6 and 1.2 from run to run")
     dm, loader = train_loader(uri, BATCH, BufferShuffle())
     bench.compare(f"BufferShuffle() B={BATCH}", iterate(loader), f"raw scan + to_torch_batch B={BATCH}",
                   scan256, None, "the price of shuffling: a sequential scan reads no shards and permutes nothing")

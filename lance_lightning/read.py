@@ -117,8 +117,8 @@ def group_rows(plan: ReadPlan) -> int:
     unit = strategy.unit_rows(plan.matched_rows)
     batches = unit // plan.batch_size
     if strategy.permute_units and rows // 4 <= unit and unit % plan.batch_size == 0:
-        # Groups that tile the shards are single ranges (offset/limit scans), faster per row than
-        # one scan of two shards' rows (4.2 vs 3.2 ms per 16k rows of the 1M-row vector table).
+        # Groups that tile the shards are single ranges (offset/limit scans), 15-30% faster per
+        # row than one scan of two shards' rows (benchmarks/probe_ranges.py).
         # After the epoch's short shard, if any, batches straddle shards and so do groups.
         pieces = next(p for p in range(-(-unit // rows), batches + 1) if batches % p == 0)
         return unit // pieces
