@@ -290,8 +290,8 @@ def scan_or_take(t: Tuning, uri: str) -> None:
 
 def monitor(t: Tuning, uri: str, work: Path) -> None:
     runs = fit_runs(uri, COLUMNS, work / "logs")
-    fits, _ = fit_rates({kind: runs[kind] for kind in ("monitor", "none")}, 3 * t.reps)  # short, noisy fits
-    result = fits["monitor"]
+    fits, _ = fit_rates({kind: runs[kind] for kind in ("trivial/monitor", "trivial/none")}, 3 * t.reps)  # short, noisy
+    result = fits["trivial/monitor"]
     t.raw.append("- [10] fit rows/s (monitor / none): " + ", ".join(f"{c:,.0f} / {b:,.0f}" for c, b in result.raw))
     t.add(Figure(10, "Trainer.fit with DataLoadingMonitor, metrics on: step time",
                  f"{1e3 * BATCH / result.rows_per_s:.3f} ms", "no monitor, metrics off",

@@ -3,8 +3,11 @@
 Backs the read-group sizing in ``lance_lightning/read.py`` (`group_rows`): for 16,384 rows made
 of shards of 1024 or 8192 rows in random order, it times the scan restricted to those rows (what
 a group spanning several shards costs), one offset/limit scanner per shard, a ``take``, and one
-offset/limit scan of a single 16,384-row range (what a group inside one shard costs). Prints the
-median of 30 calls of each; not part of ``run_all.py`` (it measures Lance, not the loader).
+offset/limit scan of a single 16,384-row range (what a group inside one shard costs); then one
+range of 8,192 and of 16,384 rows in 1024-row Arrow batches and in the batches `read_batch_rows`
+picks (two calls of 8,192 rows minus one of 16,384 is what a call costs on top of its rows).
+Prints the median of 30 calls of each; not part of ``run_all.py`` (it measures Lance, not the
+loader).
 
 Usage (from the repository root, under the machine's benchmark lock)::
 
@@ -29,7 +32,7 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402
 from lance_lightning import LanceSource  # noqa: E402
-from lance_lightning.read import read_positions  # noqa: E402
+from lance_lightning.read import read_batch_rows, read_positions, read_ranges  # noqa: E402
 from lance_lightning.source import pin_source  # noqa: E402
 
 COLUMNS = ["id", "label", "vec"]
@@ -46,24 +49,45 @@ def median_ms(fn: Callable[[], object], calls: int = 30) -> float:
     return 1e3 * statistics.median(times)
 
 
+def interleaved_median_ms(fns: dict, rounds: int = 60) -> dict:
+    """Median ms of each of ``fns``, called in turn ``rounds`` times (slow drifts hit all alike)."""
+    times: dict = {key: [] for key in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            started = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - started)
+    return {key: 1e3 * statistics.median(values) for key, values in times.items()}
+
+
 def main() -> int:
     common.steady_allocator()
     uri = common.vec_dataset(common.DEFAULT_CACHE, 1_000_000)
     dataset = lance.dataset(uri)
     source = pin_source(LanceSource(uri, columns=COLUMNS), "probe")
     rng = np.random.default_rng(0)
-    print(f"command: {common.command_line()}\nmachine: {common.machine()}\n{uri}, columns {COLUMNS}")
+    sample = dataset.scanner(columns=COLUMNS, limit=64).to_table()
+    batch_rows = read_batch_rows(sample.nbytes // sample.num_rows)
+    print(f"command: {common.command_line()}\nmachine: {common.machine()}\n{uri}, columns {COLUMNS}, "
+          f"{batch_rows}-row Arrow batches")
     for shard in (1024, 8192):
         starts = np.sort(rng.choice(1_000_000 // shard - 1, GROUP_ROWS // shard, replace=False)) * shard
         positions = np.concatenate([np.arange(s, s + shard) for s in starts])
         print(f"{GROUP_ROWS} rows as {len(starts)} shards of {shard}:")
-        print(f"  one scan restricted to the rows (allowlist): {median_ms(lambda: read_positions(source, positions, True)):.2f} ms")
+        print(f"  one scan restricted to the rows (allowlist): {median_ms(lambda: read_positions(source, positions, True, batch_rows=batch_rows)):.2f} ms")
         print(f"  one offset/limit scanner per shard:          "
-              f"{median_ms(lambda: [dataset.scanner(columns=COLUMNS, offset=int(s), limit=shard, batch_size=1024).to_table() for s in starts]):.2f} ms")
+              f"{median_ms(lambda: [dataset.scanner(columns=COLUMNS, offset=int(s), limit=shard, batch_size=batch_rows).to_table() for s in starts]):.2f} ms")
         print(f"  take:                                        "
               f"{median_ms(lambda: dataset.take(positions, columns=COLUMNS)):.2f} ms")
-    single = np.arange(100_000, 100_000 + GROUP_ROWS)
-    print(f"{GROUP_ROWS} rows as one range (offset/limit): {median_ms(lambda: read_positions(source, single, True)):.2f} ms")
+    print(f"{GROUP_ROWS} rows as one range (offset/limit): {median_ms(lambda: read_ranges(source, [(100_000, GROUP_ROWS)], batch_rows=batch_rows)):.2f} ms")
+    print("one range by its rows and Arrow batch rows (what a Lance call costs on top of its rows), "
+          "the four calls interleaved:")
+    calls = {(rows, size): (lambda rows=rows, size=size: read_ranges(source, [(300_000, rows)], batch_rows=size))
+             for rows in (GROUP_ROWS // 2, GROUP_ROWS) for size in (1024, batch_rows)}
+    for (rows, size), ms in interleaved_median_ms(calls).items():
+        print(f"  {rows} rows in {size}-row batches: {ms:.2f} ms")
     return 0
 
 

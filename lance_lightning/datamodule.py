@@ -78,7 +78,7 @@ class LanceDataModule(pl.LightningDataModule):
             threads, the fastest choice unless the transform is heavy Python.
         reader_threads: Threads per process reading, converting and transforming batches; 0 does it
             all on the training loop's thread (no prefetch). Default ``min(4, os.cpu_count())``.
-        prefetch_groups: Read groups (about 16k rows, or 4 batches for takes) prepared ahead.
+        prefetch_groups: Read groups (about 8 MiB and at most 16k rows; at most 16 batches for takes) prepared ahead.
         prefetch_batches: Transformed batches prepared ahead, per process. Memory bound per
             process: ``prefetch_groups`` groups of raw rows + ``prefetch_batches`` finished batches
             (+ ``prefetch_factor`` batches per worker process in the DataLoader queue).
@@ -145,7 +145,7 @@ class LanceDataModule(pl.LightningDataModule):
             raise ConfigError("pin_memory", pin_memory, "must be true, false or null (auto)", "set pin_memory: null")
         for split, source in self.sources.items():
             if source is not None and not isinstance(source, LanceSource):
-                raise ConfigError(split, source, "is not a LanceSource", f"pass LanceSource(uri=...) or a mapping in YAML")
+                raise ConfigError(split, source, "is not a LanceSource", "pass LanceSource(uri=...) or a mapping in YAML")
         if multiprocessing_context not in ("forkserver", "spawn", "fork"):
             raise ConfigError("multiprocessing_context", multiprocessing_context, "unknown start method",
                               'use "forkserver" or "spawn"')

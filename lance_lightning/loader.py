@@ -51,6 +51,17 @@ def _queue_size(queue: Any) -> int:
         return 0
 
 
+def _polling_workers(batches: Iterator[Batch], queue: Any, meter: LoaderMeter) -> Iterator[Batch]:
+    """``batches``, recording before each one how many the workers had finished and not yet sent."""
+    while True:
+        meter.workers_ready(_queue_size(queue))
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        yield batch
+
+
 class LanceDataLoader(DataLoader):
     """A DataLoader over a `LanceIterableDataset` with an exact length and a resumable cursor.
 
@@ -115,27 +126,24 @@ class LanceDataLoader(DataLoader):
         self._own_epoch = epoch + 1
 
     def _measured_iter(self) -> Iterator[Batch]:
-        meter, clock, now = self.meter, self.dataset.clock, time.perf_counter
+        meter, clock, on_yield, now = self.meter, self.dataset.clock, self.cursor.on_yield, time.perf_counter
         asked = now()
         meter.start_iteration(asked)
         raw = self._batches()  # starts the workers on the first epoch: part of the first wait
         queue = getattr(raw, "_data_queue", None) if self.num_workers > 0 else None
-        iterator = guard_workers(raw)
-        while True:
-            if queue is not None:
-                meter.workers_ready(_queue_size(queue))
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
+        batches = guard_workers(raw)
+        if queue is not None:
+            batches = _polling_workers(batches, queue, meter)
+        for batch in batches:
+            got = now()
             shipped = batch.pop(STATS_KEY, None)
             if shipped:
                 clock.merge(shipped)
-            self.cursor.on_yield()
-            meter.delivered(batch, asked, now())
+            on_yield()
+            meter.delivered(batch, asked, got)
             yield batch
             asked = now()
-            meter.resume(asked)
+        meter.resume(asked)  # the epoch's last step ended when the consumer asked for more
 
     def _batches(self) -> Iterator[Batch]:
         """The dataset's batches: through torch's iterator with workers or pinning, else straight

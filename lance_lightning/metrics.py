@@ -241,11 +241,16 @@ class LoaderMeter:
         self._first = True
 
     def resume(self, now: float) -> None:
+        """The consumer asked for the next batch at ``now``: the step holding the last one ended."""
         if self._holding:
             self.step_s += now - self._last_yield
             self._holding = False
 
     def delivered(self, batch: Any, asked: float, now: float) -> None:
+        """``batch`` reached the consumer at ``now``; it was asked for at ``asked`` (which also ends
+        the previous step, as `resume` would)."""
+        if self._holding:
+            self.step_s += asked - self._last_yield
         waited = now - asked
         if self._first:
             self._first = False

@@ -6,8 +6,9 @@ Guarantees:
 - Consecutive batches are read together in groups (``PlanReader.groups``): about
   ``GROUP_BYTES`` of rows for scan plans (never fewer rows than one batch or, for a buffer
   shuffle, than one buffer window; a whole number of groups per shard when shards are large),
-  four batches for take plans. A group is one Lance call
-  whatever its positions: a scan restricted to the wanted rows (``row_addr_allowlist``), so a
+  at most 16 batches for take plans. A scan group of one or two ranges of consecutive rows is one
+  offset/limit scan per range, read in the group's order; a group of more ranges is one call
+  whatever its positions, a scan restricted to the wanted rows (``row_addr_allowlist``), so a
   group of many short ranges (small shards) costs one call, not one per range.
 - Reads only touch the pinned dataset version, with only the planned columns.
 - Each read is retried through transient storage errors (`lance_lightning.retry.RetryPolicy`);
@@ -36,11 +37,17 @@ from lance_lightning.source import PinnedSource
 GROUP_BYTES = 8 << 20
 #: ... and at most this many rows (unless a buffer window is larger).
 MAX_GROUP_ROWS = 16384
-#: A take plan's read group holds this many batches (random rows read slowly: keep groups short).
-TAKE_GROUP_BATCHES = 4
-#: Rows per Arrow batch inside a read: Lance decodes wide binary columns several times slower
-#: per row in its default 8192-row batches.
-READ_BATCH_ROWS = 1024
+#: A take plan's read group holds this many batches (and at most ``GROUP_BYTES``): a Lance call
+#: has a fixed cost, which 4-batch groups of 64-row clumps paid every 1024 rows (a same-process
+#: A/B of RowShuffle(clump_rows=64): 1.6x the rows/s with 16-batch groups).
+TAKE_GROUP_BATCHES = 16
+#: Arrow batches inside a read hold about this many bytes (a power of two of rows, see
+#: `read_batch_rows`): Lance decodes wide binary columns several times slower per row in its
+#: default 8192-row batches, and narrow rows (a 128-float vector) 25% slower in 1024-row ones.
+READ_BATCH_BYTES = 2 << 20
+#: A scan read of at most this many ranges of consecutive rows is one offset/limit scan per range,
+#: in the group's order (no sort, no allowlist); more ranges are one scan restricted to the rows.
+MAX_RANGE_SCANS = 2
 #: A batch made of at most this many contiguous pieces of its group is sliced; else gathered.
 MAX_SLICED_PIECES = 4
 
@@ -94,11 +101,18 @@ class PlanReader:
             yield self.specs(group)
 
     def read_group(self, group: list[BatchSpec]) -> list[tuple[int, pa.Table]]:
-        """Read every batch of ``group`` with one Lance call, then cut the batches out of it."""
+        """Read every batch of ``group`` with one Lance call (or one per range, see
+        `MAX_RANGE_SCANS`), then cut the batches out of it."""
         positions = np.concatenate([spec.positions for spec in group])
-        wanted, index = storage_index(positions)
-        table = read_positions(self.plan.source, wanted, scan_mode=self.plan.method == "scan", retry=self.retry)
         bounds = np.cumsum([0, *(len(spec.positions) for spec in group)])
+        batch_rows = read_batch_rows(self.plan.row_bytes)
+        ranges = contiguous_ranges(positions, MAX_RANGE_SCANS) if self.plan.method == "scan" else None
+        if ranges is not None:
+            table, index = read_ranges(self.plan.source, ranges, self.retry, batch_rows), None
+        else:
+            wanted, index = storage_index(positions)
+            table = read_positions(self.plan.source, wanted, scan_mode=self.plan.method == "scan",
+                                   retry=self.retry, batch_rows=batch_rows)
         if index is not None and scattered(index, bounds):
             # A shuffle buffer: one gather puts the whole group in planned order.
             table, index = table.take(index), None
@@ -108,21 +122,37 @@ class PlanReader:
 
 def group_rows(plan: ReadPlan) -> int:
     """Rows per read group of ``plan`` (see the module docstring)."""
-    if plan.method == "take":
-        return min(MAX_GROUP_ROWS, TAKE_GROUP_BATCHES * plan.batch_size)
     rows = min(MAX_GROUP_ROWS, max(plan.batch_size, GROUP_BYTES // max(1, plan.row_bytes)))
+    if plan.method == "take":
+        return min(rows, TAKE_GROUP_BATCHES * plan.batch_size)
     strategy = plan.strategy
     if strategy.window_rows:
         return max(rows, strategy.window_rows)
     unit = strategy.unit_rows(plan.matched_rows)
     batches = unit // plan.batch_size
     if strategy.permute_units and rows // 4 <= unit and unit % plan.batch_size == 0:
-        # Groups that tile the shards are single ranges (offset/limit scans), 15-30% faster per
-        # row than one scan of two shards' rows (benchmarks/probe_ranges.py).
-        # After the epoch's short shard, if any, batches straddle shards and so do groups.
+        # Groups that tile the shards are single ranges: one offset/limit scan each.
+        # A short shard comes last (`EpochOrder`), so batches before it never straddle shards.
         pieces = next(p for p in range(-(-unit // rows), batches + 1) if batches % p == 0)
         return unit // pieces
     return rows
+
+
+def read_batch_rows(row_bytes: int) -> int:
+    """Rows per Arrow batch of a read: the power of two nearest `READ_BATCH_BYTES` of rows,
+    between 64 and 8192."""
+    rows = READ_BATCH_BYTES / max(1, row_bytes)
+    return int(min(8192, max(64, 2 ** round(np.log2(rows)))))
+
+
+def contiguous_ranges(positions: np.ndarray, most: int) -> list[tuple[int, int]] | None:
+    """``positions`` as ``(first, rows)`` runs of consecutive positions, in their order; ``None``
+    when there are more than ``most`` runs."""
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    if len(positions) == 0 or len(breaks) >= most:
+        return None
+    starts = [0, *breaks.tolist(), len(positions)]
+    return [(int(positions[a]), b - a) for a, b in zip(starts[:-1], starts[1:])]
 
 
 def storage_index(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -160,28 +190,43 @@ def cut(table: pa.Table, index: np.ndarray | None, first: int, end: int) -> pa.T
     return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
 
 
-def read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool,
-                   retry: RetryPolicy = DEFAULT_POLICY) -> pa.Table:
-    """Rows at the sorted, unique ``positions`` of the pinned version, in that order (retried).
-
-    One Lance call: with ``scan_mode``, an offset/limit scan of a single range, or else a scan
-    restricted to those rows (it reads many ranges at scan speed); otherwise a ``take`` (cheapest
-    for scattered rows).
-    """
-    what = describe_rows(positions, "scan" if scan_mode else "take", source.columns)
-    return retry.call(lambda: _read_positions(source, positions, scan_mode), what=what, uri=source.uri,
+def read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], retry: RetryPolicy = DEFAULT_POLICY,
+                batch_rows: int = 1024) -> pa.Table:
+    """The rows of ``ranges`` (``(first, rows)`` each) of the pinned version, in that order
+    (retried): one offset/limit scan per range."""
+    positions = np.concatenate([np.arange(first, first + rows) for first, rows in ranges]) if ranges else []
+    what = describe_rows(positions, "scan", source.columns)
+    return retry.call(lambda: _read_ranges(source, ranges, batch_rows), what=what, uri=source.uri,
                       version=source.version)
 
 
-def _read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool) -> pa.Table:
+def read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool,
+                   retry: RetryPolicy = DEFAULT_POLICY, batch_rows: int = 1024) -> pa.Table:
+    """Rows at the sorted, unique ``positions`` of the pinned version, in that order (retried).
+
+    One Lance call: with ``scan_mode``, a scan restricted to those rows (it reads many ranges at
+    scan speed); otherwise a ``take`` (cheapest for scattered rows).
+    """
+    what = describe_rows(positions, "scan" if scan_mode else "take", source.columns)
+    return retry.call(lambda: _read_positions(source, positions, scan_mode, batch_rows), what=what, uri=source.uri,
+                      version=source.version)
+
+
+def _read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], batch_rows: int) -> pa.Table:
     dataset = source.open()
     columns = list(source.columns)
-    if scan_mode and len(positions) and positions[-1] - positions[0] == len(positions) - 1:  # one range
-        table = dataset.scanner(columns=columns, offset=int(positions[0]), limit=len(positions),
-                                batch_size=READ_BATCH_ROWS).to_table()
-    elif scan_mode:
+    tables = [dataset.scanner(columns=columns, offset=first, limit=rows, batch_size=batch_rows).to_table()
+              for first, rows in ranges]
+    record_io(dataset)
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+
+def _read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool, batch_rows: int) -> pa.Table:
+    dataset = source.open()
+    columns = list(source.columns)
+    if scan_mode:
         allow = serialize_row_addrs(row_ids(source, dataset, positions).tolist())
-        table = dataset.scanner(columns=columns, row_addr_allowlist=allow, batch_size=READ_BATCH_ROWS,
+        table = dataset.scanner(columns=columns, row_addr_allowlist=allow, batch_size=batch_rows,
                                 scan_in_order=True).to_table()
     else:
         table = dataset.take(positions, columns=columns)

@@ -70,9 +70,11 @@ class ShardShuffle(ShuffleStrategy):
 
     Shard size is independent of Lance fragment size: shards are offset/limit ranges. Rows inside a
     shard come in storage order unless ``shuffle_within_shard`` is set. Reads run at scan speed.
-    Batches are not mixed: with shards of at least the batch size every batch comes from one or two
-    shards (on label-sorted data, 0.15–0.2 of a perfect shuffle's per-batch label entropy). Use
-    `BufferShuffle` or `RowShuffle` when batches must mix.
+    Batches are not mixed: with shards of a multiple of the batch size every batch comes from one
+    shard (on label-sorted data, the per-batch label entropy of storage order: 0.145 of a perfect
+    shuffle's). A short last shard comes at the end of each epoch, and shard boundaries move by a
+    per-epoch offset (see `lance_lightning.plan.order`). Use `BufferShuffle` or `RowShuffle` when
+    batches must mix.
 
     Args:
         shard_rows: Rows per shard. The default 8192 reads at scan speed; smaller shards mix

@@ -170,7 +170,7 @@ def test_report_after_fit_covers_the_whole_fit(logged_fit, capsys):
 
 # -- the report names the bottleneck ----------------------------------------------------------------
 def test_slow_transform_makes_the_report_name_decoding(tmp_path, small_uri, capsys):
-    # Row shuffle: takes read groups of 4 batches, so the slow decode runs all epoch long (a scan
+    # Row shuffle: takes read groups of at most 16 batches, so the slow decode runs all epoch long (a scan
     # would read and decode this small epoch as one group, all before the first batch).
     dm = LanceDataModule(train=LanceSource(small_uri, columns=["id", "x"]), batch_size=8, shuffle=RowShuffle(seed=0),
                          transform=SlowTransform(0.03), reader_threads=2)
@@ -243,15 +243,16 @@ def test_metrics_off_measures_nothing_and_yields_the_same_batches(small_uri):
     assert fig["prefetch_slots"] == 2 and fig["prefetch_ready"] <= 2  # read groups, prefetch_groups=2
 
 
-def test_figures_measured_in_worker_processes_reach_the_main_process(small_uri):
-    loader = _loader(small_uri, shuffle=RowShuffle(seed=1), num_workers=1)
+def test_figures_measured_in_worker_processes_reach_the_main_process(dataset_uri):
+    # 1000 rows: several read groups per epoch, so the worker's read-ahead is polled with some ready.
+    loader = _loader(dataset_uri, shuffle=RowShuffle(seed=1), num_workers=1)
     try:
         for _ in range(2):
-            assert sum(len(batch["id"]) for batch in loader) == 96
+            assert sum(len(batch["id"]) for batch in loader) == 1000
         fig = figures(loader.metrics_snapshot())
     finally:
         loader._iterator._shutdown_workers()
-    assert fig["epochs"] == 2 and fig["batches"] == 24
+    assert fig["epochs"] == 2 and fig["batches"] == 250
     for key in ("io_bytes", "io_requests", "io_wait_s", "convert_s", "prefetch_ready", "first_batch_s"):
         assert fig[key] > 0, key  # measured in the worker, shipped with the batches
     text = format_report([fig], loader.describe())

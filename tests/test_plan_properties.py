@@ -33,7 +33,7 @@ from lance_lightning import (
     ShuffleStrategy,
 )
 from lance_lightning.plan import EpochOrder, Layout, build_plan
-from lance_lightning.read import PlanReader
+from lance_lightning.read import MAX_RANGE_SCANS, PlanReader, contiguous_ranges, read_batch_rows
 from lance_lightning.source import pin_source
 from tests.helpers import VEC_DIM, write_dataset
 
@@ -129,14 +129,28 @@ def test_seeds_differ(matched: int, strategy: ShuffleStrategy, epoch: int) -> No
 
 @PURE
 @given(matched=st.integers(1, 2000), shard=st.integers(1, 300), seed=seeds, epoch=st.integers(0, 100))
-def test_shard_shuffle_keeps_shards_contiguous(matched: int, shard: int, seed: int, epoch: int) -> None:
-    """Without shuffle_within_shard every shard is read as one contiguous, ascending range."""
+def test_shard_shuffle_keeps_shards_contiguous_and_the_short_shard_last(matched: int, shard: int, seed: int,
+                                                                        epoch: int) -> None:
+    """Without shuffle_within_shard every shard is one ascending run of consecutive rows (modulo
+    the row count: one shard may cross the end of the rows), and a short shard comes last, so no
+    batch before it straddles two shards."""
     order = full_order(matched, ShardShuffle(shard, seed), epoch)
-    position = np.empty(matched, np.int64)
-    position[order] = np.arange(matched)
-    for first in range(0, matched, shard):
-        where = position[first:first + shard]
-        assert np.array_equal(where, np.arange(where[0], where[0] + len(where)))
+    unit = min(shard, matched)
+    for first in range(0, matched, unit):
+        rows = order[first:first + unit]
+        assert np.array_equal(rows, (rows[0] + np.arange(len(rows))) % matched)
+    assert len(order[(matched // unit) * unit:]) == matched % unit  # the short shard fills the end
+
+
+@PURE
+@given(matched=st.integers(2, 2000), shard=st.integers(2, 300), seed=seeds)
+def test_short_shard_rows_change_from_epoch_to_epoch(matched: int, shard: int, seed: int) -> None:
+    """Shard boundaries rotate per epoch, so the short shard (and the tail drop_last skips) is not
+    the same rows every epoch."""
+    assume(matched % shard and matched > shard)
+    short = [frozenset(full_order(matched, ShardShuffle(shard, seed), epoch)[-(matched % shard):].tolist())
+             for epoch in range(12)]
+    assert len(set(short)) > 1
 
 
 # -- pure layer: Layout ----------------------------------------------------------------------
@@ -481,6 +495,7 @@ def test_real_dataloader_workers_keep_the_planned_order(uri: str, flt: Filter, s
                                                         drop_last: bool) -> None:
     plan = make_plan(uri, flt, strategy, "auto", batch_size, drop_last, world)
     ids = matched_ids(flt)
+    previous: list[int] = []
     for epoch in (0, 1):
         in_process = [read_rank(plan, world, r, epoch, threads=0) for r in range(world)]
         assert [len(b) for b in in_process] == [plan.layout(world).steps] * world
@@ -528,8 +543,9 @@ def test_plain_torch_dataloader_with_forkserver_workers(uri: str) -> None:
 
 def test_read_groups_tile_large_shards(tmp_path) -> None:
     """With shards of at least a quarter of a read group, each group is one range inside one
-    shard (read by one offset/limit scan, not a scan of several ranges). Here every shard is
-    whole; after an epoch's short shard, batches (and so groups) straddle two shards."""
+    shard (read by one offset/limit scan, not a scan of several ranges). With a short shard (it
+    comes last), at most two groups per epoch are two ranges, read by two range scans in the
+    planned order (no allowlist scan, no sort)."""
     uri = write_dataset(tmp_path / "big.lance", 40_960, fragment_rows=15_000, label_classes=LABELS)
     source = pin_source(LanceSource(uri, columns=["id", "label", "x", "vec"]), "train")
     plan = build_plan("train", source, ShardShuffle(shard_rows=8192, seed=3), FilterRead(), 256, False, 1)
@@ -540,3 +556,40 @@ def test_read_groups_tile_large_shards(tmp_path) -> None:
         assert np.array_equal(positions, np.arange(positions[0], positions[0] + len(positions)))
         assert positions[0] // 8192 == positions[-1] // 8192  # inside one shard
     assert sorted(np.concatenate([s.positions for g in groups for s in g]).tolist()) == list(range(40_960))
+
+    short = write_dataset(tmp_path / "short.lance", 40_960 + 64, fragment_rows=15_000, label_classes=LABELS)
+    source = pin_source(LanceSource(short, columns=["id", "label", "x", "vec"]), "train")
+    plan = build_plan("train", source, ShardShuffle(shard_rows=8192, seed=3), FilterRead(), 256, False, 1)
+    for epoch in range(3):
+        reader = PlanReader(plan, epoch=epoch, world_size=1, rank=0, start=0)
+        wrapping = 0
+        for group in reader.groups(range(reader.layout.steps)):
+            positions = np.concatenate([spec.positions for spec in group])
+            ranges = contiguous_ranges(positions, MAX_RANGE_SCANS)
+            assert ranges is not None  # one range, or two: the shard crossing the end of the rows
+            wrapping += len(ranges) == 2
+            ids = [i for _, table in reader.read_group(group) for i in table.column("id").to_pylist()]
+            assert ids == positions.tolist()
+        assert wrapping <= 2  # the short shard, and the shard that crosses the end of the rows
+
+
+@PURE
+@given(runs=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 40)), min_size=1, max_size=6),
+       most=st.integers(1, 4))
+def test_contiguous_ranges_rebuild_the_positions(runs: list[tuple[int, int]], most: int) -> None:
+    positions = np.concatenate([np.arange(first, first + rows) for first, rows in runs])
+    true_runs = 1 + int(np.count_nonzero(np.diff(positions) != 1))
+    ranges = contiguous_ranges(positions, most)
+    if true_runs > most:
+        assert ranges is None
+    else:
+        assert ranges is not None and len(ranges) == true_runs
+        rebuilt = np.concatenate([np.arange(first, first + rows) for first, rows in ranges])
+        assert np.array_equal(rebuilt, positions)
+
+
+def test_read_batch_rows_hold_about_two_mib() -> None:
+    assert read_batch_rows(528) == 4096  # id, label and a 128-float vector
+    assert read_batch_rows(2506) == 1024  # a 64x64 JPEG
+    assert read_batch_rows(10 << 20) == 64  # never fewer rows
+    assert read_batch_rows(8) == 8192  # never more

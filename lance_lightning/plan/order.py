@@ -5,6 +5,12 @@ Guarantees:
   (strategy, seed, epoch): each matching row appears exactly once per epoch.
 - The order depends only on (matched rows, strategy, seed, epoch): never on ranks, workers,
   batch size, or where a resumed run starts, so any position can be computed directly (O(1) seek).
+- When units are permuted and the last unit is short, it comes last in every epoch, so no batch
+  before it straddles two units (a straddling batch costs a second Lance call per group). Unit
+  boundaries are then shifted by a per-epoch offset (row ``i`` of the rotated sequence of rows is
+  row ``(i + offset) % matched_rows``), so which rows form the short unit, and the tail that
+  ``drop_last`` skips, change from epoch to epoch; the one unit that crosses the end of the rows
+  is two ranges.
 - Pure: no I/O. Memory is one permutation of the units (shards or clumps), plus small caches.
 """
 
@@ -16,7 +22,7 @@ import numpy as np
 
 from lance_lightning.strategies import ShuffleStrategy
 
-_UNITS, _WITHIN_UNIT, _WINDOW = 1, 2, 3
+_UNITS, _WITHIN_UNIT, _WINDOW, _ROTATION = 1, 2, 3, 4
 _CACHE_SIZE = 64
 
 
@@ -42,12 +48,14 @@ class EpochOrder:
         self._unit = min(strategy.unit_rows(matched_rows), matched_rows)
         self._units = -(-matched_rows // self._unit)
         self._short = matched_rows - (self._units - 1) * self._unit
-        if strategy.permute_units:
+        self._order: np.ndarray | None = None
+        self._rotation = 0
+        if strategy.permute_units and self._short < self._unit:
+            full = seeded_rng(strategy.seed, epoch, _UNITS).permutation(self._units - 1)
+            self._order = np.append(full, self._units - 1)
+            self._rotation = int(seeded_rng(strategy.seed, epoch, _ROTATION).integers(self._unit))
+        elif strategy.permute_units:
             self._order = seeded_rng(strategy.seed, epoch, _UNITS).permutation(self._units)
-            self._short_slot = int(np.flatnonzero(self._order == self._units - 1)[0])
-        else:
-            self._order = None
-            self._short_slot = self._units - 1
         self._cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
 
     @property
@@ -63,18 +71,12 @@ class EpochOrder:
         seq = np.asarray(seq, dtype=np.int64)
         if self._strategy.window_rows:
             seq = self._unwindow(seq, self._strategy.window_rows)
-        slot, offset = self._slot_and_offset(seq)
+        slot, offset = seq // self._unit, seq % self._unit  # the short unit, if any, is the last slot
         unit = self._order[slot] if self._order is not None else slot
         if self._strategy.shuffle_within_unit:
             offset = self._permute_within(unit, offset, _WITHIN_UNIT, self._unit)
-        return unit * self._unit + offset
-
-    def _slot_and_offset(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # The short unit sits at slot `p`; positions after it are shifted by its missing rows.
-        unit, p, short = self._unit, self._short_slot, self._short
-        after = seq >= p * unit + short
-        shifted = np.where(after, seq + (unit - short), seq)
-        return shifted // unit, shifted % unit
+        rows = unit * self._unit + offset
+        return (rows + self._rotation) % self.matched_rows if self._rotation else rows
 
     def _unwindow(self, seq: np.ndarray, window: int) -> np.ndarray:
         win, offset = seq // window, seq % window
