@@ -147,8 +147,8 @@ class LanceDataLoader(DataLoader):
 
     def _batches(self) -> Iterator[Batch]:
         """The dataset's batches: through torch's iterator with workers or pinning, else straight
-        from the dataset (its batches are final: torch's single-process iterator only added ~10 us
-        of per-batch bookkeeping on the training thread)."""
+        from the dataset (its batches are final: torch's single-process iterator only added
+        per-batch bookkeeping on the training thread)."""
         if self.num_workers == 0 and not self.pin_memory:
             return iter(self.dataset)
         return super().__iter__()

@@ -138,7 +138,7 @@ class LatencyHistogram:
     Bins span 1 µs to 10⁴ s with 16 bins per decade; shorter or longer durations go to the
     first or last bin. Recording one costs a list append: durations are buffered (at most
     `FOLD_EVERY`) and binned when the counts are read, in plain Python (NumPy's ufuncs release
-    the GIL, and a busy reader thread then kept the training loop waiting ~0.1 ms per read).
+    the GIL, and a busy reader thread then kept the training loop waiting at every read).
     ``counts`` is a plain list, so the histogram of a span is the difference of two snapshots.
     """
 

@@ -30,7 +30,7 @@ from lance.dataset import serialize_row_addrs
 
 from lance_lightning.metrics import active_clock, record_io
 from lance_lightning.plan.planner import ReadPlan
-from lance_lightning.retry import DEFAULT_POLICY, RetryPolicy, describe_rows
+from lance_lightning.retry import DEFAULT_POLICY, RetryPolicy, describe_rows, describe_span
 from lance_lightning.source import PinnedSource
 
 #: A scan plan's read group holds about this many bytes of rows (from the plan's row estimate).
@@ -38,12 +38,13 @@ GROUP_BYTES = 8 << 20
 #: ... and at most this many rows (unless a buffer window is larger).
 MAX_GROUP_ROWS = 16384
 #: A take plan's read group holds this many batches (and at most ``GROUP_BYTES``): a Lance call
-#: has a fixed cost, which 4-batch groups of 64-row clumps paid every 1024 rows (a same-process
-#: A/B of RowShuffle(clump_rows=64): 1.6x the rows/s with 16-batch groups).
+#: has a fixed cost, which 4-batch groups of 64-row clumps paid every 1024 rows (the
+#: RowShuffle(clump_rows=64) row of benchmarks/results/read.md, see benchmarks/README.md).
 TAKE_GROUP_BATCHES = 16
 #: Arrow batches inside a read hold about this many bytes (a power of two of rows, see
 #: `read_batch_rows`): Lance decodes wide binary columns several times slower per row in its
-#: default 8192-row batches, and narrow rows (a 128-float vector) 25% slower in 1024-row ones.
+#: default 8192-row batches, and narrow rows (a 128-float vector) slower in 1024-row ones
+#: (``python benchmarks/probe_ranges.py`` times both).
 READ_BATCH_BYTES = 2 << 20
 #: A scan read of at most this many ranges of consecutive rows is one offset/limit scan per range,
 #: in the group's order (no sort, no allowlist); more ranges are one scan restricted to the rows.
@@ -71,6 +72,7 @@ class PlanReader:
         self.layout = plan.layout(world_size, start)
         self.order = plan.order(epoch)
         self.group_rows = group_rows(plan)
+        self.batch_rows = read_batch_rows(plan.row_bytes)
         if active_clock() is None:  # not inside a measured read: drop I/O done before this epoch
             try:
                 plan.source.open().io_stats_incremental()
@@ -105,14 +107,13 @@ class PlanReader:
         `MAX_RANGE_SCANS`), then cut the batches out of it."""
         positions = np.concatenate([spec.positions for spec in group])
         bounds = np.cumsum([0, *(len(spec.positions) for spec in group)])
-        batch_rows = read_batch_rows(self.plan.row_bytes)
         ranges = contiguous_ranges(positions, MAX_RANGE_SCANS) if self.plan.method == "scan" else None
         if ranges is not None:
-            table, index = read_ranges(self.plan.source, ranges, self.retry, batch_rows), None
+            table, index = read_ranges(self.plan.source, ranges, self.retry, self.batch_rows), None
         else:
             wanted, index = storage_index(positions)
             table = read_positions(self.plan.source, wanted, scan_mode=self.plan.method == "scan",
-                                   retry=self.retry, batch_rows=batch_rows)
+                                   retry=self.retry, batch_rows=self.batch_rows)
         if index is not None and scattered(index, bounds):
             # A shuffle buffer: one gather puts the whole group in planned order.
             table, index = table.take(index), None
@@ -194,8 +195,9 @@ def read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], retry: Retr
                 batch_rows: int = 1024) -> pa.Table:
     """The rows of ``ranges`` (``(first, rows)`` each) of the pinned version, in that order
     (retried): one offset/limit scan per range."""
-    positions = np.concatenate([np.arange(first, first + rows) for first, rows in ranges]) if ranges else []
-    what = describe_rows(positions, "scan", source.columns)
+    what = describe_span(min((first for first, _ in ranges), default=0),
+                         max((first + rows - 1 for first, rows in ranges), default=-1),
+                         sum(rows for _, rows in ranges), "scan", source.columns)
     return retry.call(lambda: _read_ranges(source, ranges, batch_rows), what=what, uri=source.uri,
                       version=source.version)
 

@@ -117,14 +117,20 @@ def first_line(error: BaseException, limit: int = 400) -> str:
 def describe_rows(positions: np.ndarray | Sequence[int], method: str, columns: Sequence[str] | None) -> str:
     """``rows at positions 1024..2047 (scan), columns ['x']``: what a read was reading."""
     positions = np.asarray(positions)
-    cols = f", columns {list(columns)}" if columns is not None else ""
     if len(positions) == 0:
+        return describe_span(0, -1, 0, method, columns)
+    return describe_span(int(positions.min()), int(positions.max()), len(positions), method, columns)
+
+
+def describe_span(first: int, last: int, rows: int, method: str, columns: Sequence[str] | None) -> str:
+    """`describe_rows` of ``rows`` rows whose positions lie in ``first..last``."""
+    cols = f", columns {list(columns)}" if columns is not None else ""
+    if rows == 0:
         return f"no rows ({method}){cols}"
-    first, last = int(positions.min()), int(positions.max())
-    if last - first + 1 == len(positions):
+    if last - first + 1 == rows:
         span = f"rows at positions {first}..{last}"
     else:
-        span = f"{len(positions)} rows at positions in {first}..{last}"
+        span = f"{rows} rows at positions in {first}..{last}"
     return f"{span} ({method}){cols}"
 
 

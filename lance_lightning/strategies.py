@@ -77,8 +77,9 @@ class ShardShuffle(ShuffleStrategy):
     batches must mix.
 
     Args:
-        shard_rows: Rows per shard. The default 8192 reads at scan speed; smaller shards mix
-            more but cost more per row (1024-row shards read at 0.7–1.2 of a raw scan).
+        shard_rows: Rows per shard. The default 8192 reads at scan speed; smaller shards reorder
+            the epoch at a finer grain (batches still come from one shard each) but cost more per
+            row (1024-row shards read at 0.6–1.2 of a raw scan).
         seed: Base seed; the order depends on (seed, epoch) only.
         shuffle_within_shard: Also permute rows inside each shard.
     """

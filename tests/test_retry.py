@@ -22,7 +22,8 @@ import pytest
 
 from lance_lightning import ConfigError, LanceDataModule, LanceSource, RowShuffle
 from lance_lightning.metrics import StageClock
-from lance_lightning.retry import DataReadError, RetryPolicy, describe_rows, is_storage_error, is_transient
+from lance_lightning.retry import (DataReadError, RetryPolicy, describe_rows, describe_span, is_storage_error,
+                                   is_transient)
 from tests.helpers import make_table
 from tests.s3_server import S3Server
 
@@ -135,6 +136,9 @@ def test_non_storage_errors_pass_through_unchanged() -> None:
 def test_describe_rows() -> None:
     assert describe_rows(np.arange(1024, 2048), "scan", ["x"]) == "rows at positions 1024..2047 (scan), columns ['x']"
     assert describe_rows([5, 9, 700], "take", None) == "3 rows at positions in 5..700 (take)"
+    # A range read (two ranges, the later one first) is described like its positions.
+    positions = np.concatenate([np.arange(900, 1000), np.arange(0, 50)])
+    assert describe_span(0, 999, 150, "scan", ["x"]) == describe_rows(positions, "scan", ["x"])
 
 
 # -- real faults on a real S3-compatible server -------------------------------------------------
