@@ -255,7 +255,9 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[str], list[str]]:
              f"rows measured for at least {min_seconds:g} s each (whole epochs); the takes read the "
              f"{TAKE_ROWS:,}-row vector table; fit rows are one fit of {FIT_STEPS:,} steps each, timed from the "
              "first to the last batch",
-             "loaders: num_workers=0, reader_threads=2, prefetch_groups=2 (the defaults), B=256"]
+             "loaders: num_workers=0, reader_threads=2, prefetch_groups=2 (the defaults), B=256",
+             common.steady_allocator() + " (see `common.steady_allocator`: both sides are measured under the "
+             "same allocator state)"]
 
     def add(scenario: str, result: Paired, loads: list[float], note: str = "", target: float | None = TARGET,
             baseline: str = "metrics off") -> None:

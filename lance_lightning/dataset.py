@@ -38,13 +38,15 @@ from lance_lightning.badrows import BadRowGuard, BadRowPolicy, RaiseOnBadRow
 from lance_lightning.device import pin_batch
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.prefetch import ReadAhead
-from lance_lightning.metrics import STATS_KEY, StageClock
+from lance_lightning.metrics import STATS_KEY, StageClock, batch_size_and_bytes, row_bytes
 from lance_lightning.read import BatchSpec, PlanReader, read_positions
 from lance_lightning.retry import DEFAULT_POLICY, RetryPolicy
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
 
 Batch = dict[str, Any]
 BatchTransform = Callable[[Batch], Batch]
+#: A finished batch with its rows and payload bytes (zeros when metrics are off).
+SizedBatch = tuple[Batch, int, int]
 
 class EpochControl:
     """Epoch and start row of the next iteration, shared with worker processes."""
@@ -259,15 +261,15 @@ class BatchProducer:
             tables = self.reader.read_group(group)
         return list(zip(group, (table for _, table in tables)))
 
-    def finish(self, item: tuple[BatchSpec, pa.Table]) -> Batch:
+    def finish(self, item: tuple[BatchSpec, pa.Table]) -> SizedBatch:
         spec, table = item
         batch = self.guard(table, spec.positions)
         if self.pin_memory:
             with self.clock.measure("pin", rows=table.num_rows):
                 batch = pin_batch(batch)
-        return batch
+        return self._sized(batch)
 
-    def __call__(self, group: list[BatchSpec]) -> list[Batch]:
+    def __call__(self, group: list[BatchSpec]) -> list[SizedBatch]:
         """Read, convert (and pin) a whole group: the one stage of `run` without a transform.
 
         No row can be bad without a transform, so each step is measured once per group, not per
@@ -280,27 +282,49 @@ class BatchProducer:
         if self.pin_memory:
             with self.clock.measure("pin", rows=rows):
                 batches = [pin_batch(batch) for batch in batches]
-        return batches
+        return self._sized_group(batches, [table.num_rows for table in tables])
+
+    def _sized(self, batch: Batch) -> SizedBatch:
+        """``batch`` with its rows and payload bytes, measured here on a reader thread (zeros when
+        the clock is off): the thread handing batches on then only adds them up."""
+        if not self.clock.enabled:
+            return batch, 0, 0
+        return (batch, *batch_size_and_bytes(batch))
+
+    def _sized_group(self, batches: list[Batch], rows: list[int]) -> list[SizedBatch]:
+        """`_sized` for a group's batches (of ``rows`` rows each). When all columns are tensors, the
+        bytes per row are measured once per group: measuring holds the GIL, which the training
+        thread needs too."""
+        per_row = row_bytes(batches[0]) if self.clock.enabled and batches else None
+        if per_row is None:
+            return [self._sized(batch) for batch in batches]
+        return [(batch, count, count * per_row) for batch, count in zip(batches, rows)]
 
     def run(self, groups: Iterator[list[BatchSpec]], pools: ReaderThreads, prefetch_groups: int,
             prefetch_batches: int) -> Iterator[Batch]:
         """The finished batches of ``groups``, in order, prepared ahead on the ``pools`` threads."""
         if self.transform is None:
-            for batches in pools.ahead("read", self, groups, prefetch_groups, clock=self.clock):
-                for batch in batches:
-                    yield self._ship(batch)
+            for sized in pools.ahead("read", self, groups, prefetch_groups, clock=self.clock):
+                for batch, rows, nbytes in sized:
+                    yield self._hand_on(batch, rows, nbytes)
             return
         reads = pools.ahead("read", self.read, groups, prefetch_groups)
         tables = (item for group in reads for item in group)
         try:
-            for batch in pools.ahead("transform", self.finish, tables, prefetch_batches, clock=self.clock):
-                yield self._ship(batch)
+            for batch, rows, nbytes in pools.ahead("transform", self.finish, tables, prefetch_batches,
+                                                   clock=self.clock):
+                yield self._hand_on(batch, rows, nbytes)
         finally:
             tables.close()  # cancels the read stage's queued work too
 
-    def _ship(self, batch: Batch) -> Batch:
+    def _hand_on(self, batch: Batch, rows: int, nbytes: int) -> Batch:
+        """Count ``batch`` as delivered; in a worker process, attach the totals measured since the
+        previous batch, so that they reach the main process with this batch."""
+        if rows:
+            clock = self.clock
+            clock.delivered_rows += rows
+            clock.delivered_bytes += nbytes
         if self.ship_stats:
-            # In a worker process: the totals travel with the batches to the main process.
             totals = self.clock.drain()
             if totals:
                 batch[STATS_KEY] = totals

@@ -72,8 +72,9 @@ class LanceDataLoader(DataLoader):
             its own completed iterations (``set_epoch`` overrides).
         num_workers, persistent_workers, pin_memory, prefetch_factor: As for DataLoader.
         multiprocessing_context: Start method for workers: "forkserver" (default) or "spawn".
-        metrics: Measure waits, stages and I/O (cheap: a few microseconds per batch). ``False``
-            turns every measurement off, in the workers too.
+        metrics: Measure waits, stages and I/O (a wait and a time stamp per batch on the training
+            thread, the rest on the reader threads). ``False`` turns every measurement off, in
+            the workers too.
     """
 
     def __init__(self, dataset: LanceIterableDataset, *, cursor: CursorTracker | None = None,
@@ -140,10 +141,10 @@ class LanceDataLoader(DataLoader):
             if shipped:
                 clock.merge(shipped)
             on_yield()
-            meter.delivered(batch, asked, got)
+            meter.delivered(asked, got)
             yield batch
             asked = now()
-        meter.resume(asked)  # the epoch's last step ended when the consumer asked for more
+        meter.end_iteration(asked)  # the epoch's last step ended when the consumer asked for more
 
     def _batches(self) -> Iterator[Batch]:
         """The dataset's batches: through torch's iterator with workers or pinning, else straight

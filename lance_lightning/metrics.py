@@ -10,9 +10,14 @@ Guarantees:
   without double counting.
 - While a thread is inside ``clock.measure(...)``, `record_io` adds Lance's I/O statistics to that
   clock: bytes and requests read are attributed to the loader that read them, in any process.
+- Rows and payload bytes of each batch are measured on the reader threads and counted as
+  delivered (the clock's ``delivered_rows``/``delivered_bytes``) by the thread iterating the
+  dataset as it hands the batch on. In a worker process they travel with that batch, so the main
+  process counts them as the batch arrives.
 - `LoaderMeter` lives in the process that iterates the loader. It measures the consumer's side:
-  time blocked waiting for each batch, time spent with each batch (the training step), rows and
-  bytes delivered, time to the first batch. Its memory is constant (`LatencyHistogram`).
+  time blocked waiting for each batch, time spent with each batch (the training step), time to
+  the first batch. Per batch it records one wait and one time stamp, nothing else; the totals
+  are derived when read. Its memory is constant (`LatencyHistogram`).
 - `figures(later.minus(earlier))` turns two cumulative `Snapshot`s into named, always finite
   figures (`FIGURES`); the same names are logged by `DataLoadingMonitor` and read by the report.
 """
@@ -41,13 +46,17 @@ _ACTIVE = threading.local()  # the clock whose `measure` block the current threa
 class StageClock:
     """Accumulates ``<stage>_seconds``, ``<stage>_rows`` and ``<stage>_bytes`` totals.
 
-    Other totals (``io_bytes``, ``io_requests``, ``prefetch_ready``, ...) are added by name.
+    Other totals (``io_bytes``, ``io_requests``, ``prefetch_ready``, ...) are added by name. The
+    ``delivered_rows`` and ``delivered_bytes`` counters are updated, without the lock, only by the
+    thread that iterates the dataset, which is also the only one to read or drain them.
     """
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self._lock = threading.Lock()
         self._totals: defaultdict[str, float] = defaultdict(float)
+        self.delivered_rows = 0
+        self.delivered_bytes = 0
 
     def __getstate__(self) -> dict:
         return {"enabled": self.enabled}  # a copy sent to a worker process starts from zero
@@ -82,11 +91,20 @@ class StageClock:
     def drain(self) -> dict[str, float]:
         with self._lock:
             totals, self._totals = dict(self._totals), defaultdict(float)
+        self._add_delivered(totals)
+        self.delivered_rows = self.delivered_bytes = 0
         return totals
 
     def peek(self) -> dict[str, float]:
         with self._lock:
-            return dict(self._totals)
+            totals = dict(self._totals)
+        self._add_delivered(totals)
+        return totals
+
+    def _add_delivered(self, totals: dict[str, float]) -> None:
+        if self.delivered_rows:
+            totals["delivered_rows"] = totals.get("delivered_rows", 0.0) + self.delivered_rows
+            totals["delivered_bytes"] = totals.get("delivered_bytes", 0.0) + self.delivered_bytes
 
 
 class _Measure:
@@ -136,10 +154,11 @@ class LatencyHistogram:
     """Counts of durations in log-spaced bins: constant memory, percentiles within about ±7.5%.
 
     Bins span 1 µs to 10⁴ s with 16 bins per decade; shorter or longer durations go to the
-    first or last bin. Recording one costs a list append: durations are buffered (at most
-    `FOLD_EVERY`) and binned when the counts are read, in plain Python (NumPy's ufuncs release
-    the GIL, and a busy reader thread then kept the training loop waiting at every read).
-    ``counts`` is a plain list, so the histogram of a span is the difference of two snapshots.
+    first or last bin. Recording one costs a list append (``pending``, which the recorder may
+    append to directly): durations are buffered (at most `FOLD_EVERY`) and binned when the
+    counts are read, in plain Python (NumPy's ufuncs release the GIL, and a busy reader thread
+    then kept the training loop waiting at every read). ``counts`` is a plain list, so the
+    histogram of a span is the difference of two snapshots; ``total_s`` is the sum of all durations.
     """
 
     PER_DECADE = 16
@@ -149,25 +168,41 @@ class LatencyHistogram:
 
     def __init__(self) -> None:
         self._counts = [0] * self.BINS
-        self._pending: list[float] = []
+        self._total_s = 0.0
+        self._folded = 0
+        self.pending: list[float] = []
 
     def record(self, seconds: float) -> None:
-        self._pending.append(seconds)
-        if len(self._pending) >= self.FOLD_EVERY:
-            self._fold()
+        self.pending.append(seconds)
+        if len(self.pending) >= self.FOLD_EVERY:
+            self.fold()
 
     @property
     def counts(self) -> list[int]:
-        self._fold()
+        self.fold()
         return list(self._counts)
 
-    def _fold(self) -> None:
+    @property
+    def recorded(self) -> int:
+        """Durations recorded so far."""
+        return self._folded + len(self.pending)
+
+    @property
+    def total_s(self) -> float:
+        self.fold()
+        return self._total_s
+
+    def fold(self) -> None:
+        """Bin the pending durations."""
+        pending = self.pending
         counts, last, shortest = self._counts, self.BINS - 1, 10.0 ** self.LOW_EXP
         offset, scale, log10 = -self.LOW_EXP, self.PER_DECADE, math.log10
-        for seconds in self._pending:
+        for seconds in pending:
             index = int((log10(seconds) + offset) * scale) if seconds > shortest else 0
             counts[index if index < last else last] += 1
-        self._pending.clear()
+        self._total_s += math.fsum(pending)
+        self._folded += len(pending)
+        pending.clear()
 
     @classmethod
     def percentile(cls, counts: list[int], q: float) -> float:
@@ -210,67 +245,59 @@ class Snapshot:
 class LoaderMeter:
     """The consumer's side of one loader, updated by the iterating thread only (no locks).
 
-    The loader calls ``start_iteration`` when an epoch's iteration begins, ``resume`` when the
-    consumer asks for the next batch and ``delivered`` when it hands one over. ``step_end``
-    (called by `DataLoadingMonitor` at the end of each training step) closes the step of the
-    epoch's last batch, which the consumer never follows with another request.
+    The loader calls ``start_iteration`` when an epoch's iteration begins, ``delivered`` when it
+    hands a batch over and ``end_iteration`` when the consumer asks for a batch after the last.
+    ``step_end`` (called by `DataLoadingMonitor` at the end of each training step) marks when the
+    step holding the latest batch ended: it closes the last step of an iteration the consumer
+    left before its end (e.g. ``limit_train_batches``).
+
+    Per batch only the wait is recorded (in the `fetch` histogram) and the hand-off time kept.
+    The loop time of an iteration runs from its start to its end (or, while it runs, to the
+    step's end or now); the time spent holding batches is that loop time less the waits.
     """
 
     def __init__(self) -> None:
-        self.batches = 0
-        self.rows = 0
-        self.bytes = 0
-        self.wait_s = 0.0  # blocked waiting for batches, first batch of each iteration excluded
-        self.step_s = 0.0  # holding a batch: from its hand-off to the next request
+        self.fetch = LatencyHistogram()  # waits for batches, first batch of each iteration excluded
+        self.iterations = 0  # iterations that delivered a first batch
         self.first_s = 0.0  # waiting for the first batch of each iteration (startup)
-        self.iterations = 0
         self.last_first_s = 0.0
         self.ready_sum = 0
         self.ready_samples = 0
-        self.fetch = LatencyHistogram()
-        self._waits = self.fetch._pending  # appended to directly: the cheapest per-batch record
-        self._last_yield = 0.0
-        self._holding = False
+        self._loop_s = 0.0  # loop time of the ended iterations
+        self._start = 0.0  # the running iteration's start
+        self._running = False
+        self._first = False  # the next batch is the running iteration's first
+        self._handoff = 0.0  # when the latest batch was handed over
         self._mark = 0.0
-        self._first = False
+        self._waits = self.fetch.pending
 
     def start_iteration(self, now: float) -> None:
-        if self._holding and self._mark > self._last_yield:
-            self.step_s += self._mark - self._last_yield  # the previous epoch's last step
-        self._holding = False
+        self._close(self._mark if self._mark > self._handoff else self._handoff)
+        self._start = now
+        self._running = True
         self._first = True
 
-    def resume(self, now: float) -> None:
-        """The consumer asked for the next batch at ``now``: the step holding the last one ended."""
-        if self._holding:
-            self.step_s += now - self._last_yield
-            self._holding = False
+    def end_iteration(self, now: float) -> None:
+        """The consumer asked for a batch at ``now`` and the iteration had none left."""
+        self._close(now)
 
-    def delivered(self, batch: Any, asked: float, now: float) -> None:
-        """``batch`` reached the consumer at ``now``; it was asked for at ``asked`` (which also ends
-        the previous step, as `resume` would)."""
-        if self._holding:
-            self.step_s += asked - self._last_yield
-        waited = now - asked
+    def _close(self, end: float) -> None:
+        if self._running and not self._first:
+            self._loop_s += end - self._start
+        self._running = False
+
+    def delivered(self, asked: float, now: float) -> None:
+        """A batch asked for at ``asked`` reached the consumer at ``now``."""
         if self._first:
             self._first = False
-            self.first_s += waited
-            self.last_first_s = waited
+            self.first_s += now - asked
+            self.last_first_s = now - asked
             self.iterations += 1
         else:
-            self.wait_s += waited
-            self._waits.append(waited)
+            self._waits.append(now - asked)
             if len(self._waits) >= LatencyHistogram.FOLD_EVERY:
-                self._fold_waits()
-        rows, nbytes = batch_size_and_bytes(batch)
-        self.batches += 1
-        self.rows += rows
-        self.bytes += nbytes
-        self._last_yield = now
-        self._holding = True
-
-    def _fold_waits(self) -> None:
-        self.fetch._fold()
+                self.fetch.fold()
+        self._handoff = now
 
     def workers_ready(self, batches: int) -> None:
         self.ready_sum += batches
@@ -280,13 +307,15 @@ class LoaderMeter:
         self._mark = now
 
     def totals(self, now: float) -> dict[str, float]:
-        pending = 0.0
-        if self._holding:
-            pending = (self._mark if self._mark > self._last_yield else now) - self._last_yield
+        loop = self._loop_s
+        if self._running and not self._first:
+            loop += (self._mark if self._mark > self._handoff else now) - self._start
+        wait = self.fetch.total_s
         return {
-            "batches": self.batches, "rows": self.rows, "bytes": self.bytes, "wait_s": self.wait_s,
-            "step_s": self.step_s + pending, "first_s": self.first_s, "iterations": self.iterations,
-            "workers_ready_sum": self.ready_sum, "workers_ready_samples": self.ready_samples,
+            "batches": self.iterations + self.fetch.recorded, "wait_s": wait,
+            "step_s": max(0.0, loop - wait - self.first_s), "first_s": self.first_s,
+            "iterations": self.iterations, "workers_ready_sum": self.ready_sum,
+            "workers_ready_samples": self.ready_samples,
         }
 
 
@@ -312,6 +341,18 @@ def batch_size_and_bytes(batch: Any) -> tuple[int, int]:
             nbytes += value.values.nbytes + getattr(value, "offsets", value.values).nbytes
             rows = rows or len(value)
     return rows, nbytes
+
+
+def row_bytes(batch: Mapping[str, Any]) -> int | None:
+    """Payload bytes per row of ``batch`` when every value is a tensor with one row per first-dim
+    entry (then any batch converted from the same columns has ``rows * row_bytes`` bytes); else None."""
+    nbytes = rows = 0
+    for value in batch.values():
+        if not isinstance(value, _Tensor) or not value.ndim or (rows and value.shape[0] != rows):
+            return None
+        rows = value.shape[0]
+        nbytes += value.nbytes
+    return nbytes // rows if rows and nbytes % rows == 0 else None
 
 
 # -- figures ---------------------------------------------------------------------------------
@@ -364,10 +405,10 @@ def figures(span: Snapshot) -> dict[str, float]:
     out = {
         "epochs": iterations,
         "batches": batches,
-        "rows": g("rows", 0.0),
+        "rows": g("delivered_rows", 0.0),
         "seconds": seconds,
-        "rows_per_s": _ratio(g("rows", 0.0), seconds),
-        "bytes_per_s": _ratio(g("bytes", 0.0), seconds),
+        "rows_per_s": _ratio(g("delivered_rows", 0.0), seconds),
+        "bytes_per_s": _ratio(g("delivered_bytes", 0.0), seconds),
         "wait_fraction": _ratio(wait, wait + step),
         "wait_s": wait,
         "step_s": step,

@@ -21,12 +21,14 @@ if str(REPO_ROOT) not in sys.path:  # run as a script by the DDP test
     sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from lance_lightning import DataLoadingMonitor, LanceDataModule, LanceSource, NoShuffle, RowShuffle  # noqa: E402
 from lance_lightning.dataset import LanceIterableDataset  # noqa: E402
 from lance_lightning.loader import LanceDataLoader  # noqa: E402
-from lance_lightning.metrics import FIGURES, LatencyHistogram, StageClock, figures  # noqa: E402
+from lance_lightning.metrics import FIGURES, LatencyHistogram, StageClock, batch_size_and_bytes, figures  # noqa: E402
 from lance_lightning.report import MODEL_BOUND_BELOW, diagnose, format_report  # noqa: E402
 from tests.helpers import RecordingModel, write_dataset  # noqa: E402
 
@@ -257,6 +259,54 @@ def test_figures_measured_in_worker_processes_reach_the_main_process(dataset_uri
         assert fig[key] > 0, key  # measured in the worker, shipped with the batches
     text = format_report([fig], loader.describe())
     assert "worker output" in text and "1 process(es)" in text
+
+
+class Doubling:
+    """A transform that doubles the ``x`` tensor's width: the delivered bytes are the output's."""
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        batch["x"] = torch.stack([batch["x"], batch["x"]], dim=1)
+        return batch
+
+
+@pytest.mark.parametrize("columns, transform, workers", [
+    (["id", "x", "vec"], None, 0),  # all tensors: bytes per row measured once per read group
+    (["id", "name", "blob"], None, 0),  # a list of str and a Ragged: measured per batch
+    (["id", "x"], Doubling(), 0),  # the transform pipeline
+    (["id", "name", "vec"], None, 1),  # counted in a worker process, shipped with the batches
+])
+def test_delivered_rows_and_bytes_are_those_of_the_batches_handed_over(tmp_path, columns, transform, workers):
+    names = [f"row-{i}" * (1 + i % 3) for i in range(300)]
+    blobs = [bytes(i % 7) for i in range(300)]
+    uri = write_dataset(tmp_path / "ds.lance", 300, fragment_rows=100,
+                        extra={"name": names, "blob": pa.array(blobs, pa.binary())})
+    dm = LanceDataModule(train=LanceSource(uri, columns=columns), batch_size=32, shuffle=RowShuffle(seed=3),
+                         drop_last=False, num_workers=workers, transform=transform)
+    dm.setup("fit")
+    loader = LanceDataLoader(LanceIterableDataset(dm.plans["train"], transform=transform), num_workers=workers)
+    try:
+        sizes = [batch_size_and_bytes(batch) for _ in range(2) for batch in loader]
+        fig = figures(loader.metrics_snapshot())
+    finally:
+        if workers:
+            loader._iterator._shutdown_workers()
+    assert fig["batches"] == len(sizes) == 2 * 10 and fig["rows"] == 600
+    assert fig["rows_per_s"] * fig["seconds"] == pytest.approx(600)
+    assert fig["bytes_per_s"] * fig["seconds"] == pytest.approx(sum(nbytes for _, nbytes in sizes))
+
+
+def test_an_iteration_left_early_counts_only_the_batches_handed_over(small_uri):
+    loader = _loader(small_uri)
+    for index, _ in enumerate(loader):
+        time.sleep(0.01)
+        loader.meter.step_end(time.perf_counter())  # what DataLoadingMonitor does after each step
+        if index == 3:
+            break
+    time.sleep(0.05)  # between epochs: neither a wait nor a step
+    assert len(list(loader)) == 12
+    fig = figures(loader.metrics_snapshot())
+    assert fig["epochs"] == 2 and fig["batches"] == 16 and fig["rows"] == 16 * 8
+    assert fig["step_s"] >= 0.04 and fig["seconds"] < 0.05 + fig["wait_s"] + fig["first_batch_s"] * 2
 
 
 def test_latency_histogram_percentiles_are_within_bin_resolution():

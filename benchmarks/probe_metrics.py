@@ -1,0 +1,76 @@
+"""Probe: which part of the loader's metrics costs what, on the fastest scan (the worst case).
+
+Backs the per-batch design in ``lance_lightning/metrics.py``: one `LanceDataLoader` over the
+1M-row vector table (NoShuffle, B=256, the default threads) reads whole epochs in four settings,
+interleaved epoch by epoch (the order reversed every other round): everything on, everything off
+(what ``metrics=False`` sets), only the training thread's meter, and only the reader threads'
+clock (stage times, I/O statistics, batch sizes). Prints each setting's median rows/s and the
+median and mean of its per-epoch ratio to the "off" epoch of the same round. Many short
+alternations resolve differences of about 1% on this noisy machine, which the benchmark's ~0.5 s
+repetitions cannot; not part of ``run_all.py`` (``bench_metrics.py`` has the targets).
+
+Usage (from the repository root, under the machine's benchmark lock)::
+
+    python benchmarks/probe_metrics.py [--rounds 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+for path in (HERE, HERE.parent):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import common  # noqa: E402
+from bench_metrics import BATCH, epoch  # noqa: E402
+from lance_lightning import LanceDataModule, LanceSource, NoShuffle  # noqa: E402
+from lance_lightning.dataset import LanceIterableDataset  # noqa: E402
+from lance_lightning.loader import LanceDataLoader  # noqa: E402
+
+#: Setting name -> (training thread's meter on, reader threads' clock on).
+SETTINGS = {"on": (True, True), "off": (False, False), "meter only": (True, False), "clock only": (False, True)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=200, help="epochs per setting (default 200, ~5 min)")
+    parser.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE), help="where the datasets are kept")
+    args = parser.parse_args(argv)
+    print(common.steady_allocator())
+    uri = common.vec_dataset(Path(args.cache_dir), 1_000_000)
+    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "label", "vec"]), batch_size=BATCH,
+                         shuffle=NoShuffle())
+    dm.setup("fit")
+    dataset = LanceIterableDataset(dm.plans["train"], threads=dm.reader_threads, prefetch_groups=dm.prefetch_groups)
+    loader = LanceDataLoader(dataset, metrics=True)
+    meter, read_epoch = loader.meter, epoch(loader)
+    read_epoch()  # threads started, caches warm
+
+    def rate(setting: str) -> float:
+        meter_on, clock_on = SETTINGS[setting]
+        loader.meter, dataset.clock.enabled = (meter if meter_on else None), clock_on
+        started = time.perf_counter()
+        rows = read_epoch()
+        return rows / (time.perf_counter() - started)
+
+    names = list(SETTINGS)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(args.rounds):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            rates[name].append(rate(name))
+    print(f"{common.command_line()}: {args.rounds} epochs per setting, {common.machine()}")
+    for name in names:
+        ratios = [r / off for r, off in zip(rates[name], rates["off"])]
+        print(f"  {name:<11} {statistics.median(rates[name]):>12,.0f} rows/s   ratio to off: median "
+              f"{statistics.median(ratios):.4f}, mean {statistics.fmean(ratios):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
