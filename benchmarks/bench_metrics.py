@@ -60,6 +60,18 @@ TARGET = 0.97
 BATCH = 256
 
 
+def warm_loader(uri: str, columns: list[str], shuffle=None, transform=None) -> LanceDataLoader:
+    """A `LanceDataLoader` with metrics on and the data module's default threads, B=`BATCH`, after
+    one epoch (threads started, caches warm)."""
+    dm = LanceDataModule(train=LanceSource(uri, columns=columns), batch_size=BATCH, shuffle=shuffle or NoShuffle())
+    dm.setup("fit")
+    dataset = LanceIterableDataset(dm.plans["train"], transform=transform, threads=dm.reader_threads,
+                                   prefetch_groups=dm.prefetch_groups)
+    loader = LanceDataLoader(dataset, metrics=True)
+    epoch(loader)()
+    return loader
+
+
 def loader_pair(uri: str, columns: list[str], shuffle=None,
                 transform=None) -> tuple[Callable[[], int], Callable[[], int], int]:
     """Epochs of one loader with its metrics on, and of the same loader with them off; batches per epoch.
@@ -68,16 +80,10 @@ def loader_pair(uri: str, columns: list[str], shuffle=None,
     other were not equal even with identical settings (with metrics on in both, the first built
     read 9% slower over 8 quiet repetitions; the cause is not pinned down). Switching off does what
     ``LanceDataLoader(..., metrics=False)`` does: no meter, clock off. Each side reads epochs
-    0, 1, 2, ... of its own, so both read the same sequence of epochs. One epoch is read before
-    (threads started, caches warm).
+    0, 1, 2, ... of its own, so both read the same sequence of epochs.
     """
-    dm = LanceDataModule(train=LanceSource(uri, columns=columns), batch_size=BATCH, shuffle=shuffle or NoShuffle())
-    dm.setup("fit")
-    dataset = LanceIterableDataset(dm.plans["train"], transform=transform, threads=dm.reader_threads,
-                                   prefetch_groups=dm.prefetch_groups)
-    loader = LanceDataLoader(dataset, metrics=True)
-    meter = loader.meter
-    epoch(loader)()
+    loader = warm_loader(uri, columns, shuffle, transform)
+    dataset, meter = loader.dataset, loader.meter
 
     def side(metrics: bool) -> Callable[[], int]:
         epochs = iter(range(1 << 30))

@@ -232,9 +232,9 @@ def run(args: argparse.Namespace) -> list[Row]:
                   scan256, 0.85)
     _, loader = train_loader(uri, BATCH, ShardShuffle(shard_rows=1024))
     bench.compare(f"ShardShuffle(shard_rows=1024) B={BATCH}", iterate(loader), f"raw scan + to_torch_batch B={BATCH}",
-                  scan256, None, "small shards reorder the epoch at a finer grain but read slower: a read group of 16 ranges of 1024 rows "
-                  "costs Lance more than one 16k-row range (`python benchmarks/probe_ranges.py`), and this row "
-                  "moves between 0.6 and 1.2 from run to run")
+                  scan256, None, "small shards reorder the epoch at a finer grain but read slower: a read group "
+                  "of 16 ranges of 1024 rows costs Lance more than one 16k-row range (`python "
+                  "benchmarks/probe_ranges.py`), and this row moves between 0.6 and 1.2 from run to run")
     dm, loader = train_loader(uri, BATCH, BufferShuffle())
     bench.compare(f"BufferShuffle() B={BATCH}", iterate(loader), f"raw scan + to_torch_batch B={BATCH}",
                   scan256, None, "the price of shuffling: a sequential scan reads no shards and permutes nothing")

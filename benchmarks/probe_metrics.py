@@ -30,10 +30,7 @@ for path in (HERE, HERE.parent):
         sys.path.insert(0, str(path))
 
 import common  # noqa: E402
-from bench_metrics import BATCH, epoch  # noqa: E402
-from lance_lightning import LanceDataModule, LanceSource, NoShuffle  # noqa: E402
-from lance_lightning.dataset import LanceIterableDataset  # noqa: E402
-from lance_lightning.loader import LanceDataLoader  # noqa: E402
+from bench_metrics import epoch, warm_loader  # noqa: E402
 
 #: Setting name -> (training thread's meter on, reader threads' clock on).
 SETTINGS = {"on": (True, True), "off": (False, False), "meter only": (True, False), "clock only": (False, True)}
@@ -65,13 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     print(common.steady_allocator())
     print(f"meter alone: {meter_us_per_batch():.2f} us per batch (best of 3 loops of 1,000,000)")
     uri = common.vec_dataset(Path(args.cache_dir), 1_000_000)
-    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "label", "vec"]), batch_size=BATCH,
-                         shuffle=NoShuffle())
-    dm.setup("fit")
-    dataset = LanceIterableDataset(dm.plans["train"], threads=dm.reader_threads, prefetch_groups=dm.prefetch_groups)
-    loader = LanceDataLoader(dataset, metrics=True)
-    meter, read_epoch = loader.meter, epoch(loader)
-    read_epoch()  # threads started, caches warm
+    loader = warm_loader(uri, ["id", "label", "vec"])
+    dataset, meter, read_epoch = loader.dataset, loader.meter, epoch(loader)
 
     def rate(setting: str) -> float:
         meter_on, clock_on = SETTINGS[setting]

@@ -46,6 +46,9 @@ TAKE_GROUP_BATCHES = 16
 #: default 8192-row batches, and narrow rows (a 128-float vector) slower in 1024-row ones
 #: (``python benchmarks/probe_ranges.py`` times both).
 READ_BATCH_BYTES = 2 << 20
+#: Rows per Arrow batch of a read that does not know its rows' size (the map-style dataset, a
+#: bad-row replacement): small enough for wide binary columns.
+UNSIZED_BATCH_ROWS = 1024
 #: A scan read of at most this many ranges of consecutive rows is one offset/limit scan per range,
 #: in the group's order (no sort, no allowlist); more ranges are one scan restricted to the rows.
 MAX_RANGE_SCANS = 2
@@ -192,7 +195,7 @@ def cut(table: pa.Table, index: np.ndarray | None, first: int, end: int) -> pa.T
 
 
 def read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], retry: RetryPolicy = DEFAULT_POLICY,
-                batch_rows: int = 1024) -> pa.Table:
+                batch_rows: int = UNSIZED_BATCH_ROWS) -> pa.Table:
     """The rows of ``ranges`` (``(first, rows)`` each) of the pinned version, in that order
     (retried): one offset/limit scan per range."""
     what = describe_span(min((first for first, _ in ranges), default=0),
@@ -203,7 +206,7 @@ def read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], retry: Retr
 
 
 def read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool,
-                   retry: RetryPolicy = DEFAULT_POLICY, batch_rows: int = 1024) -> pa.Table:
+                   retry: RetryPolicy = DEFAULT_POLICY, batch_rows: int = UNSIZED_BATCH_ROWS) -> pa.Table:
     """Rows at the sorted, unique ``positions`` of the pinned version, in that order (retried).
 
     One Lance call: with ``scan_mode``, a scan restricted to those rows (it reads many ranges at

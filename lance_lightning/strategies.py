@@ -72,14 +72,14 @@ class ShardShuffle(ShuffleStrategy):
     shard come in storage order unless ``shuffle_within_shard`` is set. Reads run at scan speed.
     Batches are not mixed: with shards of a multiple of the batch size every batch comes from one
     shard (on label-sorted data, the per-batch label entropy of storage order: 0.145 of a perfect
-    shuffle's). A short last shard comes at the end of each epoch, and shard boundaries move by a
+    shuffle's, benchmarks/results/shuffle_quality.md). A short last shard comes at the end of each epoch, and shard boundaries move by a
     per-epoch offset (see `lance_lightning.plan.order`). Use `BufferShuffle` or `RowShuffle` when
     batches must mix.
 
     Args:
         shard_rows: Rows per shard. The default 8192 reads at scan speed; smaller shards reorder
             the epoch at a finer grain (batches still come from one shard each) but cost more per
-            row (1024-row shards read at 0.6–1.2 of a raw scan).
+            row (1024-row shards read at 0.6–1.2 of a raw scan, benchmarks/README.md).
         seed: Base seed; the order depends on (seed, epoch) only.
         shuffle_within_shard: Also permute rows inside each shard.
     """

@@ -302,11 +302,11 @@ def test_an_iteration_left_early_counts_only_the_batches_handed_over(small_uri):
         loader.meter.step_end(time.perf_counter())  # what DataLoadingMonitor does after each step
         if index == 3:
             break
-    time.sleep(0.05)  # between epochs: neither a wait nor a step
+    time.sleep(0.5)  # between epochs: neither a wait nor a step
     assert len(list(loader)) == 12
     fig = figures(loader.metrics_snapshot())
     assert fig["epochs"] == 2 and fig["batches"] == 16 and fig["rows"] == 16 * 8
-    assert fig["step_s"] >= 0.04 and fig["seconds"] < 0.05 + fig["wait_s"] + fig["first_batch_s"] * 2
+    assert 0.04 <= fig["step_s"] < 0.5  # the four held steps, not the pause after the first epoch
 
 
 def test_latency_histogram_percentiles_are_within_bin_resolution():
