@@ -14,7 +14,11 @@ Guarantees:
   length, so Lightning does not fetch ahead), and `DataCursorCheckpoint` reports the batches whose
   training step ended, which is exact whatever fetches ahead.
 - Restore is strict: any plan field that differs raises `CursorMismatchError` naming the field.
-  Seeking is O(1): nothing is replayed.
+  Seeking is O(1): nothing is replayed. With ``resume=False`` a saved state is not checked: the
+  epoch it names restarts at its first row (Lightning still counts the steps trained before).
+- ``length(epoch)`` is what iterating ``epoch`` yields: a whole epoch, or the rest of a restored
+  one. Lightning resumes its batch index at the saved step count and stops the epoch at
+  ``len``, so the trainer's loader adds those steps (``count_restored=True``).
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ STATE_KEYS = ("format", "epoch", "rows_consumed", "steps", "finished", "plan", "
 class CursorTracker:
     """Tracks one split's epoch position and restores it from a saved state."""
 
-    def __init__(self, plan: ReadPlan, world_size: int) -> None:
+    def __init__(self, plan: ReadPlan, world_size: int, rank: int = 0, resume: bool = True) -> None:
         self.plan = plan
         self.world_size = world_size
+        self.rank = rank
+        self.resume = resume
         self.epoch: int | None = None
         self.layout: Layout | None = None
         self.steps_before = 0
@@ -49,11 +55,9 @@ class CursorTracker:
     # -- epoch life cycle -------------------------------------------------------------------
     def begin_epoch(self, epoch: int) -> Layout:
         """Start iterating ``epoch``: from the restored cursor if it belongs to it, else from 0."""
-        start, steps_before = 0, 0
+        start, steps_before = self._resume_point(epoch)
         pending, self._pending = self._pending, None
-        if pending is not None and pending["epoch"] == epoch:
-            start, steps_before = pending["rows_consumed"], pending["steps"]
-        elif pending is not None and pending["epoch"] < epoch and not pending["finished"]:
+        if pending is not None and pending["epoch"] < epoch and not pending["finished"]:
             left = self.plan.matched_rows - pending["rows_consumed"]
             warnings.warn(
                 f"The checkpoint's data cursor stopped in epoch {pending['epoch']} with {left} of "
@@ -74,14 +78,48 @@ class CursorTracker:
         """A training step finished on the latest yielded batch (reported by the callback)."""
         self.consumed = min(self.yielded, (self.consumed or 0) + 1)
 
-    def length(self) -> int:
-        """Batches per rank in the current (or restored) epoch, counting those before a resume."""
-        if self._pending is not None:
-            pending = self._pending
-            return pending["steps"] + self.plan.layout(self.world_size, pending["rows_consumed"]).steps
-        if self.layout is not None:
-            return self.steps_before + self.layout.steps
-        return self.plan.layout(self.world_size).steps
+    def _resume_point(self, epoch: int) -> tuple[int, int]:
+        """(first sequence row, steps trained before) of ``epoch`` given the restored cursor."""
+        pending = self._pending
+        if pending is not None and pending["epoch"] == epoch:
+            return pending["rows_consumed"], pending["steps"]
+        return 0, 0
+
+    def length(self, epoch: int, count_restored: bool = False) -> int:
+        """This rank's batches when iterating ``epoch`` (while it is read: its own count).
+
+        ``count_restored`` adds the steps trained before a restored cursor, as Lightning does.
+        """
+        if self.layout is not None and self.epoch == epoch and self._pending is None:
+            steps, before = self.layout.rank_steps(self.rank), self.steps_before
+        else:
+            start, before = self._resume_point(epoch)
+            steps = self.plan.layout(self.world_size, start).rank_steps(self.rank)
+        return steps + before if count_restored else steps
+
+    def full_length(self) -> int:
+        """This rank's batches in a whole epoch."""
+        return self.plan.layout(self.world_size).rank_steps(self.rank)
+
+    def restored_epoch_differs(self) -> bool:
+        """Whether the restored epoch's steps (before + after the checkpoint) differ from a whole
+        epoch's: the batch size or world size changed since the checkpoint."""
+        pending = self._pending
+        if pending is None or pending["finished"]:
+            return False
+        return self.length(pending["epoch"], count_restored=True) != self.full_length()
+
+    def describe_resume(self) -> str | None:
+        """One line on where the restored epoch resumes and what its last step leaves out."""
+        pending = self._pending
+        if pending is None or pending["finished"]:
+            return None
+        layout = self.plan.layout(self.world_size, pending["rows_consumed"])
+        line = (f"  resume: epoch {pending['epoch']} from row {pending['rows_consumed']:,} of {self.plan.matched_rows:,} "
+                f"({pending['steps']:,} step(s) done): {layout.steps:,} more step(s) of {layout.step_rows:,} row(s)")
+        if layout.dropped_rows:
+            line += f"; drop_last skips the last {layout.dropped_rows:,} row(s) of this epoch"
+        return line
 
     # -- state ------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -101,8 +139,20 @@ class CursorTracker:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Validate ``state`` against the current plan and resume from it at the next epoch start."""
+        """Validate ``state`` against the current plan and resume from it at the next epoch start.
+
+        With ``resume=False`` the state is not checked and its epoch restarts at row 0 of the
+        current plan (an unfinished epoch keeps its step count, which Lightning restores).
+        """
         if not state:
+            return
+        if not self.resume:
+            if state.get("finished", True) or "epoch" not in state:
+                self._pending = None
+                return
+            self._pending = {"format": CURSOR_FORMAT, "epoch": state["epoch"], "rows_consumed": 0,
+                             "steps": int(state.get("steps", 0)), "finished": False, "plan": self.plan.identity(),
+                             "fingerprint": self.plan.fingerprint()}
             return
         check_state(state, self.plan)
         self._pending = dict(state)

@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from jsonargparse import lazy_instance
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
@@ -36,7 +35,7 @@ from lance_lightning.cursor import CursorTracker
 from lance_lightning.device import DeviceTransfer
 from lance_lightning.dataset import BatchTransform, LanceIterableDataset
 from lance_lightning.errors import ConfigError
-from lance_lightning.loader import FORK_WARNING, LanceDataLoader
+from lance_lightning.loader import LanceDataLoader, check_start_method
 from lance_lightning.plan.planner import ReadPlan, build_plan
 from lance_lightning.materialize import MaterializedView
 from lance_lightning.retry import RetryPolicy
@@ -62,16 +61,17 @@ class LanceDataModule(pl.LightningDataModule):
         batch_size: Rows per batch and rank.
         eval_batch_size: Rows per batch for val/test/predict (default: ``batch_size``).
         shuffle: Train shuffle strategy (`NoShuffle`, `ShardShuffle`, `RowShuffle`,
-            `BufferShuffle`); default `NoShuffle`. Val/test/predict are read in storage order.
-        filter_read: How filtered splits are read (scan or take, by selectivity by default).
+            `BufferShuffle`); ``None`` (the default) is `NoShuffle()`. Val/test/predict are read in storage order.
+        filter_read: How filtered splits are read; ``None`` is `FilterRead()` (scan or take, by
+            selectivity).
         transform: Callable applied to each converted batch in the reader threads/workers,
             e.g. `lance_lightning.transforms.DecodeImage`; `lance_lightning.transforms.Compose`
             chains several. Columns it does not name pass through untouched.
         device_transform: Callable applied to each batch on the training device, in
             ``on_after_batch_transfer`` (main thread), e.g. `lance_lightning.transforms.DeviceAugment`
             or ``DecodeImage(device="cuda")`` (GPU JPEG decode of a bytes column, which stays on host).
-        bad_rows: Policy for rows the transform cannot decode: `RaiseOnBadRow` (default) or
-            `ReplaceBadRow` (see `lance_lightning.badrows`).
+        bad_rows: Policy for rows the transform cannot decode: `RaiseOnBadRow` (``None``, the
+            default) or `ReplaceBadRow` (see `lance_lightning.badrows`).
         drop_last: Drop the train tail that does not fill a whole step (eval splits never drop:
             their last step is split across ranks and padded where a rank has no rows).
         num_workers: DataLoader worker processes per rank. 0 (the default) reads on in-process
@@ -84,7 +84,8 @@ class LanceDataModule(pl.LightningDataModule):
             process: ``prefetch_groups`` groups of raw rows + ``prefetch_batches`` finished batches
             (+ ``prefetch_factor`` batches per worker process in the DataLoader queue).
         prefetch_factor: Batches each worker process prepares ahead (``num_workers > 0``).
-        multiprocessing_context: Worker start method; Lance is not fork-safe.
+        multiprocessing_context: Worker start method; Lance is not fork-safe, so ``"fork"`` with
+            workers is refused.
         persistent_workers: Keep worker processes across epochs.
         pin_memory: Pin batches in page-locked memory (off the training thread) so host-to-GPU
             copies are asynchronous; default: when the trainer runs on CUDA.
@@ -92,7 +93,8 @@ class LanceDataModule(pl.LightningDataModule):
         fill_nulls: Value per column that replaces nulls; otherwise a null is an error.
         resume_data: Restore the data cursor from checkpoints; ``False`` starts the data epoch
             fresh on purpose (e.g. after changing the shuffle seed).
-        retry: How reads ride out transient storage errors (attempts, backoff, deadline).
+        retry: How reads ride out transient storage errors (attempts, backoff, deadline); ``None``
+            is `RetryPolicy()`.
         materialize: Copy each split's source once to a local view (`MaterializedView`) and
             read the view: for remote sources trained for many epochs.
     """
@@ -105,11 +107,11 @@ class LanceDataModule(pl.LightningDataModule):
         predict: LanceSource | None = None,
         batch_size: int = 256,
         eval_batch_size: int | None = None,
-        shuffle: ShuffleStrategy = lazy_instance(NoShuffle),
-        filter_read: FilterRead = lazy_instance(FilterRead),
+        shuffle: ShuffleStrategy | None = None,
+        filter_read: FilterRead | None = None,
         transform: BatchTransform | None = None,
         device_transform: BatchTransform | None = None,
-        bad_rows: BadRowPolicy = lazy_instance(RaiseOnBadRow),
+        bad_rows: BadRowPolicy | None = None,
         drop_last: bool = True,
         num_workers: int = 0,
         reader_threads: int | None = None,
@@ -122,7 +124,7 @@ class LanceDataModule(pl.LightningDataModule):
         copy_stream: bool = True,
         fill_nulls: dict[str, Any] | None = None,
         resume_data: bool = True,
-        retry: RetryPolicy = lazy_instance(RetryPolicy),
+        retry: RetryPolicy | None = None,
         materialize: MaterializedView | None = None,
     ) -> None:
         super().__init__()
@@ -147,18 +149,14 @@ class LanceDataModule(pl.LightningDataModule):
         for split, source in self.sources.items():
             if source is not None and not isinstance(source, LanceSource):
                 raise ConfigError(split, source, "is not a LanceSource", "pass LanceSource(uri=...) or a mapping in YAML")
-        if multiprocessing_context not in ("forkserver", "spawn", "fork"):
-            raise ConfigError("multiprocessing_context", multiprocessing_context, "unknown start method",
-                              'use "forkserver" or "spawn"')
-        if multiprocessing_context == "fork" and num_workers > 0:
-            warnings.warn(FORK_WARNING, RuntimeWarning, stacklevel=2)
+        check_start_method(multiprocessing_context, num_workers)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
-        self.shuffle = _initialized(shuffle) or NoShuffle()
-        self.filter_read = _initialized(filter_read) or FilterRead()
+        self.shuffle = shuffle if shuffle is not None else NoShuffle()
+        self.filter_read = filter_read if filter_read is not None else FilterRead()
         self.transform = transform
         self.device_transform = device_transform
-        self.bad_rows = _initialized(bad_rows) or RaiseOnBadRow()
+        self.bad_rows = bad_rows if bad_rows is not None else RaiseOnBadRow()
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.reader_threads = reader_threads
@@ -171,11 +169,12 @@ class LanceDataModule(pl.LightningDataModule):
         self.device_transfer = DeviceTransfer(copy_stream)
         self.fill_nulls = dict(fill_nulls or {})
         self.resume_data = resume_data
-        self.retry = _initialized(retry) or RetryPolicy()
+        self.retry = retry if retry is not None else RetryPolicy()
         self.materialize = materialize
         self.plans: dict[Split, ReadPlan] = {}
         self.train_cursor: CursorTracker | None = None
         self._loaders: dict[Split, LanceDataLoader] = {}
+        self._user_reload_every: int | None = None  # the trainer's setting while a re-read is pending
 
     # -- topology ---------------------------------------------------------------------------
     @property
@@ -201,8 +200,6 @@ class LanceDataModule(pl.LightningDataModule):
             if self.sources[split] is not None and split not in self.plans:
                 self._plan(split)
         self._check_fill_nulls()
-        if stage == "fit":
-            rank_zero_info(self.explain("train"))
 
     def _plan(self, split: Split, source: LanceSource | None = None) -> None:
         """Pin and plan ``split`` from its configured source (through the view, if materializing)."""
@@ -215,10 +212,12 @@ class LanceDataModule(pl.LightningDataModule):
         self.plans[split] = build_plan(
             split, pinned, self.shuffle if train else NoShuffle(), self.filter_read,
             self.batch_size if train else self.eval_batch_size, self.drop_last if train else False, self.world_size,
+            pad=split != "predict",  # predict runs no collective per step: ranks may end a batch apart
         )
         self._loaders.pop(split, None)
         if train:
-            self.train_cursor = CursorTracker(self.plans["train"], self.world_size)
+            self.train_cursor = CursorTracker(self.plans["train"], self.world_size, self.global_rank,
+                                              resume=self.resume_data)
 
     def _check_fill_nulls(self) -> None:
         columns = {c for plan in self.plans.values() for c in plan.source.columns}
@@ -237,7 +236,34 @@ class LanceDataModule(pl.LightningDataModule):
 
     # -- dataloaders ------------------------------------------------------------------------
     def train_dataloader(self) -> LanceDataLoader:
-        return self._loader("train")
+        """The train loader; under a Trainer, the plan it reads (and where it resumes) is printed
+        when the loader is built, after a checkpoint re-pinned the version it was read at."""
+        built = "train" in self._loaders
+        loader = self._loader("train")
+        if self.trainer is not None:
+            if not built:
+                resume = self.train_cursor.describe_resume()
+                rank_zero_info(self.explain("train") + (f"\n{resume}" if resume else ""))
+            self._reread_length_next_epoch()
+        return loader
+
+    def _reread_length_next_epoch(self) -> None:
+        """Make the trainer read the train loader's length again at the next epoch start.
+
+        Lightning reads ``len(train loader)`` once per fit and caps every epoch with it. A restored
+        epoch whose steps differ from a whole epoch's (batch size or world size changed since the
+        checkpoint) would cap every later epoch at its own count. Setting the trainer's
+        ``reload_dataloaders_every_n_epochs`` to 1 until the next epoch's reload makes Lightning
+        read the length again then; the user's setting is put back at that reload.
+        """
+        trainer = self.trainer
+        if self.train_cursor is not None and self.train_cursor.restored_epoch_differs():
+            if self._user_reload_every is None:
+                self._user_reload_every = trainer.reload_dataloaders_every_n_epochs
+            trainer.reload_dataloaders_every_n_epochs = 1
+        elif self._user_reload_every is not None:
+            trainer.reload_dataloaders_every_n_epochs = self._user_reload_every
+            self._user_reload_every = None
 
     def val_dataloader(self) -> LanceDataLoader | list:
         return self._loader("val") if self.sources["val"] is not None else []
@@ -269,7 +295,7 @@ class LanceDataModule(pl.LightningDataModule):
                 dataset, cursor=cursor, epoch_source=epoch_source,
                 num_workers=self.num_workers, persistent_workers=self.persistent_workers,
                 pin_memory=pin and self.num_workers > 0, prefetch_factor=self.prefetch_factor,
-                multiprocessing_context=self.multiprocessing_context,
+                multiprocessing_context=self.multiprocessing_context, count_restored_steps=epoch_source is not None,
             )
             self._loaders[split] = loader
         return loader
@@ -313,11 +339,17 @@ class LanceDataModule(pl.LightningDataModule):
         self.restore_cursor(state_dict.get(_STATE_KEY, {}))
 
     def restore_cursor(self, cursor: dict[str, Any]) -> None:
-        """Resume the train split from a saved cursor, re-pinning the version it was read at."""
-        if not cursor or not self.resume_data:
+        """Resume the train split from a saved cursor, re-pinning the version it was read at.
+
+        With ``resume_data=False`` the cursor is not checked: its epoch restarts at row 0.
+        """
+        if not cursor:
             return
         if "train" not in self.plans:
             self.setup("fit")
+        if not self.resume_data:
+            self.train_cursor.restore(cursor)
+            return
         saved = cursor.get("plan", {})
         current = self.plans["train"].source
         if self.materialize is not None:
@@ -337,18 +369,6 @@ class LanceDataModule(pl.LightningDataModule):
                                   "this version, which no longer exists", "restore that version, or resume with "
                                   "`resume_data=False` to start the data epoch fresh") from error
         self.train_cursor.restore(cursor)
-
-
-def _initialized(value: Any) -> Any:
-    """``value``, initialized if it is a jsonargparse ``lazy_instance`` default.
-
-    A lazy instance runs ``__init__`` only when one of its methods is first called, so until then
-    it has no attributes: the policies' fields would be missing outside the CLI.
-    """
-    pending = getattr(value, "_lazy_methods", None)
-    if pending and any(name in vars(value) for name in pending):
-        value._lazy_init()
-    return value
 
 
 def _require(name: str, value: Any, minimum: int) -> None:

@@ -225,7 +225,7 @@ class LanceIterableDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         reader = PlanReader(self.plan, epoch, self.world_size, self.rank, start, retry=self.retry)
-        steps = reader.layout.worker_steps(worker, workers)
+        steps = reader.layout.worker_steps(worker, workers, self.rank)
         producer = BatchProducer(reader, self.transform, self.fill_nulls, self.clock,
                                  ship_stats=info is not None and self.ship_stats, bad_rows=self.bad_rows,
                                  pin_memory=self.pin_memory)

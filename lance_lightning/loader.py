@@ -1,13 +1,18 @@
 """The DataLoader the data module returns: planned batches, a length, and a resumable cursor.
 
 Guarantees:
-- ``len(loader)`` is the exact number of batches this rank yields this epoch, equal on every rank.
-  Because the length is known, Lightning does not fetch a batch ahead, so the cursor counts only
-  batches handed to the training loop.
+- ``len(loader)`` is the exact number of batches the next (or current) ``iter`` of this rank
+  yields, equal on every rank (predict may end one batch earlier on some ranks: it does not pad).
+  After a restore it is the rest of the epoch; with ``count_restored_steps`` (the data module's
+  train loader under a Trainer) it also counts the steps trained before, as Lightning resumes its
+  batch index there. Because the length is known, Lightning does not fetch a batch ahead, so the
+  cursor counts only batches handed to the training loop.
+- Lightning may rebuild the loader from its constructor arguments (``Trainer.predict`` does, to
+  inject ``sampler``/``batch_sampler``): the rebuilt loader reads the same dataset and cursor.
 - Each ``iter(loader)`` reads the epoch given by ``epoch_source`` (the trainer's current epoch),
   starting where a restored cursor left off, then continues normally.
 - Worker processes never fork a process that has used Lance: the default start method is
-  ``forkserver``; forcing ``fork`` warns why it can crash.
+  ``forkserver``; ``fork`` with workers is refused (`ConfigError`) before any worker starts.
 - ``state_dict``/``load_state_dict`` round-trip the cursor (plain types).
 - Without worker processes or DataLoader pinning, batches come straight from the dataset's
   reader threads: torch's single-process iterator would only add per-batch bookkeeping.
@@ -21,7 +26,6 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,14 +33,26 @@ from torch.utils.data import DataLoader
 
 from lance_lightning.cursor import CursorTracker
 from lance_lightning.dataset import Batch, LanceIterableDataset
+from lance_lightning.errors import ConfigError
 from lance_lightning.metrics import STATS_KEY, LoaderMeter, Snapshot
 from lance_lightning.workers import guard_workers
 
-FORK_WARNING = (
-    "multiprocessing_context='fork': Lance is not fork-safe. Forked DataLoader workers of a process "
-    "that has opened a Lance dataset segfault or hang (9 of 9 trials). Use 'forkserver' (the "
-    "default) or 'spawn'."
-)
+
+def check_start_method(method: str, num_workers: int) -> None:
+    """Raise `ConfigError` unless worker processes can start with ``method``."""
+    if method not in ("forkserver", "spawn", "fork"):
+        raise ConfigError("multiprocessing_context", method, "unknown start method", 'use "forkserver" or "spawn"')
+    if method == "fork" and num_workers > 0:
+        raise ConfigError("multiprocessing_context", method, "Lance is not fork-safe: forked DataLoader workers of "
+                          "a process that has opened a Lance dataset segfault or hang (9 of 9 trials)",
+                          'use "forkserver" (the default) or "spawn"')
+
+
+def _start_method(context: Any) -> str:
+    """The start method named by ``context``: a name, a multiprocessing context or None (default)."""
+    if context is None:
+        return "forkserver"
+    return context if isinstance(context, str) else context.get_start_method()
 
 
 def _passthrough(batch: Batch) -> Batch:
@@ -71,23 +87,34 @@ class LanceDataLoader(DataLoader):
         epoch_source: Returns the epoch to read at each ``iter``; by default the loader counts
             its own completed iterations (``set_epoch`` overrides).
         num_workers, persistent_workers, pin_memory, prefetch_factor: As for DataLoader.
-        multiprocessing_context: Start method for workers: "forkserver" (default) or "spawn".
+        multiprocessing_context: Start method for workers: "forkserver" (default) or "spawn"
+            (or such a context); "fork" with workers is refused (`ConfigError`).
         metrics: Measure waits, stages and I/O (a wait and a time stamp per batch on the training
             thread, the rest on the reader threads). ``False`` turns every measurement off, in
             the workers too.
+        count_restored_steps: ``len`` of a restored epoch also counts the steps trained before
+            the checkpoint, as Lightning's fit loop expects (it resumes ``batch_idx`` there); set
+            this when a Trainer fits with this loader. Off, ``len`` is what ``iter`` yields.
+        sampler, batch_sampler: Accepted so that Lightning can rebuild the loader; they must be
+            ``None`` (the plan decides the batches).
     """
 
     def __init__(self, dataset: LanceIterableDataset, *, cursor: CursorTracker | None = None,
                  epoch_source: Callable[[], int] | None = None, num_workers: int = 0,
                  persistent_workers: bool = True, pin_memory: bool = False, prefetch_factor: int | None = None,
-                 multiprocessing_context: str = "forkserver", metrics: bool = True) -> None:
+                 multiprocessing_context: str | Any = "forkserver", metrics: bool = True,
+                 count_restored_steps: bool = False, sampler: Any = None, batch_sampler: Any = None) -> None:
+        for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+            if value is not None:
+                raise ConfigError(name, value, "a LanceDataLoader yields the batches its plan lays out",
+                                  f"leave `{name}` unset; shuffle with LanceDataModule(shuffle=...)")
+        method = _start_method(multiprocessing_context)
+        check_start_method(method, num_workers)
         dataset.clock.enabled = metrics
         context = None
         if num_workers > 0:
-            if multiprocessing_context == "fork":
-                warnings.warn(FORK_WARNING, RuntimeWarning, stacklevel=2)
-            context = multiprocessing.get_context(multiprocessing_context)
-            if multiprocessing_context == "forkserver":
+            context = multiprocessing.get_context(method)
+            if method == "forkserver":
                 # Workers fork from a server that already imported the package (importing Lance is
                 # fork-safe; opening a dataset is not), so they start in milliseconds, not seconds.
                 modules = ["lance_lightning._forkserver"]
@@ -101,8 +128,11 @@ class LanceDataLoader(DataLoader):
             persistent_workers=persistent_workers and num_workers > 0, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor if num_workers > 0 else None, multiprocessing_context=context,
         )
-        self.cursor = cursor or CursorTracker(dataset.plan, dataset.world_size)
-        self._epoch_source = epoch_source
+        self.cursor = cursor or CursorTracker(dataset.plan, dataset.world_size, dataset.rank)
+        # Public under the constructor's names: Lightning rebuilds a loader from its attributes.
+        self.epoch_source = epoch_source
+        self.metrics = metrics
+        self.count_restored_steps = count_restored_steps
         self._own_epoch = 0
         self.meter = LoaderMeter() if metrics else None
 
@@ -110,11 +140,14 @@ class LanceDataLoader(DataLoader):
         """Read ``epoch`` on the next iteration (for loops without a Trainer)."""
         self._own_epoch = epoch
 
+    def _next_epoch(self) -> int:
+        return self.epoch_source() if self.epoch_source is not None else self._own_epoch
+
     def __len__(self) -> int:
-        return self.cursor.length()
+        return self.cursor.length(self._next_epoch(), self.count_restored_steps)
 
     def __iter__(self) -> Iterator[Batch]:
-        epoch = self._epoch_source() if self._epoch_source is not None else self._own_epoch
+        epoch = self._next_epoch()
         layout = self.cursor.begin_epoch(epoch)
         self.dataset.set_epoch(epoch, layout.start)
         if self.meter is None:
@@ -181,5 +214,5 @@ class LanceDataLoader(DataLoader):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.cursor.restore(state)
-        if state and self._epoch_source is None:
-            self._own_epoch = state["epoch"]
+        if state and self.epoch_source is None:  # a finished epoch resumes at the next one
+            self._own_epoch = state["epoch"] + (1 if state["finished"] else 0)

@@ -7,6 +7,8 @@ Guarantees:
   `ConfigError` naming the parameter, the value and the fix.
 - A `PinnedSource` is small and picklable. Each process opens it lazily, at most once, and always
   at the pinned version, so new versions written during training never change what a run reads.
+  A dataset deleted and written again at the same path (its versions restart at 1) is a new
+  source: cached handles of the old one are never reused.
 - Storage options (credentials) never appear in `repr`, logs, plan fingerprints or checkpoints.
 """
 
@@ -50,12 +52,15 @@ class PinnedSource:
     filter: str | None
     total_rows: int
     storage_options: dict[str, str] | None = field(default=None, repr=False, compare=False)
+    #: The pinned version's first data file (names are unique per write): tells a dataset written
+    #: again at the same path, whose version numbers restart, from the one pinned.
+    data_tag: str = field(default="", repr=False)
 
     def open(self) -> lance.LanceDataset:
         """Return this process's handle on the pinned version (opened once per process)."""
         # A relative path names another dataset after a chdir: key local paths by their absolute path.
         where = self.uri if "://" in self.uri else os.path.abspath(self.uri)
-        key = (os.getpid(), where, self.version, _options_key(self.storage_options))
+        key = (os.getpid(), where, self.version, self.data_tag, _options_key(self.storage_options))
         dataset = _OPEN_DATASETS.get(key)
         if dataset is None:
             dataset = lance.dataset(self.uri, version=self.version, storage_options=self.storage_options)
@@ -100,7 +105,16 @@ def pin_source(source: LanceSource, param: str) -> PinnedSource:
         filter=source.filter,
         total_rows=dataset.count_rows(),
         storage_options=source.storage_options,
+        data_tag=_data_tag(dataset),
     )
+
+
+def _data_tag(dataset: lance.LanceDataset) -> str:
+    """The path of the first data file of ``dataset`` ("" when it has none)."""
+    for fragment in dataset.get_fragments():
+        for data_file in fragment.metadata.files:
+            return data_file.path
+    return ""
 
 
 def _open_latest(source: LanceSource, param: str) -> lance.LanceDataset:

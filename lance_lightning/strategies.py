@@ -122,6 +122,10 @@ class RowShuffle(ShuffleStrategy):
         return {"strategy": "RowShuffle", "seed": self.seed, "clump_rows": self.clump_rows}
 
 
+#: `BufferShuffle`'s shard size when the buffer holds at least 4 such shards.
+DEFAULT_BUFFER_SHARD_ROWS = 1024
+
+
 class BufferShuffle(ShuffleStrategy):
     """Shuffled shard order plus a shuffle buffer of ``buffer_rows`` rows.
 
@@ -133,16 +137,20 @@ class BufferShuffle(ShuffleStrategy):
     Args:
         buffer_rows: Rows mixed together; larger mixes more shards, costs memory.
         seed: Base seed; the order depends on (seed, epoch) only.
-        shard_rows: Rows per shard feeding the buffer.
+        shard_rows: Rows per shard feeding the buffer, at most ``buffer_rows``. Default:
+            ``min(1024, buffer_rows // 4)``, so that the buffer mixes at least 4 shards.
     """
 
-    def __init__(self, buffer_rows: int = 16384, seed: int = 0, shard_rows: int = 1024) -> None:
+    def __init__(self, buffer_rows: int = 16384, seed: int = 0, shard_rows: int | None = None) -> None:
         self.buffer_rows = _positive("buffer_rows", buffer_rows)
         self.seed = _seed(seed)
+        if shard_rows is None:
+            shard_rows = min(DEFAULT_BUFFER_SHARD_ROWS, max(1, self.buffer_rows // 4))
         self.shard_rows = _positive("shard_rows", shard_rows)
         if self.shard_rows > self.buffer_rows:
             raise ConfigError("shard_rows", shard_rows, f"is larger than buffer_rows={buffer_rows}, so the buffer "
-                              "mixes nothing", "set `shard_rows` to at most `buffer_rows` / 4")
+                              "mixes nothing", f"set `shard_rows` to at most `buffer_rows` ({buffer_rows}); "
+                              f"{max(1, self.buffer_rows // 4)} or less mixes at least 4 shards, or omit it")
         self.permute_units = True
         self.window_rows = self.buffer_rows
 
@@ -175,7 +183,6 @@ class FilterRead:
         return {"method": self.method, "take_below": self.take_below}
 
     def __repr__(self) -> str:
-        # Through a method, so that a jsonargparse lazy_instance default initializes first.
         return "FilterRead(" + ", ".join(f"{k}={v!r}" for k, v in self.describe().items()) + ")"
 
     def choose(self, selectivity: float) -> Literal["scan", "take"]:

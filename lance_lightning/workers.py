@@ -4,19 +4,26 @@ Guarantees:
 - `guard_workers` wraps a DataLoader's multi-process iterator: when a worker process dies
   mid-epoch (e.g. SIGKILL by the out-of-memory killer), the consumer gets `WorkerDiedError`, a
   `RuntimeError` naming the worker's pid and how it died, instead of a bare
-  ``ConnectionResetError``/``EOFError`` from the batch it was handing over. PyTorch's own
-  ``DataLoader worker (pid(s) ...) exited unexpectedly`` errors pass through; either way the
-  loader raises within seconds and never hangs.
+  ``ConnectionResetError``/``EOFError`` from the batch it was handing over, or PyTorch's own
+  ``DataLoader worker (pid(s) ...) exited unexpectedly`` / ``is killed by signal`` errors (the
+  latter raised by PyTorch's SIGCHLD handler wherever the main thread is, e.g. in a training
+  step: that handler is wrapped so that it raises `WorkerDiedError` too). The loader raises
+  within seconds and never hangs.
 """
 
 from __future__ import annotations
 
 import signal
+import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+#: DataLoader iterators with worker processes, for the SIGCHLD handler to name a dead worker.
+_WATCHED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class WorkerDiedError(RuntimeError):
@@ -72,7 +79,38 @@ def guard_workers(iterator: Iterator[T]) -> Iterator[T]:
     workers = list(getattr(iterator, "_workers", None) or [])
     if not workers:
         return iterator
+    _WATCHED.add(iterator)
+    _wrap_sigchld_handler()
     return _guarded(iterator, workers)
+
+
+def _about_workers(error: RuntimeError) -> bool:
+    """Whether ``error`` is PyTorch's report of a worker process that exited."""
+    return not isinstance(error, WorkerDiedError) and str(error).startswith("DataLoader worker")
+
+
+def _wrap_sigchld_handler() -> None:
+    """Make PyTorch's SIGCHLD handler (set when workers start) raise `WorkerDiedError`."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGCHLD"):
+        return
+    previous = signal.getsignal(signal.SIGCHLD)
+    if not callable(previous) or getattr(previous, "_wraps_worker_errors", False):
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        try:
+            previous(signum, frame)
+        except RuntimeError as error:
+            if not _about_workers(error):
+                raise
+            for iterator in list(_WATCHED):
+                died = worker_died_error(list(getattr(iterator, "_workers", None) or []), error)
+                if died is not None:
+                    raise died from error
+            raise
+
+    handler._wraps_worker_errors = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGCHLD, handler)
 
 
 def _guarded(iterator: Iterator[T], workers: list[Any]) -> Iterator[T]:
@@ -81,7 +119,9 @@ def _guarded(iterator: Iterator[T], workers: list[Any]) -> Iterator[T]:
             item = next(iterator)
         except StopIteration:
             return
-        except (OSError, EOFError) as error:  # e.g. fetching a dead worker's shared tensor
+        except (OSError, EOFError, RuntimeError) as error:  # e.g. a dead worker's shared tensor, torch's check
+            if isinstance(error, RuntimeError) and not _about_workers(error):
+                raise
             died = worker_died_error(workers, error)
             if died is not None:
                 raise died from error

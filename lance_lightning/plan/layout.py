@@ -11,6 +11,8 @@ Guarantees:
 - Tail (rows that do not fill a whole step): with ``drop_last`` they are skipped (fewer than
   ``W*B`` rows per epoch); otherwise one more, smaller step splits them as evenly as possible
   across ranks, and a rank left with none repeats one tail row (fewer than ``W`` repeated rows).
+  Without ``pad`` (predict: no collective runs per step) a rank left with none has one batch
+  fewer instead, so every row is read exactly once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Layout:
     world_size: int
     batch_size: int
     drop_last: bool
+    pad: bool = True
 
     @property
     def step_rows(self) -> int:
@@ -47,13 +50,21 @@ class Layout:
         """Batches per rank."""
         return self.full_steps + (1 if self.tail_rows and not self.drop_last else 0)
 
+    def rank_steps(self, rank: int) -> int:
+        """Batches of rank ``rank``: ``steps``, less the tail step of an unpadded rank without tail rows."""
+        if not self.pad and self.steps > self.full_steps and rank >= self.tail_rows:
+            return self.full_steps
+        return self.steps
+
     @property
     def dropped_rows(self) -> int:
         return self.tail_rows if self.drop_last else 0
 
     @property
     def repeated_rows(self) -> int:
-        return max(0, self.world_size - self.tail_rows) if self.tail_rows and not self.drop_last else 0
+        if not self.pad or not self.tail_rows or self.drop_last:
+            return 0
+        return max(0, self.world_size - self.tail_rows)
 
     def rows_after(self, steps: int) -> int:
         """Sequence rows consumed (from ``start``) once every rank has taken ``steps`` batches."""
@@ -63,8 +74,8 @@ class Layout:
 
     def batch_rows(self, rank: int, step: int) -> np.ndarray:
         """Sequence positions of rank ``rank``'s batch at step ``step``."""
-        if not 0 <= step < self.steps:
-            raise IndexError(f"step {step} is outside [0, {self.steps})")
+        if not 0 <= step < self.rank_steps(rank):
+            raise IndexError(f"step {step} is outside [0, {self.rank_steps(rank)}) of rank {rank}")
         base = self.start + step * self.step_rows
         if step < self.full_steps:
             first = base + rank * self.batch_size
@@ -80,6 +91,6 @@ class Layout:
         """``len(self.batch_rows(rank, step))``, without building the positions of a full step."""
         return self.batch_size if 0 <= step < self.full_steps else len(self.batch_rows(rank, step))
 
-    def worker_steps(self, worker: int, num_workers: int) -> range:
-        """The rank's batch indices produced by DataLoader worker ``worker`` of ``num_workers``."""
-        return range(worker, self.steps, max(1, num_workers))
+    def worker_steps(self, worker: int, num_workers: int, rank: int = 0) -> range:
+        """Rank ``rank``'s batch indices produced by DataLoader worker ``worker`` of ``num_workers``."""
+        return range(worker, self.rank_steps(rank), max(1, num_workers))

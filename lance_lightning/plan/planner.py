@@ -46,6 +46,8 @@ class ReadPlan:
     positions: np.ndarray | None = field(default=None, repr=False, compare=False)
     #: Estimated Arrow bytes per row of the read columns (sizes read groups; not part of the order).
     row_bytes: int = field(default=1, compare=False)
+    #: Pad the tail step so every rank has a batch (see `Layout`); predict plans do not pad.
+    pad: bool = True
 
     @property
     def selectivity(self) -> float:
@@ -55,7 +57,7 @@ class ReadPlan:
         return EpochOrder(self.matched_rows, self.strategy, epoch)
 
     def layout(self, world_size: int, start: int = 0) -> Layout:
-        return Layout(start, self.matched_rows - start, world_size, self.batch_size, self.drop_last)
+        return Layout(start, self.matched_rows - start, world_size, self.batch_size, self.drop_last, self.pad)
 
     def row_positions(self, matched: np.ndarray) -> np.ndarray:
         """Positions in the pinned dataset version of the given matching-row indices."""
@@ -86,6 +88,9 @@ class ReadPlan:
                          "when shuffled)")
         elif layout.repeated_rows:
             lines.append(f"  tail: last step split across ranks; {layout.repeated_rows} row(s) repeated as padding")
+        elif layout.rank_steps(world_size - 1) < layout.steps:
+            lines.append(f"  tail: last step split across ranks; ranks {layout.tail_rows}..{world_size - 1} have one "
+                         "batch fewer (not padded: every row is read once)")
         return "\n".join(lines)
 
 
@@ -97,6 +102,7 @@ def build_plan(
     batch_size: int,
     drop_last: bool,
     world_size: int,
+    pad: bool = True,
 ) -> ReadPlan:
     """Count, list and plan the rows of ``source``; raise `ConfigError` for plans that cannot work."""
     strategy = strategy or NoShuffle()
@@ -119,7 +125,7 @@ def build_plan(
         raise ConfigError(f"{split}.uri", source.uri, "the dataset has no rows", "write rows first")
     _check_fits(split, matched, batch_size, drop_last, world_size)
     return ReadPlan(split, source, strategy, method, matched, batch_size, drop_last, reason, positions,
-                    _row_bytes(dataset, source))
+                    _row_bytes(dataset, source), pad)
 
 
 def _row_bytes(dataset: lance.LanceDataset, source: PinnedSource) -> int:
