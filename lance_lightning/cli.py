@@ -14,6 +14,8 @@ import importlib
 import os
 import sys
 
+from typing import Any
+
 from lightning.pytorch.cli import LightningCLI
 
 from lance_lightning.datamodule import LanceDataModule
@@ -21,6 +23,10 @@ from lance_lightning.datamodule import LanceDataModule
 
 class LanceLightningCLI(LightningCLI):
     """LightningCLI that says where a run's logs and checkpoints went."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        # The data module's policy defaults are None (built in __init__); show what runs instead.
+        parser.set_defaults({f"data.{name}": {"class_path": path} for name, path in _POLICY_DEFAULTS.items()})
 
     def after_fit(self) -> None:
         trainer = self.trainer
@@ -30,6 +36,10 @@ class LanceLightningCLI(LightningCLI):
             if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.last_model_path:
                 print(f"resume with: --ckpt_path {trainer.checkpoint_callback.last_model_path}")
 
+
+#: What the data module builds for these arguments when they are None.
+_POLICY_DEFAULTS = {"shuffle": "lance_lightning.NoShuffle", "filter_read": "lance_lightning.FilterRead",
+                    "bad_rows": "lance_lightning.badrows.RaiseOnBadRow", "retry": "lance_lightning.RetryPolicy"}
 
 _DESCRIPTION = (
     "Train with a LanceDataModule. Also: `lance-lightning profile --config X.yaml [--batches N] "
