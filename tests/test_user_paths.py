@@ -1,0 +1,285 @@
+"""Guarantees through the paths users take: ``Trainer.predict`` (1 and 2 ranks, the CLI),
+``resume_data=False`` through ``fit(ckpt_path=...)``, default policies equal to explicit ones,
+workers that never import Lightning, datasets rewritten at the same path, `BufferShuffle`'s shard
+default, the plan printed after a resume re-pins a version, ``fork`` refused, killed workers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lance_lightning import (
+    BufferShuffle,
+    ConfigError,
+    DataCursorCheckpoint,
+    LanceDataLoader,
+    LanceDataModule,
+    LanceSource,
+    NoShuffle,
+    RowShuffle,
+    WorkerDiedError,
+)
+from tests.helpers import RecordingModel, append_rows, flat, write_dataset
+from tests.worker_probe import KillOnRow, RecordModules
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _trainer(root: Path, **kwargs: Any) -> pl.Trainer:
+    args: dict[str, Any] = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                                enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(root),
+                                num_sanity_val_steps=0, limit_val_batches=0)
+    args.update(kwargs)
+    return pl.Trainer(**args)
+
+
+def _fit(root: Path, dm: LanceDataModule, *, name: str, ckpt_every: int = 0, ckpt_path: Path | None = None,
+         **kwargs: Any) -> RecordingModel:
+    callbacks: list[Any] = [DataCursorCheckpoint()]
+    if ckpt_every:
+        callbacks.append(ModelCheckpoint(dirpath=root / f"ckpt_{name}", filename="{step}",
+                                         every_n_train_steps=ckpt_every, save_top_k=-1))
+    model = RecordingModel()
+    kwargs.setdefault("max_epochs", 1)
+    trainer = _trainer(root / name, callbacks=callbacks, enable_checkpointing=bool(ckpt_every), **kwargs)
+    trainer.fit(model, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None)
+    return model
+
+
+# -- 1. predict ------------------------------------------------------------------------------------
+PREDICT_ROWS = 301  # 2 ranks x 50: 3 full steps and a 1-row tail (rank 1 has no tail row)
+
+
+@pytest.fixture
+def predict_uri(tmp_path: Path) -> str:
+    return write_dataset(tmp_path / "predict.lance", PREDICT_ROWS, fragment_rows=100)
+
+
+def test_predict_returns_every_row_once_in_storage_order(tmp_path: Path, predict_uri: str) -> None:
+    dm = LanceDataModule(predict=LanceSource(predict_uri, columns=["id", "x"]), batch_size=64)
+    predictions = _trainer(tmp_path).predict(RecordingModel(), datamodule=dm)
+    assert [len(p) for p in predictions] == [64, 64, 64, 64, 45]
+    assert flat(predictions) == list(range(PREDICT_ROWS))
+
+
+def test_predict_with_a_loader_built_outside_the_hooks(tmp_path: Path, predict_uri: str) -> None:
+    """Lightning rebuilds a loader it did not see being built from its public attributes."""
+    dm = LanceDataModule(predict=LanceSource(predict_uri, columns=["id", "x"]), batch_size=100)
+    dm.setup("predict")
+    loader = dm.predict_dataloader()
+    predictions = _trainer(tmp_path).predict(RecordingModel(), dataloaders=loader)
+    assert flat(predictions) == list(range(PREDICT_ROWS))
+
+
+def test_loader_refuses_a_sampler(tmp_path: Path, predict_uri: str) -> None:
+    dm = LanceDataModule(predict=LanceSource(predict_uri), batch_size=10)
+    dm.setup("predict")
+    with pytest.raises(ConfigError) as error:
+        LanceDataLoader(dm.predict_dataloader().dataset, sampler=[0, 1])
+    assert error.value.param == "sampler" and "leave `sampler` unset" in str(error.value)
+
+
+def _rank_records(out: Path) -> list[dict[str, Any]]:
+    records = [json.loads(p.read_text()) for p in sorted(out.glob("predict.rank*.json"))]
+    return sorted(records, key=lambda r: r["rank"])
+
+
+def _in_step_order(records: list[dict[str, Any]]) -> list[int]:
+    """Rank 0's batch of step 0, rank 1's, ..., then step 1: the storage order for NoShuffle."""
+    steps = max(len(r["batches"]) for r in records)
+    return [i for step in range(steps) for r in records if step < len(r["batches"]) for i in r["batches"][step]]
+
+
+@pytest.mark.slow
+def test_predict_on_two_ranks_writes_every_row_once(tmp_path: Path, predict_uri: str) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "predict_worker.py"), str(out), predict_uri,
+                           "50"], cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    records = _rank_records(out)
+    assert [r["world_size"] for r in records] == [2, 2]
+    # 301 rows: 3 steps of 2 x 50, then row 300 on rank 0; rank 1 has one batch fewer, no padding.
+    assert [len(r["batches"]) for r in records] == [4, 3]
+    ids = _in_step_order(records)
+    assert ids == list(range(PREDICT_ROWS)), "predicted rows are not every row once, in storage order"
+
+
+@pytest.mark.slow
+def test_cli_predict(tmp_path: Path, predict_uri: str) -> None:
+    config = tmp_path / "predict.yaml"
+    config.write_text(f"""\
+trainer:
+  accelerator: cpu
+  devices: 1
+  logger: false
+  enable_progress_bar: false
+  default_root_dir: {tmp_path / "root"}
+  callbacks:
+    - class_path: tests.predict_worker.IdsWriter
+      init_args: {{out_dir: {tmp_path / "out"}}}
+model:
+  class_path: tests.helpers.RecordingModel
+data:
+  predict: {{uri: {predict_uri}, columns: [id, x]}}
+  batch_size: 64
+""")
+    proc = subprocess.run([sys.executable, "-m", "lance_lightning.cli", "predict", "--config", str(config)],
+                          cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    records = _rank_records(tmp_path / "out")
+    assert len(records) == 1 and flat(records[0]["batches"]) == list(range(PREDICT_ROWS))
+
+
+# -- 3. resume_data=False through fit(ckpt_path=...) -------------------------------------------------
+ROWS, BATCH, K = 300, 16, 5  # 18 steps per epoch, checkpoint at step 5
+
+
+@pytest.fixture
+def uri(tmp_path: Path) -> str:
+    return write_dataset(tmp_path / "ds.lance", ROWS, fragment_rows=100)
+
+
+def _dm(uri: str, shuffle: Any = None, **kwargs: Any) -> LanceDataModule:
+    return LanceDataModule(train=LanceSource(uri, columns=["id", "x"]), batch_size=BATCH, shuffle=shuffle, **kwargs)
+
+
+@pytest.mark.parametrize("seed", [1, 2], ids=["same-plan", "changed-seed"])
+def test_resume_data_false_starts_the_data_epoch_fresh(tmp_path: Path, uri: str, seed: int) -> None:
+    _fit(tmp_path, _dm(uri, RowShuffle(seed=1)), name="A", ckpt_every=K, max_steps=K)
+    whole = _fit(tmp_path, _dm(uri, RowShuffle(seed=seed)), name="C", max_epochs=2)
+    resumed = _fit(tmp_path, _dm(uri, RowShuffle(seed=seed), resume_data=False), name="B", max_epochs=2,
+                   ckpt_path=tmp_path / "ckpt_A" / f"step={K}.ckpt")
+    epoch0 = [ids for ids, e in zip(resumed.seen, resumed.seen_epochs) if e == 0]
+    epoch1 = [ids for ids, e in zip(resumed.seen, resumed.seen_epochs) if e == 1]
+    whole0 = [ids for ids, e in zip(whole.seen, whole.seen_epochs) if e == 0]
+    whole1 = [ids for ids, e in zip(whole.seen, whole.seen_epochs) if e == 1]
+    assert epoch0 == whole0, "the data epoch did not start at its first row, or was not read in full"
+    assert epoch1 == whole1, "the epoch after the fresh start differs from an uninterrupted run's"
+
+
+# -- 5. the default shuffle is NoShuffle() -----------------------------------------------------------
+@pytest.mark.parametrize(("saved", "resumed"), [(None, NoShuffle()), (NoShuffle(), None)],
+                         ids=["default-then-explicit", "explicit-then-default"])
+def test_default_shuffle_is_no_shuffle_to_the_cursor(tmp_path: Path, uri: str, saved: Any, resumed: Any) -> None:
+    a = _fit(tmp_path, _dm(uri, saved), name="A", ckpt_every=K, max_steps=K)
+    dm = _dm(uri, resumed)
+    text = dm.explain("train")
+    assert "strategy: NoShuffle(" in text and "Lazy" not in text, text
+    b = _fit(tmp_path, dm, name="B", ckpt_path=tmp_path / "ckpt_A" / f"step={K}.ckpt")
+    assert flat(a.seen + b.seen) == list(range(ROWS // BATCH * BATCH))
+
+
+# -- 6. workers never import Lightning -----------------------------------------------------------------
+@pytest.mark.slow
+def test_workers_do_not_import_lightning(tmp_path: Path, uri: str) -> None:
+    class Recorder(RecordingModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.flags: set[int] = set()
+            self.pids: set[int] = set()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.flags.update(batch["lightning_imported"].tolist())
+            self.pids.update(batch["pid"].tolist())
+            return super().training_step(batch, batch_idx)
+
+    dm = _dm(uri, transform=RecordModules(), num_workers=2)  # default policies: pickled to each worker
+    model = Recorder()
+    _trainer(tmp_path, max_epochs=1).fit(model, datamodule=dm)
+    assert len(model.pids) == 2 and os.getpid() not in model.pids, "batches did not come from 2 workers"
+    assert model.flags == {0}, "a DataLoader worker imported Lightning"
+
+
+# -- 7. a dataset deleted and written again at the same path -----------------------------------------
+def test_dataset_rewritten_at_the_same_path(tmp_path: Path) -> None:
+    path = tmp_path / "again.lance"
+    write_dataset(path, 100)
+    first = RecordingModel()
+    _trainer(tmp_path, limit_val_batches=None).validate(first, datamodule=LanceDataModule(
+        val=LanceSource(str(path), columns=["id", "x"]), batch_size=40))
+    shutil.rmtree(path)
+    write_dataset(path, 150, fragment_rows=50)  # version 1 again, other files
+    second = RecordingModel()
+    _trainer(tmp_path, limit_val_batches=None).validate(second, datamodule=LanceDataModule(
+        val=LanceSource(str(path), columns=["id", "x"]), batch_size=40))
+    assert flat(first.val_seen) == list(range(100))
+    assert flat(second.val_seen) == list(range(150))
+
+
+# -- 8. BufferShuffle's shard default follows buffer_rows ---------------------------------------------
+def test_buffer_shuffle_shard_default_follows_the_buffer(tmp_path: Path) -> None:
+    assert BufferShuffle().shard_rows == 1024
+    strategy = BufferShuffle(buffer_rows=800)
+    assert strategy.shard_rows == 200
+    assert BufferShuffle(buffer_rows=3).shard_rows == 1
+    assert BufferShuffle(buffer_rows=100, shard_rows=100).shard_rows == 100  # the rule checked: <= buffer_rows
+    with pytest.raises(ConfigError) as error:
+        BufferShuffle(buffer_rows=100, shard_rows=101)
+    assert "at most `buffer_rows` (100)" in str(error.value)
+    uri = write_dataset(tmp_path / "ds.lance", 2000, fragment_rows=500)
+    model = _fit(tmp_path, _dm(uri, strategy), name="A")
+    assert sorted(flat(model.seen)) == list(range(2000))  # 125 whole batches of 16
+
+
+# -- 9. the plan printed at start describes the version the resume reads ------------------------------
+def test_plan_printed_after_resume_describes_the_repinned_version(tmp_path: Path, uri: str) -> None:
+    _fit(tmp_path, _dm(uri, RowShuffle(seed=1)), name="A", ckpt_every=K, max_steps=K)
+    append_rows(uri, 700)  # version 2: 1,000 rows, 62 batches
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    logger.addHandler(handler)
+    try:
+        b = _fit(tmp_path, _dm(uri, RowShuffle(seed=1)), name="B", ckpt_path=tmp_path / "ckpt_A" / f"step={K}.ckpt")
+    finally:
+        logger.removeHandler(handler)
+    plans = [line for line in lines if line.startswith("split 'train'")]
+    assert len(plans) == 1, lines
+    assert "@ version 1," in plans[0] and "rows: 300 of 300" in plans[0], plans[0]
+    assert f"batches: {ROWS // BATCH} per rank" in plans[0], plans[0]
+    assert f"resume: epoch 0 from row {K * BATCH} of 300 ({K} step(s) done)" in plans[0], plans[0]
+    assert max(flat(b.seen)) < ROWS
+
+
+# -- 10. fork refused; a killed worker raises WorkerDiedError ------------------------------------------
+def test_fork_with_workers_is_refused(uri: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        _dm(uri, num_workers=2, multiprocessing_context="fork")
+    message = str(error.value)
+    assert error.value.param == "multiprocessing_context" and "'fork'" in message and "forkserver" in message
+    dm = _dm(uri)
+    dm.setup("fit")
+    with pytest.raises(ConfigError):
+        LanceDataLoader(dm.train_dataloader().dataset, num_workers=2, multiprocessing_context="fork")
+    LanceDataLoader(dm.train_dataloader().dataset, num_workers=0, multiprocessing_context="fork")  # no workers
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_killed_worker_raises_worker_died_error_through_fit(tmp_path: Path, uri: str) -> None:
+    dm = _dm(uri, transform=KillOnRow(200, os.getpid()), num_workers=2)
+    model = RecordingModel()
+    with pytest.raises(WorkerDiedError) as error:
+        _trainer(tmp_path, max_epochs=1).fit(model, datamodule=dm)
+    message = str(error.value)
+    assert error.value.pids and f"pid {error.value.pids[0]}" in message and "SIGKILL" in message, message
+    assert len(model.seen) < ROWS // BATCH

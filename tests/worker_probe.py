@@ -1,0 +1,39 @@
+"""Transforms that report from inside DataLoader worker processes (light: no Lightning import).
+
+DataLoader workers started with ``forkserver`` import the module of the transform; this module
+imports only the standard library and torch, so whatever else a worker has imported came with the
+objects pickled to it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+import torch
+
+
+class RecordModules:
+    """Adds ``lightning_imported`` (1 per row if the process has imported Lightning) and ``pid``."""
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        rows = len(batch["id"])
+        imported = any(name == "lightning" or name.startswith("lightning.") for name in sys.modules)
+        batch["lightning_imported"] = torch.full((rows,), int(imported))
+        batch["pid"] = torch.full((rows,), os.getpid())
+        return batch
+
+
+class KillOnRow:
+    """SIGKILLs its own process when a batch holds row id ``row``, unless it is ``main_pid``."""
+
+    def __init__(self, row: int, main_pid: int) -> None:
+        self.row = row
+        self.main_pid = main_pid
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if os.getpid() != self.main_pid and self.row in batch["id"].tolist():
+            os.kill(os.getpid(), signal.SIGKILL)
+        return batch
