@@ -158,7 +158,10 @@ def uri(tmp_path: Path) -> str:
 
 
 def _dm(uri: str, shuffle: Any = None, **kwargs: Any) -> LanceDataModule:
-    return LanceDataModule(train=LanceSource(uri, columns=["id", "x"]), batch_size=BATCH, shuffle=shuffle, **kwargs)
+    """A train data module; ``shuffle=None`` leaves the argument out (its default)."""
+    if shuffle is not None:
+        kwargs["shuffle"] = shuffle
+    return LanceDataModule(train=LanceSource(uri, columns=["id", "x"]), batch_size=BATCH, **kwargs)
 
 
 @pytest.mark.parametrize("seed", [1, 2], ids=["same-plan", "changed-seed"])
