@@ -14,6 +14,7 @@ import torch
 
 from lance_lightning import (
     BufferShuffle,
+    ConfigError,
     LanceDataModule,
     LanceSource,
     NoShuffle,
@@ -278,12 +279,12 @@ def test_explain_mentions_rows_strategy_method_batches(dataset_uri):
 # multiprocessing context
 
 
-def test_fork_context_warns(dataset_uri):
-    with pytest.warns(RuntimeWarning, match="fork-safe"):
+def test_fork_context_is_refused(dataset_uri):
+    with pytest.raises(ConfigError, match="fork-safe"):
         LanceDataModule(train=LanceSource(dataset_uri), num_workers=2, multiprocessing_context="fork")
 
 
-def test_fork_context_without_workers_does_not_warn(dataset_uri, recwarn):
+def test_fork_context_without_workers_is_accepted(dataset_uri, recwarn):
     LanceDataModule(train=LanceSource(dataset_uri), num_workers=0, multiprocessing_context="fork")
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning) and "fork" in str(w.message)]
 

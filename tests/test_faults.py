@@ -3,7 +3,7 @@
 - A DataLoader worker killed mid-epoch gives a clear error, never a hang. Workers are real
   processes (forkserver) reading a real Lance dataset; they are killed with SIGKILL, as the
   kernel's OOM killer would. The DataLoader must notice within seconds (its SIGCHLD handler, or
-  its worker status check every 5 s) and raise a `RuntimeError` naming the worker.
+  its worker status check every 5 s) and raise `WorkerDiedError` naming the worker and signal.
 - A dataset that gets new versions during training (rows appended, overwritten, deleted, mid-epoch
   and between epochs) does not change what the run reads: it reads the version pinned at setup,
   exactly as a run on an unchanged copy does; resuming from a checkpoint after the dataset moved on
@@ -24,7 +24,7 @@ import pytest
 import lance
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceSource, RowShuffle
+from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceSource, RowShuffle, WorkerDiedError
 from tests.helpers import RecordingModel, append_rows, flat, make_table, write_dataset
 
 WORKER_DIED = r"DataLoader worker \(pid"
@@ -76,14 +76,14 @@ def test_worker_killed_between_batches_raises(uri: str) -> None:
     assert len(pids) == 2 and all(pid != os.getpid() for pid in pids)
     started = time.monotonic()
     try:
-        with pytest.raises(RuntimeError, match=WORKER_DIED) as error:
+        with pytest.raises(WorkerDiedError, match=WORKER_DIED) as error:
             os.kill(pids[0], signal.SIGKILL)
             for _ in batches:
                 pass
     finally:
         _shutdown(loader)
     assert time.monotonic() - started < 15, "the dead worker was noticed too late"
-    assert str(pids[0]) in str(error.value)
+    assert str(pids[0]) in str(error.value) and "SIGKILL" in str(error.value)
 
 
 @pytest.mark.slow  # forkserver workers: 10-20 s on 2 busy cores
@@ -100,14 +100,14 @@ def test_worker_killed_while_main_process_waits_raises(uri: str) -> None:
     started = time.monotonic()
     killer.start()
     try:
-        with pytest.raises(RuntimeError, match=WORKER_DIED) as error:
+        with pytest.raises(WorkerDiedError, match=WORKER_DIED) as error:
             for _ in batches:
                 pass
     finally:
         killer.cancel()
         _shutdown(loader)
     assert time.monotonic() - started < 15
-    assert str(pids[1]) in str(error.value)
+    assert str(pids[1]) in str(error.value) and "SIGKILL" in str(error.value)
 
 
 class KillWorkerAt(Callback):
@@ -136,11 +136,11 @@ def test_worker_killed_during_trainer_fit_raises(uri: str, tmp_path: Path) -> No
     model = RecordingModel()
     started = time.monotonic()
     try:
-        with pytest.raises(RuntimeError, match=WORKER_DIED) as error:
+        with pytest.raises(WorkerDiedError, match=WORKER_DIED) as error:
             trainer.fit(model, datamodule=dm)
     finally:
         _shutdown(dm.train_dataloader())
-    assert killer.killed is not None and str(killer.killed) in str(error.value)
+    assert killer.killed is not None and f"pid {killer.killed}" in str(error.value) and "SIGKILL" in str(error.value)
     assert time.monotonic() - started < 60
     assert 4 <= len(model.seen) < 4000 // 16, "training stopped at the fault, not before and not at the end"
 
