@@ -286,3 +286,26 @@ def test_killed_worker_raises_worker_died_error_through_fit(tmp_path: Path, uri:
     message = str(error.value)
     assert error.value.pids and f"pid {error.value.pids[0]}" in message and "SIGKILL" in message, message
     assert len(model.seen) < ROWS // BATCH
+
+
+# -- 2. len after a restore, in a loop of one's own -------------------------------------------------------
+@pytest.mark.parametrize("batch_after", [BATCH, 10, 24], ids=["same", "batch-down", "batch-up"])
+def test_len_after_restore_is_what_the_next_iteration_yields(uri: str, batch_after: int) -> None:
+    dm = _dm(uri, RowShuffle(seed=1))
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    batches = iter(loader)
+    trained = [next(batches)["id"].tolist() for _ in range(K)]
+    state = loader.state_dict()
+    other = LanceDataModule(train=LanceSource(uri, columns=["id", "x"]), batch_size=batch_after,
+                            shuffle=RowShuffle(seed=1))
+    other.setup("fit")
+    resumed = other.train_dataloader()
+    resumed.load_state_dict(state)
+    left = (ROWS - K * BATCH) // batch_after
+    assert len(resumed) == left
+    rest = [batch["id"].tolist() for batch in resumed]
+    assert len(rest) == left
+    assert len(set(flat(trained + rest))) == K * BATCH + left * batch_after
+    assert len(resumed) == ROWS // batch_after  # the next epoch is whole
+    assert len(list(resumed)) == ROWS // batch_after
