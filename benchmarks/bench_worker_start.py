@@ -79,7 +79,8 @@ def main() -> None:
                              check=True, cwd=REPO_ROOT)
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         loads.append(_load())
-    med = {key: statistics.median(r[key] for r in runs) for key in ("workers0_s", "workers2_first_s", "workers2_again_s")}
+    keys = ("workers0_s", "workers2_first_s", "workers2_again_s")
+    med = {key: statistics.median(r[key] for r in runs) for key in keys}
     extra = med["workers2_first_s"] - med["workers0_s"]
     import lance
     import lightning

@@ -115,8 +115,9 @@ class CursorTracker:
         if pending is None or pending["finished"]:
             return None
         layout = self.plan.layout(self.world_size, pending["rows_consumed"])
-        line = (f"  resume: epoch {pending['epoch']} from row {pending['rows_consumed']:,} of {self.plan.matched_rows:,} "
-                f"({pending['steps']:,} step(s) done): {layout.steps:,} more step(s) of {layout.step_rows:,} row(s)")
+        line = (f"  resume: epoch {pending['epoch']} from row {pending['rows_consumed']:,} of "
+                f"{self.plan.matched_rows:,} ({pending['steps']:,} step(s) done): {layout.steps:,} more step(s) "
+                f"of {layout.step_rows:,} row(s)")
         if layout.dropped_rows:
             line += f"; drop_last skips the last {layout.dropped_rows:,} row(s) of this epoch"
         return line
