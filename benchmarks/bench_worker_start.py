@@ -8,7 +8,7 @@ fork server is already running). Target: 2 workers cost at most 2 s more than 0 
 
 Usage::
 
-    python benchmarks/bench_worker_start.py [--repeats 3]   # writes results/worker_start.md
+    python benchmarks/bench_worker_start.py [--repeats 3] [--quick]   # writes results/worker_start.md
 """
 
 from __future__ import annotations
@@ -63,8 +63,11 @@ def _load() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="one repeat")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.repeats = 1
     if args.one:
         _one(args.one)
         return
