@@ -127,6 +127,8 @@ class LanceDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         self.sources: dict[Split, LanceSource | None] = {"train": train, "val": val, "test": test, "predict": predict}
+        if val is None:  # Lightning skips validation silently only when val_dataloader is not overridden
+            self.val_dataloader = super().val_dataloader
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size or 1),
                             ("prefetch_groups", prefetch_groups), ("prefetch_batches", prefetch_batches),
                             ("prefetch_factor", prefetch_factor)):
@@ -239,8 +241,8 @@ class LanceDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> LanceDataLoader:
         return self._loader("train")
 
-    def val_dataloader(self) -> LanceDataLoader | list:
-        return self._loader("val") if self.sources["val"] is not None else []
+    def val_dataloader(self) -> LanceDataLoader:
+        return self._loader("val")
 
     def test_dataloader(self) -> LanceDataLoader:
         return self._loader("test")
