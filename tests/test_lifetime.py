@@ -104,9 +104,11 @@ data:
   batch_size: 4
   num_workers: 2
 """)
-    trainer = subprocess.Popen([sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)],
-                               cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "stderr.txt"  # a file, not a pipe: a leftover child would hold a pipe open
+    with log.open("w") as stderr_file:
+        trainer = subprocess.Popen([sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)],
+                                   cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                                   stderr=stderr_file)
     sid = trainer.pid  # the session leader's pid is the session id
     try:
         if ending in ("sigkill", "ctrl-c"):
@@ -116,11 +118,12 @@ data:
             assert trainer.poll() is None and _forkserver_family(sid) >= 3, "the workers never started"
             time.sleep(1.0)  # a few steps into the epoch
             trainer.send_signal(signal.SIGKILL if ending == "sigkill" else signal.SIGINT)
-        _, stderr = trainer.communicate(timeout=START_TIMEOUT_S)
+        trainer.wait(timeout=START_TIMEOUT_S)
     finally:
         if trainer.poll() is None:
             os.killpg(sid, signal.SIGKILL)
             trainer.wait()
+    stderr = log.read_text()
     if ending == "normal exit":
         assert trainer.returncode == 0, stderr[-3000:]
     elif ending == "exception":
