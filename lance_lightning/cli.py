@@ -66,16 +66,32 @@ def main(args: list[str] | None = None) -> None:
             run(args, _DESCRIPTION)
             code = 0
     except Exception as error:  # noqa: BLE001 - only our own errors are shortened, others re-raise
-        if not _is_ours(error) or os.environ.get(TRACEBACK_ENV) == "1":
+        ours = _our_error(error)
+        if ours is None or os.environ.get(TRACEBACK_ENV) == "1":
             raise
-        print(error_lines(argv[0], error), file=sys.stderr)
+        print(error_lines(argv[0], ours), file=sys.stderr)
         code = 1
     if code:
         sys.exit(code)
 
 
-def _is_ours(error: BaseException) -> bool:
-    return type(error).__module__.split(".")[0] == "lance_lightning"
+def _our_error(error: BaseException) -> BaseException | None:
+    """The error of lance_lightning's own type, or bad-argument error raised by its code, that
+    ``error`` is or was caused by (jsonargparse wraps what a constructor raised); else None."""
+    seen: BaseException | None = error
+    while seen is not None:
+        frame = seen.__traceback__
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        raised_in = frame.tb_frame.f_code.co_filename if frame is not None else ""
+        if type(seen).__module__.split(".")[0] == "lance_lightning" or (
+                isinstance(seen, (ValueError, TypeError)) and raised_in.startswith(_PACKAGE_DIR)):
+            return seen
+        seen = seen.__cause__
+    return None
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def error_lines(command: str, error: BaseException) -> str:

@@ -40,6 +40,7 @@ from lance_lightning.loader import FORK_WARNING, LanceDataLoader
 from lance_lightning.plan.planner import ReadPlan, build_plan
 from lance_lightning.materialize import MaterializedView
 from lance_lightning.retry import RetryPolicy
+from lance_lightning.schema_check import check_read_schema
 from lance_lightning.source import LanceSource, pin_source
 from lance_lightning.strategies import FilterRead, NoShuffle, ShuffleStrategy
 
@@ -203,6 +204,7 @@ class LanceDataModule(pl.LightningDataModule):
             if self.sources[split] is not None and split not in self.plans:
                 self._plan(split)
         self._check_fill_nulls()
+        check_read_schema(self.plans, self.fill_nulls, self.transform)
         if stage == "fit":
             rank_zero_info(self.explain("train"))
 
