@@ -92,4 +92,4 @@ def check_not_redacted(param: str, options: Mapping[str, Any] | None) -> None:
                 "in place of a secret, not the secret itself",
                 "pass credentials through the environment (e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
                 "AWS_SESSION_TOKEN) or a credentials profile and drop the key from storage_options, or give the "
-                "real value on the command line (see docs/guide.md, 'Credentials')")
+                "real value on the command line (docs/distributed.md, 'Data on object stores')")
