@@ -97,7 +97,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 def error_lines(command: str, error: BaseException) -> str:
     """A lance_lightning error as a few lines: what, the parameter, the value, the fix."""
     from lance_lightning.errors import ConfigError
-    from lance_lightning.secrets import redact_config, redact_text
+    from lance_lightning.redaction import redact_config, redact_text
 
     prefix = f"lance-lightning {command}: error"
     if isinstance(error, ConfigError):

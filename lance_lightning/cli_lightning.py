@@ -3,7 +3,7 @@
 Guarantees:
 - Every config this CLI writes or prints (``config.yaml`` in the log directory, ``--print_config``,
   the hyperparameters stored in checkpoints and ``hparams.yaml``) has the credentials of every
-  ``storage_options`` redacted (`lance_lightning.secrets`); the objects that run get the real values.
+  ``storage_options`` redacted (`lance_lightning.redaction`); the objects that run get the real values.
 - A parser error is a few lines on stderr (what is wrong with which key, redacted, and where to
   find the options), exit status 2, without the usage dump.
 - At the end of ``fit`` every rank takes part in the collective calls (log directory, final
@@ -28,7 +28,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lance_lightning.errors import ConfigError
-from lance_lightning.secrets import redact_config, redact_text
+from lance_lightning.redaction import redact_config, redact_text
 
 
 class RedactingParser(LightningArgumentParser):

@@ -14,7 +14,7 @@ class ConfigError(ValueError):
     """A parameter has a value that cannot work. Raised in the main process, before training."""
 
     def __init__(self, param: str, value: Any, problem: str, fix: str) -> None:
-        from lance_lightning.secrets import redact_config
+        from lance_lightning.redaction import redact_config
 
         self.param = param
         self.value = value

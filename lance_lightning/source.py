@@ -8,7 +8,7 @@ Guarantees:
 - A `PinnedSource` is small and picklable. Each process opens it lazily, at most once, and always
   at the pinned version, so new versions written during training never change what a run reads.
 - Storage options never appear in logs, plan fingerprints or checkpoints; `repr` shows them with
-  every credential redacted (`lance_lightning.secrets`), and options holding the redaction
+  every credential redacted (`lance_lightning.redaction`), and options holding the redaction
   placeholder (a saved config reused as is) are refused at `pin_source`.
 - A source that cannot be opened gets a fix for its cause: a file that is not a Lance dataset, a
   missing bucket, a missing dataset, refused credentials, a local permission error.
@@ -23,7 +23,7 @@ from typing import Any
 import lance
 
 from lance_lightning.errors import ConfigError
-from lance_lightning.secrets import check_not_redacted, redact_options, redact_text
+from lance_lightning.redaction import check_not_redacted, redact_options, redact_text
 
 
 @dataclass

@@ -23,6 +23,7 @@ import lightning.pytorch as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from lance_lightning import ConfigError, LanceDataModule, LanceSource
 from lance_lightning.source import _open_error
@@ -218,7 +219,11 @@ def test_a_fit_does_not_overwrite_an_earlier_runs_checkpoints(tmp_path: Path) ->
 @pytest.mark.slow
 def test_ddp_fit_from_the_cli_exits_zero(tmp_path: Path) -> None:
     uri = write_dataset(tmp_path / "ds.lance", 256, fragment_rows=64)
-    cfg = _config(tmp_path, f"  train: {{uri: {uri}, columns: [id, x]}}\n  batch_size: 16\n")
+    cfg = _config(tmp_path, f"  train: {{uri: {uri}, columns: [id, x]}}\n  batch_size: 16\n", trainer="""\
+  callbacks:
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args: {every_n_train_steps: 3, save_last: true}
+""")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     env.pop("LOCAL_RANK", None)
     result = subprocess.run([sys.executable, "-m", "lance_lightning.cli", "fit", "--config", cfg,
@@ -227,3 +232,5 @@ def test_ddp_fit_from_the_cli_exits_zero(tmp_path: Path) -> None:
                             cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=480)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert result.stdout.count("resume with: ") == 1  # rank 0 only
+    last = next((tmp_path / "root").rglob("last.ckpt"))
+    assert torch.load(last, weights_only=True)["global_step"] == 256 // 2 // 16  # the final step, not step 6

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from lance_lightning import LanceSource
-from lance_lightning.secrets import REDACTED, is_secret_key, redact_config, redact_options, redact_text
+from lance_lightning.redaction import REDACTED, is_secret_key, redact_config, redact_options, redact_text
 from tests.helpers import make_table, run_cli, write_dataset
 from tests.s3_server import S3Server
 
