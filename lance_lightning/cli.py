@@ -9,6 +9,8 @@ Guarantees:
   source to a local view (`lance_lightning.materialize_cli`).
 - Start-up imports only what the subcommand needs: ``lance-lightning --help`` and
   ``materialize`` never import Lightning or torch.
+- Parser errors (`OneScreenParser`) name the bad key in a few lines, without the usage dump,
+  exit status 2; configs the parsers save or print have their credentials redacted.
 - An error of lance_lightning's own (a `ConfigError`, a data or cursor error) ends the command
   with a few lines on stderr (what, the parameter, the value, the fix) and exit status 1; the
   full traceback is printed when the environment sets ``LANCE_LIGHTNING_TRACEBACK=1``. Secrets
@@ -73,6 +75,27 @@ def main(args: list[str] | None = None) -> None:
         code = 1
     if code:
         sys.exit(code)
+
+
+class OneScreenParser:
+    """Mixin for jsonargparse parsers: dumps (saved and printed configs) have their credentials
+    redacted; an error is a few redacted lines naming the key, exit status 2, without the usage."""
+
+    def dump(self, cfg: Any, *args: Any, **kwargs: Any) -> str:
+        from lance_lightning.redaction import redact_config
+
+        return super().dump(redact_config(cfg), *args, **kwargs)  # type: ignore[misc]
+
+    def error(self, message: str, ex: Exception | None = None) -> Any:
+        from lance_lightning.redaction import redact_text
+
+        message = redact_text(message)
+        if not self.exit_on_error:  # type: ignore[attr-defined]  # an inner parse jsonargparse retries
+            super().error(message, ex)  # type: ignore[misc]
+        prog = self.prog.replace(" [options]", "")  # type: ignore[attr-defined]
+        sys.stderr.write(f"{prog}: error: {message.strip()}\n"
+                         f"(all options: {prog} --help; one class's options: --data.<key>.help CLASS)\n")
+        sys.exit(2)
 
 
 def _our_error(error: BaseException) -> BaseException | None:

@@ -21,30 +21,18 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lance_lightning.cli import OneScreenParser
 from lance_lightning.errors import ConfigError
-from lance_lightning.redaction import redact_config, redact_text
+from lance_lightning.redaction import redact_config
 
 
-class RedactingParser(LightningArgumentParser):
-    """A LightningCLI parser whose dumps are redacted and whose errors fit on one screen."""
-
-    def dump(self, cfg: Namespace, *args: Any, **kwargs: Any) -> str:
-        return super().dump(redact_config(cfg), *args, **kwargs)
-
-    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        message = redact_text(message)
-        if not self.exit_on_error:  # an inner parse that jsonargparse catches and retries
-            super().error(message, ex)
-        prog = self.prog.replace(" [options]", "")
-        sys.stderr.write(f"{prog}: error: {message.strip()}\n"
-                         f"(all options: {prog} --help; one class's options: --data.<key>.help CLASS)\n")
-        sys.exit(2)
+class RedactingParser(OneScreenParser, LightningArgumentParser):
+    """LightningCLI's parser with redacted dumps and one-screen errors (`OneScreenParser`)."""
 
 
 class LanceLightningCLI(LightningCLI):

@@ -78,6 +78,15 @@ def test_profile_with_a_bad_transform_argument_is_a_few_lines(tmp_path: Path) ->
     assert "device='not-a-device'" in err
 
 
+@pytest.mark.parametrize("command", ["fit", "profile"])
+def test_a_mistyped_key_is_named_without_the_usage_dump(tmp_path: Path, command: str) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", 64)
+    cfg = _config(tmp_path, f"  train: {{uri: {uri}}}\n  batch_sise: 16\n")
+    code, out, err = run_cli([command, "--config", cfg])
+    assert code == 2
+    assert "batch_sise" in err and "usage:" not in out + err and len(err.strip().splitlines()) <= 4, err
+
+
 def test_a_parquet_file_as_uri_says_to_convert_it(tmp_path: Path) -> None:
     path = tmp_path / "data.parquet"
     pq.write_table(make_table(10), path)
