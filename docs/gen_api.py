@@ -38,7 +38,8 @@ MODULE_ORDER = (
 EXTRA_NAMES = {"lance_lightning.badrows": ("BadRowPolicy", "RaiseOnBadRow", "ReplaceBadRow"),
                "lance_lightning.convert": ("Ragged",)}
 #: Modules documented by their docstring alone: the command-line tools.
-COMMAND_MODULES = ("lance_lightning.cli", "lance_lightning.profile", "lance_lightning.materialize_cli")
+COMMAND_MODULES = ("lance_lightning.cli", "lance_lightning.cli_lightning", "lance_lightning.profile",
+                   "lance_lightning.materialize_cli")
 _SECTION = re.compile(r"^(Args|Arguments|Attributes|Returns|Raises|Yields|Example|Examples):\s*$")
 _ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc):(`[^`]+`)")
 _ITEM_NAME = re.compile(r"^([\w.*, ]+?):\s+(.*)$")

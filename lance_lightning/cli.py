@@ -1,11 +1,20 @@
 """The ``lance-lightning`` command: LightningCLI with `LanceDataModule` as the data module.
 
-Guarantees: ``lance-lightning fit|validate|test|predict --config X.yaml`` builds any
-LightningModule given by ``class_path`` and a `LanceDataModule` from ``data:``; modules in the
-current directory (e.g. ``examples.digits``) resolve as with ``python -m``.
-``lance-lightning profile --config X.yaml`` runs only the config's data pipeline and prints the
-data loading report (see `lance_lightning.profile`); ``lance-lightning materialize`` copies a
-source to a local view (see `lance_lightning.materialize`).
+Guarantees:
+- ``lance-lightning fit|validate|test|predict --config X.yaml`` builds any LightningModule given
+  by ``class_path`` and a `LanceDataModule` from ``data:`` (`lance_lightning.cli_lightning`);
+  modules in the current directory (e.g. ``examples.digits``) resolve as with ``python -m``.
+- ``lance-lightning profile --config X.yaml`` runs only the config's data pipeline and prints the
+  data loading report (`lance_lightning.profile`); ``lance-lightning materialize`` copies a
+  source to a local view (`lance_lightning.materialize_cli`).
+- Start-up imports only what the subcommand needs: ``lance-lightning --help`` and
+  ``materialize`` never import Lightning or torch.
+- Parser errors (`OneScreenParser`) name the bad key in a few lines, without the usage dump,
+  exit status 2; configs the parsers save or print have their credentials redacted.
+- An error of lance_lightning's own (a `ConfigError`, a data or cursor error) ends the command
+  with a few lines on stderr (what, the parameter, the value, the fix) and exit status 1; the
+  full traceback is printed when the environment sets ``LANCE_LIGHTNING_TRACEBACK=1``. Secrets
+  never appear in these lines.
 """
 
 from __future__ import annotations
@@ -13,41 +22,32 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-
 from typing import Any
 
-from lightning.pytorch.cli import LightningCLI
-
-from lance_lightning.datamodule import LanceDataModule
-
-
-class LanceLightningCLI(LightningCLI):
-    """LightningCLI that says where a run's logs and checkpoints went."""
-
-    def add_arguments_to_parser(self, parser: Any) -> None:
-        # The data module's policy defaults are None (built in __init__); show what runs instead.
-        parser.set_defaults({f"data.{name}": {"class_path": path} for name, path in _POLICY_DEFAULTS.items()})
-
-    def after_fit(self) -> None:
-        trainer = self.trainer
-        if trainer.is_global_zero:
-            checkpoints = trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback else None
-            print(f"logs: {os.path.abspath(trainer.log_dir)}\ncheckpoints: {checkpoints}")
-            if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.last_model_path:
-                print(f"resume with: --ckpt_path {trainer.checkpoint_callback.last_model_path}")
-
-
-#: What the data module builds for these arguments when they are None.
-_POLICY_DEFAULTS = {"shuffle": "lance_lightning.NoShuffle", "filter_read": "lance_lightning.FilterRead",
-                    "bad_rows": "lance_lightning.badrows.RaiseOnBadRow", "retry": "lance_lightning.RetryPolicy"}
-
+#: Set to 1 to print the full traceback of an error instead of its few lines.
+TRACEBACK_ENV = "LANCE_LIGHTNING_TRACEBACK"
+_STAGES = ("fit", "validate", "test", "predict")
+#: Subcommands that are not Trainer stages: name -> "module:function(argv) -> exit status".
+_TOOLS = {"profile": "lance_lightning.profile:main", "materialize": "lance_lightning.materialize_cli:materialize_main"}
 _DESCRIPTION = (
     "Train with a LanceDataModule. Also: `lance-lightning profile --config X.yaml [--batches N] "
     "[--split train]` runs only the data pipeline of a config and reports what limits it; "
     "`lance-lightning materialize --uri URI --out-dir DIR` copies a source to a local view once."
 )
-#: Subcommands that are not Trainer stages: name -> "module:function(argv) -> exit status".
-_TOOLS = {"profile": "lance_lightning.profile:main", "materialize": "lance_lightning.materialize_cli:materialize_main"}
+_HELP = f"""usage: lance-lightning [-h] {{fit,validate,test,predict,profile,materialize}} ...
+
+{_DESCRIPTION}
+
+subcommands (each takes --config X.yaml and --help):
+  fit          Runs the full optimization routine.
+  validate     Perform one evaluation epoch over the validation set.
+  test         Perform one evaluation epoch over the test set.
+  predict      Run inference on your data.
+  profile      Run only the data pipeline of a config for N batches and report what limits it.
+  materialize  Copy a (remote) Lance dataset to a local materialized view, once.
+
+Errors print a few lines; set {TRACEBACK_ENV}=1 for the full traceback.
+"""
 
 
 def main(args: list[str] | None = None) -> None:
@@ -55,19 +55,91 @@ def main(args: list[str] | None = None) -> None:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     argv = sys.argv[1:] if args is None else list(args)
-    if argv[:1] and argv[0] in _TOOLS:
-        module, function = _TOOLS[argv[0]].split(":")
-        code = getattr(importlib.import_module(module), function)(argv[1:])
-        if code:
-            sys.exit(code)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_HELP, end="")
         return
-    LanceLightningCLI(
-        datamodule_class=LanceDataModule,
-        subclass_mode_model=True,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"description": _DESCRIPTION},
-        args=args,
-    )
+    try:
+        if argv[0] in _TOOLS:
+            module, function = _TOOLS[argv[0]].split(":")
+            code = getattr(importlib.import_module(module), function)(argv[1:])
+        else:
+            from lance_lightning.cli_lightning import run
+
+            run(args, _DESCRIPTION)
+            code = 0
+    except Exception as error:  # noqa: BLE001 - only our own errors are shortened, others re-raise
+        ours = _our_error(error)
+        if ours is None or os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        print(error_lines(argv[0], ours), file=sys.stderr)
+        code = 1
+    if code:
+        sys.exit(code)
+
+
+class OneScreenParser:
+    """Mixin for jsonargparse parsers: dumps (saved and printed configs) have their credentials
+    redacted; an error is a few redacted lines naming the key, exit status 2, without the usage."""
+
+    def dump(self, cfg: Any, *args: Any, **kwargs: Any) -> str:
+        from lance_lightning.redaction import redact_config
+
+        return super().dump(redact_config(cfg), *args, **kwargs)  # type: ignore[misc]
+
+    def error(self, message: str, ex: Exception | None = None) -> Any:
+        from lance_lightning.redaction import redact_text
+
+        message = redact_text(message)
+        if not self.exit_on_error:  # type: ignore[attr-defined]  # an inner parse jsonargparse retries
+            super().error(message, ex)  # type: ignore[misc]
+        prog = self.prog.replace(" [options]", "")  # type: ignore[attr-defined]
+        sys.stderr.write(f"{prog}: error: {message.strip()}\n"
+                         f"(all options: {prog} --help; one class's options: --data.<key>.help CLASS)\n")
+        sys.exit(2)
+
+
+def _our_error(error: BaseException) -> BaseException | None:
+    """The error of lance_lightning's own type, or bad-argument error raised by its code, that
+    ``error`` is or was caused by (jsonargparse wraps what a constructor raised); else None."""
+    seen: BaseException | None = error
+    while seen is not None:
+        frame = seen.__traceback__
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        raised_in = frame.tb_frame.f_code.co_filename if frame is not None else ""
+        if type(seen).__module__.split(".")[0] == "lance_lightning" or (
+                isinstance(seen, (ValueError, TypeError)) and raised_in.startswith(_PACKAGE_DIR)):
+            return seen
+        seen = seen.__cause__
+    return None
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def error_lines(command: str, error: BaseException) -> str:
+    """A lance_lightning error as a few lines: what, the parameter, the value, the fix."""
+    from lance_lightning.errors import ConfigError
+    from lance_lightning.redaction import redact_config, redact_text
+
+    prefix = f"lance-lightning {command}: error"
+    if isinstance(error, ConfigError):
+        value = repr(redact_config({error.param.rsplit(".", 1)[-1]: error.value}).popitem()[1])
+        if len(value) > 300:
+            value = value[:300] + " ..."
+        text = (f"{prefix}: {error.problem}\n  parameter: {error.param}\n  value:     {value}\n"
+                f"  fix:       {error.fix}")
+    else:
+        text = f"{prefix}: {type(error).__name__}: {error}"
+    return redact_text(text) + f"\n  (set {TRACEBACK_ENV}=1 for the full traceback)"
+
+
+def __getattr__(name: str) -> Any:  # `lance_lightning.cli.LanceLightningCLI` without importing Lightning eagerly
+    if name == "LanceLightningCLI":
+        from lance_lightning.cli_lightning import LanceLightningCLI
+
+        return LanceLightningCLI
+    raise AttributeError(f"module 'lance_lightning.cli' has no attribute {name!r}")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from lance_lightning.loader import LanceDataLoader, check_start_method
 from lance_lightning.plan.planner import ReadPlan, build_plan
 from lance_lightning.materialize import MaterializedView
 from lance_lightning.retry import RetryPolicy
+from lance_lightning.schema_check import check_read_schema
 from lance_lightning.source import LanceSource, pin_source
 from lance_lightning.strategies import FilterRead, NoShuffle, ShuffleStrategy
 
@@ -129,6 +130,8 @@ class LanceDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         self.sources: dict[Split, LanceSource | None] = {"train": train, "val": val, "test": test, "predict": predict}
+        if val is None:  # Lightning skips validation silently only when val_dataloader is not overridden
+            self.val_dataloader = super().val_dataloader
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size or 1),
                             ("prefetch_groups", prefetch_groups), ("prefetch_batches", prefetch_batches),
                             ("prefetch_factor", prefetch_factor)):
@@ -200,6 +203,7 @@ class LanceDataModule(pl.LightningDataModule):
             if self.sources[split] is not None and split not in self.plans:
                 self._plan(split)
         self._check_fill_nulls()
+        check_read_schema(self.plans, self.fill_nulls, self.transform)
 
     def _plan(self, split: Split, source: LanceSource | None = None) -> None:
         """Pin and plan ``split`` from its configured source (through the view, if materializing)."""
@@ -265,8 +269,8 @@ class LanceDataModule(pl.LightningDataModule):
             trainer.reload_dataloaders_every_n_epochs = self._user_reload_every
             self._user_reload_every = None
 
-    def val_dataloader(self) -> LanceDataLoader | list:
-        return self._loader("val") if self.sources["val"] is not None else []
+    def val_dataloader(self) -> LanceDataLoader:
+        return self._loader("val")
 
     def test_dataloader(self) -> LanceDataLoader:
         return self._loader("test")

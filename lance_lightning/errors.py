@@ -2,6 +2,7 @@
 
 Guarantees: every configuration error raised by lance_lightning names the parameter, shows the
 value that was given and says what would fix it, so it can be acted on without reading code.
+Credentials in a value (``storage_options`` anywhere inside it) are shown redacted.
 """
 
 from __future__ import annotations
@@ -13,9 +14,14 @@ class ConfigError(ValueError):
     """A parameter has a value that cannot work. Raised in the main process, before training."""
 
     def __init__(self, param: str, value: Any, problem: str, fix: str) -> None:
+        from lance_lightning.redaction import redact_config
+
         self.param = param
         self.value = value
-        super().__init__(f"`{param}`={value!r}: {problem}. Fix: {fix}")
+        self.problem = problem
+        self.fix = fix
+        shown = redact_config({param.rsplit(".", 1)[-1]: value}).popitem()[1]
+        super().__init__(f"`{param}`={shown!r}: {problem}. Fix: {fix}")
 
 
 class CursorMismatchError(ValueError):

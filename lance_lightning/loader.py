@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 from lance_lightning.cursor import CursorTracker
 from lance_lightning.dataset import Batch, LanceIterableDataset
 from lance_lightning.errors import ConfigError
+from lance_lightning.lifetime import watch_parent
 from lance_lightning.metrics import STATS_KEY, LoaderMeter, Snapshot
 from lance_lightning.workers import guard_workers
 
@@ -127,6 +128,7 @@ class LanceDataLoader(DataLoader):
             dataset, batch_size=None, collate_fn=_passthrough, num_workers=num_workers,
             persistent_workers=persistent_workers and num_workers > 0, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor if num_workers > 0 else None, multiprocessing_context=context,
+            worker_init_fn=watch_parent if num_workers > 0 else None,  # workers die with their parent
         )
         self.cursor = cursor or CursorTracker(dataset.plan, dataset.world_size, dataset.rank)
         # Public under the constructor's names: Lightning rebuilds a loader from its attributes.

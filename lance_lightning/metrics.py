@@ -33,8 +33,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 #: Reserved batch key under which worker processes send their stage totals to the main process.
 STATS_KEY = "_lance_lightning_stats"
 
@@ -319,11 +317,10 @@ class LoaderMeter:
         }
 
 
-_Tensor = torch.Tensor
-
-
 def batch_size_and_bytes(batch: Any) -> tuple[int, int]:
     """Rows and payload bytes of a batch: tensors, lists of bytes/str, tensor-like pairs."""
+    from torch import Tensor as _Tensor  # imported by whoever made the batch (materialize never does)
+
     values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else (batch,)
     rows = nbytes = 0
     for value in values:
@@ -337,7 +334,7 @@ def batch_size_and_bytes(batch: Any) -> tuple[int, int]:
                 nbytes += sum(map(len, value))
             except TypeError:
                 pass
-        elif isinstance(getattr(value, "values", None), torch.Tensor):  # e.g. a Ragged column
+        elif isinstance(getattr(value, "values", None), _Tensor):  # e.g. a Ragged column
             nbytes += value.values.nbytes + getattr(value, "offsets", value.values).nbytes
             rows = rows or len(value)
     return rows, nbytes
@@ -346,6 +343,8 @@ def batch_size_and_bytes(batch: Any) -> tuple[int, int]:
 def row_bytes(batch: Mapping[str, Any]) -> int | None:
     """Payload bytes per row of ``batch`` when every value is a tensor with one row per first-dim
     entry (then any batch converted from the same columns has ``rows * row_bytes`` bytes); else None."""
+    from torch import Tensor as _Tensor
+
     nbytes = rows = 0
     for value in batch.values():
         if not isinstance(value, _Tensor) or not value.ndim or (rows and value.shape[0] != rows):

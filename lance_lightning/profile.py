@@ -35,9 +35,13 @@ def build_parser() -> Any:
 
     from jsonargparse import ActionConfigFile, ArgumentParser
 
+    from lance_lightning.cli import OneScreenParser
     from lance_lightning.datamodule import LanceDataModule
 
-    parser = ArgumentParser(
+    class ProfileParser(OneScreenParser, ArgumentParser):
+        """Redacted dumps, one-screen errors."""
+
+    parser = ProfileParser(
         prog="lance-lightning profile",
         description="Run only the data pipeline of a training config for N batches and report what limits it.",
     )

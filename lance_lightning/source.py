@@ -9,7 +9,11 @@ Guarantees:
   at the pinned version, so new versions written during training never change what a run reads.
   A dataset deleted and written again at the same path (its versions restart at 1) is a new
   source: cached handles of the old one are never reused.
-- Storage options (credentials) never appear in `repr`, logs, plan fingerprints or checkpoints.
+- Storage options never appear in logs, plan fingerprints or checkpoints; `repr` shows them with
+  every credential redacted (`lance_lightning.redaction`), and options holding the redaction
+  placeholder (a saved config reused as is) are refused at `pin_source`.
+- A source that cannot be opened gets a fix for its cause: a file that is not a Lance dataset, a
+  missing bucket, a missing dataset, refused credentials, a local permission error.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import lance
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.redaction import check_not_redacted, redact_options, redact_text
 
 
 @dataclass
@@ -40,6 +45,10 @@ class LanceSource:
     filter: str | None = None
     version: int | None = None
     storage_options: dict[str, str] | None = None
+
+    def __repr__(self) -> str:
+        return (f"LanceSource(uri={self.uri!r}, columns={self.columns!r}, filter={self.filter!r}, "
+                f"version={self.version!r}, storage_options={redact_options(self.storage_options)!r})")
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,7 @@ def pin_source(source: LanceSource, param: str) -> PinnedSource:
     """Open, pin and validate ``source``; ``param`` names it in errors (e.g. ``"train"``)."""
     if not isinstance(source.uri, str) or not source.uri:
         raise ConfigError(f"{param}.uri", source.uri, "a source needs a dataset URI", "give a local path or s3:// URI")
+    check_not_redacted(f"{param}.storage_options", source.storage_options)
     dataset = _open_latest(source, param)
     if source.version is not None:
         dataset = _checkout(dataset, source, param)
@@ -121,17 +131,46 @@ def _open_latest(source: LanceSource, param: str) -> lance.LanceDataset:
     try:
         return lance.dataset(source.uri, storage_options=source.storage_options)
     except (ValueError, OSError) as error:
-        text = str(error)
-        if "not found" in text.lower() or "no such file" in text.lower():
-            raise ConfigError(
-                f"{param}.uri", source.uri, "no Lance dataset exists there",
-                "check the path (relative paths resolve from the working directory "
-                f"{os.getcwd()}) or write the dataset first",
-            ) from None
-        raise ConfigError(
-            f"{param}.uri", source.uri, f"the dataset could not be opened ({_first_line(text)})",
-            f"check `{param}.storage_options` (endpoint, region, credentials) and that the store is reachable",
-        ) from None
+        raise _open_error(source.uri, param, redact_text(str(error))) from None
+
+
+#: Object-store answers that mean the credentials were refused or lack a permission.
+_DENIED = ("403 forbidden", "accessdenied", "signaturedoesnotmatch", "invalidaccesskeyid", "expiredtoken",
+           "invalidtoken", "authorizationpermissionmismatch", "authenticationfailed", "401 unauthorized")
+
+
+def _open_error(uri: str, param: str, text: str) -> ConfigError:
+    """The `ConfigError` for a source that Lance could not open, with the fix for its cause."""
+    lower, remote = text.lower(), "://" in uri and not uri.startswith("file://")
+    where, reason = f"{param}.uri", _first_line(text)
+    if (not remote and os.path.isfile(uri)) or "not a directory" in lower:
+        return ConfigError(where, uri, "this is a file, not a Lance dataset (a directory with _versions/ inside)",
+                           "convert it once, e.g. for Parquet: lance.write_dataset(pyarrow.parquet.read_table(path), "
+                           "'data/name.lance'), and give that directory as the uri")
+    if "nosuchbucket" in lower:
+        bucket = uri.split("://", 1)[1].split("/", 1)[0]
+        return ConfigError(where, uri, f"the bucket {bucket!r} does not exist on this endpoint",
+                           "check the bucket name in the uri and the endpoint in the environment or "
+                           f"`{param}.storage_options` (aws_endpoint / AWS_ENDPOINT)")
+    if any(code in lower for code in _DENIED):
+        return ConfigError(where, uri, f"the store refused access ({reason})",
+                           "check the credentials (environment variables such as AWS_ACCESS_KEY_ID / "
+                           "AWS_SECRET_ACCESS_KEY, a profile, or storage_options) and that they may read this path")
+    if "permission denied" in lower or "os error 13" in lower:
+        return ConfigError(where, uri, "permission denied reading the dataset",
+                           "give this user read access to the dataset directory (e.g. chmod -R u+rX, or run as "
+                           "its owner)")
+    if "not found" in lower or "no such file" in lower:
+        if remote:
+            return ConfigError(where, uri, "no Lance dataset exists at that path in the bucket",
+                               "check the key after the bucket name (list it with your store's tools), or write "
+                               "the dataset first")
+        hint = "" if os.path.isabs(uri) else f"; relative paths resolve from the working directory {os.getcwd()}"
+        return ConfigError(where, uri, "no Lance dataset exists there", f"check the path{hint}, or write the "
+                           "dataset first")
+    return ConfigError(where, uri, f"the dataset could not be opened ({reason})",
+                       f"check the endpoint and region (environment or `{param}.storage_options`) and that the "
+                       "store is reachable")
 
 
 def _checkout(dataset: lance.LanceDataset, source: LanceSource, param: str) -> lance.LanceDataset:

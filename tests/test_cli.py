@@ -4,6 +4,7 @@ quickstart config, typo errors and the console script."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -131,7 +132,8 @@ def test_short_strategy_name_override(tmp_path, cli_uri):
 
 @pytest.mark.slow
 def test_quickstart_config_runs_and_resumes(tmp_path, monkeypatch):
-    """The shipped configs/quickstart.yaml, on the real digits data, redirected into tmp_path."""
+    """The shipped configs/quickstart.yaml, on the real digits data, redirected into tmp_path: the last
+    checkpoint holds the final step, every run writes its own checkpoints, the printed command resumes."""
     from examples.digits import prepare
 
     uri = prepare(str(tmp_path / "digits.lance"))
@@ -143,26 +145,27 @@ def test_quickstart_config_runs_and_resumes(tmp_path, monkeypatch):
         f"--trainer.default_root_dir={root}", f"--trainer.logger.init_args.save_dir={root}",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
     ]
-    code, out, _ = run_cli(["fit", *common, "--trainer.max_steps=5"])
+    code, out, _ = run_cli(["fit", *common, "--trainer.max_epochs=1"])
     assert code == 0
-    last = root / "checkpoints" / "last.ckpt"
+    last = root / "tensorboard" / "version_0" / "checkpoints" / "last.ckpt"
     assert last.is_file(), out
     ckpt = torch.load(last, weights_only=True)
-    assert ckpt["global_step"] == 5
-    assert ckpt["LanceDataModule"]["train_cursor"]["steps"] == 5
+    steps = 1437 // 64  # 22: every_n_train_steps=20 alone would leave last.ckpt at step 20
+    assert ckpt["global_step"] == steps
     assert ckpt["LanceDataModule"]["train_cursor"]["plan"]["filter"] == "split = 'train'"
     assert (root / "tensorboard" / "version_0" / "config.yaml").is_file()
+    resume = next(line for line in out.splitlines() if line.startswith("resume with: "))
+    command = shlex.split(resume[len("resume with: "):])
+    assert command[:2] == ["lance-lightning", "fit"] and command[-2:] == ["--ckpt_path", str(last)]
+    assert command[2:-2] == common + ["--trainer.max_epochs=1"]
 
-    assert "resume with: --ckpt_path" in out
-
-    code, out, _ = run_cli(["fit", *common, "--trainer.max_steps=8", f"--ckpt_path={last}"])
+    # The printed command (one more epoch) continues the run; its checkpoints go to version_1.
+    code, out, _ = run_cli([*command[1:-2], "--trainer.max_epochs=2", "--ckpt_path", str(last)])
     assert code == 0
-    resumed = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
-    assert resumed["global_step"] == 8
-    cursor = resumed["LanceDataModule"]["train_cursor"]
-    # Lightning counts an epoch stopped by max_steps as completed (the checkpoint says epoch 1),
-    # so the resumed run reads epoch 1 from its start: 3 more steps there.
-    assert (cursor["epoch"], cursor["steps"], cursor["rows_consumed"]) == (1, 3, 3 * 64)
+    assert torch.load(last, weights_only=True)["global_step"] == steps  # the first run's checkpoint is kept
+    resumed = torch.load(root / "tensorboard" / "version_1" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert resumed["global_step"] == 2 * steps
+    assert resumed["LanceDataModule"]["train_cursor"]["epoch"] == 1
 
 
 @pytest.mark.slow

@@ -39,11 +39,12 @@ def _fit(config: Path, run: str, uri: str, *overrides: str) -> tuple[dict, Path]
                       "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
                       "--trainer.accelerator=cpu", *overrides])
     assert code == 0, out
-    last = Path("runs") / run / "checkpoints" / "last.ckpt"
+    log_dir = Path("runs") / run / "tensorboard" / "version_0"
+    last = log_dir / "checkpoints" / "last.ckpt"
     assert last.is_file(), out
     assert "Data loading report" in out, "DataLoadingMonitor printed no report"
-    assert "resume with: --ckpt_path" in out
-    return torch.load(last, weights_only=True), Path("runs") / run / "tensorboard" / "version_0"
+    assert f"--ckpt_path {last.resolve()}" in out
+    return torch.load(last, weights_only=True), log_dir
 
 
 def _assert_trained(checkpoint: dict, log_dir: Path, steps: int, split_filter: str) -> None:

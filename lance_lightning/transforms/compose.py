@@ -40,5 +40,12 @@ class Compose:
             batch = transform(batch)
         return batch
 
+    def check_schema(self, schema: Any) -> None:
+        """Let each transform that can check the read columns' Arrow schema do so (at setup)."""
+        for transform in self.transforms:
+            check = getattr(transform, "check_schema", None)
+            if check is not None:
+                check(schema)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.transforms!r})"

@@ -26,12 +26,14 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import Any, Literal
 
+import pyarrow as pa
 import torch
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 from torchvision.transforms.v2 import functional as F
 
 from lance_lightning.badrows import RowError
 from lance_lightning.convert import Ragged
+from lance_lightning.errors import ConfigError
 from lance_lightning.transforms.sizes import check_size, fit_batch
 
 __all__ = ["DecodeImage", "ImageDecodeError"]
@@ -164,6 +166,17 @@ class DecodeImage:
         self.fit = fit
         self.device = _check_device(device)
         self.mean, self.std = _check_mean_std(mean, std, self.normalize, mode)
+
+    def check_schema(self, schema: Any) -> None:
+        """At setup: `ConfigError` if the read column ``column`` is not a binary column."""
+        if self.column not in schema.names:
+            return  # an earlier transform may make it; the batch check names it otherwise
+        typ = schema.field(self.column).type
+        if not (pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_binary_view(typ)):
+            binary = [f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+            raise ConfigError("transform.column", self.column,
+                              f"DecodeImage decodes encoded image bytes, but column {self.column!r} is {typ}",
+                              f"set column to a binary column of JPEG/PNG bytes ({binary or 'none is read'})")
 
     def __repr__(self) -> str:
         return (

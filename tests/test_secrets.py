@@ -1,0 +1,168 @@
+"""No secret anywhere: credentials in ``storage_options`` reach Lance but are never written or printed.
+
+The end-to-end test runs ``fit``, ``validate``, ``profile`` and ``materialize`` through the CLI in
+subprocesses against a real S3 server on loopback that rejects unsigned requests, then searches
+every file the runs wrote (configs, checkpoints, TensorBoard and CSV logs, hparams) and
+everything they printed for the secret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import lance
+import pytest
+import yaml
+
+from lance_lightning import LanceSource
+from lance_lightning.redaction import REDACTED, is_secret_key, redact_config, redact_options, redact_text
+from tests.helpers import make_table, run_cli, write_dataset
+from tests.s3_server import S3Server
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SECRET = "SUPERSECRET123"
+
+
+@pytest.mark.parametrize("key", ["aws_access_key_id", "aws_secret_access_key", "aws_session_token", "access_key_id",
+                                 "secret_access_key", "session_token", "token", "password", "azure_storage_sas_key",
+                                 "azure_storage_account_key", "azure_client_secret", "google_service_account_key",
+                                 "google_service_account", "bearer_token", "AWS-Secret-Access-Key"])
+def test_secret_keys_are_recognized(key: str) -> None:
+    assert is_secret_key(key)
+
+
+@pytest.mark.parametrize("key", ["aws_region", "region", "aws_endpoint", "endpoint", "allow_http", "aws_allow_http",
+                                 "azure_storage_account_name", "timeout", "aws_virtual_hosted_style_request"])
+def test_plain_options_are_kept(key: str) -> None:
+    assert not is_secret_key(key)
+
+
+def test_redaction_copies_and_never_changes_the_input() -> None:
+    options = {"aws_secret_access_key": SECRET, "aws_region": "us-east-1"}
+    config = argparse.Namespace(data={"train": {"uri": "s3://b/x.lance", "storage_options": options}},
+                                callbacks=[{"storage_options": dict(options)}])
+    redacted = redact_config(config)
+    assert redacted.data["train"]["storage_options"] == {"aws_secret_access_key": REDACTED, "aws_region": "us-east-1"}
+    assert redacted.callbacks[0]["storage_options"]["aws_secret_access_key"] == REDACTED
+    assert options["aws_secret_access_key"] == SECRET  # the live value is untouched
+    assert redact_options(None) is None
+    text = f"Given value: {{'storage_options': {{'aws_secret_access_key': '{SECRET}'}}}} token={SECRET}"
+    assert SECRET not in redact_text(text) and "aws_secret_access_key" in redact_text(text)
+
+
+def test_repr_of_a_source_redacts_credentials() -> None:
+    source = LanceSource("s3://b/x.lance", storage_options={"aws_secret_access_key": SECRET, "aws_region": "r"})
+    assert SECRET not in repr(source) and "aws_region" in repr(source) and REDACTED in repr(source)
+
+
+def test_parser_typo_names_the_key_and_never_prints_the_secret(tmp_path: Path) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", 40)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"""\
+model:
+  class_path: tests.helpers.RecordingModel
+data:
+  train: {{uri: {uri}, colums: [id, x], storage_options: {{aws_secret_access_key: {SECRET}}}}}
+""")
+    code, out, err = run_cli(["fit", "--config", str(config)])
+    assert code == 2
+    assert "colums" in err and SECRET not in out + err
+    assert "usage:" not in err and len(err.splitlines()) < 15, err  # no usage dump
+
+
+def test_a_saved_redacted_config_says_to_pass_credentials_by_environment(tmp_path: Path) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", 40)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"""\
+trainer: {{accelerator: cpu, max_steps: 1, logger: false, default_root_dir: {tmp_path / "root"}}}
+model: {{class_path: tests.helpers.RecordingModel}}
+data:
+  train: {{uri: {uri}, storage_options: {{aws_secret_access_key: "{REDACTED}"}}}}
+""")
+    code, _, err = run_cli(["fit", "--config", str(config)])
+    assert code == 1 and "train.storage_options.aws_secret_access_key" in err, err
+    assert "environment" in err and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    with S3Server.serving("data") as server:
+        yield server
+
+
+def _run(args: list[str], cwd: Path) -> tuple[int, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    result = subprocess.run([sys.executable, "-m", "lance_lightning.cli", *args], cwd=cwd, env=env,
+                            capture_output=True, text=True, timeout=600)
+    return result.returncode, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_cli_runs_on_s3_never_write_or_print_credentials(tmp_path: Path, s3: S3Server) -> None:
+    uri = "s3://data/secrets.lance"
+    lance.write_dataset(make_table(200), uri, storage_options=s3.storage_options(), max_rows_per_file=100)
+    secrets = [s3.secret_key, s3.access_key]
+    options = "{" + ", ".join(f"{k}: '{v}'" for k, v in s3.storage_options().items()) + "}"
+    inputs, out = tmp_path / "input", tmp_path / "out"
+    inputs.mkdir()
+    out.mkdir()
+    config = inputs / "config.yaml"
+    config.write_text(f"""\
+seed_everything: 0
+trainer:
+  accelerator: cpu
+  max_epochs: 1
+  enable_progress_bar: false
+  default_root_dir: {out / "root"}
+  logger:
+    - class_path: lightning.pytorch.loggers.TensorBoardLogger
+      init_args: {{save_dir: {out / "root"}, name: tb}}
+    - class_path: lightning.pytorch.loggers.CSVLogger
+      init_args: {{save_dir: {out / "root"}, name: csv}}
+  callbacks:
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args: {{every_n_train_steps: 3, save_last: true}}
+    - class_path: lance_lightning.DataCursorCheckpoint
+    - class_path: lance_lightning.DataLoadingMonitor
+      init_args: {{log_every_n_steps: 2}}
+model:
+  class_path: tests.helpers.RecordingModel
+data:
+  train: {{uri: {uri}, columns: [id, x], filter: "label < 5", storage_options: {options}}}
+  val: {{uri: {uri}, columns: [id, x], filter: "label >= 5", storage_options: {options}}}
+  batch_size: 16
+""")
+    printed = []
+    code, text = _run(["fit", "--config", str(config)], out)
+    printed.append(text)
+    assert code == 0, text[-3000:]
+    checkpoints = sorted((out / "root").rglob("last.ckpt"))
+    assert checkpoints, text[-3000:]
+    code, text = _run(["validate", "--config", str(config), "--ckpt_path", str(checkpoints[0])], out)
+    printed.append(text)
+    assert code == 0, text[-3000:]
+    code, text = _run(["fit", "--config", str(config), "--print_config"], out)
+    printed.append(text)
+    assert code == 0 and REDACTED in text, text[-3000:]
+    code, text = _run(["profile", "--config", str(config), "--batches", "5", "--progress", "false"], out)
+    printed.append(text)
+    assert code == 0 and "Loader-only profile" in text, text[-3000:]
+    code, text = _run(["materialize", "--uri", uri, "--out-dir", str(out / "views"),
+                       *(f"--storage-option={k}={v}" for k, v in s3.storage_options().items())], out)
+    printed.append(text)
+    assert code == 0 and "view:" in text, text[-3000:]
+
+    written = [p for p in out.rglob("*") if p.is_file()]
+    kinds = {p.name.split(".")[0] if p.suffix != ".ckpt" else "ckpt" for p in written}
+    assert {"config", "hparams", "metrics", "events", "ckpt"} <= kinds, sorted(kinds)
+    saved = yaml.safe_load(next(p for p in written if p.name == "config.yaml").read_text())
+    assert saved["data"]["train"]["storage_options"]["aws_secret_access_key"] == REDACTED
+    for secret in secrets:
+        assert not [p for p in written if secret.encode() in p.read_bytes()], f"{secret!r} written to disk"
+        assert not [t for t in printed if secret in t], f"{secret!r} printed"
