@@ -201,7 +201,7 @@ class LanceDataModule(pl.LightningDataModule):
             if self.sources[split] is not None and split not in self.plans:
                 self._plan(split)
         self._check_fill_nulls()
-        if stage == "fit":
+        if stage == "fit" and self.global_rank == 0:  # only rank 0 prints: other ranks build no text
             rank_zero_info(self.explain("train"))
 
     def _plan(self, split: Split, source: LanceSource | None = None) -> None:
