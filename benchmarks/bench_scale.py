@@ -10,7 +10,9 @@ RowShuffle, RowShuffle(clump_rows=64), BufferShuffle; each without a filter and 
   the same size (same imports, same dataset; a fresh process each, so nothing is shared);
 - resume at 10% and 90%: the first batch of an iterator restored from a cursor at that share of
   the epoch (the process already read one batch, so both are warm alike; median of 5, alternated);
-- for RowShuffle: rows/s over ``--batches`` batches after the first (a partial epoch).
+- for RowShuffle: rows/s over ``--batches`` batches after the first (a partial epoch), and the
+  rows/s of hand-written ``dataset.take`` calls of as many random rows (sorted groups of 16
+  batches, as the reader asks): Lance's random access slows as rows grow sparser in the file.
 
 Datasets are written once to ``--cache`` and reused. Results accumulate in ``scale.json`` beside
 the datasets (so sizes can be run in sections: ``--rows 1e6,1e7`` then ``--rows 1e8``) and the
@@ -117,7 +119,23 @@ def measure_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
         for _ in range(batches):
             next(it)
         out["rows_per_s"] = batches * BATCH / (time.perf_counter() - started)
+        out["raw_take_rows_per_s"] = raw_take_rate(uri, rows, batches)
     return out
+
+
+def raw_take_rate(uri: str, rows: int, batches: int) -> float:
+    """Rows/s of hand-written Lance takes of as many random rows, in sorted groups of 16 batches
+    (what the reader asks Lance for): the reference for the loader's RowShuffle rows/s."""
+    import lance
+    import numpy as np
+
+    dataset = lance.dataset(uri)
+    rng = np.random.default_rng(0)
+    group = 16 * BATCH
+    started = time.perf_counter()
+    for _ in range(max(1, batches // 16)):
+        dataset.take(np.sort(rng.choice(rows, group, replace=False)), columns=["x"])
+    return max(1, batches // 16) * group / (time.perf_counter() - started)
 
 
 def run_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
@@ -143,8 +161,8 @@ def render(results: dict) -> str:
         f"Targets at the largest size: {TARGETS}; RowShuffle rows/s at 10^8 within 10% of 10^6.",
         "",
         "| rows | case | filter | setup s | first batch s | setup + first s | memory over NoShuffle MB "
-        "| peak RSS MB | resume 10% s | resume 90% s | 90%/10% | rows/s | load |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| peak RSS MB | resume 10% s | resume 90% s | 90%/10% | rows/s | raw take rows/s | load |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for size in sorted(results, key=int):
         cases = results[size]
@@ -153,11 +171,12 @@ def render(results: dict) -> str:
             case, filtered = key.split("|")
             over = f"{r['rss_mb'] - base:.0f}" if base is not None else "?"
             rate = f"{r['rows_per_s']:,.0f}" if "rows_per_s" in r else ""
+            raw = f"{r['raw_take_rows_per_s']:,.0f}" if "raw_take_rows_per_s" in r else ""
             lines.append(
                 f"| {int(size):.0e} | {case} | {'10%' if filtered == '1' else '—'} | {r['setup_s']:.3f} | "
                 f"{r['first_s']:.3f} | {r['setup_s'] + r['first_s']:.3f} | {over} | {r['peak_mb']:.0f} | "
                 f"{r['resume10_s']:.4f} | {r['resume90_s']:.4f} | {r['resume90_s'] / r['resume10_s']:.2f} | "
-                f"{rate} | {r['load']} |")
+                f"{rate} | {raw} | {r['load']} |")
     return "\n".join(lines) + "\n"
 
 

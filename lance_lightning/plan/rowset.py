@@ -16,8 +16,10 @@ from __future__ import annotations
 import lance
 import numpy as np
 
-#: Matches read per batch of the setup scan.
-SCAN_BATCH_ROWS = 1 << 20
+#: Matches read per batch of the setup scan, with a short read-ahead: on 10^8 rows (10% filter)
+#: 2^20-row batches with Lance's default read-ahead held 186 MB and took 10.9 s, 2^16-row batches
+#: with 2 batches and 1 fragment ahead 125 MB and 1.8 s (2 loaded cores, warm page cache).
+SCAN_BATCH_ROWS = 1 << 16
 _BLOCK_WORDS = 8  # a rank/select block: 8 words of 64 bits
 
 
@@ -76,7 +78,8 @@ def scan_matches(dataset: lance.LanceDataset, filter: str, total_rows: int) -> R
     starts: list[np.ndarray] | None = []
     lengths: list[np.ndarray] = []
     runs, last = 0, -1
-    scanner = dataset.scanner(columns=["_rowoffset"], filter=filter, batch_size=SCAN_BATCH_ROWS, scan_in_order=True)
+    scanner = dataset.scanner(columns=["_rowoffset"], filter=filter, batch_size=SCAN_BATCH_ROWS, scan_in_order=True,
+                              batch_readahead=2, fragment_readahead=1)
     for batch in scanner.to_batches():
         offsets = batch.column(0).to_numpy().astype(np.int64)
         if len(offsets) == 0:
