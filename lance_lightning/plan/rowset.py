@@ -3,15 +3,20 @@
 Guarantees:
 - `scan_matches` evaluates the filter once, in one streaming scan of ``_rowoffset`` (Lance uses a
   scalar index when one exists), and never holds the matches as one array of positions.
-- The result is the smaller of two exact structures, chosen per dataset: `RangeRuns` (runs of
-  consecutive matches: 16 bytes per run) or `MatchBitmap` (one bit per dataset row plus 8 bytes
-  per 512 rows for rank/select: about 0.14 GB at 10^9 rows). Planning holds at most both at once.
+- The result is one of two exact structures, chosen per dataset: `RangeRuns` (runs of
+  consecutive matches: 16 bytes per run) while they take at most 1/8 of a bitmap, else
+  `MatchBitmap` (one bit per dataset row plus 8 bytes per 512 rows for rank/select: 134 MB at
+  10^9 rows). Planning holds the bitmap plus at most 1/8 of it in runs, and returns the scan's
+  freed heap to the OS afterwards.
 - ``select(index)`` maps match indices to sorted-order dataset positions in O(len(index) * log)
   work; both structures pickle as a few numpy arrays (DataLoader workers receive them, never
   rescan).
 """
 
 from __future__ import annotations
+
+import ctypes
+import ctypes.util
 
 import lance
 import numpy as np
@@ -74,7 +79,7 @@ def scan_matches(dataset: lance.LanceDataset, filter: str, total_rows: int) -> R
     """The rows of ``dataset`` matching ``filter``, in one streaming scan (see module docstring)."""
     blocks = -(-max(1, total_rows) // (64 * _BLOCK_WORDS))
     words = np.zeros(blocks * _BLOCK_WORDS, dtype=np.uint64)
-    most_runs = words.nbytes // 16  # past this, runs take more memory than the bitmap
+    most_runs = words.nbytes // 128  # runs are kept while they take at most 1/8 of the bitmap
     starts: list[np.ndarray] | None = []
     lengths: list[np.ndarray] = []
     runs, last = 0, -1
@@ -100,8 +105,20 @@ def scan_matches(dataset: lance.LanceDataset, filter: str, total_rows: int) -> R
             starts = None
     if starts is not None and starts:
         del words
-        return _merged_runs(np.concatenate(starts), np.concatenate(lengths))
-    return MatchBitmap(words)
+        found: RowSet = _merged_runs(np.concatenate(starts), np.concatenate(lengths))
+    else:
+        found = MatchBitmap(words)
+    _return_freed_memory()
+    return found
+
+
+def _return_freed_memory() -> None:
+    """Hand the scan's freed heap back to the OS (glibc keeps it in its arenas otherwise: 581 MB of
+    RSS after scanning 10^9 rows, 273 MB after this, with a 134 MB bitmap)."""
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _set_bits(words: np.ndarray, offsets: np.ndarray) -> None:
