@@ -154,7 +154,10 @@ def render(results: dict) -> str:
     lines = [
         "# Scale: setup, first batch, memory and resume from 10^6 rows up",
         "",
-        f"Command: `{command_line()}` (sizes accumulate across runs in sections).",
+        "Commands (sizes run in sections; results accumulate): "
+        + "; ".join(f"`{run['command']}` ({run['when']})" for run in
+                    (results[size].get("_run") for size in sorted(results, key=int)) if run)
+        + ".",
         f"Machine: {machine()}. One int64 column, batch {BATCH}, filter `{FILTER}` (10%), "
         "one process per case, warm page cache. Memory: RSS after the first batch minus the "
         "unfiltered NoShuffle case's of the same size.",
@@ -168,6 +171,8 @@ def render(results: dict) -> str:
         cases = results[size]
         base = cases.get("NoShuffle|0", {}).get("rss_mb")
         for key, r in cases.items():
+            if key.startswith("_"):
+                continue
             case, filtered = key.split("|")
             over = f"{r['rss_mb'] - base:.0f}" if base is not None else "?"
             rate = f"{r['rows_per_s']:,.0f}" if "rows_per_s" in r else ""
@@ -186,6 +191,8 @@ def main() -> None:
     parser.add_argument("--cache", default="/tmp/lance_lightning_scale", help="where datasets are written once")
     parser.add_argument("--batches", type=int, default=400, help="RowShuffle batches timed for rows/s")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
+    parser.add_argument("--results", help="results file (default: scale.json in --cache)")
+    parser.add_argument("--render-only", action="store_true", help="only write scale.md from the results file")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -194,11 +201,12 @@ def main() -> None:
         return
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    store = cache / "scale.json"
+    store = Path(args.results) if args.results else cache / "scale.json"
     results = json.loads(store.read_text()) if store.exists() else {}
-    for size in (int(float(s)) for s in args.rows.split(",")):
+    for size in () if args.render_only else (int(float(s)) for s in args.rows.split(",")):
         uri = dataset(cache, size)
         cases = results.setdefault(str(size), {})
+        cases["_run"] = {"command": command_line(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         for case in ["NoShuffle", *(c for c in args.cases.split(",") if c != "NoShuffle")]:
             for filtered in (False, True):
                 load = load_average()
