@@ -28,6 +28,7 @@ import pyarrow as pa
 from lance_lightning.convert import to_torch_batch
 from lance_lightning.errors import ConfigError
 from lance_lightning.metrics import StageClock
+from lance_lightning.plan.rowset import RowSet
 from lance_lightning.read import read_positions
 from lance_lightning.source import PinnedSource
 
@@ -114,18 +115,18 @@ class BadRowGuard:
         policy: `RaiseOnBadRow` or `ReplaceBadRow`.
         source: The pinned source the table was read from (replacements are read from it).
         rows: Number of matching rows of the split.
-        positions: Dataset positions of the matching rows (``None``: row ``i`` is position ``i``).
+        matches: The matching rows (``None``: match ``i`` is dataset position ``i``).
         transform: The batch transform; ``None`` converts only.
         fill_nulls: Per-column null fill values, as for `to_torch_batch`.
         clock: Where ``convert``/``transform`` times and the ``bad_rows`` count go.
     """
 
-    def __init__(self, policy: BadRowPolicy, source: PinnedSource, rows: int, positions: np.ndarray | None,
+    def __init__(self, policy: BadRowPolicy, source: PinnedSource, rows: int, matches: RowSet | None,
                  transform: Callable[[Batch], Batch] | None, fill_nulls: dict[str, Any], clock: StageClock) -> None:
         self.policy = policy
         self.source = source
         self.rows = rows
-        self.positions = positions
+        self.matches = matches
         self.transform = transform
         self.fill_nulls = fill_nulls
         self.clock = clock
@@ -172,7 +173,7 @@ class BadRowGuard:
                               position, error.column, row_id) from error
         for attempt in range(self.policy.max_attempts):
             pick = self.policy.candidate(position, attempt, self.rows)
-            candidate = int(pick if self.positions is None else self.positions[pick])
+            candidate = int(pick if self.matches is None else self.matches.select(np.array([pick]))[0])
             if candidate == position:
                 continue
             row = read_positions(self.source, np.array([candidate], dtype=np.int64), scan_mode=False)

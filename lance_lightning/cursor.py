@@ -4,7 +4,7 @@ Guarantees:
 - The state is a small versioned dict of plain types (loads with ``weights_only=True``), of
   constant size whatever the dataset size::
 
-      {"format": 2, "epoch": int, "rows_consumed": int, "steps": int, "finished": bool,
+      {"format": 3, "epoch": int, "rows_consumed": int, "steps": int, "finished": bool,
        "plan": {"uri", "version", "columns", "filter", "shuffle", "rows"}, "fingerprint": str}
 
 - ``rows_consumed`` counts rows of the epoch sequence, not batches of one rank, so it does not
@@ -31,9 +31,9 @@ from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.planner import ReadPlan
 
 #: Bumped whenever the epoch order of a plan changes (2: a short last unit always comes last, and
-#: unit boundaries rotate per epoch), so that an older checkpoint is refused instead of resuming
-#: at the same row count of a different order.
-CURSOR_FORMAT = 2
+#: unit boundaries rotate per epoch; 3: every permutation is a keyed bijection), so that an older
+#: checkpoint is refused instead of resuming at the same row count of a different order.
+CURSOR_FORMAT = 3
 STATE_KEYS = ("format", "epoch", "rows_consumed", "steps", "finished", "plan", "fingerprint")
 
 

@@ -245,7 +245,7 @@ class LanceDataModule(pl.LightningDataModule):
         built = "train" in self._loaders
         loader = self._loader("train")
         if self.trainer is not None:
-            if not built:
+            if not built and self.global_rank == 0:  # only rank 0 prints: other ranks build no text
                 resume = self.train_cursor.describe_resume()
                 rank_zero_info(self.explain("train") + (f"\n{resume}" if resume else ""))
             self._reread_length_next_epoch()

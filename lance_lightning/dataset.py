@@ -37,6 +37,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from lance_lightning.badrows import BadRowGuard, BadRowPolicy, RaiseOnBadRow
 from lance_lightning.device import pin_batch
 from lance_lightning.plan.planner import ReadPlan
+from lance_lightning.plan.rowset import RowSet, scan_matches
 from lance_lightning.prefetch import ReadAhead
 from lance_lightning.metrics import STATS_KEY, StageClock, batch_size_and_bytes, row_bytes
 from lance_lightning.read import BatchSpec, PlanReader, read_positions
@@ -252,7 +253,7 @@ class BatchProducer:
         self.ship_stats = ship_stats
         self.pin_memory = pin_memory
         plan = reader.plan
-        self.guard = BadRowGuard(bad_rows or RaiseOnBadRow(), plan.source, plan.matched_rows, plan.positions,
+        self.guard = BadRowGuard(bad_rows or RaiseOnBadRow(), plan.source, plan.matched_rows, plan.matches,
                                  transform, dict(fill_nulls), clock)
 
     def read(self, group: list[BatchSpec]) -> list[tuple[BatchSpec, pa.Table]]:
@@ -353,14 +354,13 @@ class LanceMapDataset(Dataset):
         self.retry = retry
         self.transform = transform
         self.fill_nulls = dict(fill_nulls or {})
-        self.positions: np.ndarray | None = None
+        self.matches: RowSet | None = None
         self._rows = self.source.total_rows
         if self.source.filter is not None:
-            table = self.source.open().to_table(columns=["_rowoffset"], filter=self.source.filter)
-            self.positions = table.column(0).to_numpy().astype(np.int64)
-            self._rows = len(self.positions)
+            self.matches = scan_matches(self.source.open(), self.source.filter, self.source.total_rows)
+            self._rows = self.matches.rows
         self.clock = StageClock()
-        self.guard = BadRowGuard(bad_rows or RaiseOnBadRow(), self.source, self._rows, self.positions, transform,
+        self.guard = BadRowGuard(bad_rows or RaiseOnBadRow(), self.source, self._rows, self.matches, transform,
                                  self.fill_nulls, self.clock)
 
     def __len__(self) -> int:
@@ -371,7 +371,7 @@ class LanceMapDataset(Dataset):
         if len(index) and (index.min() < -self._rows or index.max() >= self._rows):
             raise IndexError(f"index out of range for {self._rows} rows: {index.min()}..{index.max()}")
         index %= self._rows
-        positions = index if self.positions is None else self.positions[index]
+        positions = index if self.matches is None else self.matches.select(index)
         wanted, inverse = np.unique(positions, return_inverse=True)
         table = read_positions(self.source, wanted, scan_mode=False, retry=self.retry)
         if len(wanted) != len(positions) or not np.array_equal(wanted, positions):

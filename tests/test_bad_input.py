@@ -229,14 +229,16 @@ def test_cursor_from_another_plan_is_refused(dataset_uri, change, field, saved, 
     assert "resume_data=False" in message
 
 
-def test_cursor_of_an_older_format_is_refused(dataset_uri):
-    # Format 1 cursors count rows of an epoch order that format 2 changed (the short shard last).
+@pytest.mark.parametrize("old", [1, 2])
+def test_cursor_of_an_older_format_is_refused(dataset_uri, old):
+    # Format 1 and 2 cursors count rows of epoch orders that format 3 changed (format 2: the short
+    # shard last; format 3: every permutation a keyed bijection).
     state = _state_after(_dm(dataset_uri, shuffle=RowShuffle(seed=0)))
-    state["train_cursor"] = {**state["train_cursor"], "format": 1}
+    state["train_cursor"] = {**state["train_cursor"], "format": old}
     with pytest.raises(CursorMismatchError) as info:
         _dm(dataset_uri, shuffle=RowShuffle(seed=0)).load_state_dict(state)
     assert info.value.field == "format"
-    assert "the checkpoint has 1, the current plan has 2" in str(info.value)
+    assert f"the checkpoint has {old}, the current plan has 3" in str(info.value)
 
 
 def test_cursor_from_another_dataset_is_refused(dataset_uri, tmp_path):

@@ -1,12 +1,17 @@
 """Read planning: from a pinned source, a filter and a strategy to a `ReadPlan`.
 
 Guarantees:
-- A filter is counted with ``count_rows`` (a scalar index answers it without reading data) and
-  the matching rows are listed once, at setup, by their positions in the pinned version. Every
-  rank and worker then shards the same exact row set, so batch counts are equal by construction.
+- A filter is evaluated once, at setup, in one streaming scan (a scalar index answers it where
+  one exists), into a compact row set (`lance_lightning.plan.rowset`: runs of ranges or a
+  bitmap with rank/select, whichever is smaller; no array of positions). Every rank and worker
+  then shards the same exact row set, so batch counts are equal by construction.
+- One plan per process and O(1) orders: the epoch order is a keyed bijection computed per batch
+  (`lance_lightning.plan.order`), so neither ``explain`` nor a reader nor a worker builds
+  anything of the dataset's size; workers receive the row set inside the pickled plan.
 - The read method follows the table in the docs: scans for storage-ordered, shard and buffer
   plans; ``take`` for row shuffles and for filters that match less than ``take_below`` of rows.
-- A `ReadPlan` is picklable and holds plain data: it is what DataLoader workers receive.
+- A `ReadPlan` is picklable and holds plain data (and the row set's few arrays): it is what
+  DataLoader workers receive.
 - ``explain`` says in words which plan was chosen and why.
 """
 
@@ -23,6 +28,7 @@ import numpy as np
 from lance_lightning.errors import ConfigError
 from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.order import EpochOrder
+from lance_lightning.plan.rowset import RowSet, scan_matches
 from lance_lightning.source import PinnedSource
 from lance_lightning.strategies import FilterRead, NoShuffle, RowShuffle, ShuffleStrategy
 
@@ -43,7 +49,8 @@ class ReadPlan:
     batch_size: int
     drop_last: bool
     reason: str
-    positions: np.ndarray | None = field(default=None, repr=False, compare=False)
+    #: The filter's matching rows (``None``: every row matches, match ``i`` is row ``i``).
+    matches: RowSet | None = field(default=None, repr=False, compare=False)
     #: Estimated Arrow bytes per row of the read columns (sizes read groups; not part of the order).
     row_bytes: int = field(default=1, compare=False)
     #: Pad the tail step so every rank has a batch (see `Layout`); predict plans do not pad.
@@ -61,7 +68,7 @@ class ReadPlan:
 
     def row_positions(self, matched: np.ndarray) -> np.ndarray:
         """Positions in the pinned dataset version of the given matching-row indices."""
-        return matched if self.positions is None else self.positions[matched]
+        return matched if self.matches is None else self.matches.select(matched)
 
     def identity(self) -> dict[str, Any]:
         """Plain description of everything that determines the epoch order (no credentials)."""
@@ -104,27 +111,26 @@ def build_plan(
     world_size: int,
     pad: bool = True,
 ) -> ReadPlan:
-    """Count, list and plan the rows of ``source``; raise `ConfigError` for plans that cannot work."""
+    """List and plan the rows of ``source``; raise `ConfigError` for plans that cannot work."""
     strategy = strategy or NoShuffle()
     filter_read = filter_read or FilterRead()
     dataset = source.open()
-    positions: np.ndarray | None = None
+    matches: RowSet | None = None
     if source.filter is None:
         matched = source.total_rows
         method, reason = _method_without_filter(strategy)
     else:
-        matched = dataset.count_rows(source.filter)
+        matches = scan_matches(dataset, source.filter, source.total_rows)
+        matched = matches.rows
         if matched == 0:
             raise ConfigError(f"{split}.filter", source.filter, f"matches no rows of {source.uri} "
                               f"(version {source.version})", "loosen the filter or check the column values")
         selectivity = matched / source.total_rows
         method, reason = _method_with_filter(strategy, filter_read, selectivity)
-        table = dataset.to_table(columns=["_rowoffset"], filter=source.filter)
-        positions = table.column(0).to_numpy().astype(np.int64)
     if matched == 0:
         raise ConfigError(f"{split}.uri", source.uri, "the dataset has no rows", "write rows first")
     _check_fits(split, matched, batch_size, drop_last, world_size)
-    return ReadPlan(split, source, strategy, method, matched, batch_size, drop_last, reason, positions,
+    return ReadPlan(split, source, strategy, method, matched, batch_size, drop_last, reason, matches,
                     _row_bytes(dataset, source), pad)
 
 

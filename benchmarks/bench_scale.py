@@ -1,0 +1,223 @@
+"""Scale benchmark: what each shuffle strategy costs at 10^6..10^9 rows, with and without a filter.
+
+For each size (one ``int64`` column ``x = row``, batch 256) and each case (NoShuffle, ShardShuffle,
+RowShuffle, RowShuffle(clump_rows=64), BufferShuffle; each without a filter and with the 10% filter
+``x % 10 = 0``), a fresh subprocess measures:
+
+- setup: ``LanceDataModule.setup("fit")`` (pin, filter scan, plan, the rank-0 ``explain``);
+- first batch: ``train_dataloader()`` and its first batch;
+- memory: the process's RSS after the first batch, minus that of the unfiltered NoShuffle case of
+  the same size (same imports, same dataset; a fresh process each, so nothing is shared);
+- resume at 10% and 90%: the first batch of an iterator restored from a cursor at that share of
+  the epoch (the process already read one batch, so both are warm alike; median of 5, alternated);
+- for RowShuffle: rows/s over ``--batches`` batches after the first (a partial epoch), and the
+  rows/s of hand-written ``dataset.take`` calls of as many random rows (sorted groups of 16
+  batches, as the reader asks): Lance's random access slows as rows grow sparser in the file.
+
+Datasets are written once to ``--cache`` and reused. Results accumulate in ``scale.json`` beside
+the datasets (so sizes can be run in sections: ``--rows 1e6,1e7`` then ``--rows 1e8``) and the
+table of every size measured so far is written to ``benchmarks/results/scale.md``.
+
+    uv run python benchmarks/bench_scale.py --rows 1e6,1e7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import RESULTS_DIR, command_line, machine  # noqa: E402
+
+BATCH = 256
+FILTER = "x % 10 = 0"
+FRAGMENT_ROWS = 1 << 22
+RESUME_REPS = 5
+CASES = {  # name: (strategy class, arguments)
+    "NoShuffle": ("NoShuffle", {}),
+    "ShardShuffle": ("ShardShuffle", {"seed": 0}),
+    "RowShuffle": ("RowShuffle", {"seed": 0}),
+    "RowShuffle(64)": ("RowShuffle", {"seed": 0, "clump_rows": 64}),
+    "BufferShuffle": ("BufferShuffle", {"seed": 0}),
+}
+TARGETS = "setup + first batch <= 1 s (no filter); RowShuffle memory <= 64 MB; resume90/resume10 <= 1.2"
+
+
+def dataset(cache: Path, rows: int) -> str:
+    """The ``rows``-row dataset of one int64 column in ``cache`` (written once, streaming)."""
+    import lance
+    import numpy as np
+    import pyarrow as pa
+
+    path = cache / f"x_{rows}.lance"
+    if path.exists():
+        try:
+            if lance.dataset(str(path)).count_rows() == rows:
+                return str(path)
+        except Exception:  # noqa: BLE001 - half written: write again
+            pass
+    schema = pa.schema([("x", pa.int64())])
+
+    def batches():
+        for first in range(0, rows, 1 << 20):
+            yield pa.record_batch([pa.array(np.arange(first, min(rows, first + (1 << 20)), dtype=np.int64))],
+                                  schema=schema)
+
+    started = time.perf_counter()
+    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), str(path), mode="overwrite",
+                        max_rows_per_file=FRAGMENT_ROWS, max_rows_per_group=1 << 16)
+    print(f"wrote {rows:,} rows in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return str(path)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def measure_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
+    """One case, in this (fresh) process."""
+    import lance_lightning as ll
+    from lance_lightning import LanceDataModule, LanceSource
+
+    name, kwargs = CASES[case]
+    strategy = getattr(ll, name)(**kwargs)
+    dm = LanceDataModule(train=LanceSource(uri, columns=["x"], filter=FILTER if filtered else None),
+                         shuffle=strategy, batch_size=BATCH)
+    t0 = time.perf_counter()
+    dm.setup("fit")
+    t1 = time.perf_counter()
+    loader = dm.train_dataloader()
+    next(iter(loader))
+    t2 = time.perf_counter()
+    out = {"setup_s": t1 - t0, "first_s": t2 - t1, "rss_mb": rss_mb(),
+           "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    rows = dm.plans["train"].matched_rows
+    state = dict(loader.state_dict())
+    times: dict[float, list[float]] = {0.1: [], 0.9: []}
+    for _ in range(RESUME_REPS):  # alternated, median of each: a few ms each, on a loaded machine
+        for share in times:
+            steps = int(rows * share) // BATCH
+            loader.load_state_dict({**state, "rows_consumed": steps * BATCH, "steps": steps, "finished": False})
+            started = time.perf_counter()
+            next(iter(loader))
+            times[share].append(time.perf_counter() - started)
+    for share, spent in times.items():
+        out[f"resume{int(share * 100)}_s"] = statistics.median(spent)
+    if batches:
+        it = iter(loader)
+        next(it)
+        started = time.perf_counter()
+        for _ in range(batches):
+            next(it)
+        out["rows_per_s"] = batches * BATCH / (time.perf_counter() - started)
+        out["raw_take_rows_per_s"] = raw_take_rate(uri, rows, batches)
+    return out
+
+
+def raw_take_rate(uri: str, rows: int, batches: int) -> float:
+    """Rows/s of hand-written Lance takes of as many random rows, in sorted groups of 16 batches
+    (what the reader asks Lance for): the reference for the loader's RowShuffle rows/s."""
+    import lance
+    import numpy as np
+
+    dataset = lance.dataset(uri)
+    rng = np.random.default_rng(0)
+    group = 16 * BATCH
+    started = time.perf_counter()
+    for _ in range(max(1, batches // 16)):
+        dataset.take(np.sort(rng.choice(rows, group, replace=False)), columns=["x"])
+    return max(1, batches // 16) * group / (time.perf_counter() - started)
+
+
+def run_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
+    cmd = [sys.executable, __file__, "--one", uri, case, str(int(filtered)), str(batches)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{case} filtered={filtered} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def load_average() -> str:
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+def render(results: dict) -> str:
+    lines = [
+        "# Scale: setup, first batch, memory and resume from 10^6 rows up",
+        "",
+        "Commands (sizes run in sections; results accumulate): "
+        + "; ".join(f"`{run['command']}` ({run['when']})" for run in
+                    (results[size].get("_run") for size in sorted(results, key=int)) if run)
+        + ".",
+        f"Machine: {machine()}. One int64 column, batch {BATCH}, filter `{FILTER}` (10%), "
+        "one process per case, warm page cache. Memory: RSS after the first batch minus the "
+        "unfiltered NoShuffle case's of the same size.",
+        f"Targets at the largest size: {TARGETS}; RowShuffle rows/s at 10^8 within 10% of 10^6.",
+        "",
+        "| rows | case | filter | setup s | first batch s | setup + first s | memory over NoShuffle MB "
+        "| peak RSS MB | resume 10% s | resume 90% s | 90%/10% | rows/s | raw take rows/s | load |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for size in sorted(results, key=int):
+        cases = results[size]
+        base = cases.get("NoShuffle|0", {}).get("rss_mb")
+        for key, r in cases.items():
+            if key.startswith("_"):
+                continue
+            case, filtered = key.split("|")
+            over = f"{r['rss_mb'] - base:.0f}" if base is not None else "?"
+            rate = f"{r['rows_per_s']:,.0f}" if "rows_per_s" in r else ""
+            raw = f"{r['raw_take_rows_per_s']:,.0f}" if "raw_take_rows_per_s" in r else ""
+            lines.append(
+                f"| {int(size):.0e} | {case} | {'10%' if filtered == '1' else '—'} | {r['setup_s']:.3f} | "
+                f"{r['first_s']:.3f} | {r['setup_s'] + r['first_s']:.3f} | {over} | {r['peak_mb']:.0f} | "
+                f"{r['resume10_s']:.4f} | {r['resume90_s']:.4f} | {r['resume90_s'] / r['resume10_s']:.2f} | "
+                f"{rate} | {raw} | {r['load']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1e6,1e7", help="comma-separated sizes, e.g. 1e6,1e7,1e8")
+    parser.add_argument("--cache", default="/tmp/lance_lightning_scale", help="where datasets are written once")
+    parser.add_argument("--batches", type=int, default=400, help="RowShuffle batches timed for rows/s")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
+    parser.add_argument("--results", help="results file (default: scale.json in --cache)")
+    parser.add_argument("--render-only", action="store_true", help="only write scale.md from the results file")
+    parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        uri, case, filtered, batches = args.one
+        print(json.dumps(measure_case(uri, case, filtered == "1", int(batches))))
+        return
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    store = Path(args.results) if args.results else cache / "scale.json"
+    results = json.loads(store.read_text()) if store.exists() else {}
+    for size in () if args.render_only else (int(float(s)) for s in args.rows.split(",")):
+        uri = dataset(cache, size)
+        cases = results.setdefault(str(size), {})
+        cases["_run"] = {"command": command_line(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        for case in ["NoShuffle", *(c for c in args.cases.split(",") if c != "NoShuffle")]:
+            for filtered in (False, True):
+                load = load_average()
+                r = run_case(uri, case, filtered, args.batches if case == "RowShuffle" and not filtered else 0)
+                r["load"] = load
+                cases[f"{case}|{int(filtered)}"] = r
+                print(size, case, filtered, {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()},
+                      file=sys.stderr)
+                store.write_text(json.dumps(results, indent=1))
+    (RESULTS_DIR / "scale.md").write_text(render(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""The compact row set of a filter: exact, scanned once, small, shipped whole to workers."""
+
+from __future__ import annotations
+
+import pickle
+
+import lance
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lance_lightning import LanceSource, RowShuffle
+from lance_lightning.plan import build_plan
+from lance_lightning.plan import rowset
+from lance_lightning.plan.rowset import MatchBitmap, RangeRuns, scan_matches
+from lance_lightning.source import pin_source
+from tests.helpers import write_dataset
+
+ROWS = 20_000
+FILTERS = {
+    "scattered": "id % 10 = 3",
+    "clustered": "id < 700 OR (id >= 5000 AND id < 9000) OR id >= 19990",
+    "all": "id >= 0",
+    "one": "id = 12345",
+    "blocks": "(id % 1000) < 300",
+}
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("rowset") / "ds.lance"
+    uri = write_dataset(path, ROWS, fragment_rows=3000)
+    lance.dataset(uri).delete("id % 97 = 5")  # deletions: positions are live-row offsets
+    return uri
+
+
+def expected(uri: str, flt: str) -> np.ndarray:
+    return lance.dataset(uri).to_table(columns=["_rowoffset"], filter=flt).column(0).to_numpy().astype(np.int64)
+
+
+@pytest.mark.parametrize("name", sorted(FILTERS))
+@pytest.mark.parametrize("scan_rows", [rowset.SCAN_BATCH_ROWS, 333])
+def test_select_maps_each_match_to_its_position(uri: str, name: str, scan_rows: int, monkeypatch) -> None:
+    monkeypatch.setattr(rowset, "SCAN_BATCH_ROWS", scan_rows)  # small batches: runs cross batches
+    dataset = lance.dataset(uri)
+    want = expected(uri, FILTERS[name])
+    matches = scan_matches(dataset, FILTERS[name], dataset.count_rows())
+    assert matches.rows == len(want)
+    assert np.array_equal(matches.select(np.arange(len(want))), want)
+    shuffled = np.random.default_rng(0).permutation(len(want))
+    assert np.array_equal(matches.select(np.concatenate([shuffled, shuffled[:3]])),
+                          want[np.concatenate([shuffled, shuffled[:3]])])
+
+
+def test_the_smaller_structure_is_kept(uri: str) -> None:
+    dataset = lance.dataset(uri)
+    total = dataset.count_rows()
+    scattered = scan_matches(dataset, FILTERS["scattered"], total)
+    assert isinstance(scattered, MatchBitmap)
+    assert scattered.nbytes <= total // 8 + total // 64 + 256  # 8 bytes a match would be ~16 KB here
+    clustered = scan_matches(dataset, FILTERS["clustered"], total)
+    assert isinstance(clustered, RangeRuns)
+    runs = 1 + np.count_nonzero(np.diff(expected(uri, FILTERS["clustered"])) != 1)
+    assert len(clustered.starts) == runs and clustered.nbytes == 16 * runs + 8
+
+
+def test_scalar_index_filter_gives_the_same_rows(tmp_path) -> None:
+    uri = write_dataset(tmp_path / "indexed.lance", 5000, fragment_rows=1000, label_classes=7)
+    dataset = lance.dataset(uri)
+    dataset.create_scalar_index("label", "BITMAP")
+    matches = scan_matches(lance.dataset(uri), "label = 3", 5000)
+    assert np.array_equal(matches.select(np.arange(matches.rows)), expected(uri, "label = 3"))
+
+
+def test_a_filtered_plan_ships_the_compact_row_set(tmp_path) -> None:
+    rows = 200_000
+    uri = write_dataset(tmp_path / "big.lance", rows, fragment_rows=50_000)
+    source = pin_source(LanceSource(uri, columns=["id"], filter="id % 10 = 0"), "train")
+    plan = build_plan("train", source, RowShuffle(seed=0), None, 64, True, 1)
+    # A list of positions would pickle to 8 bytes a match (160 KB); the bitmap is 1 bit a row.
+    assert len(pickle.dumps(plan)) < rows // 8 + rows // 64 + 4096
+    copy = pickle.loads(pickle.dumps(plan))
+    assert np.array_equal(copy.row_positions(np.arange(0, 20_000, 7)), np.arange(0, 20_000, 7) * 10)
+
+
+@settings(max_examples=100, deadline=None)
+@given(bits=st.lists(st.booleans(), min_size=1, max_size=3000), data=st.data())
+def test_bitmap_select_is_the_position_of_the_ith_set_bit(bits: list[bool], data: st.DataObject) -> None:
+    flags = np.array(bits, dtype=bool)
+    padded = np.zeros(-(-len(flags) // 512) * 512, dtype=bool)
+    padded[: len(flags)] = flags
+    bitmap = MatchBitmap(np.packbits(padded, bitorder="little").view(np.uint64))
+    positions = np.flatnonzero(flags)
+    assert bitmap.rows == len(positions)
+    if len(positions):
+        index = np.array(data.draw(st.lists(st.integers(0, len(positions) - 1), min_size=1, max_size=50)))
+        assert np.array_equal(bitmap.select(index), positions[index])
