@@ -33,7 +33,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lance_lightning.badrows import BadRowPolicy, RaiseOnBadRow
 from lance_lightning.cursor import CursorTracker
-from lance_lightning.device import DeviceTransfer
+from lance_lightning.device import DeviceTransfer, host_columns
 from lance_lightning.dataset import BatchTransform, LanceIterableDataset
 from lance_lightning.errors import ConfigError
 from lance_lightning.loader import FORK_WARNING, LanceDataLoader
@@ -168,7 +168,7 @@ class LanceDataModule(pl.LightningDataModule):
         self.multiprocessing_context = multiprocessing_context
         self.persistent_workers = persistent_workers
         self.pin_memory = pin_memory
-        self.device_transfer = DeviceTransfer(copy_stream)
+        self.device_transfer = DeviceTransfer(copy_stream, host_columns(device_transform))
         self.fill_nulls = dict(fill_nulls or {})
         self.resume_data = resume_data
         self.retry = _initialized(retry) or RetryPolicy()

@@ -40,5 +40,10 @@ class Compose:
             batch = transform(batch)
         return batch
 
+    @property
+    def host_columns(self) -> tuple[str, ...]:
+        """The columns its transforms read on the host (see `lance_lightning.device.host_columns`)."""
+        return tuple(dict.fromkeys(c for t in self.transforms for c in getattr(t, "host_columns", ())))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.transforms!r})"
