@@ -18,6 +18,7 @@ from typing import Any
 
 import lance
 
+from lance_lightning.blobs import blob_columns
 from lance_lightning.errors import ConfigError
 
 
@@ -50,6 +51,8 @@ class PinnedSource:
     filter: str | None
     total_rows: int
     storage_options: dict[str, str] | None = field(default=None, repr=False, compare=False)
+    #: The columns stored as Lance blobs (read with ``read_blobs``), from the pinned schema.
+    blob_columns: tuple[str, ...] = ()
 
     def open(self) -> lance.LanceDataset:
         """Return this process's handle on the pinned version (opened once per process)."""
@@ -100,6 +103,7 @@ def pin_source(source: LanceSource, param: str) -> PinnedSource:
         filter=source.filter,
         total_rows=dataset.count_rows(),
         storage_options=source.storage_options,
+        blob_columns=blob_columns(dataset.schema, columns),
     )
 
 
