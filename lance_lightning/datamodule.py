@@ -29,9 +29,10 @@ import lightning.pytorch as pl
 import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from lance_lightning.badrows import BadRowPolicy, RaiseOnBadRow
+from lance_lightning.badrows import POSITIONS_KEY, BadRowPolicy, DeviceRowGuard, RaiseOnBadRow
 from lance_lightning.cursor import CursorTracker
 from lance_lightning.device import DeviceTransfer, host_columns
 from lance_lightning.dataset import BatchTransform, LanceIterableDataset
@@ -168,7 +169,7 @@ class LanceDataModule(pl.LightningDataModule):
         self.multiprocessing_context = multiprocessing_context
         self.persistent_workers = persistent_workers
         self.pin_memory = pin_memory
-        self.device_transfer = DeviceTransfer(copy_stream, host_columns(device_transform))
+        self.device_transfer = DeviceTransfer(copy_stream, host_columns(device_transform) + (POSITIONS_KEY,))
         self.fill_nulls = dict(fill_nulls or {})
         self.resume_data = resume_data
         self.retry = _initialized(retry) or RetryPolicy()
@@ -260,6 +261,7 @@ class LanceDataModule(pl.LightningDataModule):
                 prefetch_batches=self.prefetch_batches, bad_rows=self.bad_rows, retry=self.retry,
                 pin_memory=pin and self.num_workers == 0,  # worker batches are pinned by the DataLoader's thread
             )
+            dataset.ship_positions = self.device_transform is not None  # for the bad-row policy on the device
             cursor = self.train_cursor if split == "train" else None
             if self.trainer is not None and split == "train":
                 epoch_source = self._trainer_epoch
@@ -289,10 +291,19 @@ class LanceDataModule(pl.LightningDataModule):
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
         return self.device_transfer(batch, device)
 
+    def _device_guard(self, batch: Any) -> Any:
+        """The device transform, under the bad-row policy when the batch carries its rows' positions."""
+        if not isinstance(batch, dict) or POSITIONS_KEY not in batch or self.trainer is None:
+            return self.device_transform
+        split = _STAGE_SPLITS[self.trainer.state.stage]
+        device = self.trainer.strategy.root_device
+        return DeviceRowGuard(self.bad_rows, self.plans[split], self.transform, self.fill_nulls, self.device_transform,
+                              lambda rows: self.device_transfer(rows, device), self._loaders[split].dataset.clock)
+
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Runs ``device_transform`` on the device batch, then the model's hook if it has one."""
         if self.device_transform is not None:
-            batch = self.device_transform(batch)
+            batch = self._device_guard(batch)(batch)
         model = self.trainer.lightning_module if self.trainer is not None else None
         if model is not None and is_overridden("on_after_batch_transfer", model, pl.LightningModule):
             batch = model.on_after_batch_transfer(batch, dataloader_idx)
@@ -337,6 +348,10 @@ class LanceDataModule(pl.LightningDataModule):
                                   "this version, which no longer exists", "restore that version, or resume with "
                                   "`resume_data=False` to start the data epoch fresh") from error
         self.train_cursor.restore(cursor)
+
+
+_STAGE_SPLITS = {RunningStage.TRAINING: "train", RunningStage.SANITY_CHECKING: "val", RunningStage.VALIDATING: "val",
+                 RunningStage.TESTING: "test", RunningStage.PREDICTING: "predict"}
 
 
 def _initialized(value: Any) -> Any:
