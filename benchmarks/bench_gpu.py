@@ -343,10 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=256 * 64,
                         help="images in the fit's Lance dataset (one epoch must hold --steps batches)")
     parser.add_argument("--steps", type=int, default=60, help="training steps per fit (the first 10 are warm-up)")
+    parser.add_argument("--quick", action="store_true", help="a shorter run: 30 steps, 30 batches of data")
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each copy measurement")
     parser.add_argument("--out", type=Path, default=common.RESULTS_DIR / "gpu.md", help="where to write the report")
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_CACHE, help="where datasets are cached")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.rows = min(args.steps, 30), min(args.rows, 30 * BATCH)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: needs a CUDA device (torch.cuda.is_available() is False); nothing was measured. "
               "Run it on a GPU machine, or `--device cpu` for a smoke run.", file=sys.stderr)
@@ -363,7 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     smoke = device.type == "cpu"
     args.data_dir.mkdir(parents=True, exist_ok=True)
     print("[1/3] decode", flush=True)
-    decode = decode_rates(device, [16, 32] if smoke else [64, 256], 1 if smoke else 8, 0.01 if smoke else 1.0)
+    # two batches per core keep every CPU thread busy
+    decode = decode_rates(device, [16, 32] if smoke else [64, 256], 1 if smoke else max(8, 2 * (os.cpu_count() or 1)),
+                          0.01 if smoke else 1.0)
     print("[2/3] fit", flush=True)
     side, size = (40, 32) if smoke else (256, 224)
     uri = image_dataset(args.data_dir, args.rows, side)

@@ -293,9 +293,9 @@ class LanceDataModule(pl.LightningDataModule):
 
     def _device_guard(self, batch: Any) -> Any:
         """The device transform, under the bad-row policy when the batch carries its rows' positions."""
-        if not isinstance(batch, dict) or POSITIONS_KEY not in batch or self.trainer is None:
-            return self.device_transform
-        split = _STAGE_SPLITS[self.trainer.state.stage]
+        split = _STAGE_SPLITS.get(self.trainer.state.stage) if self.trainer is not None else None
+        if not isinstance(batch, dict) or POSITIONS_KEY not in batch or split not in self._loaders:
+            return lambda batch: self.device_transform({k: v for k, v in batch.items() if k != POSITIONS_KEY})
         device = self.trainer.strategy.root_device
         return DeviceRowGuard(self.bad_rows, self.plans[split], self.transform, self.fill_nulls, self.device_transform,
                               lambda rows: self.device_transfer(rows, device), self._loaders[split].dataset.clock)

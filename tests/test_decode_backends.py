@@ -18,10 +18,11 @@ import pytest
 import torch
 from PIL import Image
 
-from lance_lightning.badrows import POSITIONS_KEY, RaiseOnBadRow
-from lance_lightning.device import DeviceTransfer, host_columns
-from lance_lightning.errors import ConfigError
 from lance_lightning import LanceDataModule, LanceSource
+from lance_lightning.badrows import POSITIONS_KEY, RaiseOnBadRow
+from lance_lightning.convert import Ragged
+from lance_lightning.device import host_columns
+from lance_lightning.errors import ConfigError
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError
 from lance_lightning.transforms import decoders
 from tests.test_transforms_image import BAD_BYTES, image_blobs, jpeg, noise, png
@@ -163,7 +164,6 @@ def test_host_columns_stay_on_the_host_through_the_transfer() -> None:
     assert host_columns(Compose([gpu_decode, DeviceAugment([torch.nn.Identity()])])) == ("image",)
     dm = LanceDataModule(train=LanceSource("unused.lance"), device_transform=gpu_decode, bad_rows=RaiseOnBadRow())
     assert dm.device_transfer.host_columns == ("image", POSITIONS_KEY)  # the rows' positions stay too
-    from lance_lightning.convert import Ragged
     image = Ragged(torch.arange(6, dtype=torch.uint8), torch.tensor([0, 2, 6]))
     batch = {"image": image, "x": torch.ones(2), "r": Ragged(torch.arange(3), torch.tensor([0, 1, 3]))}
     moved = dm.device_transfer(batch, torch.device("meta"))  # any device other than the host's
