@@ -96,12 +96,12 @@ def image_dataset(cache_dir: Path, rows: int, log: Callable[[str], None] = print
     """(id int64, image binary JPEG 64x64 RGB, label int32), written once.
 
     Images are smooth random colour fields plus noise (a few KB each as JPEG), encoded with
-    ``torchvision.io.encode_jpeg``.
+    TorchCodec's ``JpegEncoder`` (the same bytes as ``torchvision.io.encode_jpeg``).
     """
     import lance
     import torch
     import torch.nn.functional as F
-    from torchvision.io import encode_jpeg
+    from torchcodec.encoders import JpegEncoder
 
     path = cache_dir / f"images_{_short(rows)}.lance"
     if _ready(path, rows, None):
@@ -120,7 +120,7 @@ def image_dataset(cache_dir: Path, rows: int, log: Callable[[str], None] = print
             smooth = F.interpolate(coarse, size=(IMAGE_SIDE, IMAGE_SIDE), mode="bilinear", align_corners=False)
             noise = torch.rand(n, 3, IMAGE_SIDE, IMAGE_SIDE, generator=gen) * 0.15
             images = ((smooth * 0.85 + noise) * 255).to(torch.uint8)
-            encoded = encode_jpeg(list(images), quality=90)
+            encoded = [JpegEncoder(image).to_tensor(quality=90) for image in images]
             blobs = [bytes(e.numpy().tobytes()) for e in encoded]
             labels = torch.randint(0, 10, (n,), generator=gen, dtype=torch.int32).numpy()
             yield pa.RecordBatch.from_arrays(

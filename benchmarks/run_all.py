@@ -27,6 +27,16 @@ sys.path.insert(0, str(HERE))
 import common  # noqa: E402
 
 
+#: Scripts that measure a GPU: skipped where there is none (they would exit non-zero).
+NEEDS_CUDA = {"bench_gpu.py"}
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def discover(only: list[str] | None = None) -> list[Path]:
     scripts = sorted(HERE.glob("bench_*.py"))
     if only:
@@ -47,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, LANCE_LIGHTNING_BENCH_COMMAND=command)
     outcomes: list[tuple[str, int, float]] = []
     for script in scripts:
+        if script.name in NEEDS_CUDA and not _cuda():
+            print(f"\n=== {script.name}: skipped (needs a CUDA device)", flush=True)
+            continue
         cmd = [sys.executable, str(script), *(["--quick"] if args.quick else [])]
         print(f"\n=== {script.name}: {' '.join(cmd)}", flush=True)
         started = time.perf_counter()

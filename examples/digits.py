@@ -89,7 +89,7 @@ def prepare(out: str = DEFAULT_OUT, *, overwrite: bool = False) -> str:
     import lance
     import numpy as np
     import pyarrow as pa
-    from torchvision.io import encode_png
+    from torchcodec.encoders import PngEncoder
 
     digits = load_digits()
     images = np.asarray(digits.images, dtype=np.float64)  # (n, 8, 8), values 0..16
@@ -106,7 +106,7 @@ def prepare(out: str = DEFAULT_OUT, *, overwrite: bool = False) -> str:
     for pos, idx in enumerate(order):
         img = torch.from_numpy(np.ascontiguousarray(scaled[idx])).unsqueeze(0)  # (1, 8, 8) uint8
         ids.append(int(idx))
-        pngs.append(encode_png(img).numpy().tobytes())
+        pngs.append(PngEncoder(img).to_tensor().numpy().tobytes())
         out_labels.append(int(labels[idx]))
         splits.append("val" if pos % _VAL_EVERY == 0 else "train")
 

@@ -13,6 +13,10 @@ Guarantees:
   number of batches and the data cursor stays exact.
 - Every bad row is counted once, as ``bad_rows`` in the loader's `StageClock` (and so in the
   data metrics), whatever the policy.
+- The same holds for a ``device_transform`` (e.g. ``DecodeImage(device="cuda")``), which runs after
+  the batch reached the device: the batch then carries its rows' positions (`POSITIONS_KEY`, set
+  by `BadRowGuard` when asked), and `DeviceRowGuard` raises or replaces exactly as `BadRowGuard`
+  does on the host, choosing the same replacement rows.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import torch
 
-from lance_lightning.convert import to_torch_batch
+from lance_lightning.convert import Ragged, to_torch_batch
 from lance_lightning.errors import ConfigError
 from lance_lightning.metrics import StageClock
 from lance_lightning.plan.rowset import RowSet
@@ -34,6 +39,8 @@ from lance_lightning.source import PinnedSource
 
 Batch = dict[str, Any]
 log = logging.getLogger("lance_lightning")
+#: Batch key of the dataset positions of a batch's rows (an int64 tensor), for `DeviceRowGuard`.
+POSITIONS_KEY = "_lance_lightning_positions"
 
 
 class RowError(ValueError):
@@ -119,10 +126,14 @@ class BadRowGuard:
         transform: The batch transform; ``None`` converts only.
         fill_nulls: Per-column null fill values, as for `to_torch_batch`.
         clock: Where ``convert``/``transform`` times and the ``bad_rows`` count go.
+        ship_positions: Put the rows' final positions in each batch (`POSITIONS_KEY`), for a
+            `DeviceRowGuard` on the device stage.
     """
 
     def __init__(self, policy: BadRowPolicy, source: PinnedSource, rows: int, matches: RowSet | None,
-                 transform: Callable[[Batch], Batch] | None, fill_nulls: dict[str, Any], clock: StageClock) -> None:
+                 transform: Callable[[Batch], Batch] | None, fill_nulls: dict[str, Any], clock: StageClock,
+                 ship_positions: bool = False) -> None:
+        self.ship_positions = ship_positions
         self.policy = policy
         self.source = source
         self.rows = rows
@@ -133,16 +144,20 @@ class BadRowGuard:
 
     def __call__(self, table: pa.Table, positions: np.ndarray) -> Batch:
         """The finished batch of ``table``, whose row ``i`` is dataset position ``positions[i]``."""
-        positions = np.asarray(positions)
+        batch, positions = self._finish(table, np.asarray(positions))
+        return batch if not self.ship_positions else {**batch, POSITIONS_KEY: torch.from_numpy(positions)}
+
+    def _finish(self, table: pa.Table, positions: np.ndarray) -> tuple[Batch, np.ndarray]:
+        """The batch, and the positions of its rows (bad ones replaced)."""
         # Each pass fixes one bad row; a replacement was checked first, so it cannot fail again.
         for _ in range(table.num_rows + 1):
             with self.clock.measure("convert", rows=table.num_rows):
                 batch = self.convert(table)
             if self.transform is None:
-                return batch
+                return batch, positions
             try:
                 with self.clock.measure("transform", rows=table.num_rows):
-                    return self.transform(batch)
+                    return self.transform(batch), positions
             except RowError as error:
                 if not 0 <= error.index < table.num_rows:
                     raise
@@ -155,42 +170,141 @@ class BadRowGuard:
         row can be bad then), so the caller may measure a whole read group at once."""
         return to_torch_batch(table, self.fill_nulls)
 
-    def _describe(self, table: pa.Table, index: int, position: int, column: str) -> tuple[str, Any]:
-        id_column = self.policy.id_column
-        row_id = None
-        if id_column is not None and id_column in table.column_names:
-            row_id = table.column(id_column)[index].as_py()
-        where = f"dataset row {position}" + (f" ({id_column}={row_id!r})" if row_id is not None else "")
-        return f"{where} of {self.source.uri} (version {self.source.version}), column {column!r}", row_id
-
     def _replace(self, table: pa.Table, positions: np.ndarray, error: RowError) -> tuple[pa.Table, np.ndarray]:
         index = error.index
         position = int(positions[index])
-        where, row_id = self._describe(table, index, position, error.column)
-        if not isinstance(self.policy, ReplaceBadRow):
-            raise BadRowError(f"bad row: {where} could not be transformed: {error.reason}. Fix or delete the "
-                              "row, filter it out, or pass `bad_rows=ReplaceBadRow()` to replace bad rows",
-                              position, error.column, row_id) from error
-        for attempt in range(self.policy.max_attempts):
-            pick = self.policy.candidate(position, attempt, self.rows)
-            candidate = int(pick if self.matches is None else self.matches.select(np.array([pick]))[0])
-            if candidate == position:
-                continue
-            row = read_positions(self.source, np.array([candidate], dtype=np.int64), scan_mode=False)
-            if self._transforms(row.select(table.column_names)):
-                log.warning("bad row replaced: %s (%s); using dataset row %d instead", where, error.reason, candidate)
-                fixed = pa.concat_tables([table.slice(0, index), row.select(table.column_names).cast(table.schema),
-                                          table.slice(index + 1)])
-                fixed_positions = positions.copy()
-                fixed_positions[index] = candidate
-                return fixed, fixed_positions
-        raise BadRowError(f"bad row: {where} could not be transformed ({error.reason}), and none of "
-                          f"{self.policy.max_attempts} replacement candidates could either. Check the data, or "
-                          "raise `ReplaceBadRow.max_attempts`", position, error.column, row_id) from error
+        row_id = None
+        if self.policy.id_column is not None and self.policy.id_column in table.column_names:
+            row_id = table.column(self.policy.id_column)[index].as_py()
+
+        def transforms(row: pa.Table) -> bool:
+            try:
+                self.transform(to_torch_batch(row, self.fill_nulls))
+            except RowError:
+                return False
+            return True
+
+        candidate, row = replacement(self.policy, self.source, self.rows, self.matches, position, row_id, error,
+                                     table.column_names, transforms)
+        fixed = pa.concat_tables([table.slice(0, index), row.cast(table.schema), table.slice(index + 1)])
+        fixed_positions = positions.copy()
+        fixed_positions[index] = candidate
+        return fixed, fixed_positions
+
+
+def replacement(policy: BadRowPolicy, source: PinnedSource, rows: int, matches: RowSet | None,
+                position: int, row_id: Any, error: RowError, columns: list[str],
+                transforms: Callable[[pa.Table], bool]) -> tuple[int, pa.Table]:
+    """``(position, row)`` of the replacement for the bad row at ``position`` (its ``columns``): the
+    first candidate of `ReplaceBadRow` that ``transforms``; raises `BadRowError` under
+    `RaiseOnBadRow`, or when no candidate transforms."""
+    where = f"dataset row {position}" + (f" ({policy.id_column}={row_id!r})" if row_id is not None else "")
+    where = f"{where} of {source.uri} (version {source.version}), column {error.column!r}"
+    if not isinstance(policy, ReplaceBadRow):
+        raise BadRowError(f"bad row: {where} could not be transformed: {error.reason}. Fix or delete the "
+                          "row, filter it out, or pass `bad_rows=ReplaceBadRow()` to replace bad rows",
+                          position, error.column, row_id) from error
+    for attempt in range(policy.max_attempts):
+        pick = policy.candidate(position, attempt, rows)
+        candidate = int(pick if matches is None else matches.select(np.array([pick]))[0])
+        if candidate == position:
+            continue
+        row = read_positions(source, np.array([candidate], dtype=np.int64), scan_mode=False).select(columns)
+        if transforms(row):
+            log.warning("bad row replaced: %s (%s); using dataset row %d instead", where, error.reason, candidate)
+            return candidate, row
+    raise BadRowError(f"bad row: {where} could not be transformed ({error.reason}), and none of "
+                      f"{policy.max_attempts} replacement candidates could either. Check the data, or "
+                      "raise `ReplaceBadRow.max_attempts`", position, error.column, row_id) from error
+
+
+class DeviceRowGuard:
+    """Runs the device transform on a device batch, applying the policy to rows it rejects.
+
+    The batch carries its rows' dataset positions (`POSITIONS_KEY`, on the host); a rejected row
+    is described, or replaced by the same candidate `BadRowGuard` would pick, exactly as on the
+    host: the candidate is read, converted, transformed on the host, moved and transformed on the
+    device, then put in the bad row's place, and the whole batch is transformed again.
+
+    Args:
+        policy: `RaiseOnBadRow` or `ReplaceBadRow`.
+        plan: The split's read plan (source, matching rows and their positions).
+        transform: The host transform (``None``: none), run on candidates.
+        fill_nulls: Per-column null fill values, as for `to_torch_batch`.
+        device_transform: The transform that runs on the device batch.
+        to_device: Moves a host batch to the device as the data module does.
+        clock: Where the ``bad_rows`` count goes.
+    """
+
+    def __init__(self, policy: BadRowPolicy, plan: Any, transform: Callable[[Batch], Batch] | None,
+                 fill_nulls: dict[str, Any], device_transform: Callable[[Batch], Batch],
+                 to_device: Callable[[Batch], Batch], clock: StageClock) -> None:
+        self.policy = policy
+        self.plan = plan
+        self.transform = transform
+        self.fill_nulls = fill_nulls
+        self.device_transform = device_transform
+        self.to_device = to_device
+        self.clock = clock
+
+    def __call__(self, batch: Batch) -> Batch:
+        shipped = batch.get(POSITIONS_KEY)
+        batch = {key: value for key, value in batch.items() if key != POSITIONS_KEY}
+        if shipped is None:
+            return self.device_transform(batch)
+        positions = torch.as_tensor(shipped).cpu().numpy().astype(np.int64)  # a copy: replacements edit it
+        for _ in range(len(positions) + 1):  # each pass replaces one bad row
+            try:
+                return self.device_transform(batch)
+            except RowError as error:
+                if not 0 <= error.index < len(positions):
+                    raise
+                self.clock.add("bad_rows", 1)
+                position = int(positions[error.index])
+                candidate, row = replacement(self.policy, self.plan.source, self.plan.matched_rows,
+                                             self.plan.matches, position, self._row_id(batch, error.index), error,
+                                             list(self.plan.source.columns), self._transforms)
+                batch = splice(batch, error.index, self._prepared(row))
+                positions[error.index] = candidate
+        raise AssertionError("unreachable: every pass replaces one row")  # pragma: no cover
+
+    def _row_id(self, batch: Batch, index: int) -> Any:
+        values = batch.get(self.policy.id_column) if self.policy.id_column is not None else None
+        if isinstance(values, torch.Tensor) and values.dim() == 1:
+            return values[index].item()
+        return values[index] if isinstance(values, list) else None
+
+    def _prepared(self, row: pa.Table) -> Batch:
+        """``row`` as the device transform receives it: converted, host-transformed, on the device."""
+        batch = to_torch_batch(row, self.fill_nulls)
+        return self.to_device(self.transform(batch) if self.transform is not None else batch)
 
     def _transforms(self, row: pa.Table) -> bool:
         try:
-            self.transform(to_torch_batch(row, self.fill_nulls))
+            self.device_transform(self._prepared(row))
         except RowError:
             return False
         return True
+
+
+def splice(batch: Batch, index: int, row: Batch) -> Batch:
+    """``batch`` with its row ``index`` replaced by the one row of ``row`` (same columns)."""
+    out: Batch = {}
+    for key, value in batch.items():
+        new = row[key]
+        if isinstance(value, torch.Tensor):
+            value = value.clone()
+            value[index] = new[0].to(value.device)
+        elif isinstance(value, Ragged):
+            lengths = value.lengths().clone()
+            lengths[index] = len(new.values)
+            start, end = int(value.offsets[index]), int(value.offsets[index + 1])
+            values = torch.cat([value.values[:start], new.values.to(value.values.device), value.values[end:]])
+            offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+            value = Ragged(values, offsets)
+        elif isinstance(value, list):
+            value = [*value[:index], new[0], *value[index + 1:]]
+        else:
+            raise TypeError(f"column {key!r}: cannot replace a bad row in a {type(value).__name__}")
+        out[key] = value
+    return out

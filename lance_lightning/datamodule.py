@@ -28,11 +28,12 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from lance_lightning.badrows import BadRowPolicy, RaiseOnBadRow
+from lance_lightning.badrows import POSITIONS_KEY, BadRowPolicy, DeviceRowGuard, RaiseOnBadRow
 from lance_lightning.cursor import CursorTracker
-from lance_lightning.device import DeviceTransfer
+from lance_lightning.device import DeviceTransfer, host_columns
 from lance_lightning.dataset import BatchTransform, LanceIterableDataset
 from lance_lightning.errors import ConfigError
 from lance_lightning.loader import LanceDataLoader, check_start_method
@@ -169,7 +170,7 @@ class LanceDataModule(pl.LightningDataModule):
         self.multiprocessing_context = multiprocessing_context
         self.persistent_workers = persistent_workers
         self.pin_memory = pin_memory
-        self.device_transfer = DeviceTransfer(copy_stream)
+        self.device_transfer = DeviceTransfer(copy_stream, host_columns(device_transform) + (POSITIONS_KEY,))
         self.fill_nulls = dict(fill_nulls or {})
         self.resume_data = resume_data
         self.retry = retry if retry is not None else RetryPolicy()
@@ -290,6 +291,7 @@ class LanceDataModule(pl.LightningDataModule):
                 prefetch_batches=self.prefetch_batches, bad_rows=self.bad_rows, retry=self.retry,
                 pin_memory=pin and self.num_workers == 0,  # worker batches are pinned by the DataLoader's thread
             )
+            dataset.ship_positions = self.device_transform is not None  # for the bad-row policy on the device
             cursor = self.train_cursor if split == "train" else None
             if self.trainer is not None and split == "train":
                 epoch_source = self._trainer_epoch
@@ -319,10 +321,19 @@ class LanceDataModule(pl.LightningDataModule):
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
         return self.device_transfer(batch, device)
 
+    def _device_guard(self, batch: Any) -> Any:
+        """The device transform, under the bad-row policy when the batch carries its rows' positions."""
+        split = _RUNNING_SPLITS.get(self.trainer.state.stage) if self.trainer is not None else None
+        if not isinstance(batch, dict) or POSITIONS_KEY not in batch or split not in self._loaders:
+            return lambda batch: self.device_transform({k: v for k, v in batch.items() if k != POSITIONS_KEY})
+        device = self.trainer.strategy.root_device
+        return DeviceRowGuard(self.bad_rows, self.plans[split], self.transform, self.fill_nulls, self.device_transform,
+                              lambda rows: self.device_transfer(rows, device), self._loaders[split].dataset.clock)
+
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Runs ``device_transform`` on the device batch, then the model's hook if it has one."""
         if self.device_transform is not None:
-            batch = self.device_transform(batch)
+            batch = self._device_guard(batch)(batch)
         model = self.trainer.lightning_module if self.trainer is not None else None
         if model is not None and is_overridden("on_after_batch_transfer", model, pl.LightningModule):
             batch = model.on_after_batch_transfer(batch, dataloader_idx)
@@ -373,6 +384,10 @@ class LanceDataModule(pl.LightningDataModule):
                                   "this version, which no longer exists", "restore that version, or resume with "
                                   "`resume_data=False` to start the data epoch fresh") from error
         self.train_cursor.restore(cursor)
+
+
+_RUNNING_SPLITS = {RunningStage.TRAINING: "train", RunningStage.SANITY_CHECKING: "val", RunningStage.VALIDATING: "val",
+                   RunningStage.TESTING: "test", RunningStage.PREDICTING: "predict"}
 
 
 def _require(name: str, value: Any, minimum: int) -> None:

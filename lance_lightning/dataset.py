@@ -34,7 +34,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from lance_lightning.badrows import BadRowGuard, BadRowPolicy, RaiseOnBadRow
+from lance_lightning.badrows import POSITIONS_KEY, BadRowGuard, BadRowPolicy, RaiseOnBadRow
 from lance_lightning.device import pin_batch
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.rowset import RowSet, scan_matches
@@ -210,6 +210,7 @@ class LanceIterableDataset(IterableDataset):
         self.control = EpochControl()
         self.clock = StageClock()
         self.ship_stats = False  # set by LanceDataLoader, which takes the figures off the batches
+        self.ship_positions = False  # set by LanceDataModule when a device_transform applies the bad-row policy
 
     def use_context(self, context: Any) -> None:
         """Put the epoch control in memory that workers of ``context`` share."""
@@ -229,7 +230,7 @@ class LanceIterableDataset(IterableDataset):
         steps = reader.layout.worker_steps(worker, workers, self.rank)
         producer = BatchProducer(reader, self.transform, self.fill_nulls, self.clock,
                                  ship_stats=info is not None and self.ship_stats, bad_rows=self.bad_rows,
-                                 pin_memory=self.pin_memory)
+                                 pin_memory=self.pin_memory, ship_positions=self.ship_positions)
         yield from producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
         HEAP.after_epoch()
 
@@ -246,7 +247,7 @@ class BatchProducer:
 
     def __init__(self, reader: PlanReader, transform: BatchTransform | None, fill_nulls: Mapping[str, Any],
                  clock: StageClock, ship_stats: bool, bad_rows: BadRowPolicy | None = None,
-                 pin_memory: bool = False) -> None:
+                 pin_memory: bool = False, ship_positions: bool = False) -> None:
         self.reader = reader
         self.transform = transform
         self.clock = clock
@@ -254,7 +255,7 @@ class BatchProducer:
         self.pin_memory = pin_memory
         plan = reader.plan
         self.guard = BadRowGuard(bad_rows or RaiseOnBadRow(), plan.source, plan.matched_rows, plan.matches,
-                                 transform, dict(fill_nulls), clock)
+                                 transform, dict(fill_nulls), clock, ship_positions)
 
     def read(self, group: list[BatchSpec]) -> list[tuple[BatchSpec, pa.Table]]:
         rows = sum(len(spec.positions) for spec in group)
@@ -280,6 +281,9 @@ class BatchProducer:
         rows = sum(table.num_rows for table in tables)
         with self.clock.measure("convert", rows=rows):
             batches = [self.guard.convert(table) for table in tables]
+        if self.guard.ship_positions:
+            batches = [{**batch, POSITIONS_KEY: torch.from_numpy(spec.positions)}
+                       for batch, spec in zip(batches, group)]
         if self.pin_memory:
             with self.clock.measure("pin", rows=rows):
                 batches = [pin_batch(batch) for batch in batches]

@@ -9,8 +9,9 @@ Guarantees:
   with ``copy_stream=True``) the copies are issued on a side stream: batch k+1 is copied while
   the GPU still runs step k's kernels (the CPU queues kernels ahead of the GPU), the compute
   stream waits on the copy only when step k+1 starts, and each tensor is marked as used by the
-  compute stream so its memory is not reused early. Lists stay on the host, where a device
-  stage such as ``DecodeImage(device="cuda")`` reads them.
+  compute stream so its memory is not reused early. Lists stay on the host, and so do the
+  ``host_columns`` of the device transform (`host_columns`): the encoded bytes that
+  ``DecodeImage(device="cuda")`` hands to the GPU decoder, which reads them on the host.
 - Without CUDA (CPU, MPS, ...) a transfer is a plain ``.to(device)``, never an error.
 """
 
@@ -40,6 +41,12 @@ def _pin(value: Any) -> Any:
     return value
 
 
+def host_columns(transform: Any) -> tuple[str, ...]:
+    """The columns ``transform`` (a device transform, or None) reads on the host: its
+    ``host_columns`` attribute, e.g. ``DecodeImage(device="cuda")``'s column of encoded bytes."""
+    return tuple(getattr(transform, "host_columns", ()) or ())
+
+
 def move(value: Any, device: torch.device) -> Any:
     """``value`` on ``device``: tensors and `Ragged` copy without blocking; str/bytes lists stay."""
     if isinstance(value, (torch.Tensor, Ragged)):
@@ -57,10 +64,12 @@ class DeviceTransfer:
     Args:
         copy_stream: On CUDA, issue the copies on a dedicated stream so they overlap the
             previous step's kernels. ``False`` copies on the current stream (still non-blocking).
+        host_columns: Columns of a batch that stay on the host (see `host_columns`).
     """
 
-    def __init__(self, copy_stream: bool = True) -> None:
+    def __init__(self, copy_stream: bool = True, host_columns: tuple[str, ...] = ()) -> None:
         self.copy_stream = bool(copy_stream)
+        self.host_columns = tuple(host_columns)
         self._stream: Any = None
         self._device: torch.device | None = None
 
@@ -82,18 +91,23 @@ class DeviceTransfer:
     def __call__(self, batch: Any, device: torch.device) -> Any:
         device = torch.device(device)
         if device.type != "cuda" or not self.copy_stream:
-            return move(batch, device)
+            return self._move(batch, device)
         if self._device != device or self._stream is None:
             self.start(device)
         current = torch.cuda.current_stream(device)
         with torch.cuda.stream(self._stream):
-            moved = move(batch, device)
+            moved = self._move(batch, device)
         current.wait_stream(self._stream)
         _record(moved, current)
         return moved
 
+    def _move(self, batch: Any, device: torch.device) -> Any:
+        if not self.host_columns or not isinstance(batch, dict):
+            return move(batch, device)
+        return {key: value if key in self.host_columns else move(value, device) for key, value in batch.items()}
+
     def __getstate__(self) -> dict[str, Any]:
-        return {"copy_stream": self.copy_stream, "_stream": None, "_device": None}
+        return {"copy_stream": self.copy_stream, "host_columns": self.host_columns, "_stream": None, "_device": None}
 
 
 def _record(value: Any, stream: Any) -> None:

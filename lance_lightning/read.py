@@ -10,7 +10,8 @@ Guarantees:
   offset/limit scan per range, read in the group's order; a group of more ranges is one call
   whatever its positions, a scan restricted to the wanted rows (``row_addr_allowlist``), so a
   group of many short ranges (small shards) costs one call, not one per range.
-- Reads only touch the pinned dataset version, with only the planned columns.
+- Reads only touch the pinned dataset version, with only the planned columns. Blob columns
+  (`lance_lightning.blobs`) are read as bytes with ``read_blobs``, one call per column per read.
 - Each read is retried through transient storage errors (`lance_lightning.retry.RetryPolicy`);
   one that fails for good raises `DataReadError` naming the URI, version, rows and columns.
 - Lance's I/O statistics of each read (bytes, requests) go to the `StageClock` measuring the
@@ -28,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 from lance.dataset import serialize_row_addrs
 
+from lance_lightning.blobs import with_blobs
 from lance_lightning.metrics import active_clock, record_io
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.retry import DEFAULT_POLICY, RetryPolicy, describe_rows, describe_span
@@ -219,22 +221,29 @@ def read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool,
 
 def _read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], batch_rows: int) -> pa.Table:
     dataset = source.open()
-    columns = list(source.columns)
+    columns = [c for c in source.columns if c not in source.blob_columns]
     tables = [dataset.scanner(columns=columns, offset=first, limit=rows, batch_size=batch_rows).to_table()
-              for first, rows in ranges]
+              for first, rows in ranges] if columns else []
+    table = (tables[0] if len(tables) == 1 else pa.concat_tables(tables)) if tables else None
+    if source.blob_columns:
+        positions = np.concatenate([np.arange(first, first + rows, dtype=np.int64) for first, rows in ranges])
+        table = with_blobs(dataset, table, positions, source.columns, source.blob_columns)
     record_io(dataset)
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    return table
 
 
 def _read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool, batch_rows: int) -> pa.Table:
     dataset = source.open()
-    columns = list(source.columns)
-    if scan_mode:
+    columns = [c for c in source.columns if c not in source.blob_columns]
+    table = None
+    if columns and scan_mode:
         allow = serialize_row_addrs(row_ids(source, dataset, positions).tolist())
         table = dataset.scanner(columns=columns, row_addr_allowlist=allow, batch_size=batch_rows,
                                 scan_in_order=True).to_table()
-    else:
+    elif columns:
         table = dataset.take(positions, columns=columns)
+    if source.blob_columns:  # the bytes of blob columns: one planned read_blobs call per column
+        table = with_blobs(dataset, table, positions, source.columns, source.blob_columns)
     record_io(dataset)
     return table
 

@@ -23,9 +23,12 @@ from lance_lightning.errors import ConfigError
 
 
 def read_schema(plan: Any) -> pa.Schema:
-    """The Arrow schema of the columns ``plan`` reads (from the pinned dataset's metadata)."""
+    """The Arrow schema of the columns ``plan`` reads (from the pinned dataset's metadata), blob
+    columns as the bytes their reader yields."""
     schema = plan.source.open().schema
-    return pa.schema([schema.field(name) for name in plan.source.columns])
+    blobs = set(plan.source.blob_columns)
+    return pa.schema([pa.field(name, pa.large_binary()) if name in blobs else schema.field(name)
+                      for name in plan.source.columns])
 
 
 def check_read_schema(plans: Mapping[str, Any], fill_nulls: Mapping[str, Any], transform: Any) -> None:

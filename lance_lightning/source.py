@@ -24,6 +24,7 @@ from typing import Any
 
 import lance
 
+from lance_lightning.blobs import blob_columns
 from lance_lightning.errors import ConfigError
 from lance_lightning.redaction import check_not_redacted, redact_options, redact_text
 
@@ -64,6 +65,8 @@ class PinnedSource:
     #: The pinned version's first data file (names are unique per write): tells a dataset written
     #: again at the same path, whose version numbers restart, from the one pinned.
     data_tag: str = field(default="", repr=False)
+    #: The columns stored as Lance blobs (read with ``read_blobs``), from the pinned schema.
+    blob_columns: tuple[str, ...] = ()
 
     def open(self) -> lance.LanceDataset:
         """Return this process's handle on the pinned version (opened once per process)."""
@@ -116,6 +119,7 @@ def pin_source(source: LanceSource, param: str) -> PinnedSource:
         total_rows=dataset.count_rows(),
         storage_options=source.storage_options,
         data_tag=_data_tag(dataset),
+        blob_columns=blob_columns(dataset.schema, columns),
     )
 
 

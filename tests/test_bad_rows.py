@@ -17,7 +17,8 @@ from lance_lightning import LanceDataModule, LanceMapDataset, LanceSource, RowSh
 from lance_lightning.badrows import BadRowError, RaiseOnBadRow, ReplaceBadRow, RowError
 from lance_lightning.dataset import LanceIterableDataset
 from lance_lightning.transforms import DecodeImage
-from tests.test_resume import assert_exact, run_resume
+from tests.helpers import RecordingModel
+from tests.test_resume import assert_exact, fit, run_resume
 from tests.test_transforms_image import assert_images_match_ids, write_image_dataset
 
 BAD = (13, 14, 57, 130)
@@ -141,3 +142,47 @@ def test_resume_across_a_bad_row_is_exact(tmp_path: Path, uri: str, shuffle: str
     assert_exact(a.seen, b.seen, c.seen, k)
     trained = [i for step in c.seen for i in step]
     assert len(trained) == 160 and not set(BAD) & set(trained)
+
+
+# -- the device stage: a device_transform under the same policy -------------------------------------------
+class ImageSteps(RecordingModel):
+    """Records each step's ids (as `RecordingModel`) and decoded images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[torch.Tensor] = []
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        self.images.append(batch["image"].cpu())
+        return super().training_step(batch, batch_idx)
+
+
+def fit_steps(tmp_path: Path, uri: str, policy: Any, stage: str, device: str = "cpu"
+              ) -> tuple[ImageSteps, LanceDataModule]:
+    decode = DecodeImage(size=8, normalize=False, device=None if device == "cpu" else device)
+    where = {"transform": decode} if stage == "host" else {"device_transform": decode}
+    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "x", "image"]), batch_size=16, bad_rows=policy,
+                         shuffle=RowShuffle(seed=2, clump_rows=4), **where)
+    model = ImageSteps()
+    fit(tmp_path, dm, name=f"{stage}-{device}", model=model, accelerator=device)
+    return model, dm
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
+def test_device_transform_replaces_bad_rows_exactly_as_the_host_transform(tmp_path: Path, uri: str,
+                                                                          device: str) -> None:
+    host, _ = fit_steps(tmp_path, uri, ReplaceBadRow(seed=4), "host")
+    on_device, dm = fit_steps(tmp_path, uri, ReplaceBadRow(seed=4), "device", device)
+    assert on_device.seen == host.seen  # the same replacement rows, in the same places
+    tolerance = 0 if device == "cpu" else 3  # nvJPEG and libjpeg may round differently
+    assert all((a.int() - b.int()).abs().max() <= tolerance for a, b in zip(on_device.images, host.images))
+    assert not set(BAD) & {i for step in on_device.seen for i in step} and len(on_device.seen) == 10
+    assert dm._loaders["train"].dataset.clock.peek()["bad_rows"] == len(BAD)
+
+
+def test_device_transform_raises_naming_the_dataset_row(tmp_path: Path, uri: str) -> None:
+    with pytest.raises(BadRowError) as info:
+        fit_steps(tmp_path, uri, RaiseOnBadRow(), "device")
+    assert info.value.column == "image" and info.value.position in BAD and info.value.row_id == info.value.position
+    assert f"dataset row {info.value.position} (id={info.value.position})" in str(info.value)

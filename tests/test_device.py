@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pyarrow as pa
 import pytest
 import torch
 from torchvision.transforms import v2
 
 from lance_lightning import LanceDataModule, LanceSource
-from lance_lightning.convert import Ragged
+from lance_lightning.convert import Ragged, to_torch_batch
 from lance_lightning.device import DeviceTransfer, move, pin_batch
-from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment
+from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError
 from tests.helpers import RecordingModel
 from tests.test_transforms_image import assert_images_match_ids, image_blobs, write_image_dataset
 
@@ -131,14 +132,26 @@ def test_side_stream_transfer_delivers_the_right_values() -> None:
 
 @cuda
 @pytest.mark.cuda
-def test_gpu_jpeg_decode_matches_the_cpu() -> None:
+@pytest.mark.parametrize("backend", ["torchcodec", "torchvision"])
+def test_gpu_jpeg_decode_matches_the_cpu(backend: str) -> None:
     blobs = image_blobs(12, "jpeg") + image_blobs(4, "png")
     ids = torch.arange(16) % 12
-    gpu = DecodeImage(size=8, device="cuda")({"image": blobs})["image"]
-    cpu = DecodeImage(size=8)({"image": blobs})["image"]
+    gpu = DecodeImage(size=8, device="cuda", backend=backend)({"image": blobs})["image"]
+    cpu = DecodeImage(size=8, backend=backend)({"image": blobs})["image"]
     assert gpu.is_cuda and gpu.shape == cpu.shape == (16, 3, 8, 8)
     assert (gpu.cpu() - cpu).abs().max() < 0.05  # nvJPEG and libjpeg may round differently
     assert_images_match_ids(gpu[:12].cpu(), ids[:12])
+
+
+@cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["torchcodec", "torchvision"])
+def test_gpu_decode_names_a_bad_row_of_the_batch(backend: str) -> None:
+    # the batched nvJPEG call fails; one call per image then names the row, as on the CPU
+    blobs = image_blobs(12, "jpeg", bad=(7,))
+    with pytest.raises(ImageDecodeError) as info:
+        DecodeImage(device="cuda", backend=backend)({"image": to_torch_batch(pa.table({"image": blobs}))["image"]})
+    assert info.value.index == 7 and info.value.column == "image"
 
 
 @cuda
@@ -152,3 +165,4 @@ def test_trainer_on_cuda_decodes_on_the_gpu(tmp_path: Path) -> None:
     for ids, images in zip(model.seen, model.images):
         assert_images_match_ids(images.flip(-1), torch.tensor(ids))
     assert dm._pin()  # pinned by default when training on CUDA
+    assert dm.device_transfer.host_columns[0] == "image"  # the encoded bytes stayed on the host

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import torch
-from torchvision.io import encode_jpeg, encode_png
+from torchcodec.encoders import JpegEncoder, PngEncoder
 from torchvision.transforms import v2
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle
@@ -24,7 +24,7 @@ from lance_lightning.convert import Ragged, to_torch_batch
 from lance_lightning.dataset import LanceIterableDataset
 from lance_lightning.errors import ConfigError
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError
-from lance_lightning.transforms import image as image_module
+from lance_lightning.transforms import decoders
 from lance_lightning.transforms.image import ImageDecodeError as ImageDecodeErrorDirect
 from tests.helpers import write_dataset
 
@@ -40,7 +40,7 @@ def solid(i: int, h: int = 12, w: int = 10) -> torch.Tensor:
 
 
 def encode(image: torch.Tensor, fmt: str) -> bytes:
-    data = encode_png(image) if fmt == "png" else encode_jpeg(image, quality=95)
+    data = PngEncoder(image).to_tensor() if fmt == "png" else JpegEncoder(image).to_tensor(quality=95)
     return bytes(data.numpy().tobytes())
 
 
@@ -297,12 +297,13 @@ def test_accepts_bytearray_and_memoryview() -> None:
     ],
 )
 @pytest.mark.parametrize("others", ["png", "jpeg"])
-def test_corrupt_bytes_raise_image_decode_error(bad: bytes | None, others: str) -> None:
+@pytest.mark.parametrize("backend", ["torchcodec", "torchvision"])
+def test_corrupt_bytes_raise_image_decode_error(bad: bytes | None, others: str, backend: str) -> None:
     enc = png if others == "png" else jpeg
     blobs = [enc(noise(3, 8, 8, i)) for i in range(4)]
     blobs[2] = bad
     with pytest.raises(ImageDecodeError) as ei:
-        DecodeImage(column="photo")({"photo": blobs})
+        DecodeImage(column="photo", backend=backend)({"photo": blobs})
     err = ei.value
     assert err.column == "photo"
     assert err.index == 2
@@ -473,7 +474,8 @@ def test_reader_threads_run_at_batch_priority_and_the_loop_does_not(tmp_path: Pa
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
-def test_cpu_decoding_is_compiled() -> None:
+@pytest.mark.parametrize("backend", ["torchcodec", "torchvision"])
+def test_cpu_decoding_is_compiled(backend: str) -> None:
     # The compiled loop releases the GIL once per batch; a silent fallback to the Python loop
     # would halve decode scaling over the reader threads without failing anything else.
-    assert isinstance(image_module._decode_all, torch.jit.ScriptFunction)
+    assert isinstance(decoders.compiled_loop(backend), torch.jit.ScriptFunction)

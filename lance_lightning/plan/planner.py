@@ -136,7 +136,8 @@ def build_plan(
 
 def _row_bytes(dataset: lance.LanceDataset, source: PinnedSource) -> int:
     """Arrow bytes per row of the source's columns, measured on its first rows (at most 64)."""
-    sample = dataset.scanner(columns=list(source.columns), limit=ROW_BYTES_SAMPLE).to_table()
+    sample = dataset.scanner(columns=list(source.columns), limit=ROW_BYTES_SAMPLE,
+                             blob_handling="all_binary").to_table()  # blobs' bytes, not their descriptors
     return max(1, -(-sample.nbytes // max(1, sample.num_rows)))
 
 

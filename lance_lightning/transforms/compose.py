@@ -47,5 +47,10 @@ class Compose:
             if check is not None:
                 check(schema)
 
+    @property
+    def host_columns(self) -> tuple[str, ...]:
+        """The columns its transforms read on the host (see `lance_lightning.device.host_columns`)."""
+        return tuple(dict.fromkeys(c for t in self.transforms for c in getattr(t, "host_columns", ())))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.transforms!r})"

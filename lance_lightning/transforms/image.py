@@ -17,78 +17,35 @@ threads), resizing runs once per group of same-shaped images, and normalising
 runs in cache-sized chunks. With
 ``device="cuda"`` the JPEGs (found with one vectorised comparison) go to one
 batched nvJPEG call on the GPU; use it as the data module's ``device_transform``.
+If that call fails, the JPEGs are decoded one call each, so a bad row is named
+exactly as on the CPU. The decoder backend (TorchCodec, or torchvision as the
+fallback) is chosen in ``__init__``, see `lance_lightning.transforms.decoders`.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any, Literal
 
 import pyarrow as pa
 import torch
-from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 from torchvision.transforms.v2 import functional as F
 
 from lance_lightning.badrows import RowError
 from lance_lightning.convert import Ragged
 from lance_lightning.errors import ConfigError
+from lance_lightning.transforms import decoders
 from lance_lightning.transforms.sizes import check_size, fit_batch
 
 __all__ = ["DecodeImage", "ImageDecodeError"]
 
-_MODES: dict[str, ImageReadMode] = {
-    "gray": ImageReadMode.GRAY,
-    "rgb": ImageReadMode.RGB,
-    "unchanged": ImageReadMode.UNCHANGED,
-}
+#: torchvision's and TorchCodec's ``ImageReadMode`` values (the two enums agree).
+_MODES: dict[str, int] = {"gray": 1, "rgb": 3, "unchanged": 0}
 _MODE_CHANNELS: dict[str, int] = {"gray": 1, "rgb": 3}
 _BYTES = (bytes, bytearray, memoryview)
 #: Output bytes normalised per chunk: small enough to stay in a core's L2 cache between passes.
 _SCALE_CHUNK_BYTES = 1 << 20
-
-
-def _decode_batch(data: torch.Tensor, bounds: list[int], mode: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Rows ``data[bounds[i]:bounds[i + 1]]`` decoded on the CPU (JPEG, PNG, WebP or GIF, by their bytes).
-
-    Returns ``(stacked, [])``, the images stacked as (N, C, H, W), when they share a shape and a
-    dtype (the usual case: one tensor, not a Python object per image), else ``(empty, images)``.
-    """
-    images = [torch.ops.image.decode_image(data[bounds[i]:bounds[i + 1]], mode, False)
-              for i in range(len(bounds) - 1)]
-    for image in images:
-        if image.shape != images[0].shape or image.dtype != images[0].dtype:
-            return torch.empty(0), images
-    return torch.stack(images), images[:0]
-
-
-def _jpeg_rows(data: torch.Tensor, bounds: list[int]) -> list[int]:
-    """The rows of ``data`` (as in `_decode_batch`) that start with the JPEG magic bytes: one vectorised check."""
-    starts = torch.tensor(bounds[:-1], dtype=torch.int64)
-    lengths = torch.tensor(bounds[1:], dtype=torch.int64) - starts
-    head = data[torch.minimum(starts[:, None] + torch.arange(3), starts[:, None] + lengths[:, None] - 1)]
-    is_jpeg = (lengths >= 3) & (head == torch.tensor([0xFF, 0xD8, 0xFF], dtype=torch.uint8)).all(1)
-    return is_jpeg.nonzero().flatten().tolist()
-
-
-def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` compiled by TorchScript, so that its loop runs without the GIL; ``fn`` where that fails.
-
-    A Python loop takes the GIL back after every image and makes a Python object of each; with
-    small images the reader threads then queue for the GIL and the garbage collector. Measured
-    on 64x64 JPEGs (2 cores): two threads decode 1.6-1.9x as fast as one with a Python loop,
-    1.9-2.0x with the compiled one.
-    """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script is deprecated, still supported
-            return torch.jit.script(fn)
-    except Exception:  # noqa: BLE001 - any failure to compile leaves the plain loop, which is correct
-        return fn
-
-
-_decode_all = _compiled(_decode_batch)
 
 
 class ImageDecodeError(RowError):
@@ -132,11 +89,18 @@ class DecodeImage:
             ``normalize=True``.
         std: per-channel standard deviation (all > 0); needs ``mean``.
         device: where to decode and return the images: ``None`` (CPU, for the
-            reader threads) or a CUDA device such as ``"cuda"`` (JPEGs decoded
-            by nvJPEG; other formats on the CPU, then moved). A CUDA device
-            belongs in ``LanceDataModule(device_transform=...)``.
+            reader threads) or a CUDA device such as ``"cuda"`` (the batch's
+            JPEGs decoded by nvJPEG in one call; other formats on the CPU, then
+            copied without blocking). A CUDA device belongs in
+            ``LanceDataModule(device_transform=...)``, which then leaves this
+            column's bytes on the host (pinned) for the decoder.
+        backend: the decoder: ``"torchcodec"`` (TorchCodec), ``"torchvision"``
+            (its decoders are deprecated since torchvision 0.29), or
+            ``"auto"`` (TorchCodec when installed, else torchvision). Both give
+            the same images; see docs/performance.md for their speed.
 
     Raises:
+        ConfigError: ``backend`` is unknown, or names a backend that is not installed.
         ImageDecodeError: a row's bytes are missing or undecodable.
         ValueError: images of different shapes without ``size``, or a channel
             count that does not match ``mean``/``std``.
@@ -152,6 +116,7 @@ class DecodeImage:
         std: tuple[float, ...] | None = None,
         fit: Literal["stretch", "crop"] = "stretch",
         device: str | None = None,
+        backend: Literal["auto", "torchcodec", "torchvision"] = "auto",
     ) -> None:
         if not isinstance(column, str) or not column:
             raise ValueError(f"column={column!r} must be a non-empty column name, e.g. column='image'")
@@ -166,6 +131,12 @@ class DecodeImage:
         self.fit = fit
         self.device = _check_device(device)
         self.mean, self.std = _check_mean_std(mean, std, self.normalize, mode)
+        self.backend = decoders.resolve_backend(backend)
+
+    @property
+    def host_columns(self) -> tuple[str, ...]:
+        """Columns the batch transfer must leave on the host: the encoded bytes of a device decode."""
+        return (self.column,) if self.device is not None else ()
 
     def check_schema(self, schema: Any) -> None:
         """At setup: `ConfigError` if the read column ``column`` is not a binary column."""
@@ -182,7 +153,7 @@ class DecodeImage:
         return (
             f"{type(self).__name__}(column={self.column!r}, size={self.size!r}, mode={self.mode!r}, "
             f"normalize={self.normalize!r}, mean={self.mean!r}, std={self.std!r}, fit={self.fit!r}, "
-            f"device={self.device!r})"
+            f"device={self.device!r}, backend={self.backend!r})"
         )
 
     # -- decoding -----------------------------------------------------------
@@ -211,32 +182,57 @@ class DecodeImage:
     def _decode(self, values: Sequence[Any]) -> torch.Tensor | list[torch.Tensor]:
         """The images stacked as (N, C, H, W) when they share a shape and dtype, else one per row."""
         joined, bounds = self._joined(values)
-        read_mode = _MODES[self.mode]
+        kinds = decoders.formats(joined, bounds)
         if self.device is None:
-            try:
-                stacked, images = _decode_all(joined, bounds, read_mode.value)
-            except (RuntimeError, ValueError):  # decode one by one to find the row at fault
-                images = [self._decode_one(i, joined[bounds[i]:bounds[i + 1]], read_mode)
-                          for i in range(len(values))]
-            return images or stacked
-        rows = [joined[bounds[i]:bounds[i + 1]] for i in range(len(values))]
-        jpegs = _jpeg_rows(joined, bounds)
-        images = [torch.empty(0)] * len(rows)
-        if jpegs:
-            try:
-                decoded = decode_jpeg([rows[i] for i in jpegs], mode=read_mode, device=self.device)
-            except (RuntimeError, ValueError):  # decode one by one on the CPU to find the row at fault
-                decoded = [self._decode_one(i, rows[i], read_mode) for i in jpegs]
-            for i, image in zip(jpegs, decoded):
-                images[i] = image.to(self.device)
-        others = sorted(set(range(len(rows))).difference(jpegs))
-        for i in others:  # nvJPEG decodes only JPEGs: the rest on the CPU, then moved
-            images[i] = self._decode_one(i, rows[i], read_mode).to(self.device)
-        return images
+            return self._decode_host(joined, bounds, kinds)
+        return self._decode_on(torch.device(self.device), joined, bounds, kinds)
 
-    def _decode_one(self, i: int, buf: torch.Tensor, read_mode: ImageReadMode) -> torch.Tensor:
+    def _decode_host(self, joined: torch.Tensor, bounds: list[int],
+                     kinds: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
         try:
-            return decode_image(buf, mode=read_mode)
+            stacked, images = decoders.decode_rows(self.backend, joined, bounds, kinds, _MODES[self.mode])
+        except (RuntimeError, ValueError):  # decode one by one to find the row at fault
+            images = [self._decode_one(i, joined[bounds[i]:bounds[i + 1]]) for i in range(len(bounds) - 1)]
+        return images or stacked
+
+    def _decode_on(self, device: torch.device, joined: torch.Tensor, bounds: list[int],
+                   kinds: torch.Tensor) -> list[torch.Tensor]:
+        """Every row decoded onto ``device``: the JPEGs in one batched call, the other rows on the
+        CPU, then copied without blocking."""
+        if joined.device.type != "cpu":
+            joined = joined.cpu()  # the decoders parse the encoded bytes on the host
+        if device.type == "cuda" and not joined.is_pinned():
+            joined = joined.pin_memory()  # the decoder's host-to-device copy of the bytes can then be async
+        rows = [joined[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        jpegs = torch.nonzero(kinds == decoders.JPEG).flatten().tolist()
+        images: list[torch.Tensor | None] = [None] * len(rows)
+        for i, image in zip(jpegs, self._decode_jpegs(device, rows, jpegs)):
+            images[i] = image
+        for i in (i for i, image in enumerate(images) if image is None):
+            image = self._decode_one(i, rows[i])
+            images[i] = image.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else image.to(device)
+        return images  # type: ignore[return-value]
+
+    def _decode_jpegs(self, device: torch.device, rows: list[torch.Tensor], jpegs: list[int]) -> list[torch.Tensor]:
+        """Rows ``jpegs`` decoded on ``device`` by one batched call; if that call fails, by one call
+        per image, so that the bad row is named (and the bad-row policy handles it as on the CPU)."""
+        if not jpegs:
+            return []
+        mode = _MODES[self.mode]
+        try:
+            return decoders.decode_jpegs(self.backend, [rows[i] for i in jpegs], mode, device)
+        except (RuntimeError, ValueError):
+            return [self._decode_jpeg_one(i, rows[i], device) for i in jpegs]
+
+    def _decode_jpeg_one(self, i: int, row: torch.Tensor, device: torch.device) -> torch.Tensor:
+        try:
+            return decoders.decode_jpegs(self.backend, [row], _MODES[self.mode], device)[0]
+        except (RuntimeError, ValueError) as e:
+            raise ImageDecodeError(self.column, i, str(e)) from e
+
+    def _decode_one(self, i: int, row: torch.Tensor) -> torch.Tensor:
+        try:
+            return decoders.decode_one(self.backend, row, _MODES[self.mode])
         except (RuntimeError, ValueError) as e:
             raise ImageDecodeError(self.column, i, str(e)) from e
 

@@ -1,0 +1,389 @@
+"""GPU benchmark: decode on the GPU, an image-classification fit fed from Lance, copies that overlap.
+
+Needs a CUDA device; records into ``benchmarks/results/gpu.md``, naming the device:
+
+1. Decode: `DecodeImage(device="cuda")` images/s (each backend; one batched nvJPEG call per batch
+   of 256) against CPU decode on a pool of one thread per core of this machine (`DecodeImage()`,
+   ``torch.set_num_threads(1)``), 64x64 and 256x256 JPEGs.
+2. Fit: torchvision ResNet-18, mixed precision (bf16), batch 256, 224x224 inputs, fed by
+   ``LanceDataModule`` (RowShuffle, JPEGs decoded and resized on the GPU as its
+   ``device_transform``). Measured over the steps after a warm-up: the step time, and the share
+   of it the training loop spent between steps (fetching the batch, copying it, decoding: waiting
+   for data; target < 2%); then the same fit fed from batches already on the GPU (target: Lance
+   step time <= 1.05x).
+3. Copies: `DeviceTransfer` (the data module's side-stream copy) of a pinned batch against a
+   plain ``pinned.to("cuda", non_blocking=True)`` of the same bytes, timed with CUDA events
+   (target >= 0.8x the bandwidth); and proof of overlap: a copy issued by `DeviceTransfer` while
+   matmuls run, timed with CUDA events on both streams (the overlapped time against the two
+   alone).
+
+Usage (from the repository root)::
+
+    python benchmarks/bench_gpu.py                    # on a CUDA machine, ~5 minutes
+    python benchmarks/bench_gpu.py --device cpu --rows 64 --steps 3 --out /tmp/gpu.md   # CPU smoke run
+
+``--device cpu`` runs the same code at tiny sizes on the CPU (the decode and fit sections, with
+the CPU in place of the GPU; the copy sections need CUDA and are skipped): a test runs it, so the
+script stays runnable where no GPU is. Without CUDA and without ``--device cpu`` it exits with
+status 2 and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+for path in (HERE, HERE.parent):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import lance  # noqa: E402
+import lightning.pytorch as pl  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import common  # noqa: E402
+from lance_lightning import LanceDataModule, LanceSource, RowShuffle, to_torch_batch  # noqa: E402
+from lance_lightning.device import DeviceTransfer, pin_batch  # noqa: E402
+from lance_lightning.transforms import DecodeImage  # noqa: E402
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+BATCH = 256
+CLASSES = 10
+
+
+# -- data ------------------------------------------------------------------------------------------
+def jpegs(rows: int, side: int, seed: int = 0) -> list[bytes]:
+    """``rows`` JPEGs (quality 90) of smooth random colour fields plus noise, ``side`` x ``side``."""
+    from torchcodec.encoders import JpegEncoder
+
+    gen = torch.Generator().manual_seed(seed)
+    out: list[bytes] = []
+    for first in range(0, rows, 256):
+        n = min(256, rows - first)
+        smooth = F.interpolate(torch.rand(n, 3, 8, 8, generator=gen), size=(side, side), mode="bilinear",
+                               align_corners=False)
+        images = ((smooth * 0.85 + torch.rand(n, 3, side, side, generator=gen) * 0.15) * 255).to(torch.uint8)
+        out.extend(JpegEncoder(image).to_tensor(quality=90).numpy().tobytes() for image in images)
+    return out
+
+
+def image_dataset(root: Path, rows: int, side: int) -> str:
+    """A Lance dataset of ``rows`` ``side`` x ``side`` JPEGs (``image``) and labels, written once."""
+    path = root / f"gpu_images_{rows}_{side}.lance"
+    if path.exists() and lance.dataset(str(path)).count_rows() == rows:
+        return str(path)
+    blobs = jpegs(rows, side)
+    labels = np.arange(rows, dtype=np.int64) % CLASSES
+    table = pa.table({"image": pa.array(blobs, pa.binary()), "label": pa.array(labels)})
+    lance.write_dataset(table, str(path), mode="overwrite")
+    return str(path)
+
+
+# -- 1. decode ---------------------------------------------------------------------------------------
+def timed_rate(fn: Any, images: int, device: torch.device, min_seconds: float) -> float:
+    """Images per second of ``fn()`` (which decodes ``images``), repeated for ``min_seconds``."""
+    fn()  # warm-up: compiles, starts threads, creates the nvJPEG handles
+    sync(device)
+    started, calls = time.perf_counter(), 0
+    while True:
+        fn()
+        calls += 1
+        sync(device)
+        if time.perf_counter() - started >= min_seconds:
+            return calls * images / (time.perf_counter() - started)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def decode_rates(device: torch.device, sides: list[int], batches: int, min_seconds: float) -> list[dict[str, Any]]:
+    cores = os.cpu_count() or 1
+    pool = ThreadPoolExecutor(cores, initializer=torch.set_num_threads, initargs=(1,))
+    rows = []
+    for side in sides:
+        data = [to_torch_batch(pa.table({"image": pa.array(jpegs(BATCH, side, seed=i), pa.binary())}))
+                for i in range(batches)]
+        if device.type == "cuda":
+            data = [pin_batch(batch) for batch in data]
+        cpu = DecodeImage(normalize=False)
+
+        def on_cpu() -> None:
+            list(pool.map(cpu, data))
+
+        rate = {"side": side, "cpu": timed_rate(on_cpu, BATCH * batches, torch.device("cpu"), min_seconds),
+                "cores": cores}
+        for backend in ("torchcodec", "torchvision"):
+            gpu = DecodeImage(normalize=False, device=str(device), backend=backend)
+
+            def on_device(gpu: DecodeImage = gpu) -> None:
+                for batch in data:
+                    gpu(batch)
+
+            rate[backend] = timed_rate(on_device, BATCH * batches, device, min_seconds)
+        rows.append(rate)
+    pool.shutdown()
+    return rows
+
+
+# -- 2. fit --------------------------------------------------------------------------------------------
+class ResNet(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        import torchvision
+
+        self.net = torchvision.models.resnet18(num_classes=CLASSES).to(memory_format=torch.channels_last)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        images = batch["image"].contiguous(memory_format=torch.channels_last)
+        return F.cross_entropy(self.net(images), batch["label"])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+
+class StepClock(pl.Callback):
+    """Host times of each batch's start and end; the device is synchronised only at the window's edges."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def on_train_batch_start(self, trainer: pl.Trainer, module: pl.LightningModule, batch: Any, idx: int) -> None:
+        if idx == self.warmup:
+            sync(module.device)
+        self.starts.append(time.perf_counter())
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, *args: Any) -> None:
+        self.ends.append(time.perf_counter())
+
+    def on_train_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        sync(module.device)
+        self.ends[-1] = time.perf_counter()
+
+    def result(self) -> dict[str, float]:
+        """Step time over the steps after the warm-up, and the share spent between steps."""
+        w = self.warmup
+        total = self.ends[-1] - self.starts[w]
+        steps = len(self.starts) - w
+        between = sum(start - end for start, end in zip(self.starts[w + 1:], self.ends[w:]))
+        return {"step_ms": 1e3 * total / steps, "wait_share": between / total, "steps": steps}
+
+
+class DeviceBatches:
+    """``count`` batches already on the device, cycled ``steps`` times (the no-data-loading baseline)."""
+
+    def __init__(self, batches: list[dict[str, torch.Tensor]], steps: int) -> None:
+        self.batches, self.steps = batches, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Any:
+        return (self.batches[i % len(self.batches)] for i in range(self.steps))
+
+
+def fit_rates(uri: str, device: torch.device, size: int, batch: int, steps: int, warmup: int,
+              threads: int) -> dict[str, Any]:
+    decode = DecodeImage(size=size, mean=MEAN, std=STD, device=str(device) if device.type == "cuda" else None)
+    kwargs = dict(accelerator=device.type, devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                  precision="bf16-mixed")
+    dm = LanceDataModule(train=LanceSource(uri, columns=["image", "label"]), batch_size=batch,
+                         shuffle=RowShuffle(seed=0, clump_rows=64), device_transform=decode, reader_threads=threads)
+    lance_clock = StepClock(warmup)
+    pl.Trainer(callbacks=[lance_clock], **kwargs).fit(ResNet(), datamodule=dm)
+    table = lance.dataset(uri).to_table(columns=["image", "label"], limit=batch * 4)
+    ready = []
+    for first in range(0, table.num_rows - batch + 1, batch):
+        decoded = decode(to_torch_batch(table.slice(first, batch)))  # on the device (the CPU in a smoke run)
+        ready.append({key: value.to(device) for key, value in decoded.items()})
+    ready_clock = StepClock(warmup)
+    pl.Trainer(callbacks=[ready_clock], **kwargs).fit(ResNet(), train_dataloaders=DeviceBatches(ready, steps))
+    return {"lance": lance_clock.result(), "ready": ready_clock.result(), "batch": batch, "size": size}
+
+
+# -- 3. copies (CUDA only) ----------------------------------------------------------------------------
+def copy_rates(device: torch.device, megabytes: int, reps: int) -> dict[str, float]:
+    """Host-to-device GB/s of `DeviceTransfer` and of a plain pinned copy of the same bytes."""
+    host = pin_batch({"image": torch.randint(0, 255, (megabytes << 20,), dtype=torch.uint8)})
+    transfer = DeviceTransfer(copy_stream=True)
+    transfer.start(device)
+
+    def gbps(copy: Any) -> float:
+        copy()  # warm-up
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        best = 0.0
+        for _ in range(reps):
+            start.record(torch.cuda.current_stream(device))
+            copy()
+            end.record(torch.cuda.current_stream(device))  # the transfer makes this stream wait for its copy
+            end.synchronize()
+            best = max(best, (megabytes / 1024) / (start.elapsed_time(end) / 1e3))
+        return best
+
+    plain = gbps(lambda: host["image"].to(device, non_blocking=True))
+    ours = gbps(lambda: transfer(host, device))
+    transfer.stop()
+    return {"plain_gbps": plain, "transfer_gbps": ours, "ratio": ours / plain, "megabytes": megabytes}
+
+
+def overlap(device: torch.device, megabytes: int) -> dict[str, float]:
+    """Milliseconds (CUDA events) of matmuls alone, a `DeviceTransfer` copy alone, and both issued together."""
+    host = pin_batch({"image": torch.randint(0, 255, (megabytes << 20,), dtype=torch.uint8)})
+    a = torch.randn(4096, 4096, device=device)
+    transfer = DeviceTransfer(copy_stream=True)
+    transfer.start(device)
+    compute = torch.cuda.current_stream(device)
+
+    def matmuls() -> None:
+        b = a
+        for _ in range(20):
+            b = a @ b
+
+    def window(*work: Any) -> float:
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(compute)
+        for fn in work:
+            fn()
+        end.record(compute)
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    copy = lambda: transfer(host, device)  # noqa: E731 - issued on the side stream, the compute stream waits
+    # The copy must be issued before the matmuls' wait: DeviceTransfer makes the compute stream wait for
+    # it, so issuing matmuls first and then the copy shows whether the copy ran during the matmuls.
+    window(matmuls, copy)  # warm-up
+    alone_compute = min(window(matmuls) for _ in range(3))
+    alone_copy = min(window(copy) for _ in range(3))
+    both = min(window(matmuls, copy) for _ in range(3))
+    transfer.stop()
+    hidden = (alone_compute + alone_copy - both) / min(alone_compute, alone_copy)
+    return {"compute_ms": alone_compute, "copy_ms": alone_copy, "both_ms": both, "hidden": hidden,
+            "megabytes": megabytes}
+
+
+# -- report -------------------------------------------------------------------------------------------
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return f"{props.name}, {props.total_memory / 2**30:.0f} GiB"
+    return "CPU (smoke run, no GPU)"
+
+
+def report(args: argparse.Namespace, device: torch.device, decode: list[dict[str, Any]], fit: dict[str, Any],
+           copies: dict[str, float] | None, lap: dict[str, float] | None, seconds: float) -> str:
+    lines = [
+        "# GPU: decode, a ResNet-18 fit fed from Lance, copies that overlap", "",
+        f"Generated by `{common.command_line()}` on {dt.date.today().isoformat()}; device: {device_name(device)}; "
+        f"host: {common.machine()}; torch {torch.__version__}; {seconds:.0f} s.", "",
+        "## Decode (images/s)", "",
+        "| JPEG side | CPU, one thread per core | device, TorchCodec | device, torchvision | device / CPU (best) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for r in decode:
+        best = max(r["torchcodec"], r["torchvision"])
+        lines.append(f"| {r['side']}x{r['side']} | {r['cpu']:,.0f} ({r['cores']} threads) | {r['torchcodec']:,.0f} | "
+                     f"{r['torchvision']:,.0f} | {best / r['cpu']:.2f}x |")
+    lance_fit, ready = fit["lance"], fit["ready"]
+    ratio = lance_fit["step_ms"] / ready["step_ms"]
+    lines += [
+        "", f"## ResNet-18 fit, bf16 mixed precision, batch {fit['batch']}, {fit['size']}x{fit['size']}", "",
+        "| fed from | step time | share of step time between steps (waiting for data) | steps timed |",
+        "|---|---:|---:|---:|",
+        f"| Lance (RowShuffle, decode on the device) | {lance_fit['step_ms']:.1f} ms | "
+        f"{100 * lance_fit['wait_share']:.2f}% (target < 2%: {'PASS' if lance_fit['wait_share'] < 0.02 else 'FAIL'}) "
+        f"| {lance_fit['steps']} |",
+        f"| batches already on the device | {ready['step_ms']:.1f} ms | {100 * ready['wait_share']:.2f}% | "
+        f"{ready['steps']} |",
+        "", f"Lance / on-device step time: {ratio:.3f}x (target ≤ 1.05x: {'PASS' if ratio <= 1.05 else 'FAIL'}).",
+    ]
+    if copies is not None and lap is not None:
+        lines += [
+            "", "## Host-to-device copies", "",
+            f"- `DeviceTransfer` of a pinned {copies['megabytes']} MB batch: {copies['transfer_gbps']:.1f} GB/s; a plain "
+            f"pinned `.to(device, non_blocking=True)` of the same bytes: {copies['plain_gbps']:.1f} GB/s; ratio "
+            f"{copies['ratio']:.2f} (target ≥ 0.8: {'PASS' if copies['ratio'] >= 0.8 else 'FAIL'}). Best of "
+            f"{args.reps}, CUDA events.",
+            f"- Overlap (CUDA events): 20 matmuls 4096² alone {lap['compute_ms']:.1f} ms, a {lap['megabytes']} MB "
+            f"`DeviceTransfer` copy alone {lap['copy_ms']:.1f} ms, both issued together {lap['both_ms']:.1f} ms: "
+            f"{100 * lap['hidden']:.0f}% of the shorter one hidden behind the other (100% = fully overlapped).",
+        ]
+    else:
+        lines += ["", "Copies: skipped (they need CUDA)."]
+    lines += [
+        "", "Notes: decode rows time `DecodeImage(normalize=False)` on batches of 256 JPEGs already in (pinned) "
+        "memory, converted as the loader converts them; the device is synchronised after each batch. The fit "
+        "rows time the steps after the warm-up on the host, synchronising the device only at the window's edges; "
+        "'between steps' is the loop's time from the end of one `training_step` to the start of the next "
+        "(fetching the next batch, copying it, decoding it on the device).", "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cuda (the benchmark) or cpu (a smoke run of the same code at tiny sizes)")
+    parser.add_argument("--rows", type=int, default=256 * 64,
+                        help="images in the fit's Lance dataset (one epoch must hold --steps batches)")
+    parser.add_argument("--steps", type=int, default=60, help="training steps per fit (the first 10 are warm-up)")
+    parser.add_argument("--quick", action="store_true", help="a shorter run: 30 steps, 30 batches of data")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions of each copy measurement")
+    parser.add_argument("--out", type=Path, default=common.RESULTS_DIR / "gpu.md", help="where to write the report")
+    parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_CACHE, help="where datasets are cached")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.rows = min(args.steps, 30), min(args.rows, 30 * BATCH)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_gpu: needs a CUDA device (torch.cuda.is_available() is False); nothing was measured. "
+              "Run it on a GPU machine, or `--device cpu` for a smoke run.", file=sys.stderr)
+        return 2
+    if args.steps < 2:
+        parser.error(f"--steps={args.steps}: need at least 2 (one warm-up, one timed)")
+    batch = 8 if args.device == "cpu" else BATCH
+    if args.rows < args.steps * batch:
+        parser.error(f"--rows={args.rows}: one epoch must hold the {args.steps} steps of {batch} images, "
+                     f"so that no epoch boundary falls in the timed steps; use --rows {args.steps * batch} or more")
+    warnings.filterwarnings("ignore", module="lightning")
+    started = time.perf_counter()
+    device = torch.device(args.device)
+    smoke = device.type == "cpu"
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    print("[1/3] decode", flush=True)
+    # two batches per core keep every CPU thread busy
+    decode = decode_rates(device, [16, 32] if smoke else [64, 256], 1 if smoke else max(8, 2 * (os.cpu_count() or 1)),
+                          0.01 if smoke else 1.0)
+    print("[2/3] fit", flush=True)
+    side, size = (40, 32) if smoke else (256, 224)
+    uri = image_dataset(args.data_dir, args.rows, side)
+    fit = fit_rates(uri, device, size, batch, args.steps, warmup=1 if smoke else 10,
+                    threads=2 if smoke else min(8, os.cpu_count() or 1))
+    copies = lap = None
+    if not smoke:
+        print("[3/3] copies", flush=True)
+        copies = copy_rates(device, 256, args.reps)
+        lap = overlap(device, 512)
+    text = report(args, device, decode, fit, copies, lap, time.perf_counter() - started)
+    args.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
