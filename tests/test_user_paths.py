@@ -17,7 +17,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lance_lightning import (
@@ -191,24 +190,40 @@ def test_default_shuffle_is_no_shuffle_to_the_cursor(tmp_path: Path, uri: str, s
 
 
 # -- 6. workers never import Lightning -----------------------------------------------------------------
+#: A fresh process (the fork server is per process: in the test process it may already have
+#: imported an earlier test's transform module) fits with 2 workers and the default policies,
+#: which are pickled to each worker; prints what the workers reported.
+_WORKER_PROBE = """
+import json, os, sys
+import lightning.pytorch as pl
+from lance_lightning import LanceDataModule, LanceSource
+from tests.helpers import RecordingModel
+from tests.worker_probe import RecordModules
+
+class Recorder(RecordingModel):
+    flags, pids = set(), set()
+    def training_step(self, batch, batch_idx):
+        self.flags.update(batch["lightning_imported"].tolist())
+        self.pids.update(batch["pid"].tolist())
+        return super().training_step(batch, batch_idx)
+
+dm = LanceDataModule(train=LanceSource(sys.argv[1], columns=["id", "x"]), batch_size=16,
+                     transform=RecordModules(), num_workers=2)
+model = Recorder()
+pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+           enable_model_summary=False, default_root_dir=sys.argv[2]).fit(model, datamodule=dm)
+print(json.dumps({"flags": sorted(model.flags), "pids": sorted(model.pids), "main": os.getpid()}))
+"""
+
+
 @pytest.mark.slow
 def test_workers_do_not_import_lightning(tmp_path: Path, uri: str) -> None:
-    class Recorder(RecordingModel):
-        def __init__(self) -> None:
-            super().__init__()
-            self.flags: set[int] = set()
-            self.pids: set[int] = set()
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            self.flags.update(batch["lightning_imported"].tolist())
-            self.pids.update(batch["pid"].tolist())
-            return super().training_step(batch, batch_idx)
-
-    dm = _dm(uri, transform=RecordModules(), num_workers=2)  # default policies: pickled to each worker
-    model = Recorder()
-    _trainer(tmp_path, max_epochs=1).fit(model, datamodule=dm)
-    assert len(model.pids) == 2 and os.getpid() not in model.pids, "batches did not come from 2 workers"
-    assert model.flags == {0}, "a DataLoader worker imported Lightning"
+    proc = subprocess.run([sys.executable, "-c", _WORKER_PROBE, uri, str(tmp_path)], cwd=REPO_ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(report["pids"]) == 2 and report["main"] not in report["pids"], "batches did not come from 2 workers"
+    assert report["flags"] == [0], "a DataLoader worker imported Lightning"
 
 
 # -- 7. a dataset deleted and written again at the same path -----------------------------------------
