@@ -2,8 +2,9 @@
 
 Guarantees:
 - Every config this CLI writes or prints (``config.yaml`` in the log directory, ``--print_config``,
-  the hyperparameters stored in checkpoints and ``hparams.yaml``) has the credentials of every
-  ``storage_options`` redacted (`lance_lightning.redaction`); the objects that run get the real values.
+  the hyperparameters stored in checkpoints and ``hparams.yaml``, all made by the parser's
+  ``dump``) has the credentials of every ``storage_options`` redacted (`lance_lightning.redaction`);
+  the objects that run get the real values.
 - A parser error is a few lines on stderr (what is wrong with which key, redacted, and where to
   find the options), exit status 2, without the usage dump.
 - At the end of ``fit`` every rank takes part in the collective calls (log directory, final
@@ -28,7 +29,6 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lance_lightning.cli import OneScreenParser
 from lance_lightning.errors import ConfigError
-from lance_lightning.redaction import redact_config
 
 
 class RedactingParser(OneScreenParser, LightningArgumentParser):
@@ -45,11 +45,6 @@ class LanceLightningCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
         # The data module's policy defaults are None (built in __init__); show what runs instead.
         parser.set_defaults({f"data.{name}": {"class_path": path} for name, path in _POLICY_DEFAULTS.items()})
-
-    def _dump_config(self) -> None:  # the hyperparameters LightningCLI stores in checkpoints
-        if not hasattr(self, "config_dump"):
-            super()._dump_config()
-            self.config_dump = redact_config(self.config_dump)
 
     def before_fit(self) -> None:
         if self.config_init[self.subcommand].get("ckpt_path") is None:

@@ -21,11 +21,19 @@ import yaml
 
 from lance_lightning import LanceSource
 from lance_lightning.redaction import REDACTED, is_secret_key, redact_config, redact_options, redact_text
-from tests.helpers import make_table, run_cli, write_dataset
+from tests.helpers import RecordingModel, make_table, run_cli, write_dataset
 from tests.s3_server import S3Server
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SECRET = "SUPERSECRET123"
+
+
+class OptionsModel(RecordingModel):
+    """Saves its hyperparameters, which hold storage options (as a model reading its own data would)."""
+
+    def __init__(self, source: dict | None = None) -> None:
+        super().__init__()
+        self.save_hyperparameters()
 
 
 @pytest.mark.parametrize("key", ["aws_access_key_id", "aws_secret_access_key", "aws_session_token", "access_key_id",
@@ -132,7 +140,8 @@ trainer:
     - class_path: lance_lightning.DataLoadingMonitor
       init_args: {{log_every_n_steps: 2}}
 model:
-  class_path: tests.helpers.RecordingModel
+  class_path: tests.test_secrets.OptionsModel
+  init_args: {{source: {{uri: {uri}, storage_options: {options}}}}}
 data:
   train: {{uri: {uri}, columns: [id, x], filter: "label < 5", storage_options: {options}}}
   val: {{uri: {uri}, columns: [id, x], filter: "label >= 5", storage_options: {options}}}
@@ -163,6 +172,8 @@ data:
     assert {"config", "hparams", "metrics", "events", "ckpt"} <= kinds, sorted(kinds)
     saved = yaml.safe_load(next(p for p in written if p.name == "config.yaml").read_text())
     assert saved["data"]["train"]["storage_options"]["aws_secret_access_key"] == REDACTED
+    hparams = yaml.safe_load(next(p for p in written if p.name == "hparams.yaml").read_text())
+    assert hparams["source"]["storage_options"]["aws_secret_access_key"] == REDACTED
     for secret in secrets:
         assert not [p for p in written if secret.encode() in p.read_bytes()], f"{secret!r} written to disk"
         assert not [t for t in printed if secret in t], f"{secret!r} printed"
