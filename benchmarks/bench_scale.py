@@ -191,6 +191,7 @@ def main() -> None:
     parser.add_argument("--cache", default="/tmp/lance_lightning_scale", help="where datasets are written once")
     parser.add_argument("--batches", type=int, default=400, help="RowShuffle batches timed for rows/s")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
+    parser.add_argument("--quick", action="store_true", help="smoke run: 10^6 rows, printed, scale.md untouched")
     parser.add_argument("--results", help="results file (default: scale.json in --cache)")
     parser.add_argument("--render-only", action="store_true", help="only write scale.md from the results file")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
@@ -201,6 +202,8 @@ def main() -> None:
         return
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
+    if args.quick:
+        args.rows, args.results = "1e6", str(cache / "scale_quick.json")
     store = Path(args.results) if args.results else cache / "scale.json"
     results = json.loads(store.read_text()) if store.exists() else {}
     for size in () if args.render_only else (int(float(s)) for s in args.rows.split(",")):
@@ -216,7 +219,10 @@ def main() -> None:
                 print(size, case, filtered, {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()},
                       file=sys.stderr)
                 store.write_text(json.dumps(results, indent=1))
-    (RESULTS_DIR / "scale.md").write_text(render(results))
+    if args.quick:
+        print(render(results))
+    else:
+        (RESULTS_DIR / "scale.md").write_text(render(results))
 
 
 if __name__ == "__main__":
