@@ -174,11 +174,11 @@ def render(results: dict) -> str:
             if key.startswith("_"):
                 continue
             case, filtered = key.split("|")
-            over = f"{r['rss_mb'] - base:.0f}" if base is not None else "?"
+            over = f"{int(round(r['rss_mb'] - base))}" if base is not None else "?"
             rate = f"{r['rows_per_s']:,.0f}" if "rows_per_s" in r else ""
             raw = f"{r['raw_take_rows_per_s']:,.0f}" if "raw_take_rows_per_s" in r else ""
             lines.append(
-                f"| {int(size):.0e} | {case} | {'10%' if filtered == '1' else '—'} | {r['setup_s']:.3f} | "
+                f"| 10^{len(size) - 1} | {case} | {'10%' if filtered == '1' else '—'} | {r['setup_s']:.3f} | "
                 f"{r['first_s']:.3f} | {r['setup_s'] + r['first_s']:.3f} | {over} | {r['peak_mb']:.0f} | "
                 f"{r['resume10_s']:.4f} | {r['resume90_s']:.4f} | {r['resume90_s'] / r['resume10_s']:.2f} | "
                 f"{rate} | {raw} | {r['load']} |")
