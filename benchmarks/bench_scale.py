@@ -174,11 +174,11 @@ def render(results: dict) -> str:
             if key.startswith("_"):
                 continue
             case, filtered = key.split("|")
-            over = f"{r['rss_mb'] - base:.0f}" if base is not None else "?"
+            over = f"{int(round(r['rss_mb'] - base))}" if base is not None else "?"
             rate = f"{r['rows_per_s']:,.0f}" if "rows_per_s" in r else ""
             raw = f"{r['raw_take_rows_per_s']:,.0f}" if "raw_take_rows_per_s" in r else ""
             lines.append(
-                f"| {int(size):.0e} | {case} | {'10%' if filtered == '1' else '—'} | {r['setup_s']:.3f} | "
+                f"| 10^{len(size) - 1} | {case} | {'10%' if filtered == '1' else '—'} | {r['setup_s']:.3f} | "
                 f"{r['first_s']:.3f} | {r['setup_s'] + r['first_s']:.3f} | {over} | {r['peak_mb']:.0f} | "
                 f"{r['resume10_s']:.4f} | {r['resume90_s']:.4f} | {r['resume90_s'] / r['resume10_s']:.2f} | "
                 f"{rate} | {raw} | {r['load']} |")
@@ -191,6 +191,7 @@ def main() -> None:
     parser.add_argument("--cache", default="/tmp/lance_lightning_scale", help="where datasets are written once")
     parser.add_argument("--batches", type=int, default=400, help="RowShuffle batches timed for rows/s")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
+    parser.add_argument("--quick", action="store_true", help="smoke run: 10^6 rows, printed, scale.md untouched")
     parser.add_argument("--results", help="results file (default: scale.json in --cache)")
     parser.add_argument("--render-only", action="store_true", help="only write scale.md from the results file")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
@@ -201,6 +202,8 @@ def main() -> None:
         return
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
+    if args.quick:
+        args.rows, args.results = "1e6", str(cache / "scale_quick.json")
     store = Path(args.results) if args.results else cache / "scale.json"
     results = json.loads(store.read_text()) if store.exists() else {}
     for size in () if args.render_only else (int(float(s)) for s in args.rows.split(",")):
@@ -216,7 +219,10 @@ def main() -> None:
                 print(size, case, filtered, {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()},
                       file=sys.stderr)
                 store.write_text(json.dumps(results, indent=1))
-    (RESULTS_DIR / "scale.md").write_text(render(results))
+    if args.quick:
+        print(render(results))
+    else:
+        (RESULTS_DIR / "scale.md").write_text(render(results))
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ class RowShuffle(ShuffleStrategy):
         clump_rows: Permute contiguous clumps of this many rows instead of single rows. Clumps of
             64 read several times faster than single rows but mix less: on label-sorted data a
             batch of 256 holds 5 clumps (0.35 of a perfect shuffle's label entropy; clumps of 8:
-            0.75). Clumps suit data whose storage order is already random.
+            0.74). Clumps suit data whose storage order is already random.
     """
 
     def __init__(self, seed: int = 0, clump_rows: int = 1) -> None:

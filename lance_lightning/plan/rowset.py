@@ -5,7 +5,7 @@ Guarantees:
   scalar index when one exists), and never holds the matches as one array of positions.
 - The result is one of two exact structures, chosen per dataset: `RangeRuns` (runs of
   consecutive matches: 16 bytes per run) while they take at most 1/8 of a bitmap, else
-  `MatchBitmap` (one bit per dataset row plus 8 bytes per 512 rows for rank/select: 134 MB at
+  `MatchBitmap` (one bit per dataset row plus 8 bytes per 512 rows for rank/select: 134 MiB at
   10^9 rows). Planning holds the bitmap plus at most 1/8 of it in runs, and returns the scan's
   freed heap to the OS afterwards.
 - ``select(index)`` maps match indices to sorted-order dataset positions in O(len(index) * log)
