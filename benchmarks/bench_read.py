@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     dm, loader = train_loader(uri, BATCH, filter="label = 7")
     setup_s = time.perf_counter() - started
     plan = dm.plans["train"]
-    positions = plan.positions
+    positions = plan.matches.select(np.arange(plan.matched_rows))
     chunks = [positions[i:i + BATCH] for i in range(0, len(positions), BATCH)]
     bench.notes.append(f"`label = 7`: {plan.matched_rows:,} rows ({plan.selectivity:.2%}), plan: {plan.method} "
                        f"({plan.reason}); setup (pin, count, list positions) took {setup_s * 1000:.0f} ms")
