@@ -11,7 +11,8 @@ Guarantees:
   inject ``sampler``/``batch_sampler``): the rebuilt loader reads the same dataset and cursor.
 - Each ``iter(loader)`` reads the epoch given by ``epoch_source`` (the trainer's current epoch),
   starting where a restored cursor left off, then continues normally.
-- Worker processes never fork a process that has used Lance: the default start method is
+- Worker processes never import Lightning (their ``worker_init_fn`` seeds them as Lightning's
+  would), and never fork a process that has used Lance: the default start method is
   ``forkserver``; ``fork`` with workers is refused (`ConfigError`) before any worker starts.
 - ``state_dict``/``load_state_dict`` round-trip the cursor (plain types).
 - Without worker processes or DataLoader pinning, batches come straight from the dataset's
@@ -25,11 +26,14 @@ Guarantees:
 from __future__ import annotations
 
 import multiprocessing
+import random
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, get_worker_info
 
 from lance_lightning.cursor import CursorTracker
 from lance_lightning.dataset import Batch, LanceIterableDataset
@@ -54,6 +58,28 @@ def _start_method(context: Any) -> str:
     if context is None:
         return "forkserver"
     return context if isinstance(context, str) else context.get_start_method()
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed torch, ``random`` and NumPy in a worker from (torch's base seed, worker id, rank).
+
+    Set as the loader's ``worker_init_fn``, so that Lightning, under ``seed_everything(workers=True)``
+    (LightningCLI's default), does not add its own, whose import makes every worker load Lightning.
+    """
+    info = get_worker_info()
+    rank = getattr(info.dataset, "rank", 0) if info is not None else 0
+    base_seed = torch.initial_seed() - worker_id
+    sequence = np.random.SeedSequence([base_seed, worker_id, rank])
+    torch_seed, random_seed, numpy_seed = sequence.generate_state(3, dtype=np.uint64).tolist()
+    torch.manual_seed(torch_seed)
+    random.seed(random_seed)
+    np.random.seed(np.random.SeedSequence(numpy_seed).generate_state(4))
+
+
+def init_worker(worker_id: int) -> None:
+    """A worker's start: it dies with its parent (`watch_parent`), then is seeded (`seed_worker`)."""
+    watch_parent(worker_id)
+    seed_worker(worker_id)
 
 
 def _passthrough(batch: Batch) -> Batch:
@@ -128,7 +154,7 @@ class LanceDataLoader(DataLoader):
             dataset, batch_size=None, collate_fn=_passthrough, num_workers=num_workers,
             persistent_workers=persistent_workers and num_workers > 0, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor if num_workers > 0 else None, multiprocessing_context=context,
-            worker_init_fn=watch_parent if num_workers > 0 else None,  # workers die with their parent
+            worker_init_fn=init_worker if num_workers > 0 else None,
         )
         self.cursor = cursor or CursorTracker(dataset.plan, dataset.world_size, dataset.rank)
         # Public under the constructor's names: Lightning rebuilds a loader from its attributes.

@@ -218,7 +218,8 @@ print(json.dumps({"flags": sorted(model.flags), "pids": sorted(model.pids), "mai
 
 @pytest.mark.slow
 def test_workers_do_not_import_lightning(tmp_path: Path, uri: str) -> None:
-    proc = subprocess.run([sys.executable, "-c", _WORKER_PROBE, uri, str(tmp_path)], cwd=REPO_ROOT, env=_env(),
+    env = {**_env(), "PL_SEED_WORKERS": "1"}  # as after seed_everything(workers=True), which LightningCLI runs
+    proc = subprocess.run([sys.executable, "-c", _WORKER_PROBE, uri, str(tmp_path)], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
