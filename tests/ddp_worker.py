@@ -60,6 +60,9 @@ def main(out_dir: str, uri: str, names: list[str]) -> None:
     for name in names:
         started = time.perf_counter()
         datamodule = make_datamodule(uri, name)
+        explained: list[str] = []  # splits whose plan text this rank built
+        explain = datamodule.explain
+        datamodule.explain = lambda split="train": explained.append(split) or explain(split)
         model = RecordingModel()
         trainer = pl.Trainer(
             accelerator="cpu", devices=WORLD_SIZE, strategy="ddp", max_epochs=MAX_EPOCHS, logger=False,
@@ -75,6 +78,7 @@ def main(out_dir: str, uri: str, names: list[str]) -> None:
             "seen_epochs": model.seen_epochs,
             "num_training_batches": trainer.num_training_batches,
             "global_step": trainer.global_step,
+            "explained": explained,
             "seconds": time.perf_counter() - started,
         }
         path = out / f"{name}.rank{trainer.global_rank}.json"

@@ -81,6 +81,8 @@ def test_ddp_ranks_train_disjoint_equal_shares_of_the_epoch(ddp_run: tuple[str, 
     config = ddp_worker.CONFIGS[name]
     assert [r["rank"] for r in records] == list(range(W))
     assert all(r["world_size"] == W for r in records)
+    # Only rank 0 prints the plan, so only rank 0 builds its text.
+    assert [r["explained"] for r in records] == [["train"]] + [[]] * (W - 1)
 
     # The plan every rank used, rebuilt here: the expected rows come from the pure plan layers.
     datamodule = ddp_worker.make_datamodule(uri, name)
