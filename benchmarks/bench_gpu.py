@@ -54,7 +54,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import common  # noqa: E402
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, to_torch_batch  # noqa: E402
-from lance_lightning.device import DeviceTransfer, pin_batch  # noqa: E402
+from lance_lightning.load.device import DeviceTransfer, pin_batch  # noqa: E402
 from lance_lightning.transforms import DecodeImage  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -52,8 +52,8 @@ for path in (HERE, HERE.parent):  # `common` and `lance_lightning` from a plain 
 import common  # noqa: E402
 from common import QUIET, Paired, Row, quiet_reps  # noqa: E402
 from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle  # noqa: E402
-from lance_lightning.dataset import LanceIterableDataset  # noqa: E402
-from lance_lightning.loader import LanceDataLoader  # noqa: E402
+from lance_lightning.load.dataset import LanceIterableDataset  # noqa: E402
+from lance_lightning.load.loader import LanceDataLoader  # noqa: E402
 from lance_lightning.transforms import DecodeImage  # noqa: E402
 
 TARGET = 0.97

@@ -47,7 +47,7 @@ from lance_lightning import (  # noqa: E402
     ShardShuffle,
     to_torch_batch,
 )
-from lance_lightning.read import PlanReader  # noqa: E402
+from lance_lightning.read.reader import PlanReader  # noqa: E402
 
 COLUMNS = ["id", "label", "vec"]
 IMAGE_COLUMNS = ["image", "label"]

@@ -62,8 +62,8 @@ from lance_lightning import (  # noqa: E402
     RowShuffle,
     ShardShuffle,
 )
-from lance_lightning.materialize import materialize  # noqa: E402
-from lance_lightning.metrics import figures  # noqa: E402
+from lance_lightning.materialize.view import materialize  # noqa: E402
+from lance_lightning.metrics.figures import figures  # noqa: E402
 from tests.helpers import write_dataset  # noqa: E402
 from tests.test_shuffle_quality import (  # noqa: E402
     BATCH_SIZE as QUALITY_BATCH,

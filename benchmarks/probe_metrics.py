@@ -38,7 +38,7 @@ SETTINGS = {"on": (True, True), "off": (False, False), "meter only": (True, Fals
 
 def meter_us_per_batch(calls: int = 1_000_000) -> float:
     """Microseconds per batch of the meter's work on the training thread, less an empty loop's."""
-    from lance_lightning.metrics import LoaderMeter
+    from lance_lightning.metrics.meter import LoaderMeter
 
     def loop(measure: bool) -> float:
         meter, now = LoaderMeter(), time.perf_counter

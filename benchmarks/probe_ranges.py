@@ -32,7 +32,8 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402
 from lance_lightning import LanceSource  # noqa: E402
-from lance_lightning.read import read_batch_rows, read_positions, read_ranges  # noqa: E402
+from lance_lightning.read.lance_io import read_positions, read_ranges  # noqa: E402
+from lance_lightning.read.reader import read_batch_rows  # noqa: E402
 from lance_lightning.source import pin_source  # noqa: E402
 
 COLUMNS = ["id", "label", "vec"]

@@ -27,19 +27,19 @@ API_MD = REPO_ROOT / "docs" / "api.md"
 
 #: Modules in the order data flows through them; others follow alphabetically.
 MODULE_ORDER = (
-    "lance_lightning.datamodule", "lance_lightning.source", "lance_lightning.strategies",
+    "lance_lightning.datamodule", "lance_lightning.source", "lance_lightning.plan.strategies",
     "lance_lightning.transforms.image", "lance_lightning.transforms.tokens", "lance_lightning.transforms.augment",
-    "lance_lightning.transforms.compose", "lance_lightning.badrows", "lance_lightning.callbacks.cursor",
-    "lance_lightning.callbacks.monitor", "lance_lightning.materialize", "lance_lightning.retry",
-    "lance_lightning.loader", "lance_lightning.dataset", "lance_lightning.convert", "lance_lightning.errors",
-    "lance_lightning.workers",
+    "lance_lightning.transforms.compose", "lance_lightning.produce.badrows", "lance_lightning.callbacks.checkpoint",
+    "lance_lightning.callbacks.monitor", "lance_lightning.materialize.view", "lance_lightning.read.retry",
+    "lance_lightning.load.loader", "lance_lightning.load.dataset", "lance_lightning.produce.convert", "lance_lightning.errors",
+    "lance_lightning.load.workers",
 )
 #: Public names that live outside the two ``__all__`` lists but are set from YAML.
-EXTRA_NAMES = {"lance_lightning.badrows": ("BadRowPolicy", "RaiseOnBadRow", "ReplaceBadRow"),
-               "lance_lightning.convert": ("Ragged",)}
+EXTRA_NAMES = {"lance_lightning.produce.badrows": ("BadRowPolicy", "RaiseOnBadRow", "ReplaceBadRow"),
+               "lance_lightning.produce.convert": ("Ragged",)}
 #: Modules documented by their docstring alone: the command-line tools.
 COMMAND_MODULES = ("lance_lightning.cli", "lance_lightning.cli_lightning", "lance_lightning.profile",
-                   "lance_lightning.materialize_cli")
+                   "lance_lightning.materialize.cli")
 _SECTION = re.compile(r"^(Args|Arguments|Attributes|Returns|Raises|Yields|Example|Examples):\s*$")
 _ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc):(`[^`]+`)")
 _ITEM_NAME = re.compile(r"^([\w.*, ]+?):\s+(.*)$")
@@ -229,11 +229,11 @@ def _first_paragraph(doc: str) -> str:
 
 
 def figures_table() -> list[str]:
-    from lance_lightning.metrics import FIGURES
+    from lance_lightning.metrics.figures import FIGURES
 
     out = ["#### Figures logged by `DataLoadingMonitor`", "",
            "Logged as `data/<name>` every `log_every_n_steps` steps and `data/epoch/<name>` at each epoch end "
-           "(from `lance_lightning.metrics.FIGURES`).", "", "| name | meaning |", "|---|---|"]
+           "(from `lance_lightning.metrics.figures.FIGURES`).", "", "| name | meaning |", "|---|---|"]
     out += [f"| `{name}` | {meaning} |" for name, meaning in FIGURES.items()]
     return out + [""]
 

@@ -6,7 +6,7 @@ Guarantees:
   modules in the current directory (e.g. ``examples.digits``) resolve as with ``python -m``.
 - ``lance-lightning profile --config X.yaml`` runs only the config's data pipeline and prints the
   data loading report (`lance_lightning.profile`); ``lance-lightning materialize`` copies a
-  source to a local view (`lance_lightning.materialize_cli`).
+  source to a local view (`lance_lightning.materialize.cli`).
 - Start-up imports only what the subcommand needs: ``lance-lightning --help`` and
   ``materialize`` never import Lightning or torch.
 - Parser errors (`OneScreenParser`) name the bad key in a few lines, without the usage dump,
@@ -28,7 +28,7 @@ from typing import Any
 TRACEBACK_ENV = "LANCE_LIGHTNING_TRACEBACK"
 _STAGES = ("fit", "validate", "test", "predict")
 #: Subcommands that are not Trainer stages: name -> "module:function(argv) -> exit status".
-_TOOLS = {"profile": "lance_lightning.profile:main", "materialize": "lance_lightning.materialize_cli:materialize_main"}
+_TOOLS = {"profile": "lance_lightning.profile:main", "materialize": "lance_lightning.materialize.cli:materialize_main"}
 _DESCRIPTION = (
     "Train with a LanceDataModule. Also: `lance-lightning profile --config X.yaml [--batches N] "
     "[--split train]` runs only the data pipeline of a config and reports what limits it; "

@@ -69,7 +69,7 @@ class LanceLightningCLI(LightningCLI):
 
 #: What the data module builds for these arguments when they are None.
 _POLICY_DEFAULTS = {"shuffle": "lance_lightning.NoShuffle", "filter_read": "lance_lightning.FilterRead",
-                    "bad_rows": "lance_lightning.badrows.RaiseOnBadRow", "retry": "lance_lightning.RetryPolicy"}
+                    "bad_rows": "lance_lightning.produce.badrows.RaiseOnBadRow", "retry": "lance_lightning.RetryPolicy"}
 
 
 def resume_command(argv: list[str] | None, checkpoint: str) -> str:

@@ -31,18 +31,18 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from lance_lightning.badrows import POSITIONS_KEY, BadRowPolicy, DeviceRowGuard, RaiseOnBadRow
-from lance_lightning.cursor import CursorTracker
-from lance_lightning.device import DeviceTransfer, host_columns
-from lance_lightning.dataset import BatchTransform, LanceIterableDataset
+from lance_lightning.produce.badrows import POSITIONS_KEY, BadRowPolicy, DeviceRowGuard, RaiseOnBadRow
+from lance_lightning.plan.cursor import CursorTracker
+from lance_lightning.load.device import DeviceTransfer, host_columns
+from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.errors import ConfigError
-from lance_lightning.loader import LanceDataLoader, check_start_method
+from lance_lightning.load.loader import LanceDataLoader, check_start_method
 from lance_lightning.plan.planner import ReadPlan, build_plan
-from lance_lightning.materialize import MaterializedView
-from lance_lightning.retry import RetryPolicy
-from lance_lightning.schema_check import check_read_schema
+from lance_lightning.materialize.view import MaterializedView
+from lance_lightning.read.retry import RetryPolicy
+from lance_lightning.plan.survey import check_read_schema
 from lance_lightning.source import LanceSource, pin_source
-from lance_lightning.strategies import FilterRead, NoShuffle, ShuffleStrategy
+from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
 
 Split = Literal["train", "val", "test", "predict"]
 _STAGE_SPLITS: dict[str, tuple[Split, ...]] = {
@@ -73,7 +73,7 @@ class LanceDataModule(pl.LightningDataModule):
             ``on_after_batch_transfer`` (main thread), e.g. `lance_lightning.transforms.DeviceAugment`
             or ``DecodeImage(device="cuda")`` (GPU JPEG decode of a bytes column, which stays on host).
         bad_rows: Policy for rows the transform cannot decode: `RaiseOnBadRow` (``None``, the
-            default) or `ReplaceBadRow` (see `lance_lightning.badrows`).
+            default) or `ReplaceBadRow` (see `lance_lightning.produce.badrows`).
         drop_last: Drop the train tail that does not fill a whole step (eval splits never drop:
             their last step is split across ranks and padded where a rank has no rows).
         num_workers: DataLoader worker processes per rank. 0 (the default) reads on in-process
@@ -147,7 +147,7 @@ class LanceDataModule(pl.LightningDataModule):
                                   "lance_lightning.transforms.DecodeImage(...), or None")
         if bad_rows is not None and not isinstance(bad_rows, BadRowPolicy):
             raise ConfigError("bad_rows", bad_rows, "is not a bad-row policy",
-                              "pass lance_lightning.badrows.RaiseOnBadRow() or ReplaceBadRow(seed=0)")
+                              "pass lance_lightning.produce.badrows.RaiseOnBadRow() or ReplaceBadRow(seed=0)")
         if pin_memory is not None and not isinstance(pin_memory, bool):
             raise ConfigError("pin_memory", pin_memory, "must be true, false or null (auto)", "set pin_memory: null")
         for split, source in self.sources.items():

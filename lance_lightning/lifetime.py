@@ -6,7 +6,7 @@ Guarantees:
   killer included). On Linux the kernel does it (``PR_SET_PDEATHSIG``), so the helper keeps no
   thread; elsewhere a daemon thread polls the parent's pid twice a second. ``stop()`` undoes it.
 - The chain covers every helper of a run: the forkserver is watched from its preload
-  (`lance_lightning._forkserver`) and dies with the training process; each DataLoader worker is
+  (`lance_lightning.load._forkserver`) and dies with the training process; each DataLoader worker is
   watched from `watch_parent`, the loader's ``worker_init_fn``, and dies with its parent (the
   forkserver, or the training process under ``spawn``). Multiprocessing's resource tracker
   exits by itself once they are gone (its pipe closes), after freeing what they leaked.

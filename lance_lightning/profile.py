@@ -12,7 +12,7 @@ Guarantees:
   so no model is built and no accelerator is touched.
 - Iterates ``--batches`` batches of one split as one rank (rank 0 of 1; epochs follow each other
   as in training), with a progress bar on stderr, then prints the loader-only report
-  (`lance_lightning.report`) on stdout: the bottleneck among storage, decode, convert and workers,
+  (`lance_lightning.metrics.report`) on stdout: the bottleneck among storage, decode, convert and workers,
   the numbers, and the first thing to change.
 - Worker processes it started are shut down before it returns.
 """
@@ -63,7 +63,7 @@ def run_profile(datamodule: Any, split: str = "train", batches: int = 200, *, pr
     """Read ``batches`` batches of ``split`` from ``datamodule``; return (and print) the report."""
     from tqdm.auto import tqdm
 
-    from lance_lightning.report import loader_report
+    from lance_lightning.metrics.report import loader_report
 
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
         raise ConfigError("batches", batches, "must be an integer >= 1", "pass e.g. `--batches 200`")

@@ -262,7 +262,7 @@ def test_cursor_mismatch_is_ignored_with_resume_data_false(dataset_uri):
 
 def test_corrupt_image_with_the_default_policy_names_row_and_column(tmp_path) -> None:
     """No ``bad_rows`` given: the default (a lazy ``RaiseOnBadRow``) raises `BadRowError`."""
-    from lance_lightning.badrows import BadRowError
+    from lance_lightning.produce.badrows import BadRowError
     from lance_lightning.transforms import DecodeImage
     from tests.test_transforms_image import write_image_dataset
 

@@ -1,4 +1,4 @@
-"""Tests for lance_lightning.convert: Arrow batch → dict of tensors / lists."""
+"""Tests for lance_lightning.produce.convert: Arrow batch → dict of tensors / lists."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from lance_lightning.convert import NullValueError, Ragged, UnsupportedColumnError, to_torch_batch
+from lance_lightning.produce.convert import NullValueError, Ragged, UnsupportedColumnError, to_torch_batch
 
 N = 6
 

@@ -22,7 +22,7 @@ from lance_lightning import (
     RowShuffle,
     ShardShuffle,
 )
-from lance_lightning.convert import Ragged
+from lance_lightning.produce.convert import Ragged
 from tests.helpers import RecordingModel, append_rows, flat, write_dataset
 
 ROWS = 200

@@ -19,9 +19,9 @@ import torch
 from PIL import Image
 
 from lance_lightning import LanceDataModule, LanceSource
-from lance_lightning.badrows import POSITIONS_KEY, RaiseOnBadRow
-from lance_lightning.convert import Ragged
-from lance_lightning.device import host_columns
+from lance_lightning.produce.badrows import POSITIONS_KEY, RaiseOnBadRow
+from lance_lightning.produce.convert import Ragged
+from lance_lightning.load.device import host_columns
 from lance_lightning.errors import ConfigError
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError
 from lance_lightning.transforms import decoders

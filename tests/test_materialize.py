@@ -36,9 +36,9 @@ from lance_lightning import (
     MaterializedView,
     RowShuffle,
 )
-from lance_lightning.materialize import materialize_view
-from lance_lightning.materialize_space import estimate_view_bytes
-from lance_lightning.retry import RetryPolicy
+from lance_lightning.materialize.view import materialize_view
+from lance_lightning.materialize.space import estimate_view_bytes
+from lance_lightning.read.retry import RetryPolicy
 from lance_lightning.source import pin_source
 from tests.helpers import RecordingModel, append_rows, flat, make_table, run_cli, write_dataset
 from tests.s3_server import S3Server
@@ -302,7 +302,7 @@ for name in tiny snug; do mkdir -p "$ROOT/$name"; done
 mount -t tmpfs -o size=256k tmpfs "$ROOT/tiny" || exit 99
 mount -t tmpfs -o size="$SNUG" tmpfs "$ROOT/snug" || exit 99
 for name in tiny snug; do
-  "$PYTHON" -m lance_lightning.materialize_cli --uri "$URI" --out-dir "$ROOT/$name/views" --chunk-rows 50 --quiet
+  "$PYTHON" -m lance_lightning.materialize.cli --uri "$URI" --out-dir "$ROOT/$name/views" --chunk-rows 50 --quiet
   echo "exit=$?"
   echo "left=$(ls -A "$ROOT/$name/views" | grep -v '\\.lock$' | tr '\\n' ' ')"
 done
@@ -412,7 +412,7 @@ def test_datamodule_trains_from_the_view_and_reuses_it(tmp_path: Path, source_ur
                                val=LanceSource(source_uri, columns=COLUMNS, filter="label >= 8"), batch_size=16,
                                materialize=MaterializedView(cache_dir=str(cache), shuffle_seed=3, splits=["train"]))
 
-    caplog.set_level(logging.INFO, logger="lance_lightning.materialize")
+    caplog.set_level(logging.INFO, logger="lance_lightning.materialize.view")
     dm = make()
     first = _fit(tmp_path / "a", dm)
     views = list(cache.glob("*.lance"))

@@ -26,10 +26,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from lance_lightning import DataLoadingMonitor, LanceDataModule, LanceSource, NoShuffle, RowShuffle  # noqa: E402
-from lance_lightning.dataset import LanceIterableDataset  # noqa: E402
-from lance_lightning.loader import LanceDataLoader  # noqa: E402
-from lance_lightning.metrics import FIGURES, LatencyHistogram, StageClock, batch_size_and_bytes, figures  # noqa: E402
-from lance_lightning.report import MODEL_BOUND_BELOW, diagnose, format_report  # noqa: E402
+from lance_lightning.load.dataset import LanceIterableDataset  # noqa: E402
+from lance_lightning.load.loader import LanceDataLoader  # noqa: E402
+from lance_lightning.metrics.clock import StageClock  # noqa: E402
+from lance_lightning.metrics.figures import FIGURES, batch_size_and_bytes, figures  # noqa: E402
+from lance_lightning.metrics.meter import LatencyHistogram  # noqa: E402
+from lance_lightning.metrics.report import MODEL_BOUND_BELOW, diagnose, format_report  # noqa: E402
 from tests.helpers import RecordingModel, write_dataset  # noqa: E402
 
 LOG_EVERY = 5

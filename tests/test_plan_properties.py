@@ -33,7 +33,7 @@ from lance_lightning import (
     ShuffleStrategy,
 )
 from lance_lightning.plan import EpochOrder, Layout, build_plan
-from lance_lightning.read import MAX_RANGE_SCANS, PlanReader, contiguous_ranges, read_batch_rows
+from lance_lightning.read.reader import MAX_RANGE_SCANS, PlanReader, contiguous_ranges, read_batch_rows
 from lance_lightning.source import pin_source
 from tests.helpers import VEC_DIM, write_dataset
 

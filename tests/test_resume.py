@@ -34,7 +34,7 @@ from lance_lightning import (
     LanceDataModule,
     LanceSource,
 )
-from lance_lightning.cursor import STATE_KEYS
+from lance_lightning.plan.cursor import STATE_KEYS
 from tests.helpers import RecordingModel, append_rows, flat, write_dataset
 from tests.resume_worker import make_shuffle
 

@@ -13,8 +13,8 @@ import torch
 from jsonargparse import ArgumentParser
 
 from lance_lightning import ConfigError, LanceDataModule, LanceSource
-from lance_lightning.badrows import ReplaceBadRow
-from lance_lightning.dataset import LanceIterableDataset
+from lance_lightning.produce.badrows import ReplaceBadRow
+from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment
 from tests.helpers import write_dataset
 from tests.test_transforms_image import write_image_dataset
@@ -163,7 +163,7 @@ def test_yaml_config_builds_the_whole_pipeline(tmp_path: Path) -> None:
         "device_transform": {"class_path": "lance_lightning.transforms.DeviceAugment", "init_args": {
             "column": "image", "transforms": [
                 {"class_path": "torchvision.transforms.v2.RandomHorizontalFlip", "init_args": {"p": 1.0}}]}},
-        "bad_rows": {"class_path": "lance_lightning.badrows.ReplaceBadRow", "init_args": {"seed": 7}},
+        "bad_rows": {"class_path": "lance_lightning.produce.badrows.ReplaceBadRow", "init_args": {"seed": 7}},
     }})
     dm = parser.instantiate(config).data
     assert isinstance(dm.transform, Compose) and isinstance(dm.transform.transforms[0], DecodeImage)

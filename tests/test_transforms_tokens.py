@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lance_lightning import LanceDataModule, LanceSource, ShardShuffle
-from lance_lightning.convert import Ragged, to_torch_batch
+from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.errors import ConfigError
 from lance_lightning.transforms import TokenWindows
 from tests.helpers import write_dataset
@@ -71,7 +71,7 @@ def test_ragged_values_share_the_arrow_buffer() -> None:
 
 
 def test_null_lists_need_fill_nulls() -> None:
-    from lance_lightning.convert import NullValueError
+    from lance_lightning.produce.convert import NullValueError
 
     table = pa.table({"tokens": pa.array([[1, 2], None, [3]], pa.list_(pa.int32()))})
     with pytest.raises(NullValueError, match="'tokens'"):

@@ -1,6 +1,6 @@
 """Lightning callbacks: the data cursor in checkpoints, and the data loading monitor."""
 
-from lance_lightning.callbacks.cursor import DataCursorCheckpoint
+from lance_lightning.callbacks.checkpoint import DataCursorCheckpoint
 from lance_lightning.callbacks.monitor import DataLoadingMonitor
 
 __all__ = ["DataCursorCheckpoint", "DataLoadingMonitor"]

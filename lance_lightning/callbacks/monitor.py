@@ -2,14 +2,14 @@
 
 Guarantees:
 - Every ``log_every_n_steps`` training steps (the trainer's setting by default), it logs the
-  figures of the steps since its previous log (`lance_lightning.metrics.FIGURES`) to every
+  figures of the steps since its previous log (`lance_lightning.metrics.figures.FIGURES`) to every
   logger in ``trainer.loggers``, as ``data/<figure>``, at the step Lightning's own ``self.log``
   uses for that batch; at each train epoch end it logs the epoch's figures as
   ``data/epoch/<figure>``.
 - Under DDP every rank measures its own loader and the figures are gathered at the same steps on
   every rank: ``data/<figure>`` is the mean over ranks, ``data/<figure>_min`` and ``_max`` show
   stragglers. Only global rank zero writes.
-- At the end of fit, rank zero prints the report (`lance_lightning.report`) of the whole fit: the
+- At the end of fit, rank zero prints the report (`lance_lightning.metrics.report`) of the whole fit: the
   bottleneck (storage, decode, convert, workers or the model), the numbers and the first thing
   to change. ``report()`` returns it at any time (this rank's figures while fitting).
 - It only reads the train `LanceDataLoader`'s measurements; with any other loader it warns once
@@ -28,8 +28,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lance_lightning.metrics import FIGURES, Snapshot, figures
-from lance_lightning.report import Diagnosis, diagnose, format_report
+from lance_lightning.metrics.figures import FIGURES, figures
+from lance_lightning.metrics.meter import Snapshot
+from lance_lightning.metrics.report import Diagnosis, diagnose, format_report
 
 #: Figures logged every N steps (first-batch time and epochs only make sense per epoch).
 STEP_FIGURES = tuple(name for name in FIGURES if name not in ("epochs", "first_batch_s"))
@@ -184,7 +185,7 @@ def _log_step(trainer: pl.Trainer) -> int:
 
 
 def _find_lance_loader(loaders: Any) -> Any:
-    from lance_lightning.loader import LanceDataLoader
+    from lance_lightning.load.loader import LanceDataLoader
 
     stack = [loaders]
     while stack:

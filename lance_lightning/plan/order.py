@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from lance_lightning.plan.bijection import derive_key, permute, subkeys
-from lance_lightning.strategies import ShuffleStrategy
+from lance_lightning.plan.strategies import ShuffleStrategy
 
 _UNITS, _WITHIN_UNIT, _WINDOW, _ROTATION = 1, 2, 3, 4
 

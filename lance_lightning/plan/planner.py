@@ -30,7 +30,7 @@ from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.order import EpochOrder
 from lance_lightning.plan.rowset import RowSet, scan_matches
 from lance_lightning.source import PinnedSource
-from lance_lightning.strategies import FilterRead, NoShuffle, RowShuffle, ShuffleStrategy
+from lance_lightning.plan.strategies import FilterRead, NoShuffle, RowShuffle, ShuffleStrategy
 
 ReadMethod = Literal["scan", "take"]
 #: Rows read at setup to estimate the bytes per row.

@@ -2,13 +2,13 @@
 
 Guarantees: a batch transform is a callable ``transform(batch) -> batch`` on a
 ``dict[str, Any]`` mapping column name to a torch tensor (numeric columns),
-a `lance_lightning.convert.Ragged` (variable-length numeric lists, and binary
+a `lance_lightning.produce.convert.Ragged` (variable-length numeric lists, and binary
 columns as uint8 rows) or ``list[str]`` (strings). Every transform
 here returns a new dict, replaces only the keys it documents, works on the
 whole batch at once (no per-row Python loop where a batched call exists), and is
 picklable and free of shared mutable state, so it may run on reader threads,
 worker processes or both. A row a transform cannot handle raises a
-`lance_lightning.badrows.RowError` naming its index in the batch and the column.
+`lance_lightning.produce.badrows.RowError` naming its index in the batch and the column.
 
 Host-side transforms go in ``LanceDataModule(transform=...)``; transforms that
 run on the accelerator after the batch is copied there (`DeviceAugment`,

@@ -1,7 +1,7 @@
 """Fixed-length token windows for language-model pretraining.
 
 Guarantees: :class:`TokenWindows` packs the documents of one batch (a column of token-id lists,
-which the converter gives as a `lance_lightning.convert.Ragged`, or a 2-D tensor of equal-length
+which the converter gives as a `lance_lightning.produce.convert.Ragged`, or a 2-D tensor of equal-length
 rows) into windows of exactly ``window`` tokens, with vectorised torch ops (no per-row or
 per-window Python loop):
 
@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from lance_lightning.convert import Ragged
+from lance_lightning.produce.convert import Ragged
 from lance_lightning.errors import ConfigError
 
 __all__ = ["TokenWindows"]

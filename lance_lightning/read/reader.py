@@ -11,11 +11,11 @@ Guarantees:
   whatever its positions, a scan restricted to the wanted rows (``row_addr_allowlist``), so a
   group of many short ranges (small shards) costs one call, not one per range.
 - Reads only touch the pinned dataset version, with only the planned columns. Blob columns
-  (`lance_lightning.blobs`) are read as bytes with ``read_blobs``, one call per column per read.
-- Each read is retried through transient storage errors (`lance_lightning.retry.RetryPolicy`);
+  (`lance_lightning.read.blobs`) are read as bytes with ``read_blobs``, one call per column per read.
+- Each read is retried through transient storage errors (`lance_lightning.read.retry.RetryPolicy`);
   one that fails for good raises `DataReadError` naming the URI, version, rows and columns.
 - Lance's I/O statistics of each read (bytes, requests) go to the `StageClock` measuring the
-  reading thread (see `lance_lightning.metrics.record_io`); I/O done on the process's dataset
+  reading thread (see `lance_lightning.metrics.clock.record_io`); I/O done on the process's dataset
   handle before an epoch's reads (planning, validation) is not counted.
 """
 
@@ -24,16 +24,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-import lance
 import numpy as np
 import pyarrow as pa
-from lance.dataset import serialize_row_addrs
 
-from lance_lightning.blobs import with_blobs
-from lance_lightning.metrics import active_clock, record_io
+from lance_lightning.metrics.clock import active_clock
 from lance_lightning.plan.planner import ReadPlan
-from lance_lightning.retry import DEFAULT_POLICY, RetryPolicy, describe_rows, describe_span
-from lance_lightning.source import PinnedSource
+from lance_lightning.read.lance_io import read_positions, read_ranges
+from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
 
 #: A scan plan's read group holds about this many bytes of rows (from the plan's row estimate).
 GROUP_BYTES = 8 << 20
@@ -48,9 +45,6 @@ TAKE_GROUP_BATCHES = 16
 #: default 8192-row batches, and narrow rows (a 128-float vector) slower in 1024-row ones
 #: (``python benchmarks/probe_ranges.py`` times both).
 READ_BATCH_BYTES = 2 << 20
-#: Rows per Arrow batch of a read that does not know its rows' size (the map-style dataset, a
-#: bad-row replacement): small enough for wide binary columns.
-UNSIZED_BATCH_ROWS = 1024
 #: A scan read of at most this many ranges of consecutive rows is one offset/limit scan per range,
 #: in the group's order (no sort, no allowlist); more ranges are one scan restricted to the rows.
 MAX_RANGE_SCANS = 2
@@ -194,83 +188,3 @@ def cut(table: pa.Table, index: np.ndarray | None, first: int, end: int) -> pa.T
     edges = [0, *(np.flatnonzero(np.diff(rows) != 1) + 1).tolist(), len(rows)]
     pieces = [table.slice(int(rows[a]), b - a) for a, b in zip(edges[:-1], edges[1:])]
     return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
-
-
-def read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], retry: RetryPolicy = DEFAULT_POLICY,
-                batch_rows: int = UNSIZED_BATCH_ROWS) -> pa.Table:
-    """The rows of ``ranges`` (``(first, rows)`` each) of the pinned version, in that order
-    (retried): one offset/limit scan per range."""
-    what = describe_span(min((first for first, _ in ranges), default=0),
-                         max((first + rows - 1 for first, rows in ranges), default=-1),
-                         sum(rows for _, rows in ranges), "scan", source.columns)
-    return retry.call(lambda: _read_ranges(source, ranges, batch_rows), what=what, uri=source.uri,
-                      version=source.version)
-
-
-def read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool,
-                   retry: RetryPolicy = DEFAULT_POLICY, batch_rows: int = UNSIZED_BATCH_ROWS) -> pa.Table:
-    """Rows at the sorted, unique ``positions`` of the pinned version, in that order (retried).
-
-    One Lance call: with ``scan_mode``, a scan restricted to those rows (it reads many ranges at
-    scan speed); otherwise a ``take`` (cheapest for scattered rows).
-    """
-    what = describe_rows(positions, "scan" if scan_mode else "take", source.columns)
-    return retry.call(lambda: _read_positions(source, positions, scan_mode, batch_rows), what=what, uri=source.uri,
-                      version=source.version)
-
-
-def _read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], batch_rows: int) -> pa.Table:
-    dataset = source.open()
-    columns = [c for c in source.columns if c not in source.blob_columns]
-    tables = [dataset.scanner(columns=columns, offset=first, limit=rows, batch_size=batch_rows).to_table()
-              for first, rows in ranges] if columns else []
-    table = (tables[0] if len(tables) == 1 else pa.concat_tables(tables)) if tables else None
-    if source.blob_columns:
-        positions = np.concatenate([np.arange(first, first + rows, dtype=np.int64) for first, rows in ranges])
-        table = with_blobs(dataset, table, positions, source.columns, source.blob_columns)
-    record_io(dataset)
-    return table
-
-
-def _read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool, batch_rows: int) -> pa.Table:
-    dataset = source.open()
-    columns = [c for c in source.columns if c not in source.blob_columns]
-    table = None
-    if columns and scan_mode:
-        allow = serialize_row_addrs(row_ids(source, dataset, positions).tolist())
-        table = dataset.scanner(columns=columns, row_addr_allowlist=allow, batch_size=batch_rows,
-                                scan_in_order=True).to_table()
-    elif columns:
-        table = dataset.take(positions, columns=columns)
-    if source.blob_columns:  # the bytes of blob columns: one planned read_blobs call per column
-        table = with_blobs(dataset, table, positions, source.columns, source.blob_columns)
-    record_io(dataset)
-    return table
-
-
-def row_ids(source: PinnedSource, dataset: lance.LanceDataset, positions: np.ndarray) -> np.ndarray:
-    """Lance row ids of the live-row ``positions``: computed from fragment sizes when the version
-    has no deletions and no stable row ids (id = fragment id << 32 | offset), else looked up."""
-    key = (source.uri, source.version, tuple(sorted((source.storage_options or {}).items())))
-    fragments = _FRAGMENT_STARTS.get(key)
-    if fragments is None:
-        fragments = _fragment_starts(dataset)
-        _FRAGMENT_STARTS[key] = fragments
-    if fragments is _LOOK_UP:
-        return dataset.take(positions, columns=["_rowid"]).column(0).to_numpy()
-    starts, fragment_ids = fragments
-    slot = np.searchsorted(starts, positions, side="right") - 1
-    return (fragment_ids[slot] << np.uint64(32)) | (positions - starts[slot]).astype(np.uint64)
-
-
-def _fragment_starts(dataset: lance.LanceDataset) -> tuple[np.ndarray, np.ndarray] | object:
-    fragments = dataset.get_fragments()
-    if dataset.has_stable_row_ids or any(f.metadata.deletion_file is not None for f in fragments):
-        return _LOOK_UP
-    sizes = np.array([f.metadata.physical_rows for f in fragments], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    return starts, np.array([f.fragment_id for f in fragments], dtype=np.uint64)
-
-
-_LOOK_UP = object()  # row ids cannot be computed: look them up with a take
-_FRAGMENT_STARTS: dict[tuple, tuple[np.ndarray, np.ndarray] | object] = {}

@@ -10,10 +10,10 @@ Guarantees:
   after its last committed chunk. A partial dataset that cannot be opened, or holds more rows
   than the source selects, is deleted and rewritten.
 - Each chunk is retried through transient storage errors from the first row not yet committed
-  (`lance_lightning.retry.RetryPolicy`); retries are counted in ``ViewCopier.stats["retries"]``.
+  (`lance_lightning.read.retry.RetryPolicy`); retries are counted in ``ViewCopier.stats["retries"]``.
 - `WriterLock` serialises processes copying the same view (an ``flock``, released by the OS when
   a process dies, so a killed writer never blocks the next one).
-- Writes that run out of space raise Lance's error unchanged; `lance_lightning.materialize_space`
+- Writes that run out of space raise Lance's error unchanged; `lance_lightning.materialize.space`
   recognises it and cleans up.
 """
 
@@ -31,8 +31,8 @@ import numpy as np
 import pyarrow as pa
 
 from lance_lightning.errors import ConfigError
-from lance_lightning.metrics import StageClock
-from lance_lightning.retry import RetryPolicy
+from lance_lightning.metrics.clock import StageClock
+from lance_lightning.read.retry import RetryPolicy
 from lance_lightning.source import PinnedSource
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The data loading report: what limits throughput, with the numbers and the first thing to change.
 
 Guarantees:
-- `diagnose` names exactly one bottleneck from a span's figures (`lance_lightning.metrics.FIGURES`):
+- `diagnose` names exactly one bottleneck from a span's figures (`lance_lightning.metrics.figures.FIGURES`):
   ``model`` when the step waited for data less than `MODEL_BOUND_BELOW` of its cycle, otherwise the
   largest share of loader time among ``storage`` (I/O wait), ``decode`` (decode/transform),
   ``convert`` (Arrow to tensors) and ``workers`` (waiting that no stage explains: moving batches
@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lance_lightning.metrics import Snapshot, figures
+from lance_lightning.metrics.figures import figures
+from lance_lightning.metrics.meter import Snapshot
 
 #: Below this share of the step cycle spent waiting for data, the model is the bottleneck.
 MODEL_BOUND_BELOW = 0.05

@@ -3,8 +3,8 @@
 A view is a local Lance dataset holding exactly the rows a source selects (its filter), only its
 columns, optionally pre-shuffled with a seed, at one pinned source version. Training then reads
 local files at disk speed, every epoch and every later run, while the source version is unchanged.
-The copy itself is `lance_lightning.materialize_copy`, disk space `lance_lightning.materialize_space`
-and the command line `lance_lightning.materialize_cli` (``lance-lightning materialize``).
+The copy itself is `lance_lightning.materialize.copy`, disk space `lance_lightning.materialize.space`
+and the command line `lance_lightning.materialize.cli` (``lance-lightning materialize``).
 
 Layout of ``cache_dir``::
 
@@ -60,15 +60,15 @@ from typing import Any
 import lance
 
 from lance_lightning.errors import ConfigError
-from lance_lightning.materialize_copy import ViewCopier, WriterLock, adopt_partial, tree_bytes
-from lance_lightning.materialize_space import (
+from lance_lightning.materialize.copy import ViewCopier, WriterLock, adopt_partial, tree_bytes
+from lance_lightning.materialize.space import (
     MaterializeError,
     check_space,
     estimate_view_bytes,
     out_of_space_errno,
     space_error,
 )
-from lance_lightning.retry import DEFAULT_POLICY, RetryPolicy
+from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "MaterializeError", "MaterializedView", "ViewResult", "materialize",

@@ -30,11 +30,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from lance_lightning.convert import Ragged, to_torch_batch
+from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.errors import ConfigError
-from lance_lightning.metrics import StageClock
+from lance_lightning.metrics.clock import StageClock
 from lance_lightning.plan.rowset import RowSet
-from lance_lightning.read import read_positions
+from lance_lightning.read.lance_io import read_positions
 from lance_lightning.source import PinnedSource
 
 Batch = dict[str, Any]

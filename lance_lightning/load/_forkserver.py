@@ -10,7 +10,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message="lance is not fork-safe")
 
-import lance_lightning.dataset  # noqa: E402,F401
+import lance_lightning.load.dataset  # noqa: E402,F401
 from lance_lightning.lifetime import watch_parent  # noqa: E402
 
 watch_parent()

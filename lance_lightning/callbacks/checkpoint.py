@@ -3,7 +3,7 @@
 Guarantees:
 - The cursor counts only batches whose training step ended (``on_train_batch_end``), so batches
   fetched ahead by workers, ``prefetch_factor`` or Lightning itself never count.
-- The saved state is the data module's cursor (plain types, see `lance_lightning.cursor`); on
+- The saved state is the data module's cursor (plain types, see `lance_lightning.plan.cursor`); on
   restore it is validated strictly against the current plan, before training starts.
 - Resume does not depend on ``loader.load_state_dict`` being called: Lightning skips it when
   ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (#20550).

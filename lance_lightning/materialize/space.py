@@ -23,7 +23,7 @@ from pathlib import Path
 
 import lance
 
-from lance_lightning.retry import first_line
+from lance_lightning.read.retry import first_line
 from lance_lightning.source import PinnedSource
 
 #: Out-of-space errnos and how Lance's error text spells them.

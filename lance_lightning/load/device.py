@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lance_lightning.convert import Ragged
+from lance_lightning.produce.convert import Ragged
 
 Batch = dict[str, Any]
 

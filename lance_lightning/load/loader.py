@@ -18,7 +18,7 @@ Guarantees:
 - Without worker processes or DataLoader pinning, batches come straight from the dataset's
   reader threads: torch's single-process iterator would only add per-batch bookkeeping.
 - With ``metrics=True`` (the default) the loader measures, per process, what the consumer waited
-  for and what each pipeline stage cost (`lance_lightning.metrics`); figures measured in worker
+  for and what each pipeline stage cost (`lance_lightning.metrics.meter`); figures measured in worker
   processes arrive with the batches. ``metrics_snapshot()`` returns the cumulative totals that
   `DataLoadingMonitor`, the report and ``lance-lightning profile`` read.
 """
@@ -35,12 +35,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from lance_lightning.cursor import CursorTracker
-from lance_lightning.dataset import Batch, LanceIterableDataset
+from lance_lightning.plan.cursor import CursorTracker
+from lance_lightning.load.dataset import LanceIterableDataset
+from lance_lightning.vocabulary import Batch
 from lance_lightning.errors import ConfigError
 from lance_lightning.lifetime import watch_parent
-from lance_lightning.metrics import STATS_KEY, LoaderMeter, Snapshot
-from lance_lightning.workers import guard_workers
+from lance_lightning.metrics.clock import STATS_KEY
+from lance_lightning.metrics.meter import LoaderMeter, Snapshot
+from lance_lightning.load.workers import guard_workers
 
 
 def check_start_method(method: str, num_workers: int) -> None:
@@ -144,7 +146,7 @@ class LanceDataLoader(DataLoader):
             if method == "forkserver":
                 # Workers fork from a server that already imported the package (importing Lance is
                 # fork-safe; opening a dataset is not), so they start in milliseconds, not seconds.
-                modules = ["lance_lightning._forkserver"]
+                modules = ["lance_lightning.load._forkserver"]
                 if dataset.transform is not None:
                     modules.append(type(dataset.transform).__module__)
                 context.set_forkserver_preload(modules)
@@ -218,7 +220,7 @@ class LanceDataLoader(DataLoader):
     def metrics_snapshot(self) -> Snapshot:
         """Cumulative totals of this process: the consumer's side and every pipeline stage.
 
-        Figures of a span are ``figures(later.minus(earlier))`` (see `lance_lightning.metrics`).
+        Figures of a span are ``figures(later.minus(earlier))`` (see `lance_lightning.metrics.figures`).
         """
         meter = self.meter or LoaderMeter()
         totals = {**self.dataset.clock.peek(), **meter.totals(time.perf_counter())}

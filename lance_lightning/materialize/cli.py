@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from lance_lightning.errors import ConfigError
-from lance_lightning.materialize import DEFAULT_CHUNK_ROWS, MaterializeError, materialize_view
+from lance_lightning.materialize.view import DEFAULT_CHUNK_ROWS, MaterializeError, materialize_view
 from lance_lightning.source import LanceSource
 
 

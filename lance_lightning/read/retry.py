@@ -36,7 +36,7 @@ from typing import TypeVar
 import numpy as np
 
 from lance_lightning.errors import ConfigError
-from lance_lightning.metrics import StageClock, active_clock
+from lance_lightning.metrics.clock import StageClock, active_clock
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ in the main process, before any worker starts, when
 - a transform expects another type for a column it names (e.g. `DecodeImage` on an integer
   column). A transform takes part by defining ``check_schema(schema: pyarrow.Schema)``; `Compose`
   asks each of its transforms.
-What it accepts converts as `lance_lightning.convert` says; it never reads rows.
+What it accepts converts as `lance_lightning.produce.convert` says; it never reads rows.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lance_lightning.convert import UnsupportedColumnError, _kind
+from lance_lightning.produce.convert import UnsupportedColumnError, _kind
 from lance_lightning.errors import ConfigError
 
 

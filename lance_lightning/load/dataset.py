@@ -1,0 +1,169 @@
+"""The two public dataset styles, usable with a plain ``torch.utils.data.DataLoader``.
+
+Guarantees:
+- `LanceIterableDataset` yields ready batches (dicts of column -> tensor/list) of one rank, for
+  the epoch and start row set with ``set_epoch``. DataLoader worker ``w`` of ``K`` yields the
+  rank's batches ``w, w+K, ...`` so the round-robin DataLoader keeps the planned order. The epoch
+  lives in shared memory, so persistent workers see each new epoch.
+- Batches are prepared ahead on background threads (`lance_lightning.produce.producer`). The same
+  threads serve every epoch (`lance_lightning.produce.threads`) and finished epochs return the
+  heap's free pages to the OS (`lance_lightning.produce.heap`), so RSS stays flat.
+- `LanceMapDataset` maps index ``i`` to the ``i``-th matching row of a pinned source; its
+  batched ``__getitems__`` reads a whole batch with one planned read, never row by row.
+- Both read only the pinned version and convert per batch (see `lance_lightning.produce.convert`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from lance_lightning.metrics.clock import StageClock
+from lance_lightning.plan.planner import ReadPlan
+from lance_lightning.plan.rowset import RowSet, scan_matches
+from lance_lightning.produce.badrows import BadRowGuard, BadRowPolicy, RaiseOnBadRow
+from lance_lightning.produce.heap import HEAP
+from lance_lightning.produce.producer import BatchProducer
+from lance_lightning.produce.threads import ReaderThreads
+from lance_lightning.read.lance_io import read_positions
+from lance_lightning.read.reader import PlanReader
+from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
+from lance_lightning.source import LanceSource, PinnedSource, pin_source
+from lance_lightning.vocabulary import Batch, BatchTransform
+
+
+class EpochControl:
+    """Epoch and start row of the next iteration, shared with worker processes."""
+
+    def __init__(self, context: Any | None = None) -> None:
+        self._values = (context or multiprocessing).RawArray("q", 2)
+
+    def set(self, epoch: int, start: int) -> None:
+        self._values[0], self._values[1] = epoch, start
+
+    def get(self) -> tuple[int, int]:
+        return int(self._values[0]), int(self._values[1])
+
+class LanceIterableDataset(IterableDataset):
+    """Batches of one rank of a `ReadPlan`.
+
+    Args:
+        plan: The split's read plan.
+        world_size, rank: The rank's place in the job; each rank reads a disjoint share.
+        transform: Called on each converted batch, in the reader threads.
+        fill_nulls: Per-column values for nulls (else a null is an error naming the column).
+        threads: Reader threads per process (0 reads on the iterating thread: no prefetch).
+        prefetch_groups: Read groups kept ready ahead of the consumer, per process.
+        prefetch_batches: Finished (transformed) batches in flight or ready, per process.
+        bad_rows: What to do with rows the transform rejects (default `RaiseOnBadRow`).
+        pin_memory: Pin finished batches in page-locked memory, on the reader threads.
+        retry: How reads ride out transient storage errors.
+    """
+
+    def __init__(self, plan: ReadPlan, *, world_size: int = 1, rank: int = 0,
+                 transform: BatchTransform | None = None, fill_nulls: Mapping[str, Any] | None = None,
+                 threads: int = 2, prefetch_groups: int = 2, prefetch_batches: int = 4,
+                 bad_rows: BadRowPolicy | None = None, pin_memory: bool = False,
+                 retry: RetryPolicy = DEFAULT_POLICY) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        self.plan = plan
+        self.world_size = world_size
+        self.rank = rank
+        self.transform = transform
+        self.fill_nulls = dict(fill_nulls or {})
+        self.threads = threads
+        self.prefetch_groups = prefetch_groups
+        self.prefetch_batches = prefetch_batches
+        self.bad_rows = bad_rows or RaiseOnBadRow()
+        self.pin_memory = pin_memory
+        self.retry = retry
+        self.pools = ReaderThreads(threads)
+        self.control = EpochControl()
+        self.clock = StageClock()
+        self.ship_stats = False  # set by LanceDataLoader, which takes the figures off the batches
+        self.ship_positions = False  # set by LanceDataModule when a device_transform applies the bad-row policy
+
+    def use_context(self, context: Any) -> None:
+        """Put the epoch control in memory that workers of ``context`` share."""
+        epoch, start = self.control.get()
+        self.control = EpochControl(context)
+        self.control.set(epoch, start)
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Read epoch ``epoch`` from sequence row ``start`` (a resumed cursor) on the next iteration."""
+        self.control.set(epoch, start)
+
+    def __iter__(self) -> Iterator[Batch]:
+        epoch, start = self.control.get()
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        reader = PlanReader(self.plan, epoch, self.world_size, self.rank, start, retry=self.retry)
+        steps = reader.layout.worker_steps(worker, workers, self.rank)
+        producer = BatchProducer(reader, self.transform, self.fill_nulls, self.clock,
+                                 ship_stats=info is not None and self.ship_stats, bad_rows=self.bad_rows,
+                                 pin_memory=self.pin_memory, ship_positions=self.ship_positions)
+        yield from producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
+        HEAP.after_epoch()
+
+
+class LanceMapDataset(Dataset):
+    """Map-style access to the matching rows of a pinned source, in storage order.
+
+    Use ``DataLoader(ds, batch_size=..., collate_fn=LanceMapDataset.collate)``: ``__getitems__``
+    already returns a whole batch, so the collate function passes it through.
+
+    Args:
+        source: A `LanceSource` (pinned and validated here) or an already pinned source.
+        transform: Called on each converted batch.
+        fill_nulls: Per-column values for nulls.
+        bad_rows: What to do with rows the transform rejects (default `RaiseOnBadRow`); a
+            replacement is chosen among the source's matching rows, deterministically.
+        retry: How reads ride out transient storage errors.
+    """
+
+    def __init__(self, source: LanceSource | PinnedSource, *, transform: BatchTransform | None = None,
+                 fill_nulls: Mapping[str, Any] | None = None, bad_rows: BadRowPolicy | None = None,
+                 retry: RetryPolicy = DEFAULT_POLICY) -> None:
+        self.source = source if isinstance(source, PinnedSource) else pin_source(source, "source")
+        self.retry = retry
+        self.transform = transform
+        self.fill_nulls = dict(fill_nulls or {})
+        self.matches: RowSet | None = None
+        self._rows = self.source.total_rows
+        if self.source.filter is not None:
+            self.matches = scan_matches(self.source.open(), self.source.filter, self.source.total_rows)
+            self._rows = self.matches.rows
+        self.clock = StageClock()
+        self.guard = BadRowGuard(bad_rows or RaiseOnBadRow(), self.source, self._rows, self.matches, transform,
+                                 self.fill_nulls, self.clock)
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __getitems__(self, indices: Sequence[int]) -> Batch:
+        index = np.asarray(indices, dtype=np.int64)
+        if len(index) and (index.min() < -self._rows or index.max() >= self._rows):
+            raise IndexError(f"index out of range for {self._rows} rows: {index.min()}..{index.max()}")
+        index %= self._rows
+        positions = index if self.matches is None else self.matches.select(index)
+        wanted, inverse = np.unique(positions, return_inverse=True)
+        table = read_positions(self.source, wanted, scan_mode=False, retry=self.retry)
+        if len(wanted) != len(positions) or not np.array_equal(wanted, positions):
+            table = table.take(pa.array(inverse))
+        return self.guard(table, positions)
+
+    def __getitem__(self, index: int) -> Batch:
+        batch = self.__getitems__([index])
+        return {k: v[0] for k, v in batch.items()}
+
+    @staticmethod
+    def collate(batch: Batch) -> Batch:
+        """The collate function for ``__getitems__`` batches: they are already collated."""
+        return batch
+

@@ -1,0 +1,1 @@
+"""Metrics: the reader-side stage clock, the consumer-side meter, the figures and the report."""

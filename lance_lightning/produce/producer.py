@@ -1,0 +1,130 @@
+"""Read groups turned into finished batches on the reader threads, in the plan's order.
+
+Guarantees:
+- Batches are prepared ahead on background threads: read groups on one pool, convert + transform
+  (decoding) per batch on another, in order. Memory is bounded per process by ``prefetch_groups``
+  read groups of raw Arrow rows plus ``prefetch_batches`` finished (decoded) batches, in flight or
+  waiting; ``reader_threads=0`` turns prefetching off.
+- A row the transform rejects is handled by the bad-row policy (`lance_lightning.produce.badrows`):
+  raise naming the dataset row, or replace it deterministically; batch sizes never change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from lance_lightning.load.device import pin_batch
+from lance_lightning.metrics.clock import STATS_KEY, StageClock
+from lance_lightning.metrics.figures import batch_size_and_bytes, row_bytes
+from lance_lightning.produce.badrows import POSITIONS_KEY, BadRowGuard, BadRowPolicy, RaiseOnBadRow
+from lance_lightning.produce.threads import ReaderThreads
+from lance_lightning.read.reader import BatchSpec, PlanReader
+from lance_lightning.vocabulary import Batch, BatchTransform
+
+#: A finished batch with its rows and payload bytes (zeros when metrics are off).
+SizedBatch = tuple[Batch, int, int]
+
+
+class BatchProducer:
+    """Turns read groups into finished batches: read, then convert + transform (+ pin), in order.
+
+    Without a transform, conversion is zero-copy and cheap, so each read group is read and
+    converted by one reader thread (``prefetch_groups`` groups ahead). With a transform, reading
+    and transforming are two `ReadAhead` stages: groups are read ``prefetch_groups`` ahead and
+    batches transformed ``prefetch_batches`` ahead, one batch per task, so decoding spreads over
+    all threads and decoded memory stays bounded by ``prefetch_batches`` batches.
+    """
+
+    def __init__(self, reader: PlanReader, transform: BatchTransform | None, fill_nulls: Mapping[str, Any],
+                 clock: StageClock, ship_stats: bool, bad_rows: BadRowPolicy | None = None,
+                 pin_memory: bool = False, ship_positions: bool = False) -> None:
+        self.reader = reader
+        self.transform = transform
+        self.clock = clock
+        self.ship_stats = ship_stats
+        self.pin_memory = pin_memory
+        plan = reader.plan
+        self.guard = BadRowGuard(bad_rows or RaiseOnBadRow(), plan.source, plan.matched_rows, plan.matches,
+                                 transform, dict(fill_nulls), clock, ship_positions)
+
+    def read(self, group: list[BatchSpec]) -> list[tuple[BatchSpec, pa.Table]]:
+        rows = sum(len(spec.positions) for spec in group)
+        with self.clock.measure("read", rows=rows):
+            tables = self.reader.read_group(group)
+        return list(zip(group, (table for _, table in tables)))
+
+    def finish(self, item: tuple[BatchSpec, pa.Table]) -> SizedBatch:
+        spec, table = item
+        batch = self.guard(table, spec.positions)
+        if self.pin_memory:
+            with self.clock.measure("pin", rows=table.num_rows):
+                batch = pin_batch(batch)
+        return self._sized(batch)
+
+    def __call__(self, group: list[BatchSpec]) -> list[SizedBatch]:
+        """Read, convert (and pin) a whole group: the one stage of `run` without a transform.
+
+        No row can be bad without a transform, so each step is measured once per group, not per
+        batch (on a fast scan, per-batch measurements cost several percent of the throughput).
+        """
+        tables = [table for _, table in self.read(group)]
+        rows = sum(table.num_rows for table in tables)
+        with self.clock.measure("convert", rows=rows):
+            batches = [self.guard.convert(table) for table in tables]
+        if self.guard.ship_positions:
+            batches = [{**batch, POSITIONS_KEY: torch.from_numpy(spec.positions)}
+                       for batch, spec in zip(batches, group)]
+        if self.pin_memory:
+            with self.clock.measure("pin", rows=rows):
+                batches = [pin_batch(batch) for batch in batches]
+        return self._sized_group(batches, [table.num_rows for table in tables])
+
+    def _sized(self, batch: Batch) -> SizedBatch:
+        """``batch`` with its rows and payload bytes, measured here on a reader thread (zeros when
+        the clock is off): the thread handing batches on then only adds them up."""
+        if not self.clock.enabled:
+            return batch, 0, 0
+        return (batch, *batch_size_and_bytes(batch))
+
+    def _sized_group(self, batches: list[Batch], rows: list[int]) -> list[SizedBatch]:
+        """`_sized` for a group's batches (of ``rows`` rows each). When all columns are tensors, the
+        bytes per row are measured once per group: measuring holds the GIL, which the training
+        thread needs too."""
+        per_row = row_bytes(batches[0]) if self.clock.enabled and batches else None
+        if per_row is None:
+            return [self._sized(batch) for batch in batches]
+        return [(batch, count, count * per_row) for batch, count in zip(batches, rows)]
+
+    def run(self, groups: Iterator[list[BatchSpec]], pools: ReaderThreads, prefetch_groups: int,
+            prefetch_batches: int) -> Iterator[Batch]:
+        """The finished batches of ``groups``, in order, prepared ahead on the ``pools`` threads."""
+        if self.transform is None:
+            for sized in pools.ahead("read", self, groups, prefetch_groups, clock=self.clock):
+                for batch, rows, nbytes in sized:
+                    yield self._hand_on(batch, rows, nbytes)
+            return
+        reads = pools.ahead("read", self.read, groups, prefetch_groups)
+        tables = (item for group in reads for item in group)
+        try:
+            for batch, rows, nbytes in pools.ahead("transform", self.finish, tables, prefetch_batches,
+                                                   clock=self.clock):
+                yield self._hand_on(batch, rows, nbytes)
+        finally:
+            tables.close()  # cancels the read stage's queued work too
+
+    def _hand_on(self, batch: Batch, rows: int, nbytes: int) -> Batch:
+        """Count ``batch`` as delivered; in a worker process, attach the totals measured since the
+        previous batch, so that they reach the main process with this batch."""
+        if rows:
+            clock = self.clock
+            clock.delivered_rows += rows
+            clock.delivered_bytes += nbytes
+        if self.ship_stats:
+            totals = self.clock.drain()
+            if totals:
+                batch[STATS_KEY] = totals
+        return batch

@@ -1,0 +1,106 @@
+"""The Lance calls of a read: ranges of rows, rows at positions, row ids, with retries.
+
+Guarantees:
+- Reads only touch the pinned dataset version, with only the planned columns. Blob columns
+  (`lance_lightning.read.blobs`) are read as bytes with ``read_blobs``, one call per column per read.
+- Each read is retried through transient storage errors (`lance_lightning.read.retry.RetryPolicy`);
+  one that fails for good raises `DataReadError` naming the URI, version, rows and columns.
+- Lance's I/O statistics of each read go to the `StageClock` measuring the reading thread
+  (`lance_lightning.metrics.clock.record_io`).
+"""
+
+from __future__ import annotations
+
+import lance
+import numpy as np
+import pyarrow as pa
+from lance.dataset import serialize_row_addrs
+
+from lance_lightning.metrics.clock import record_io
+from lance_lightning.read.blobs import with_blobs
+from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy, describe_rows, describe_span
+from lance_lightning.source import PinnedSource
+
+#: Rows per Arrow batch of a read that does not know its rows' size (the map-style dataset, a
+#: bad-row replacement): small enough for wide binary columns.
+UNSIZED_BATCH_ROWS = 1024
+
+
+def read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], retry: RetryPolicy = DEFAULT_POLICY,
+                batch_rows: int = UNSIZED_BATCH_ROWS) -> pa.Table:
+    """The rows of ``ranges`` (``(first, rows)`` each) of the pinned version, in that order
+    (retried): one offset/limit scan per range."""
+    what = describe_span(min((first for first, _ in ranges), default=0),
+                         max((first + rows - 1 for first, rows in ranges), default=-1),
+                         sum(rows for _, rows in ranges), "scan", source.columns)
+    return retry.call(lambda: _read_ranges(source, ranges, batch_rows), what=what, uri=source.uri,
+                      version=source.version)
+
+
+def read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool,
+                   retry: RetryPolicy = DEFAULT_POLICY, batch_rows: int = UNSIZED_BATCH_ROWS) -> pa.Table:
+    """Rows at the sorted, unique ``positions`` of the pinned version, in that order (retried).
+
+    One Lance call: with ``scan_mode``, a scan restricted to those rows (it reads many ranges at
+    scan speed); otherwise a ``take`` (cheapest for scattered rows).
+    """
+    what = describe_rows(positions, "scan" if scan_mode else "take", source.columns)
+    return retry.call(lambda: _read_positions(source, positions, scan_mode, batch_rows), what=what, uri=source.uri,
+                      version=source.version)
+
+
+def _read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], batch_rows: int) -> pa.Table:
+    dataset = source.open()
+    columns = [c for c in source.columns if c not in source.blob_columns]
+    tables = [dataset.scanner(columns=columns, offset=first, limit=rows, batch_size=batch_rows).to_table()
+              for first, rows in ranges] if columns else []
+    table = (tables[0] if len(tables) == 1 else pa.concat_tables(tables)) if tables else None
+    if source.blob_columns:
+        positions = np.concatenate([np.arange(first, first + rows, dtype=np.int64) for first, rows in ranges])
+        table = with_blobs(dataset, table, positions, source.columns, source.blob_columns)
+    record_io(dataset)
+    return table
+
+
+def _read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool, batch_rows: int) -> pa.Table:
+    dataset = source.open()
+    columns = [c for c in source.columns if c not in source.blob_columns]
+    table = None
+    if columns and scan_mode:
+        allow = serialize_row_addrs(row_ids(source, dataset, positions).tolist())
+        table = dataset.scanner(columns=columns, row_addr_allowlist=allow, batch_size=batch_rows,
+                                scan_in_order=True).to_table()
+    elif columns:
+        table = dataset.take(positions, columns=columns)
+    if source.blob_columns:  # the bytes of blob columns: one planned read_blobs call per column
+        table = with_blobs(dataset, table, positions, source.columns, source.blob_columns)
+    record_io(dataset)
+    return table
+
+
+def row_ids(source: PinnedSource, dataset: lance.LanceDataset, positions: np.ndarray) -> np.ndarray:
+    """Lance row ids of the live-row ``positions``: computed from fragment sizes when the version
+    has no deletions and no stable row ids (id = fragment id << 32 | offset), else looked up."""
+    key = (source.uri, source.version, tuple(sorted((source.storage_options or {}).items())))
+    fragments = _FRAGMENT_STARTS.get(key)
+    if fragments is None:
+        fragments = _fragment_starts(dataset)
+        _FRAGMENT_STARTS[key] = fragments
+    if fragments is _LOOK_UP:
+        return dataset.take(positions, columns=["_rowid"]).column(0).to_numpy()
+    starts, fragment_ids = fragments
+    slot = np.searchsorted(starts, positions, side="right") - 1
+    return (fragment_ids[slot] << np.uint64(32)) | (positions - starts[slot]).astype(np.uint64)
+
+
+def _fragment_starts(dataset: lance.LanceDataset) -> tuple[np.ndarray, np.ndarray] | object:
+    fragments = dataset.get_fragments()
+    if dataset.has_stable_row_ids or any(f.metadata.deletion_file is not None for f in fragments):
+        return _LOOK_UP
+    sizes = np.array([f.metadata.physical_rows for f in fragments], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    return starts, np.array([f.fragment_id for f in fragments], dtype=np.uint64)
+
+
+_LOOK_UP = object()  # row ids cannot be computed: look them up with a take
+_FRAGMENT_STARTS: dict[tuple, tuple[np.ndarray, np.ndarray] | object] = {}

@@ -1,0 +1,31 @@
+"""The words every stage shares: splits, Lightning stages, and what a batch is.
+
+Guarantees: each is defined here once; no other module spells the split/stage mapping or the
+batch type again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+#: A split of the data module: each has its own source, plan and loader.
+Split = Literal["train", "val", "test", "predict"]
+SPLITS: tuple[str, ...] = ("train", "val", "test", "predict")
+
+#: The Lightning stage that reads each split.
+STAGE_OF_SPLIT: dict[str, str] = {"train": "fit", "val": "validate", "test": "test", "predict": "predict"}
+
+#: The splits each Lightning stage reads (``fit`` validates too).
+SPLITS_OF_STAGE: dict[str, tuple[str, ...]] = {
+    "fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",),
+}
+
+#: The Lightning stages, in the order a run goes through them.
+STAGES: tuple[str, ...] = tuple(SPLITS_OF_STAGE)
+
+#: A converted batch: column name -> tensor (or `Ragged` / list for variable-length columns).
+Batch = dict[str, Any]
+
+#: A transform takes a converted batch; it may return any type (a dict, a tuple, a tensor...).
+BatchTransform = Callable[[Batch], Any]
