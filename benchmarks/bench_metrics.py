@@ -65,7 +65,7 @@ def warm_loader(uri: str, columns: list[str], shuffle=None, transform=None) -> L
     one epoch (threads started, caches warm)."""
     dm = LanceDataModule(train=LanceSource(uri, columns=columns), batch_size=BATCH, shuffle=shuffle or NoShuffle())
     dm.setup("fit")
-    dataset = LanceIterableDataset(dm.plans["train"], transform=transform, threads=dm.reader_threads,
+    dataset = LanceIterableDataset(dm.plans["train"], transform=transform, reader_threads=dm.reader_threads,
                                    prefetch_groups=dm.prefetch_groups)
     loader = LanceDataLoader(dataset, metrics=True)
     epoch(loader)()

@@ -26,7 +26,6 @@ from typing import Any
 
 #: Set to 1 to print the full traceback of an error instead of its few lines.
 TRACEBACK_ENV = "LANCE_LIGHTNING_TRACEBACK"
-_STAGES = ("fit", "validate", "test", "predict")
 #: Subcommands that are not Trainer stages: name -> "module:function(argv) -> exit status".
 _TOOLS = {"profile": "lance_lightning.profile:main", "materialize": "lance_lightning.materialize.cli:materialize_main"}
 _DESCRIPTION = (

@@ -31,23 +31,22 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from lance_lightning.produce.badrows import POSITIONS_KEY, BadRowPolicy, DeviceRowGuard, RaiseOnBadRow
+from lance_lightning.vocabulary import SPLITS_OF_STAGE, STAGE_OF_SPLIT, BatchTransform, Split
+from lance_lightning.checks import check_int
+from lance_lightning.produce.badrows import BadRowPolicy, DeviceRowGuard, RaiseOnBadRow
 from lance_lightning.plan.cursor import CursorTracker
 from lance_lightning.load.device import DeviceTransfer, host_columns
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.errors import ConfigError
 from lance_lightning.load.loader import LanceDataLoader, check_start_method
-from lance_lightning.plan.planner import ReadPlan, build_plan
+from lance_lightning.plan.planner import ReadPlan
+from lance_lightning.plan.survey import build_plan
 from lance_lightning.materialize.view import MaterializedView
 from lance_lightning.read.retry import RetryPolicy
-from lance_lightning.plan.survey import check_read_schema
+from lance_lightning.plan.schema import check_read_schema
 from lance_lightning.source import LanceSource, pin_source
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
 
-Split = Literal["train", "val", "test", "predict"]
-_STAGE_SPLITS: dict[str, tuple[Split, ...]] = {
-    "fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",),
-}
 _STATE_KEY = "train_cursor"
 
 # Our loaders' length is exact by construction (each worker reads a disjoint planned share).
@@ -170,7 +169,7 @@ class LanceDataModule(pl.LightningDataModule):
         self.multiprocessing_context = multiprocessing_context
         self.persistent_workers = persistent_workers
         self.pin_memory = pin_memory
-        self.device_transfer = DeviceTransfer(copy_stream, host_columns(device_transform) + (POSITIONS_KEY,))
+        self.device_transfer = DeviceTransfer(copy_stream, host_columns(device_transform))
         self.fill_nulls = dict(fill_nulls or {})
         self.resume_data = resume_data
         self.retry = retry if retry is not None else RetryPolicy()
@@ -195,8 +194,8 @@ class LanceDataModule(pl.LightningDataModule):
     # -- setup ------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         """Pin, validate and plan every split the stage uses (all configured ones for ``None``)."""
-        needed = _STAGE_SPLITS.get(stage or "", tuple(s for s, src in self.sources.items() if src))
-        required = {"fit": "train", "validate": "val", "test": "test", "predict": "predict"}.get(stage or "")
+        needed = SPLITS_OF_STAGE.get(stage or "", tuple(s for s, src in self.sources.items() if src))
+        required = {stage_: split for split, stage_ in STAGE_OF_SPLIT.items()}.get(stage or "")
         if required and self.sources[required] is None:
             raise ConfigError(required, None, f"trainer stage '{stage}' reads the {required} split, which is not "
                               "configured", f"set `data.{required}` (LanceDataModule({required}=LanceSource(uri=...)))")
@@ -281,13 +280,13 @@ class LanceDataModule(pl.LightningDataModule):
 
     def _loader(self, split: Split) -> LanceDataLoader:
         if split not in self.plans:
-            self.setup({"train": "fit", "val": "validate", "test": "test", "predict": "predict"}[split])
+            self.setup(STAGE_OF_SPLIT[split])
         loader = self._loaders.get(split)
         if loader is None:
             pin = self._pin()
             dataset = LanceIterableDataset(
                 self.plans[split], world_size=self.world_size, rank=self.global_rank, transform=self.transform,
-                fill_nulls=self.fill_nulls, threads=self.reader_threads, prefetch_groups=self.prefetch_groups,
+                fill_nulls=self.fill_nulls, reader_threads=self.reader_threads, prefetch_groups=self.prefetch_groups,
                 prefetch_batches=self.prefetch_batches, bad_rows=self.bad_rows, retry=self.retry,
                 pin_memory=pin and self.num_workers == 0,  # worker batches are pinned by the DataLoader's thread
             )
@@ -321,19 +320,22 @@ class LanceDataModule(pl.LightningDataModule):
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
         return self.device_transfer(batch, device)
 
-    def _device_guard(self, batch: Any) -> Any:
-        """The device transform, under the bad-row policy when the batch carries its rows' positions."""
+    def _device_transform(self, batch: Any) -> Any:
+        """The device transform, under the bad-row policy when the loader kept the batch's row positions."""
         split = _RUNNING_SPLITS.get(self.trainer.state.stage) if self.trainer is not None else None
-        if not isinstance(batch, dict) or POSITIONS_KEY not in batch or split not in self._loaders:
-            return lambda batch: self.device_transform({k: v for k, v in batch.items() if k != POSITIONS_KEY})
+        positions = self._loaders[split].positions if split in self._loaders else None
+        if positions is None:
+            return self.device_transform(batch)
         device = self.trainer.strategy.root_device
-        return DeviceRowGuard(self.bad_rows, self.plans[split], self.transform, self.fill_nulls, self.device_transform,
-                              lambda rows: self.device_transfer(rows, device), self._loaders[split].dataset.clock)
+        guard = DeviceRowGuard(self.bad_rows, self.plans[split], self.transform, self.fill_nulls,
+                               self.device_transform, lambda rows: self.device_transfer(rows, device),
+                               self._loaders[split].dataset.clock)
+        return guard(batch, positions)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Runs ``device_transform`` on the device batch, then the model's hook if it has one."""
         if self.device_transform is not None:
-            batch = self._device_guard(batch)(batch)
+            batch = self._device_transform(batch)
         model = self.trainer.lightning_module if self.trainer is not None else None
         if model is not None and is_overridden("on_after_batch_transfer", model, pl.LightningModule):
             batch = model.on_after_batch_transfer(batch, dataloader_idx)
@@ -391,5 +393,4 @@ _RUNNING_SPLITS = {RunningStage.TRAINING: "train", RunningStage.SANITY_CHECKING:
 
 
 def _require(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(name, value, f"must be an integer >= {minimum}", f"set `{name}` to {minimum} or more")
+    check_int(name, value, minimum, f"set `{name}` to {minimum} or more")

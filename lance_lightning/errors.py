@@ -1,4 +1,4 @@
-"""Errors that say what is wrong and how to fix it.
+"""Every exception lance_lightning raises, in one place: errors that say what is wrong and how to fix it.
 
 Guarantees: every configuration error raised by lance_lightning names the parameter, shows the
 value that was given and says what would fix it, so it can be acted on without reading code.
@@ -34,3 +34,74 @@ class CursorMismatchError(ValueError):
             f"{current!r}. Resuming would not be exact. Restore the original setting to resume, or "
             "start a fresh data epoch on purpose with `LanceDataModule(resume_data=False)`."
         )
+
+
+class RowError(ValueError):
+    """Raised by a transform: row ``index`` of the batch cannot be transformed in ``column``."""
+
+    def __init__(self, column: str, index: int, reason: str) -> None:
+        self.column = column
+        self.index = index
+        self.reason = reason
+        super().__init__(f"column {column!r}: row {index} of the batch: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.column, self.index, self.reason))
+
+
+class BadRowError(ValueError):
+    """A dataset row could not be transformed. Names the row position, id value and column."""
+
+    def __init__(self, message: str, position: int | None = None, column: str | None = None,
+                 row_id: Any = None) -> None:
+        super().__init__(message)
+        self.position = position
+        self.column = column
+        self.row_id = row_id
+
+
+class NullValueError(ValueError):
+    """A column of the batch holds nulls and no fill value was given for it."""
+
+
+class UnsupportedColumnError(TypeError):
+    """A column's Arrow type has no tensor or list form in a training batch."""
+
+
+class WorkerDiedError(RuntimeError):
+    """A DataLoader worker process died mid-epoch; names its pid and how it died."""
+
+    def __init__(self, message: str, pids: list[int]) -> None:
+        super().__init__(message)
+        self.pids = pids
+
+
+class DataReadError(RuntimeError):
+    """A read failed for good: it names the URI, version and rows, and chains the cause."""
+
+    def __init__(self, message: str, *, uri: str, version: int | None, what: str, attempts: int,
+                 transient: bool) -> None:
+        super().__init__(message)
+        self.uri = uri
+        self.version = version
+        self.what = what
+        self.attempts = attempts
+        self.transient = transient
+
+
+class MaterializeError(RuntimeError):
+    """A view could not be made (e.g. the disk is full); no view or manifest was left behind."""
+
+
+class ImageDecodeError(RowError):
+    """A row's bytes could not be decoded as an image.
+
+    Attributes:
+        column: the batch column being decoded.
+        index: the row's position within the batch (not the dataset row id; the
+            bad-row policy maps it to the dataset row).
+    """
+
+    def __init__(self, column: str, index: int, reason: str) -> None:
+        super().__init__(column, index, reason)
+        self.args = (f"column {column!r}: row {index} of the batch could not be decoded as an image: {reason}",)

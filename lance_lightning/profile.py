@@ -22,9 +22,10 @@ from __future__ import annotations
 import sys
 from typing import Any, Literal, TextIO
 
+from lance_lightning.vocabulary import STAGE_OF_SPLIT
+from lance_lightning.checks import check_int
 from lance_lightning.errors import ConfigError
 
-_STAGES = {"train": "fit", "val": "validate", "test": "test", "predict": "predict"}
 #: Top-level keys of LightningCLI configs that the profiler accepts and ignores.
 _IGNORED_DICTS = ("trainer", "model", "optimizer", "lr_scheduler")
 _IGNORED_VALUES = ("seed_everything", "ckpt_path")
@@ -37,6 +38,7 @@ def build_parser() -> Any:
 
     from lance_lightning.cli import OneScreenParser
     from lance_lightning.datamodule import LanceDataModule
+    from lance_lightning.vocabulary import Split
 
     class ProfileParser(OneScreenParser, ArgumentParser):
         """Redacted dumps, one-screen errors."""
@@ -47,7 +49,7 @@ def build_parser() -> Any:
     )
     parser.add_argument("--config", action=ActionConfigFile, help="a lance-lightning fit config (YAML)")
     parser.add_argument("--batches", type=int, default=200, help="batches to read (epochs follow each other)")
-    parser.add_argument("--split", type=Literal["train", "val", "test", "predict"], default="train",
+    parser.add_argument("--split", type=Split, default="train",
                         help="which split's loader to run")
     parser.add_argument("--progress", type=bool, default=True, help="show a progress bar on stderr")
     parser.add_class_arguments(LanceDataModule, "data")
@@ -65,12 +67,11 @@ def run_profile(datamodule: Any, split: str = "train", batches: int = 200, *, pr
 
     from lance_lightning.metrics.report import loader_report
 
-    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
-        raise ConfigError("batches", batches, "must be an integer >= 1", "pass e.g. `--batches 200`")
+    check_int("batches", batches, 1, "pass e.g. `--batches 200`")
     if datamodule.sources.get(split) is None:
         raise ConfigError(split, None, f"the config has no {split} split to profile",
                           f"set `data.{split}` or pass `--split` with a configured split")
-    datamodule.setup(_STAGES[split])
+    datamodule.setup(STAGE_OF_SPLIT[split])
     loader = getattr(datamodule, f"{split}_dataloader")()
     start = loader.metrics_snapshot()
     bar = tqdm(total=batches, unit="batch", desc=f"profiling {split}", file=sys.stderr, disable=not progress,

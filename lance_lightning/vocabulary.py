@@ -7,7 +7,7 @@ batch type again.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 #: A split of the data module: each has its own source, plan and loader.
 Split = Literal["train", "val", "test", "predict"]
@@ -29,3 +29,16 @@ Batch = dict[str, Any]
 
 #: A transform takes a converted batch; it may return any type (a dict, a tuple, a tensor...).
 BatchTransform = Callable[[Batch], Any]
+
+
+class Shipment(NamedTuple):
+    """A finished batch with what travels beside it (never inside it) from the dataset to the loader.
+
+    ``stats``: the stage totals a worker process measured since its previous batch (else None).
+    ``positions``: the dataset positions of the batch's rows (an int64 tensor), when a device
+    transform applies the bad-row policy (else None).
+    """
+
+    batch: Any
+    stats: dict[str, float] | None
+    positions: Any

@@ -16,7 +16,7 @@ from lance_lightning import (
     RowShuffle,
     ShardShuffle,
 )
-from lance_lightning.plan.planner import build_plan
+from lance_lightning.plan.survey import build_plan
 from lance_lightning.source import pin_source
 from tests.helpers import RecordingModel, append_rows, write_dataset
 

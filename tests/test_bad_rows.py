@@ -39,7 +39,7 @@ def make_dm(uri: str, policy: Any = None, *, filter: str | None = None, shuffle:
 def epoch(dm: LanceDataModule, world_size: int = 1, rank: int = 0, threads: int = 2) -> tuple[list, dict]:
     dm.setup("fit")
     dataset = LanceIterableDataset(dm.plans["train"], world_size=world_size, rank=rank, transform=dm.transform,
-                                   threads=threads, bad_rows=dm.bad_rows)
+                                   reader_threads=threads, bad_rows=dm.bad_rows)
     return list(dataset), dataset.clock.peek()
 
 

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from lance_lightning import LanceDataModule, LanceSource
-from lance_lightning.produce.badrows import POSITIONS_KEY, RaiseOnBadRow
+from lance_lightning.produce.badrows import RaiseOnBadRow
 from lance_lightning.produce.convert import Ragged
 from lance_lightning.load.device import host_columns
 from lance_lightning.errors import ConfigError
@@ -163,7 +163,7 @@ def test_host_columns_stay_on_the_host_through_the_transfer() -> None:
     assert gpu_decode.host_columns == ("image",) and DecodeImage().host_columns == ()
     assert host_columns(Compose([gpu_decode, DeviceAugment([torch.nn.Identity()])])) == ("image",)
     dm = LanceDataModule(train=LanceSource("unused.lance"), device_transform=gpu_decode, bad_rows=RaiseOnBadRow())
-    assert dm.device_transfer.host_columns == ("image", POSITIONS_KEY)  # the rows' positions stay too
+    assert dm.device_transfer.host_columns == ("image",)  # the rows' positions travel beside the batch, not in it
     image = Ragged(torch.arange(6, dtype=torch.uint8), torch.tensor([0, 2, 6]))
     batch = {"image": image, "x": torch.ones(2), "r": Ragged(torch.arange(3), torch.tensor([0, 1, 3]))}
     moved = dm.device_transfer(batch, torch.device("meta"))  # any device other than the host's

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from lance_lightning import LanceIterableDataset, LanceMapDataset, LanceSource, RowShuffle, ShardShuffle
-from lance_lightning.plan.planner import build_plan
+from lance_lightning.plan.survey import build_plan
 from lance_lightning.source import pin_source
 from tests.helpers import write_dataset
 
@@ -57,7 +57,7 @@ def test_iterable_dataset_with_plain_dataloader_and_workers(uri: str) -> None:
 def test_row_shuffle_iterable_reads_permuted_rows(uri: str) -> None:
     plan = build_plan("train", pin_source(LanceSource(uri, columns=["id", "x"]), "train"), RowShuffle(seed=1),
                       None, batch_size=64, drop_last=True, world_size=1)
-    dataset = LanceIterableDataset(plan, threads=0)
+    dataset = LanceIterableDataset(plan, reader_threads=0)
     dataset.set_epoch(0)
     batches = list(dataset)
     assert len(batches) == 700 // 64

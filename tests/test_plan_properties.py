@@ -331,7 +331,7 @@ def check_rows(batch: dict) -> list[int]:
 
 
 def read_rank(plan, world: int, rank: int, epoch: int, start: int = 0, threads: int = 2) -> list[list[int]]:
-    dataset = LanceIterableDataset(plan, world_size=world, rank=rank, threads=threads)
+    dataset = LanceIterableDataset(plan, world_size=world, rank=rank, reader_threads=threads)
     dataset.set_epoch(epoch, start)
     return [check_rows(batch) for batch in dataset]
 

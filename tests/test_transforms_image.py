@@ -439,8 +439,8 @@ def test_threads_keep_order_and_rows(tmp_path: Path, threads: int) -> None:
                          shuffle=RowShuffle(seed=3, clump_rows=4), transform=DecodeImage(size=8),
                          reader_threads=threads, prefetch_batches=3)
     dm.setup("fit")
-    reference = LanceIterableDataset(dm.plans["train"], threads=0)
-    dataset = LanceIterableDataset(dm.plans["train"], transform=dm.transform, threads=threads,
+    reference = LanceIterableDataset(dm.plans["train"], reader_threads=0)
+    dataset = LanceIterableDataset(dm.plans["train"], transform=dm.transform, reader_threads=threads,
                                    prefetch_batches=3)
     want = [batch["id"].tolist() for batch in reference]
     got = list(dataset)
@@ -469,7 +469,7 @@ def test_reader_threads_run_at_batch_priority_and_the_loop_does_not(tmp_path: Pa
     dm = LanceDataModule(train=LanceSource(uri, columns=["id", "image"]), batch_size=8, transform=DecodeImage())
     dm.setup("fit")
     record = RecordPolicy()
-    assert len(list(LanceIterableDataset(dm.plans["train"], transform=record, threads=2))) == 8
+    assert len(list(LanceIterableDataset(dm.plans["train"], transform=record, reader_threads=2))) == 8
     assert record.policies == {os.SCHED_BATCH}
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
 

@@ -59,7 +59,7 @@ def _plan(uri: str, batch_size: int = 8) -> Any:
 def test_prefetch_is_bounded_by_prefetch_batches(tmp_path: Path, depth: int) -> None:
     plan = _plan(write_dataset(tmp_path / "ds.lance", 400))
     transform = CountingTransform()
-    dataset = LanceIterableDataset(plan, transform=transform, threads=2, prefetch_batches=depth)
+    dataset = LanceIterableDataset(plan, transform=transform, reader_threads=2, prefetch_batches=depth)
     ahead = []
     for consumed, _ in enumerate(dataset, start=1):
         time.sleep(0.01)  # a slow step: the producers run as far ahead as they may
@@ -73,7 +73,7 @@ def test_prefetch_overlaps_the_step_and_off_does_not(tmp_path: Path) -> None:
     plan = _plan(write_dataset(tmp_path / "ds.lance", 240))
     waits = {}
     for threads in (2, 0):
-        dataset = LanceIterableDataset(plan, transform=CountingTransform(0.01), threads=threads, prefetch_batches=4)
+        dataset = LanceIterableDataset(plan, transform=CountingTransform(0.01), reader_threads=threads, prefetch_batches=4)
         waited, steps = 0.0, 0
         iterator = iter(dataset)
         next(iterator)  # the first batch always waits for the pipeline to start
@@ -94,7 +94,7 @@ def test_prefetch_overlaps_the_step_and_off_does_not(tmp_path: Path) -> None:
 def test_transform_bug_surfaces_with_its_type_and_threads_are_reused(tmp_path: Path) -> None:
     plan = _plan(write_dataset(tmp_path / "ds.lance", 200))
     before = threading.active_count()
-    dataset = LanceIterableDataset(plan, transform=Fail(at=40), threads=2, prefetch_batches=4)
+    dataset = LanceIterableDataset(plan, transform=Fail(at=40), reader_threads=2, prefetch_batches=4)
     with pytest.raises(KeyError, match="on purpose"):
         list(dataset)
     running = threading.active_count()
@@ -113,7 +113,7 @@ def test_transform_bug_surfaces_with_its_type_and_threads_are_reused(tmp_path: P
 @pytest.mark.parametrize("with_transform", [False, True])
 def test_abandoned_epoch_then_a_full_one(tmp_path: Path, with_transform: bool) -> None:
     plan = _plan(write_dataset(tmp_path / "ds.lance", 200))
-    dataset = LanceIterableDataset(plan, transform=CountingTransform() if with_transform else None, threads=2,
+    dataset = LanceIterableDataset(plan, transform=CountingTransform() if with_transform else None, reader_threads=2,
                                    prefetch_batches=2)
     iterator = iter(dataset)
     first = [next(iterator)["id"].tolist() for _ in range(3)]

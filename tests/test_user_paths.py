@@ -1,7 +1,8 @@
 """Guarantees through the paths users take: ``Trainer.predict`` (1 and 2 ranks, the CLI),
 ``resume_data=False`` through ``fit(ckpt_path=...)``, default policies equal to explicit ones,
 workers that never import Lightning, datasets rewritten at the same path, `BufferShuffle`'s shard
-default, the plan printed after a resume re-pins a version, ``fork`` refused, killed workers.
+default, the plan printed after a resume re-pins a version, ``fork`` refused, killed workers, a
+transform that returns a tuple.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from lance_lightning import (
     WorkerDiedError,
 )
 from tests.helpers import RecordingModel, append_rows, flat, write_dataset
-from tests.worker_probe import KillOnRow, RecordModules
+from tests.worker_probe import KillOnRow, RecordModules, ToTuple
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -325,3 +326,30 @@ def test_len_after_restore_is_what_the_next_iteration_yields(uri: str, batch_aft
     assert len(set(flat(trained + rest))) == K * BATCH + left * batch_after
     assert len(resumed) == ROWS // batch_after  # the next epoch is whole
     assert len(list(resumed)) == ROWS // batch_after
+
+
+# -- a transform may return any type -----------------------------------------------------------------
+class TupleRecorder(RecordingModel):
+    """Trains on ``(x, id, pid)`` batches; records the ids and the pids that made them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pids: set[int] = set()
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, ids, pids = batch
+        self.pids.update(pids.tolist())
+        return super().training_step({"x": x, "id": ids}, batch_idx)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_transform_returning_a_tuple_trains_through_fit(tmp_path: Path, uri: str, num_workers: int) -> None:
+    """Worker statistics and row positions travel beside the batch, so a tuple batch reaches the step intact
+    (they rode inside the batch dict before: ``'tuple' object has no attribute 'pop'`` at the first batch)."""
+    dm = _dm(uri, transform=ToTuple(), num_workers=num_workers)
+    model = TupleRecorder()
+    _trainer(tmp_path, max_epochs=1).fit(model, datamodule=dm)
+    assert flat(model.seen) == list(range(ROWS // BATCH * BATCH)), "rows lost, repeated or out of order"
+    assert (len(model.pids) == 2 and os.getpid() not in model.pids) if num_workers else model.pids == {os.getpid()}
+    figures = dm._loaders["train"].metrics_snapshot().totals
+    assert figures["delivered_rows"] == ROWS // BATCH * BATCH, "worker statistics did not reach the main process"

@@ -37,3 +37,10 @@ class KillOnRow:
         if os.getpid() != self.main_pid and self.row in batch["id"].tolist():
             os.kill(os.getpid(), signal.SIGKILL)
         return batch
+
+
+class ToTuple:
+    """Returns ``(x, id, pid)`` instead of a dict: a transform may change the batch type."""
+
+    def __call__(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return batch["x"], batch["id"], torch.full((len(batch["id"]),), os.getpid())

@@ -57,7 +57,7 @@ class LanceIterableDataset(IterableDataset):
         world_size, rank: The rank's place in the job; each rank reads a disjoint share.
         transform: Called on each converted batch, in the reader threads.
         fill_nulls: Per-column values for nulls (else a null is an error naming the column).
-        threads: Reader threads per process (0 reads on the iterating thread: no prefetch).
+        reader_threads: Reader threads per process (0 reads on the iterating thread: no prefetch).
         prefetch_groups: Read groups kept ready ahead of the consumer, per process.
         prefetch_batches: Finished (transformed) batches in flight or ready, per process.
         bad_rows: What to do with rows the transform rejects (default `RaiseOnBadRow`).
@@ -67,7 +67,7 @@ class LanceIterableDataset(IterableDataset):
 
     def __init__(self, plan: ReadPlan, *, world_size: int = 1, rank: int = 0,
                  transform: BatchTransform | None = None, fill_nulls: Mapping[str, Any] | None = None,
-                 threads: int = 2, prefetch_groups: int = 2, prefetch_batches: int = 4,
+                 reader_threads: int = 2, prefetch_groups: int = 2, prefetch_batches: int = 4,
                  bad_rows: BadRowPolicy | None = None, pin_memory: bool = False,
                  retry: RetryPolicy = DEFAULT_POLICY) -> None:
         if not 0 <= rank < world_size:
@@ -77,16 +77,16 @@ class LanceIterableDataset(IterableDataset):
         self.rank = rank
         self.transform = transform
         self.fill_nulls = dict(fill_nulls or {})
-        self.threads = threads
+        self.reader_threads = reader_threads
         self.prefetch_groups = prefetch_groups
         self.prefetch_batches = prefetch_batches
         self.bad_rows = bad_rows or RaiseOnBadRow()
         self.pin_memory = pin_memory
         self.retry = retry
-        self.pools = ReaderThreads(threads)
+        self.pools = ReaderThreads(reader_threads)
         self.control = EpochControl()
         self.clock = StageClock()
-        self.ship_stats = False  # set by LanceDataLoader, which takes the figures off the batches
+        self.shipments = False  # set by LanceDataLoader: yield `Shipment`s, which it unpacks
         self.ship_positions = False  # set by LanceDataModule when a device_transform applies the bad-row policy
 
     def use_context(self, context: Any) -> None:
@@ -106,8 +106,9 @@ class LanceIterableDataset(IterableDataset):
         reader = PlanReader(self.plan, epoch, self.world_size, self.rank, start, retry=self.retry)
         steps = reader.layout.worker_steps(worker, workers, self.rank)
         producer = BatchProducer(reader, self.transform, self.fill_nulls, self.clock,
-                                 ship_stats=info is not None and self.ship_stats, bad_rows=self.bad_rows,
-                                 pin_memory=self.pin_memory, ship_positions=self.ship_positions)
+                                 ship_stats=info is not None and self.shipments, bad_rows=self.bad_rows,
+                                 pin_memory=self.pin_memory, ship_positions=self.shipments and self.ship_positions,
+                                 shipments=self.shipments)
         yield from producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
         HEAP.after_epoch()
 

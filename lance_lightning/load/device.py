@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from lance_lightning.produce.convert import Ragged
+from lance_lightning.vocabulary import Batch
 
-Batch = dict[str, Any]
 
 
 def pin_batch(batch: Batch) -> Batch:

@@ -18,8 +18,9 @@ Guarantees:
 - Without worker processes or DataLoader pinning, batches come straight from the dataset's
   reader threads: torch's single-process iterator would only add per-batch bookkeeping.
 - With ``metrics=True`` (the default) the loader measures, per process, what the consumer waited
-  for and what each pipeline stage cost (`lance_lightning.metrics.meter`); figures measured in worker
-  processes arrive with the batches. ``metrics_snapshot()`` returns the cumulative totals that
+  for and what each pipeline stage cost (`lance_lightning.metrics`); figures measured in worker
+  processes arrive beside the batches (a `Shipment` from the dataset, unpacked here), never inside
+  them, so a transform may return any type. ``metrics_snapshot()`` returns the cumulative totals that
   `DataLoadingMonitor`, the report and ``lance-lightning profile`` read.
 """
 
@@ -40,7 +41,6 @@ from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.vocabulary import Batch
 from lance_lightning.errors import ConfigError
 from lance_lightning.lifetime import watch_parent
-from lance_lightning.metrics.clock import STATS_KEY
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
 from lance_lightning.load.workers import guard_workers
 
@@ -151,7 +151,7 @@ class LanceDataLoader(DataLoader):
                     modules.append(type(dataset.transform).__module__)
                 context.set_forkserver_preload(modules)
             dataset.use_context(context)
-            dataset.ship_stats = True
+        dataset.shipments = True  # batches come with their stats and positions beside them
         super().__init__(
             dataset, batch_size=None, collate_fn=_passthrough, num_workers=num_workers,
             persistent_workers=persistent_workers and num_workers > 0, pin_memory=pin_memory,
@@ -165,6 +165,10 @@ class LanceDataLoader(DataLoader):
         self.count_restored_steps = count_restored_steps
         self._own_epoch = 0
         self.meter = LoaderMeter() if metrics else None
+        #: Dataset positions of the rows of the batch yielded last (when the data module ships them),
+        #: for the bad-row policy of a device transform. Lightning fetches no batch ahead of a loader
+        #: with a length, so this is the batch the training loop holds.
+        self.positions: torch.Tensor | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch`` on the next iteration (for loops without a Trainer)."""
@@ -181,8 +185,7 @@ class LanceDataLoader(DataLoader):
         layout = self.cursor.begin_epoch(epoch)
         self.dataset.set_epoch(epoch, layout.start)
         if self.meter is None:
-            for batch in guard_workers(self._batches()):
-                batch.pop(STATS_KEY, None)
+            for batch, _, self.positions in guard_workers(self._batches()):
                 self.cursor.on_yield()
                 yield batch
         else:
@@ -198,9 +201,8 @@ class LanceDataLoader(DataLoader):
         batches = guard_workers(raw)
         if queue is not None:
             batches = _polling_workers(batches, queue, meter)
-        for batch in batches:
+        for batch, shipped, self.positions in batches:
             got = now()
-            shipped = batch.pop(STATS_KEY, None)
             if shipped:
                 clock.merge(shipped)
             on_yield()
@@ -231,7 +233,7 @@ class LanceDataLoader(DataLoader):
         dataset = self.dataset
         transform = dataset.transform
         return {
-            "num_workers": self.num_workers, "reader_threads": dataset.threads,
+            "num_workers": self.num_workers, "reader_threads": dataset.reader_threads,
             "prefetch_groups": dataset.prefetch_groups, "prefetch_batches": getattr(dataset, "prefetch_batches", None),
             "batch_size": dataset.plan.batch_size, "method": dataset.plan.method,
             "shuffle": dataset.plan.strategy.describe(),

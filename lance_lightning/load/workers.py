@@ -20,18 +20,12 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
+from lance_lightning.errors import WorkerDiedError
+
 T = TypeVar("T")
 
 #: DataLoader iterators with worker processes, for the SIGCHLD handler to name a dead worker.
 _WATCHED: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-class WorkerDiedError(RuntimeError):
-    """A DataLoader worker process died mid-epoch; names its pid and how it died."""
-
-    def __init__(self, message: str, pids: list[int]) -> None:
-        super().__init__(message)
-        self.pids = pids
 
 
 def _how(exitcode: int | None) -> str:

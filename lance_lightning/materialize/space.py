@@ -23,6 +23,7 @@ from pathlib import Path
 
 import lance
 
+from lance_lightning.errors import MaterializeError
 from lance_lightning.read.retry import first_line
 from lance_lightning.source import PinnedSource
 
@@ -31,10 +32,6 @@ _SPACE_ERRNOS = {errno.ENOSPC: ("no space left", "os error 28"), errno.EFBIG: ("
                  errno.EDQUOT: ("disk quota", "os error 122")}
 _SPACE_FIXES = {errno.EFBIG: "raise the file size limit (ulimit -f) or choose another cache_dir",
                 errno.EDQUOT: "raise the disk quota or choose another cache_dir"}
-
-
-class MaterializeError(RuntimeError):
-    """A view could not be made (e.g. the disk is full); no view or manifest was left behind."""
 
 
 def estimate_view_bytes(pinned: PinnedSource, dataset: lance.LanceDataset, rows: int, staged: bool) -> int:

@@ -59,6 +59,8 @@ from typing import Any
 
 import lance
 
+from lance_lightning.vocabulary import SPLITS
+from lance_lightning.checks import check_int
 from lance_lightning.errors import ConfigError
 from lance_lightning.materialize.copy import ViewCopier, WriterLock, adopt_partial, tree_bytes
 from lance_lightning.materialize.space import (
@@ -104,14 +106,10 @@ class MaterializedView:
         if "://" in str(self.cache_dir) and not str(self.cache_dir).startswith("file://"):
             raise ConfigError("materialize.cache_dir", self.cache_dir, "views are written to local disk",
                               "give a local directory path, not an object-store URI")
-        if self.shuffle_seed is not None and (isinstance(self.shuffle_seed, bool)
-                                              or not isinstance(self.shuffle_seed, int) or self.shuffle_seed < 0):
-            raise ConfigError("materialize.shuffle_seed", self.shuffle_seed, "must be an integer >= 0 or null",
-                              "set shuffle_seed: 0, or null to keep the source order")
-        if isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1:
-            raise ConfigError("materialize.chunk_rows", self.chunk_rows, "must be an integer >= 1",
-                              f"use e.g. {DEFAULT_CHUNK_ROWS}")
-        known = {"train", "val", "test", "predict"}
+        check_int("materialize.shuffle_seed", self.shuffle_seed, 0, "set shuffle_seed: 0, or null to keep the source "
+                  "order", problem="must be an integer >= 0 or null", optional=True)
+        check_int("materialize.chunk_rows", self.chunk_rows, 1, f"use e.g. {DEFAULT_CHUNK_ROWS}")
+        known = set(SPLITS)
         if self.splits is not None and (not isinstance(self.splits, (list, tuple)) or set(self.splits) - known):
             raise ConfigError("materialize.splits", self.splits, f"splits must be among {sorted(known)}",
                               "list e.g. [train], or null for every configured split")

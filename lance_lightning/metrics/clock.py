@@ -12,7 +12,7 @@ Guarantees:
   clock: bytes and requests read are attributed to the loader that read them, in any process.
 - Rows and payload bytes of each batch are measured on the reader threads and counted as
   delivered (the clock's ``delivered_rows``/``delivered_bytes``) by the thread iterating the
-  dataset as it hands the batch on. In a worker process they travel with that batch, so the main
+  dataset as it hands the batch on. In a worker process they travel beside that batch, so the main
   process counts them as the batch arrives.
 """
 
@@ -26,9 +26,6 @@ from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
-
-#: Reserved batch key under which worker processes send their stage totals to the main process.
-STATS_KEY = "_lance_lightning_stats"
 
 _NULL = nullcontext()
 _STAGE_KEYS: dict[str, tuple[str, str, str]] = {}

@@ -103,8 +103,7 @@ def _advice(name: str, config: Mapping[str, Any]) -> str:
     if name == "storage":
         shuffle = config.get("shuffle") or {}
         clump = shuffle.get("clump_rows")
-        if config.get("method") == "take" and shuffle.get("strategy") == "RowShuffle" and clump is not None \
-                and clump < SHORT_CLUMP:
+        if config.get("method") == "take" and clump is not None and clump < SHORT_CLUMP:  # short clumps taken
             return (f"reads are random row takes (RowShuffle clump_rows={clump}): set `shuffle.clump_rows` to "
                     f"{SHORT_CLUMP} or more, or use ShardShuffle/BufferShuffle, so Lance reads ranges")
         return (f"raise `reader_threads` ({threads} now) and `prefetch_groups` ({groups} now) to keep more reads "

@@ -1,6 +1,8 @@
-"""Read planning: from a pinned source, a filter and a strategy to a `ReadPlan`.
+"""Read planning, pure: from a surveyed source, a filter and a strategy to a `ReadPlan`.
 
 Guarantees:
+- No I/O: `plan_reads` only combines a `Survey` (`lance_lightning.plan.survey` does the setup I/O)
+  with the strategy, the filter policy and the batch settings.
 - A filter is evaluated once, at setup, in one streaming scan (a scalar index answers it where
   one exists), into a compact row set (`lance_lightning.plan.rowset`: runs of ranges or a
   bitmap with rank/select, whichever is smaller; no array of positions). Every rank and worker
@@ -22,19 +24,25 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import lance
 import numpy as np
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.order import EpochOrder
-from lance_lightning.plan.rowset import RowSet, scan_matches
+from lance_lightning.plan.rowset import RowSet
+from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
 from lance_lightning.source import PinnedSource
-from lance_lightning.plan.strategies import FilterRead, NoShuffle, RowShuffle, ShuffleStrategy
 
 ReadMethod = Literal["scan", "take"]
-#: Rows read at setup to estimate the bytes per row.
-ROW_BYTES_SAMPLE = 64
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What setup measured of a pinned source (`lance_lightning.plan.survey`): the plan's only input from I/O."""
+
+    matched_rows: int
+    matches: RowSet | None
+    row_bytes: int
 
 
 @dataclass(frozen=True)
@@ -101,55 +109,30 @@ class ReadPlan:
         return "\n".join(lines)
 
 
-def build_plan(
-    split: str,
-    source: PinnedSource,
-    strategy: ShuffleStrategy | None,
-    filter_read: FilterRead | None,
-    batch_size: int,
-    drop_last: bool,
-    world_size: int,
-    pad: bool = True,
-) -> ReadPlan:
-    """List and plan the rows of ``source``; raise `ConfigError` for plans that cannot work."""
+def plan_reads(split: str, source: PinnedSource, survey: Survey, strategy: ShuffleStrategy | None,
+               filter_read: FilterRead | None, batch_size: int, drop_last: bool, world_size: int,
+               pad: bool = True) -> ReadPlan:
+    """The `ReadPlan` of a surveyed source (no I/O); raise `ConfigError` for plans that cannot work."""
     strategy = strategy or NoShuffle()
     filter_read = filter_read or FilterRead()
-    dataset = source.open()
-    matches: RowSet | None = None
     if source.filter is None:
-        matched = source.total_rows
         method, reason = _method_without_filter(strategy)
     else:
-        matches = scan_matches(dataset, source.filter, source.total_rows)
-        matched = matches.rows
-        if matched == 0:
-            raise ConfigError(f"{split}.filter", source.filter, f"matches no rows of {source.uri} "
-                              f"(version {source.version})", "loosen the filter or check the column values")
-        selectivity = matched / source.total_rows
-        method, reason = _method_with_filter(strategy, filter_read, selectivity)
-    if matched == 0:
-        raise ConfigError(f"{split}.uri", source.uri, "the dataset has no rows", "write rows first")
-    _check_fits(split, matched, batch_size, drop_last, world_size)
-    return ReadPlan(split, source, strategy, method, matched, batch_size, drop_last, reason, matches,
-                    _row_bytes(dataset, source), pad)
-
-
-def _row_bytes(dataset: lance.LanceDataset, source: PinnedSource) -> int:
-    """Arrow bytes per row of the source's columns, measured on its first rows (at most 64)."""
-    sample = dataset.scanner(columns=list(source.columns), limit=ROW_BYTES_SAMPLE,
-                             blob_handling="all_binary").to_table()  # blobs' bytes, not their descriptors
-    return max(1, -(-sample.nbytes // max(1, sample.num_rows)))
+        method, reason = _method_with_filter(strategy, filter_read, survey.matched_rows / source.total_rows)
+    _check_fits(split, survey.matched_rows, batch_size, drop_last, world_size)
+    return ReadPlan(split, source, strategy, method, survey.matched_rows, batch_size, drop_last, reason,
+                    survey.matches, survey.row_bytes, pad)
 
 
 def _method_without_filter(strategy: ShuffleStrategy) -> tuple[ReadMethod, str]:
-    if isinstance(strategy, RowShuffle):
-        return "take", f"a row shuffle reads permuted clumps of {strategy.clump_rows} row(s)"
+    if strategy.reads_by_take:
+        return "take", strategy.take_reason(filtered=False)
     return "scan", "contiguous ranges read at scan speed"
 
 
 def _method_with_filter(strategy: ShuffleStrategy, policy: FilterRead, selectivity: float) -> tuple[ReadMethod, str]:
-    if isinstance(strategy, RowShuffle):
-        return "take", "a row shuffle takes the permuted matching rows"
+    if strategy.reads_by_take:
+        return "take", strategy.take_reason(filtered=True)
     method = policy.choose(selectivity)
     if policy.method != "auto":
         return method, f"forced by FilterRead(method={policy.method!r})"

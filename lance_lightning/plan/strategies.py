@@ -11,19 +11,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from lance_lightning.checks import check_choice, check_int
 from lance_lightning.errors import ConfigError
 
 
 def _positive(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(name, value, "must be a positive integer", f"set `{name}` to 1 or more")
-    return value
+    return check_int(name, value, 1, f"set `{name}` to 1 or more", problem="must be a positive integer")
 
 
 def _seed(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError("seed", value, "must be a non-negative integer", "set `seed` to e.g. 0")
-    return value
+    return check_int("seed", value, 0, "set `seed` to e.g. 0", problem="must be a non-negative integer")
 
 
 class ShuffleStrategy:
@@ -31,14 +28,21 @@ class ShuffleStrategy:
 
     Units are permuted per epoch when ``permute_units`` is set; rows inside a unit stay in storage
     order unless ``shuffle_within_unit`` is set; ``window_rows`` adds a windowed row shuffle on top.
+    ``reads_by_take`` says the order scatters rows so widely that they are read with ``take``,
+    whatever the filter (the planner asks the strategy; no module checks its class).
     """
 
     seed: int = 0
     permute_units: bool = False
     shuffle_within_unit: bool = False
     window_rows: int | None = None
+    reads_by_take: bool = False
 
     def unit_rows(self, matched_rows: int) -> int:
+        raise NotImplementedError
+
+    def take_reason(self, filtered: bool) -> str:
+        """Why a ``reads_by_take`` strategy reads with take (shown in the plan's summary)."""
         raise NotImplementedError
 
     def describe(self) -> dict[str, Any]:
@@ -110,6 +114,8 @@ class RowShuffle(ShuffleStrategy):
             0.74). Clumps suit data whose storage order is already random.
     """
 
+    reads_by_take = True
+
     def __init__(self, seed: int = 0, clump_rows: int = 1) -> None:
         self.seed = _seed(seed)
         self.clump_rows = _positive("clump_rows", clump_rows)
@@ -117,6 +123,11 @@ class RowShuffle(ShuffleStrategy):
 
     def unit_rows(self, matched_rows: int) -> int:
         return self.clump_rows
+
+    def take_reason(self, filtered: bool) -> str:
+        if filtered:
+            return "a row shuffle takes the permuted matching rows"
+        return f"a row shuffle reads permuted clumps of {self.clump_rows} row(s)"
 
     def describe(self) -> dict[str, Any]:
         return {"strategy": "RowShuffle", "seed": self.seed, "clump_rows": self.clump_rows}
@@ -172,8 +183,8 @@ class FilterRead:
     """
 
     def __init__(self, method: Literal["auto", "scan", "take"] = "auto", take_below: float = 0.05) -> None:
-        if method not in ("auto", "scan", "take"):
-            raise ConfigError("method", method, "unknown filter read method", 'use "auto", "scan" or "take"')
+        check_choice("method", method, ("auto", "scan", "take"), "unknown filter read method",
+                     'use "auto", "scan" or "take"')
         if isinstance(take_below, bool) or not isinstance(take_below, (int, float)) or not 0.0 <= take_below <= 1.0:
             raise ConfigError("take_below", take_below, "must be a fraction in [0, 1]", "e.g. take_below=0.05")
         self.method = method

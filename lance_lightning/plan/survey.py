@@ -1,63 +1,50 @@
-"""Schema problems found at ``setup()``, from the datasets' schemas, before any batch is read.
+"""Setup I/O of a plan, and only here: count the rows, evaluate the filter, sample the row size.
 
-Guarantees: `check_read_schema` raises `ConfigError` (naming the parameter, the value and the fix)
-in the main process, before any worker starts, when
-- a read column has an Arrow type no batch can hold (struct, map, union, ...);
-- a ``fill_nulls`` value cannot fill its column's type (e.g. ``"zero"`` for a float column);
-- a transform expects another type for a column it names (e.g. `DecodeImage` on an integer
-  column). A transform takes part by defining ``check_schema(schema: pyarrow.Schema)``; `Compose`
-  asks each of its transforms.
-What it accepts converts as `lance_lightning.produce.convert` says; it never reads rows.
+Guarantees:
+- A filter is evaluated once, at setup, in one streaming scan (`lance_lightning.plan.rowset`).
+- A filter that matches nothing, or a dataset without rows, raises `ConfigError` naming the split.
+- `build_plan` = `survey` (I/O) + `lance_lightning.plan.planner.plan_reads` (pure).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import lance
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from lance_lightning.produce.convert import UnsupportedColumnError, _kind
 from lance_lightning.errors import ConfigError
+from lance_lightning.plan.planner import ReadPlan, Survey, plan_reads
+from lance_lightning.plan.rowset import RowSet, scan_matches
+from lance_lightning.plan.strategies import FilterRead, ShuffleStrategy
+from lance_lightning.source import PinnedSource
+
+#: Rows read at setup to estimate the bytes per row.
+ROW_BYTES_SAMPLE = 64
 
 
-def read_schema(plan: Any) -> pa.Schema:
-    """The Arrow schema of the columns ``plan`` reads (from the pinned dataset's metadata), blob
-    columns as the bytes their reader yields."""
-    schema = plan.source.open().schema
-    blobs = set(plan.source.blob_columns)
-    return pa.schema([pa.field(name, pa.large_binary()) if name in blobs else schema.field(name)
-                      for name in plan.source.columns])
+def survey(split: str, source: PinnedSource) -> Survey:
+    """Count (and, with a filter, find) the rows of ``source`` and measure their size."""
+    dataset = source.open()
+    matches: RowSet | None = None
+    matched = source.total_rows
+    if source.filter is not None:
+        matches = scan_matches(dataset, source.filter, source.total_rows)
+        matched = matches.rows
+        if matched == 0:
+            raise ConfigError(f"{split}.filter", source.filter, f"matches no rows of {source.uri} "
+                              f"(version {source.version})", "loosen the filter or check the column values")
+    if matched == 0:
+        raise ConfigError(f"{split}.uri", source.uri, "the dataset has no rows", "write rows first")
+    return Survey(matched, matches, _row_bytes(dataset, source))
 
 
-def check_read_schema(plans: Mapping[str, Any], fill_nulls: Mapping[str, Any], transform: Any) -> None:
-    """Raise `ConfigError` for a column, fill value or transform that cannot work (module docstring)."""
-    for split, plan in plans.items():
-        schema = read_schema(plan)
-        for field in schema:
-            if isinstance(field.type, pa.ExtensionType) and not isinstance(field.type, pa.FixedShapeTensorType):
-                continue  # converted by its reader (e.g. Lance blobs), not from its storage type
-            storage = field.type.storage_type if isinstance(field.type, pa.ExtensionType) else field.type
-            try:
-                _kind(field.name, storage)
-            except UnsupportedColumnError as error:
-                raise ConfigError(f"{split}.columns", list(plan.source.columns), str(error).split(";")[0],
-                                  f"drop {field.name!r} from `{split}.columns`, or cast it to a supported type "
-                                  "when writing the dataset") from None
-            if field.name in fill_nulls:
-                _check_fill(field, fill_nulls[field.name])
-        check = getattr(transform, "check_schema", None)
-        if check is not None:
-            check(schema)
+def build_plan(split: str, source: PinnedSource, strategy: ShuffleStrategy | None, filter_read: FilterRead | None,
+               batch_size: int, drop_last: bool, world_size: int, pad: bool = True) -> ReadPlan:
+    """Survey and plan the rows of ``source``; raise `ConfigError` for plans that cannot work."""
+    return plan_reads(split, source, survey(split, source), strategy, filter_read, batch_size, drop_last,
+                      world_size, pad)
 
 
-def _check_fill(field: pa.Field, value: Any) -> None:
-    try:
-        pc.fill_null(pa.nulls(1, field.type), value)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as error:
-        example = {"str": '""', "bytes": 'b""'}.get(_kind(field.name, field.type), "0")
-        raise ConfigError(f"fill_nulls.{field.name}", value,
-                          f"cannot fill nulls of column {field.name!r}, whose Arrow type is {field.type} "
-                          f"({str(error).splitlines()[0]})",
-                          f"give a value of that type, e.g. fill_nulls: {{{field.name}: {example}}}") from None
+def _row_bytes(dataset: lance.LanceDataset, source: PinnedSource) -> int:
+    """Arrow bytes per row of the source's columns, measured on its first rows (at most 64)."""
+    sample = dataset.scanner(columns=list(source.columns), limit=ROW_BYTES_SAMPLE,
+                             blob_handling="all_binary").to_table()  # blobs' bytes, not their descriptors
+    return max(1, -(-sample.nbytes // max(1, sample.num_rows)))

@@ -14,9 +14,9 @@ Guarantees:
 - Every bad row is counted once, as ``bad_rows`` in the loader's `StageClock` (and so in the
   data metrics), whatever the policy.
 - The same holds for a ``device_transform`` (e.g. ``DecodeImage(device="cuda")``), which runs after
-  the batch reached the device: the batch then carries its rows' positions (`POSITIONS_KEY`, set
-  by `BadRowGuard` when asked), and `DeviceRowGuard` raises or replaces exactly as `BadRowGuard`
-  does on the host, choosing the same replacement rows.
+  the batch reached the device: the rows' positions travel beside the batch (`BadRowGuard.finish`
+  returns them; the loader keeps the latest batch's), and `DeviceRowGuard` raises or replaces
+  exactly as `BadRowGuard` does on the host, choosing the same replacement rows.
 """
 
 from __future__ import annotations
@@ -30,41 +30,16 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from lance_lightning.checks import check_int
 from lance_lightning.produce.convert import Ragged, to_torch_batch
-from lance_lightning.errors import ConfigError
+from lance_lightning.errors import BadRowError, ConfigError, RowError
 from lance_lightning.metrics.clock import StageClock
 from lance_lightning.plan.rowset import RowSet
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.source import PinnedSource
+from lance_lightning.vocabulary import Batch
 
-Batch = dict[str, Any]
 log = logging.getLogger("lance_lightning")
-#: Batch key of the dataset positions of a batch's rows (an int64 tensor), for `DeviceRowGuard`.
-POSITIONS_KEY = "_lance_lightning_positions"
-
-
-class RowError(ValueError):
-    """Raised by a transform: row ``index`` of the batch cannot be transformed in ``column``."""
-
-    def __init__(self, column: str, index: int, reason: str) -> None:
-        self.column = column
-        self.index = index
-        self.reason = reason
-        super().__init__(f"column {column!r}: row {index} of the batch: {reason}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.column, self.index, self.reason))
-
-
-class BadRowError(ValueError):
-    """A dataset row could not be transformed. Names the row position, id value and column."""
-
-    def __init__(self, message: str, position: int | None = None, column: str | None = None,
-                 row_id: Any = None) -> None:
-        super().__init__(message)
-        self.position = position
-        self.column = column
-        self.row_id = row_id
 
 
 class BadRowPolicy:
@@ -101,11 +76,8 @@ class ReplaceBadRow(BadRowPolicy):
 
     def __init__(self, seed: int = 0, max_attempts: int = 16, id_column: str | None = "id") -> None:
         super().__init__(id_column)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError("bad_rows.seed", seed, "must be an integer", "set seed: 0")
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ConfigError("bad_rows.max_attempts", max_attempts, "must be an integer >= 1",
-                              "set max_attempts: 16")
+        check_int("bad_rows.seed", seed, None, "set seed: 0")
+        check_int("bad_rows.max_attempts", max_attempts, 1, "set max_attempts: 16")
         self.seed = seed
         self.max_attempts = max_attempts
 
@@ -126,14 +98,10 @@ class BadRowGuard:
         transform: The batch transform; ``None`` converts only.
         fill_nulls: Per-column null fill values, as for `to_torch_batch`.
         clock: Where ``convert``/``transform`` times and the ``bad_rows`` count go.
-        ship_positions: Put the rows' final positions in each batch (`POSITIONS_KEY`), for a
-            `DeviceRowGuard` on the device stage.
     """
 
     def __init__(self, policy: BadRowPolicy, source: PinnedSource, rows: int, matches: RowSet | None,
-                 transform: Callable[[Batch], Batch] | None, fill_nulls: dict[str, Any], clock: StageClock,
-                 ship_positions: bool = False) -> None:
-        self.ship_positions = ship_positions
+                 transform: Callable[[Batch], Any] | None, fill_nulls: dict[str, Any], clock: StageClock) -> None:
         self.policy = policy
         self.source = source
         self.rows = rows
@@ -142,13 +110,13 @@ class BadRowGuard:
         self.fill_nulls = fill_nulls
         self.clock = clock
 
-    def __call__(self, table: pa.Table, positions: np.ndarray) -> Batch:
+    def __call__(self, table: pa.Table, positions: np.ndarray) -> Any:
         """The finished batch of ``table``, whose row ``i`` is dataset position ``positions[i]``."""
-        batch, positions = self._finish(table, np.asarray(positions))
-        return batch if not self.ship_positions else {**batch, POSITIONS_KEY: torch.from_numpy(positions)}
+        return self.finish(table, positions)[0]
 
-    def _finish(self, table: pa.Table, positions: np.ndarray) -> tuple[Batch, np.ndarray]:
-        """The batch, and the positions of its rows (bad ones replaced)."""
+    def finish(self, table: pa.Table, positions: np.ndarray) -> tuple[Any, np.ndarray]:
+        """The finished batch, and the positions of its rows (bad ones replaced)."""
+        positions = np.asarray(positions)
         # Each pass fixes one bad row; a replacement was checked first, so it cannot fail again.
         for _ in range(table.num_rows + 1):
             with self.clock.measure("convert", rows=table.num_rows):
@@ -221,7 +189,7 @@ def replacement(policy: BadRowPolicy, source: PinnedSource, rows: int, matches: 
 class DeviceRowGuard:
     """Runs the device transform on a device batch, applying the policy to rows it rejects.
 
-    The batch carries its rows' dataset positions (`POSITIONS_KEY`, on the host); a rejected row
+    Called with the batch and its rows' dataset positions (kept beside it, on the host); a rejected row
     is described, or replaced by the same candidate `BadRowGuard` would pick, exactly as on the
     host: the candidate is read, converted, transformed on the host, moved and transformed on the
     device, then put in the bad row's place, and the whole batch is transformed again.
@@ -247,9 +215,7 @@ class DeviceRowGuard:
         self.to_device = to_device
         self.clock = clock
 
-    def __call__(self, batch: Batch) -> Batch:
-        shipped = batch.get(POSITIONS_KEY)
-        batch = {key: value for key, value in batch.items() if key != POSITIONS_KEY}
+    def __call__(self, batch: Batch, shipped: Any) -> Any:
         if shipped is None:
             return self.device_transform(batch)
         positions = torch.as_tensor(shipped).cpu().numpy().astype(np.int64)  # a copy: replacements edit it

@@ -41,6 +41,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from lance_lightning.errors import NullValueError, UnsupportedColumnError
+
 __all__ = ["NullValueError", "Ragged", "UnsupportedColumnError", "to_torch_batch"]
 
 
@@ -73,14 +75,6 @@ class Ragged:
 
     def is_pinned(self) -> bool:
         return self.values.is_pinned()
-
-
-class NullValueError(ValueError):
-    """A column of the batch holds nulls and no fill value was given for it."""
-
-
-class UnsupportedColumnError(TypeError):
-    """A column's Arrow type has no tensor or list form in a training batch."""
 
 
 # Unsigned types torch cannot hold (or hold fully), widened to a signed type.

@@ -18,15 +18,16 @@ import pyarrow as pa
 import torch
 
 from lance_lightning.load.device import pin_batch
-from lance_lightning.metrics.clock import STATS_KEY, StageClock
+from lance_lightning.metrics.clock import StageClock
 from lance_lightning.metrics.figures import batch_size_and_bytes, row_bytes
-from lance_lightning.produce.badrows import POSITIONS_KEY, BadRowGuard, BadRowPolicy, RaiseOnBadRow
+from lance_lightning.produce.badrows import BadRowGuard, BadRowPolicy, RaiseOnBadRow
 from lance_lightning.produce.threads import ReaderThreads
 from lance_lightning.read.reader import BatchSpec, PlanReader
-from lance_lightning.vocabulary import Batch, BatchTransform
+from lance_lightning.vocabulary import Batch, BatchTransform, Shipment
 
-#: A finished batch with its rows and payload bytes (zeros when metrics are off).
-SizedBatch = tuple[Batch, int, int]
+#: A finished batch, its rows' positions (None unless shipped) and its rows and payload bytes (zeros when
+#: metrics are off).
+SizedBatch = tuple[Any, Any, int, int]
 
 
 class BatchProducer:
@@ -41,15 +42,17 @@ class BatchProducer:
 
     def __init__(self, reader: PlanReader, transform: BatchTransform | None, fill_nulls: Mapping[str, Any],
                  clock: StageClock, ship_stats: bool, bad_rows: BadRowPolicy | None = None,
-                 pin_memory: bool = False, ship_positions: bool = False) -> None:
+                 pin_memory: bool = False, ship_positions: bool = False, shipments: bool = False) -> None:
         self.reader = reader
         self.transform = transform
         self.clock = clock
         self.ship_stats = ship_stats
+        self.ship_positions = ship_positions
+        self.shipments = shipments or ship_stats or ship_positions
         self.pin_memory = pin_memory
         plan = reader.plan
         self.guard = BadRowGuard(bad_rows or RaiseOnBadRow(), plan.source, plan.matched_rows, plan.matches,
-                                 transform, dict(fill_nulls), clock, ship_positions)
+                                 transform, dict(fill_nulls), clock)
 
     def read(self, group: list[BatchSpec]) -> list[tuple[BatchSpec, pa.Table]]:
         rows = sum(len(spec.positions) for spec in group)
@@ -59,11 +62,11 @@ class BatchProducer:
 
     def finish(self, item: tuple[BatchSpec, pa.Table]) -> SizedBatch:
         spec, table = item
-        batch = self.guard(table, spec.positions)
+        batch, positions = self.guard.finish(table, spec.positions)
         if self.pin_memory:
             with self.clock.measure("pin", rows=table.num_rows):
                 batch = pin_batch(batch)
-        return self._sized(batch)
+        return self._sized(batch, positions)
 
     def __call__(self, group: list[BatchSpec]) -> list[SizedBatch]:
         """Read, convert (and pin) a whole group: the one stage of `run` without a transform.
@@ -75,56 +78,53 @@ class BatchProducer:
         rows = sum(table.num_rows for table in tables)
         with self.clock.measure("convert", rows=rows):
             batches = [self.guard.convert(table) for table in tables]
-        if self.guard.ship_positions:
-            batches = [{**batch, POSITIONS_KEY: torch.from_numpy(spec.positions)}
-                       for batch, spec in zip(batches, group)]
         if self.pin_memory:
             with self.clock.measure("pin", rows=rows):
                 batches = [pin_batch(batch) for batch in batches]
-        return self._sized_group(batches, [table.num_rows for table in tables])
+        return self._sized_group(batches, [spec.positions for spec in group], [table.num_rows for table in tables])
 
-    def _sized(self, batch: Batch) -> SizedBatch:
-        """``batch`` with its rows and payload bytes, measured here on a reader thread (zeros when
-        the clock is off): the thread handing batches on then only adds them up."""
+    def _sized(self, batch: Any, positions: Any) -> SizedBatch:
+        """``batch`` with its positions (when shipped) and its rows and payload bytes, measured here on
+        a reader thread (zeros when the clock is off): the thread handing batches on only adds them up."""
+        positions = torch.from_numpy(positions) if self.ship_positions else None
         if not self.clock.enabled:
-            return batch, 0, 0
-        return (batch, *batch_size_and_bytes(batch))
+            return batch, positions, 0, 0
+        return (batch, positions, *batch_size_and_bytes(batch))
 
-    def _sized_group(self, batches: list[Batch], rows: list[int]) -> list[SizedBatch]:
+    def _sized_group(self, batches: list[Batch], positions: list[Any], rows: list[int]) -> list[SizedBatch]:
         """`_sized` for a group's batches (of ``rows`` rows each). When all columns are tensors, the
         bytes per row are measured once per group: measuring holds the GIL, which the training
         thread needs too."""
         per_row = row_bytes(batches[0]) if self.clock.enabled and batches else None
         if per_row is None:
-            return [self._sized(batch) for batch in batches]
-        return [(batch, count, count * per_row) for batch, count in zip(batches, rows)]
+            return [self._sized(batch, where) for batch, where in zip(batches, positions)]
+        return [(batch, torch.from_numpy(where) if self.ship_positions else None, count, count * per_row)
+                for batch, where, count in zip(batches, positions, rows)]
 
     def run(self, groups: Iterator[list[BatchSpec]], pools: ReaderThreads, prefetch_groups: int,
-            prefetch_batches: int) -> Iterator[Batch]:
-        """The finished batches of ``groups``, in order, prepared ahead on the ``pools`` threads."""
+            prefetch_batches: int) -> Iterator[Any]:
+        """The finished batches of ``groups`` (as `Shipment`s when ``shipments``), in order, prepared
+        ahead on the ``pools`` threads."""
         if self.transform is None:
             for sized in pools.ahead("read", self, groups, prefetch_groups, clock=self.clock):
-                for batch, rows, nbytes in sized:
-                    yield self._hand_on(batch, rows, nbytes)
+                for item in sized:
+                    yield self._hand_on(*item)
             return
         reads = pools.ahead("read", self.read, groups, prefetch_groups)
         tables = (item for group in reads for item in group)
         try:
-            for batch, rows, nbytes in pools.ahead("transform", self.finish, tables, prefetch_batches,
-                                                   clock=self.clock):
-                yield self._hand_on(batch, rows, nbytes)
+            for item in pools.ahead("transform", self.finish, tables, prefetch_batches, clock=self.clock):
+                yield self._hand_on(*item)
         finally:
             tables.close()  # cancels the read stage's queued work too
 
-    def _hand_on(self, batch: Batch, rows: int, nbytes: int) -> Batch:
-        """Count ``batch`` as delivered; in a worker process, attach the totals measured since the
-        previous batch, so that they reach the main process with this batch."""
+    def _hand_on(self, batch: Any, positions: Any, rows: int, nbytes: int) -> Any:
+        """Count ``batch`` as delivered. As a `Shipment`, the batch travels with its positions and, in a
+        worker process, the totals measured since the previous batch: beside the batch, never inside."""
         if rows:
             clock = self.clock
             clock.delivered_rows += rows
             clock.delivered_bytes += nbytes
-        if self.ship_stats:
-            totals = self.clock.drain()
-            if totals:
-                batch[STATS_KEY] = totals
-        return batch
+        if not self.shipments:
+            return batch
+        return Shipment(batch, (self.clock.drain() or None) if self.ship_stats else None, positions)

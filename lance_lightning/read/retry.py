@@ -35,7 +35,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from lance_lightning.errors import ConfigError
+from lance_lightning.checks import check_int
+from lance_lightning.errors import ConfigError, DataReadError
 from lance_lightning.metrics.clock import StageClock, active_clock
 
 T = TypeVar("T")
@@ -58,19 +59,6 @@ TRANSIENT_PATTERNS = re.compile(
     r"request rate|reduce your request rate",
     re.IGNORECASE,
 )
-
-
-class DataReadError(RuntimeError):
-    """A read failed for good: it names the URI, version and rows, and chains the cause."""
-
-    def __init__(self, message: str, *, uri: str, version: int | None, what: str, attempts: int,
-                 transient: bool) -> None:
-        super().__init__(message)
-        self.uri = uri
-        self.version = version
-        self.what = what
-        self.attempts = attempts
-        self.transient = transient
 
 
 def _messages(error: BaseException) -> str:
@@ -152,9 +140,7 @@ class RetryPolicy:
     deadline_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
-            raise ConfigError("retry.attempts", self.attempts, "must be an integer >= 1",
-                              "use 1 to never retry, or e.g. 4")
+        check_int("retry.attempts", self.attempts, 1, "use 1 to never retry, or e.g. 4")
         for name in ("initial_backoff_s", "max_backoff_s", "deadline_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \

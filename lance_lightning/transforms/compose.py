@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.vocabulary import Batch
 
 __all__ = ["Compose"]
 
-Batch = dict[str, Any]
 
 
 class Compose:

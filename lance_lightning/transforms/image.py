@@ -34,7 +34,7 @@ from torchvision.transforms.v2 import functional as F
 
 from lance_lightning.produce.badrows import RowError
 from lance_lightning.produce.convert import Ragged
-from lance_lightning.errors import ConfigError
+from lance_lightning.errors import ConfigError, ImageDecodeError
 from lance_lightning.transforms import decoders
 from lance_lightning.transforms.sizes import check_size, fit_batch
 
@@ -46,20 +46,6 @@ _MODE_CHANNELS: dict[str, int] = {"gray": 1, "rgb": 3}
 _BYTES = (bytes, bytearray, memoryview)
 #: Output bytes normalised per chunk: small enough to stay in a core's L2 cache between passes.
 _SCALE_CHUNK_BYTES = 1 << 20
-
-
-class ImageDecodeError(RowError):
-    """A row's bytes could not be decoded as an image.
-
-    Attributes:
-        column: the batch column being decoded.
-        index: the row's position within the batch (not the dataset row id; the
-            bad-row policy maps it to the dataset row).
-    """
-
-    def __init__(self, column: str, index: int, reason: str) -> None:
-        super().__init__(column, index, reason)
-        self.args = (f"column {column!r}: row {index} of the batch could not be decoded as an image: {reason}",)
 
 
 class DecodeImage:

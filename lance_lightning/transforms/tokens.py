@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import torch
 
+from lance_lightning.checks import check_int
 from lance_lightning.produce.convert import Ragged
 from lance_lightning.errors import ConfigError
 
@@ -55,14 +56,11 @@ class TokenWindows:
         if not isinstance(column, str) or not column:
             raise ConfigError("column", column, "must be a column name", 'set column: "tokens"')
         for name, value, optional in (("window", window, False), ("stride", stride, True), ("windows", windows, True)):
-            if value is None and optional:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(name, value, "must be an integer >= 1", f"set {name} to a positive integer"
-                                  + (" or None" if optional else ""))
+            check_int(name, value, 1, f"set {name} to a positive integer" + (" or None" if optional else ""),
+                      optional=optional)
         for name, value in (("eos_id", eos_id), ("pad_id", pad_id), ("ignore_index", ignore_index)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ConfigError(name, value, "must be an integer token id", f"set {name} to an integer")
+            check_int(name, value, None, f"set {name} to an integer", problem="must be an integer token id",
+                      optional=True)
         if dtype not in _DTYPES:
             raise ConfigError("dtype", dtype, "unknown token dtype", 'use "int64" or "int32"')
         self.column = column
