@@ -34,7 +34,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from lance_lightning.vocabulary import SPLITS_OF_STAGE, STAGE_OF_SPLIT, BatchTransform, Split
 from lance_lightning.checks import check_int
 from lance_lightning.produce.badrows import BadRowPolicy, DeviceRowGuard, RaiseOnBadRow
-from lance_lightning.plan.cursor import CursorTracker
+from lance_lightning.plan.cursor import CursorTracker, repin_target
 from lance_lightning.load.device import DeviceTransfer, host_columns
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.errors import ConfigError
@@ -367,22 +367,18 @@ class LanceDataModule(pl.LightningDataModule):
         if not self.resume_data:
             self.train_cursor.restore(cursor)
             return
-        saved = cursor.get("plan", {})
-        current = self.plans["train"].source
-        if self.materialize is not None:
-            # The checkpoint names the view it read; views are kept when the source moves on.
-            if saved.get("uri") not in (None, current.uri):
-                view = self.materialize.reopen(saved["uri"])
-                if view is not None:
-                    self._plan("train", view)
-        elif saved.get("uri") == current.uri and saved.get("version") not in (None, current.version) \
-                and self.sources["train"].version is None:
+        target = repin_target(cursor, self.plans["train"], self.sources["train"].version, self.materialize is not None)
+        if target is not None and target[0] == "view":
+            view = self.materialize.reopen(target[1])
+            if view is not None:
+                self._plan("train", view)
+        elif target is not None:
             source = self.sources["train"]
             try:
-                self._plan("train", LanceSource(source.uri, source.columns, source.filter, saved["version"],
+                self._plan("train", LanceSource(source.uri, source.columns, source.filter, target[1],
                                                 source.storage_options))
             except ConfigError as error:
-                raise ConfigError("train.version", saved["version"], "the checkpoint's data cursor was read at "
+                raise ConfigError("train.version", target[1], "the checkpoint's data cursor was read at "
                                   "this version, which no longer exists", "restore that version, or resume with "
                                   "`resume_data=False` to start the data epoch fresh") from error
         self.train_cursor.restore(cursor)

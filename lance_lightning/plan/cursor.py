@@ -172,3 +172,21 @@ def check_state(state: dict[str, Any], plan: ReadPlan) -> None:
             raise CursorMismatchError(f"plan.{key}", saved.get(key), current.get(key))
     if not 0 <= state["rows_consumed"] <= plan.matched_rows:
         raise CursorMismatchError("rows_consumed", state["rows_consumed"], f"0..{plan.matched_rows}")
+
+
+def repin_target(state: dict[str, Any], plan: ReadPlan, configured_version: int | None,
+                 materialized: bool) -> tuple[str, Any] | None:
+    """Where the train split must be re-pinned to resume ``state`` exactly, or None to keep ``plan``.
+
+    ``("view", uri)``: the checkpoint read another materialized view (views are kept when the source
+    moves on). ``("version", v)``: it read version ``v`` of the same source and no version was
+    configured, so the latest version the split pinned is not the one the cursor counts rows of.
+    """
+    saved = state.get("plan", {})
+    current = plan.source
+    if materialized:
+        return ("view", saved["uri"]) if saved.get("uri") not in (None, current.uri) else None
+    if saved.get("uri") == current.uri and saved.get("version") not in (None, current.version) \
+            and configured_version is None:
+        return ("version", saved["version"])
+    return None
