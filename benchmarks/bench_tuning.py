@@ -7,7 +7,7 @@ scenario is faster than its baseline. Shuffle quality and wait fractions are not
 reported as measured (the medians of the repetitions for the wait fractions).
 
 Items (numbered as in the result table):
- 1. shuffle quality of ``ShardShuffle(shard_rows=1024)`` (the metric of tests/test_shuffle_quality.py);
+ 1. shuffle quality of ``ShardShuffle(shard_rows=1024)`` (the metric of tests/unit/plan/test_shuffle_quality.py);
  2. ``RowShuffle(clump_rows=8)`` against ``clump_rows=1`` and ``NoShuffle``;
  3. ShardShuffle / RowShuffle(64) / BufferShuffle with a 1% and a 50% filter, against no filter;
  4. counting and listing the rows of a filter with and without the BITMAP scalar index;
@@ -65,7 +65,7 @@ from lance_lightning import (  # noqa: E402
 from lance_lightning.materialize.view import materialize  # noqa: E402
 from lance_lightning.metrics.figures import figures  # noqa: E402
 from tests.helpers import write_dataset  # noqa: E402
-from tests.test_shuffle_quality import (  # noqa: E402
+from tests.unit.plan.test_shuffle_quality import (  # noqa: E402
     BATCH_SIZE as QUALITY_BATCH,
     CLASSES,
     EPOCHS,
@@ -176,7 +176,7 @@ def shuffle_quality(t: Tuning, work: Path) -> None:
                          for epoch in EPOCHS])
         t.add(Figure(1, f"ShardShuffle(shard_rows={shard_rows}) mixing on sorted data", f"{score:.3f}",
                      "perfect shuffle", "1.000", f"{score:.3f}"))
-    t.notes.append(f"[1] score of tests/test_shuffle_quality.py (functions imported from it): {QUALITY_ROWS:,} rows "
+    t.notes.append(f"[1] score of tests/unit/plan/test_shuffle_quality.py (functions imported from it): {QUALITY_ROWS:,} rows "
                    f"sorted by label, {CLASSES} classes, batch {QUALITY_BATCH}, mean per-batch label entropy / a "
                    f"perfect shuffle's ({reference:.3f} bits), mean over epochs {list(EPOCHS)}; the 256-row row "
                    "re-measures the published shuffle_quality.md figure as a check")

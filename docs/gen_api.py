@@ -1,7 +1,7 @@
 """Generate ``docs/api.md`` from the package's docstrings and signatures.
 
 Guarantees: the output depends only on the source tree (no addresses, times or paths), so
-``tests/test_docs.py`` can fail whenever ``docs/api.md`` differs from what this script writes. Every
+``tests/scenarios/test_docs.py`` can fail whenever ``docs/api.md`` differs from what this script writes. Every
 public name of ``lance_lightning`` and ``lance_lightning.transforms`` (their ``__all__``), the
 bad-row policies and the command-line modules are documented, grouped by the module that defines
 them, in the order data flows through the package.
@@ -242,7 +242,7 @@ def render() -> str:
     grouped = public_objects()
     modules = sorted(grouped, key=_module_rank)
     out = ["# API reference", "",
-           "Generated from the docstrings by `python docs/gen_api.py`; `tests/test_docs.py` fails when this "
+           "Generated from the docstrings by `python docs/gen_api.py`; `tests/scenarios/test_docs.py` fails when this "
            "file is out of date. The [guide](guide.md) explains how the pieces fit together.", "",
            "## Contents", ""]
     for module in modules:

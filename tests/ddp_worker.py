@@ -1,6 +1,6 @@
 """Real 2-process CPU DDP (gloo) through ``Trainer.fit``, one fit per configuration.
 
-Run by ``tests/test_ddp.py`` as ``python tests/ddp_worker.py OUT_DIR URI [NAME ...]``. Lightning's
+Run by ``tests/scenarios/test_ddp.py`` as ``python tests/ddp_worker.py OUT_DIR URI [NAME ...]``. Lightning's
 ``ddp`` strategy re-runs this same command for rank 1, so both ranks loop over the same
 configurations in the same order (later Trainers reuse the process group). Each rank writes
 ``OUT_DIR/<name>.rank<r>.json`` with the ids it trained on, per step, and the epoch of each step.

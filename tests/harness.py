@@ -129,7 +129,7 @@ def _worker_env() -> dict[str, str]:
            if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK", "MASTER_PORT")}
     env.update(PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p))
-    if env.pop("PYTHONDONTWRITEBYTECODE", None):  # see tests/test_ddp.py
+    if env.pop("PYTHONDONTWRITEBYTECODE", None):  # see tests/scenarios/test_ddp.py
         env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "lance_lightning_test_pycache"))
     return env
 

@@ -1,6 +1,6 @@
 """``Trainer.predict`` in real 2-process CPU DDP (gloo), and a writer that records what each rank predicted.
 
-Run by tests/test_user_paths.py as ``python tests/predict_worker.py OUT_DIR URI BATCH_SIZE``;
+Run by tests/scenarios/test_user_paths.py as ``python tests/predict_worker.py OUT_DIR URI BATCH_SIZE``;
 Lightning's ``ddp`` strategy re-runs the same command for rank 1. `IdsWriter` is also named by
 the CLI predict test's YAML (``trainer.callbacks``).
 """

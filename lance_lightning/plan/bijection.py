@@ -7,7 +7,7 @@ Guarantees:
   positions costs O(len(x)) work and the permutation O(1) memory.
 - Deterministic on every platform: pure integer arithmetic on numpy ``uint64`` (splitmix64 round
   functions), keys derived from plain integers by `derive_key`.
-- Statistically close to a uniform random permutation (tests/test_bijection.py: χ² of where each
+- Statistically close to a uniform random permutation (tests/unit/plan/test_bijection.py: χ² of where each
   row lands, of consecutive displacements, and unrelated orders for two keys).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 #: Feistel rounds: 6 left neighbours too often one apart on 16-row domains (χ² p ~ 1e-22 over
-#: 20000 keys, tests/test_bijection.py); 8 pass.
+#: 20000 keys, tests/unit/plan/test_bijection.py); 8 pass.
 ROUNDS = 8
 _GOLDEN = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1

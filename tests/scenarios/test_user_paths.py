@@ -34,7 +34,7 @@ from lance_lightning import (
 from tests.helpers import RecordingModel, append_rows, flat, write_dataset
 from tests.worker_probe import KillOnRow, RecordModules, ToTuple
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict[str, str]:

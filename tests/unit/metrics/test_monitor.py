@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[3]
 if str(REPO_ROOT) not in sys.path:  # run as a script by the DDP test
     sys.path.insert(0, str(REPO_ROOT))
 

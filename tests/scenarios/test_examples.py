@@ -5,7 +5,7 @@ is given as an absolute override), trains a few real steps on the real prepared 
 shipped YAML, and must leave a
 checkpoint whose data cursor counts the trained steps, logged metrics in TensorBoard event files,
 and a training loss that went down. The image example (``configs/quickstart.yaml``) is run by
-``tests/test_cli.py``.
+``tests/scenarios/test_cli.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from tests.helpers import run_cli
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = REPO_ROOT / "configs"
 
 

@@ -24,7 +24,7 @@ from lance_lightning.redaction import REDACTED, is_secret_key, redact_config, re
 from tests.helpers import RecordingModel, make_table, run_cli, write_dataset
 from tests.s3_server import S3Server
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SECRET = "SUPERSECRET123"
 
 
@@ -140,7 +140,7 @@ trainer:
     - class_path: lance_lightning.DataLoadingMonitor
       init_args: {{log_every_n_steps: 2}}
 model:
-  class_path: tests.test_secrets.OptionsModel
+  class_path: tests.unit.test_secrets.OptionsModel
   init_args: {{source: {{uri: {uri}, storage_options: {options}}}}}
 data:
   train: {{uri: {uri}, columns: [id, x], filter: "label < 5", storage_options: {options}}}

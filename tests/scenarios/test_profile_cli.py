@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import run_cli, write_dataset
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO_ROOT / "configs" / "quickstart.yaml"
 
 
@@ -73,7 +73,7 @@ def test_profile_runs_only_the_data_pipeline_for_n_batches(tmp_path, uri):
 def test_profile_names_decoding_for_a_slow_transform(tmp_path, uri):
     cfg = _config(tmp_path, uri, data=(
         "  shuffle: {class_path: lance_lightning.RowShuffle, init_args: {seed: 1}}\n"
-        "  transform: {class_path: tests.test_profile_cli.SlowTransform, init_args: {seconds: 0.01}}\n"))
+        "  transform: {class_path: tests.scenarios.test_profile_cli.SlowTransform, init_args: {seconds: 0.01}}\n"))
     code, out, err = run_cli(["profile", "--config", cfg, "--batches", "30", "--progress", "false"])
     assert code == 0, err[-3000:]
     assert "decode-bound: " in out and "(SlowTransform)" in out, out

@@ -31,7 +31,7 @@ from lance_lightning.transforms import Compose, DecodeImage
 from tests.helpers import RecordingModel, make_table, run_cli, write_dataset
 from tests.s3_server import S3Server
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(tmp_path: Path, data: str, trainer: str = "") -> str:

@@ -33,7 +33,7 @@ CLASSES = 100
 BATCH_SIZE = 256
 EPOCHS = (0, 1)
 REFERENCE_PERMUTATIONS = 8
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "shuffle_quality.md"
+RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "shuffle_quality.md"
 
 STRATEGIES: list[tuple[str, ShuffleStrategy]] = [
     ("NoShuffle()", NoShuffle()),
@@ -131,7 +131,7 @@ def test_shuffle_quality_table(sorted_uri: str) -> None:
         f"Dataset stored sorted by label: {ROWS:,} rows, {CLASSES} classes of {ROWS // CLASSES} rows, "
         f"batch size {BATCH_SIZE}, one rank, drop_last. Score = mean per-batch label entropy / that of a "
         f"perfect shuffle ({reference:.3f} bits, mean of {REFERENCE_PERMUTATIONS} random permutations); "
-        f"mean over epochs {list(EPOCHS)}. Written by `tests/test_shuffle_quality.py` "
+        f"mean over epochs {list(EPOCHS)}. Written by `tests/unit/plan/test_shuffle_quality.py` "
         f"(Python {platform.python_version()}).",
         "",
         "| Strategy | Score | Distinct labels per batch |",

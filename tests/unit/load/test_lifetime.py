@@ -21,7 +21,7 @@ import torch
 
 from tests.helpers import RecordingModel, write_dataset
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[3]
 GONE_WITHIN_S = 10.0
 START_TIMEOUT_S = 240.0
 
@@ -97,7 +97,7 @@ trainer:
   enable_model_summary: false
   default_root_dir: {tmp_path / "root"}
 model:
-  class_path: tests.test_lifetime.SlowModel
+  class_path: tests.unit.load.test_lifetime.SlowModel
   init_args: {{fail_at: {fail_at}}}
 data:
   train: {{uri: {uri}, columns: [id, x]}}

@@ -3,7 +3,7 @@
 The device path (`DecodeImage._decode_on`) is the code ``device="cuda"`` runs: JPEG rows in one
 batched decoder call, other rows decoded on the host and copied. TorchCodec's batched
 ``decode_jpeg`` also runs on the CPU, so the batching and the fallback that isolates a bad row are
-checked here with real bytes; tests/test_device.py runs the same on a GPU.
+checked here with real bytes; tests/unit/load/test_device.py runs the same on a GPU.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from lance_lightning.load.device import host_columns
 from lance_lightning.errors import ConfigError
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError
 from lance_lightning.transforms import decoders
-from tests.test_transforms_image import BAD_BYTES, image_blobs, jpeg, noise, png
+from tests.unit.transforms.test_transforms_image import BAD_BYTES, image_blobs, jpeg, noise, png
 
 BACKENDS = ["torchcodec", "torchvision"]
 

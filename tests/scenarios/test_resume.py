@@ -38,7 +38,7 @@ from lance_lightning.plan.cursor import STATE_KEYS
 from tests.helpers import RecordingModel, append_rows, flat, write_dataset
 from tests.resume_worker import make_shuffle
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER = REPO_ROOT / "tests" / "resume_worker.py"
 
 ROWS = 300

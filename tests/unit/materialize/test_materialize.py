@@ -43,7 +43,7 @@ from lance_lightning.source import pin_source
 from tests.helpers import RecordingModel, append_rows, flat, make_table, run_cli, write_dataset
 from tests.s3_server import S3Server
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[3]
 CONSOLE_SCRIPT = Path(sys.executable).with_name("lance-lightning")
 ROWS, FILTER, COLUMNS = 2000, "label < 4", ["id", "x"]
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted((REPO_ROOT / "docs").glob("*.md")) + [REPO_ROOT / "README.md"]
 QUICKSTART = REPO_ROOT / "configs" / "quickstart.yaml"
 RUNNABLE = {"python", "yaml"}

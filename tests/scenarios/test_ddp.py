@@ -28,7 +28,7 @@ from tests import ddp_worker
 from tests.helpers import write_dataset
 
 ROWS = 250
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 480
 
 

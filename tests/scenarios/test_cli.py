@@ -16,7 +16,7 @@ import yaml
 
 from tests.helpers import run_cli, write_dataset
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO_ROOT / "configs" / "quickstart.yaml"
 
 
