@@ -45,6 +45,7 @@ for path in (HERE, HERE.parent):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import common  # noqa: E402
 import lance  # noqa: E402
 import lightning.pytorch as pl  # noqa: E402
 import numpy as np  # noqa: E402
@@ -52,7 +53,6 @@ import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import common  # noqa: E402
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, to_torch_batch  # noqa: E402
 from lance_lightning.load.device import DeviceTransfer, pin_batch  # noqa: E402
 from lance_lightning.transforms import DecodeImage  # noqa: E402

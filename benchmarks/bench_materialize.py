@@ -43,6 +43,7 @@ for path in (HERE, HERE.parent):  # `common`, `lance_lightning` and `tests.s3_se
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import common  # noqa: E402
 import lance  # noqa: E402
 import lightning.pytorch as pl  # noqa: E402
 import numpy as np  # noqa: E402
@@ -50,7 +51,6 @@ import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
-import common  # noqa: E402
 from lance_lightning import LanceDataModule, LanceSource, MaterializedView, NoShuffle, RowShuffle  # noqa: E402
 from tests.s3_server import S3Server  # noqa: E402
 

@@ -36,11 +36,11 @@ for path in (HERE, HERE.parent):  # `common` and `lance_lightning` from a plain 
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import common  # noqa: E402
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
-import common  # noqa: E402
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle  # noqa: E402
 from lance_lightning.transforms import DecodeImage  # noqa: E402
 

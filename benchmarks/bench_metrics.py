@@ -51,6 +51,7 @@ for path in (HERE, HERE.parent):  # `common` and `lance_lightning` from a plain 
 
 import common  # noqa: E402
 from common import QUIET, Paired, Row, quiet_reps  # noqa: E402
+
 from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle  # noqa: E402
 from lance_lightning.load.dataset import LanceIterableDataset  # noqa: E402
 from lance_lightning.load.loader import LanceDataLoader  # noqa: E402

@@ -31,13 +31,13 @@ for path in (HERE, HERE.parent):  # `common` and `lance_lightning` from a plain 
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import common  # noqa: E402
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
+from common import Paired, Row, paired  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-import common  # noqa: E402
-from common import Paired, Row, paired  # noqa: E402
 from lance_lightning import (  # noqa: E402
     BufferShuffle,
     LanceDataModule,

@@ -65,13 +65,13 @@ for path in (HERE, HERE.parent):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import common  # noqa: E402
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-import common  # noqa: E402
 from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle, to_torch_batch  # noqa: E402
 from lance_lightning.transforms import DecodeImage  # noqa: E402
 

@@ -45,14 +45,14 @@ for path in (HERE, HERE.parent):  # `common`, the other benchmarks, `tests` and 
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import common  # noqa: E402
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-import common  # noqa: E402
 from bench_metrics import FIT_STEPS, fit_rates, fit_runs  # noqa: E402
 from bench_read import iterate, raw_scan  # noqa: E402
 from bench_transforms import decode  # noqa: E402
+
 from lance_lightning import (  # noqa: E402
     BufferShuffle,
     FilterRead,
@@ -67,12 +67,16 @@ from lance_lightning.metrics.figures import figures  # noqa: E402
 from tests.helpers import write_dataset  # noqa: E402
 from tests.unit.plan.test_shuffle_quality import (  # noqa: E402
     BATCH_SIZE as QUALITY_BATCH,
+)
+from tests.unit.plan.test_shuffle_quality import (
     CLASSES,
     EPOCHS,
-    ROWS as QUALITY_ROWS,
     perfect_shuffle_entropy,
     read_label_batches,
     shuffle_score,
+)
+from tests.unit.plan.test_shuffle_quality import (
+    ROWS as QUALITY_ROWS,
 )
 
 COLUMNS = ["id", "label", "vec"]

@@ -27,10 +27,10 @@ for path in (HERE, HERE.parent):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import common  # noqa: E402
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
 
-import common  # noqa: E402
 from lance_lightning import LanceSource  # noqa: E402
 from lance_lightning.read.lance_io import read_positions, read_ranges  # noqa: E402
 from lance_lightning.read.reader import read_batch_rows  # noqa: E402

@@ -26,7 +26,6 @@ sys.path.insert(0, str(HERE))
 
 import common  # noqa: E402
 
-
 #: Scripts that measure a GPU: skipped where there is none (they would exit non-zero).
 NEEDS_CUDA = {"bench_gpu.py"}
 

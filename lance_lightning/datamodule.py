@@ -27,25 +27,25 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from lance_lightning.vocabulary import SPLITS_OF_STAGE, STAGE_OF_SPLIT, BatchTransform, Split
 from lance_lightning.checks import check_int
-from lance_lightning.produce.badrows import BadRowPolicy, DeviceRowGuard, RaiseOnBadRow
-from lance_lightning.plan.cursor import CursorTracker, repin_target
-from lance_lightning.load.device import DeviceTransfer, host_columns
-from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.errors import ConfigError
+from lance_lightning.load.dataset import LanceIterableDataset
+from lance_lightning.load.device import DeviceTransfer, host_columns
 from lance_lightning.load.loader import LanceDataLoader, check_start_method
-from lance_lightning.plan.planner import ReadPlan
-from lance_lightning.plan.survey import build_plan
 from lance_lightning.materialize.view import MaterializedView
-from lance_lightning.read.retry import RetryPolicy
+from lance_lightning.plan.cursor import CursorTracker, repin_target
+from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.schema import check_read_schema
-from lance_lightning.source import LanceSource, pin_source
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
+from lance_lightning.plan.survey import build_plan
+from lance_lightning.produce.badrows import BadRowPolicy, DeviceRowGuard, RaiseOnBadRow
+from lance_lightning.read.retry import RetryPolicy
+from lance_lightning.source import LanceSource, pin_source
+from lance_lightning.vocabulary import SPLITS_OF_STAGE, STAGE_OF_SPLIT, BatchTransform, Split
 
 _STATE_KEY = "train_cursor"
 

@@ -20,11 +20,11 @@ Guarantees:
 from __future__ import annotations
 
 import sys
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
-from lance_lightning.vocabulary import STAGE_OF_SPLIT
 from lance_lightning.checks import check_int
 from lance_lightning.errors import ConfigError
+from lance_lightning.vocabulary import STAGE_OF_SPLIT
 
 #: Top-level keys of LightningCLI configs that the profiler accepts and ignores.
 _IGNORED_DICTS = ("trainer", "model", "optimizer", "lr_scheduler")

@@ -24,8 +24,8 @@ from typing import Any
 
 import lance
 
-from lance_lightning.read.blobs import blob_columns
 from lance_lightning.errors import ConfigError
+from lance_lightning.read.blobs import blob_columns
 from lance_lightning.redaction import check_not_redacted, redact_options, redact_text
 
 

@@ -11,7 +11,8 @@ import contextlib
 import io
 import os
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import lance
 import lightning.pytorch as pl

@@ -7,11 +7,11 @@ Traffic never leaves the machine.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
-import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager

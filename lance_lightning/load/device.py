@@ -25,7 +25,6 @@ from lance_lightning.produce.convert import Ragged
 from lance_lightning.vocabulary import Batch
 
 
-
 def pin_batch(batch: Batch) -> Batch:
     """The batch with its tensors (and objects with ``pin_memory``, such as `Ragged`) pinned."""
     if not torch.cuda.is_available():

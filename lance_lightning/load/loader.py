@@ -36,13 +36,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from lance_lightning.plan.cursor import CursorTracker
-from lance_lightning.load.dataset import LanceIterableDataset
-from lance_lightning.vocabulary import Batch
 from lance_lightning.errors import ConfigError
 from lance_lightning.lifetime import watch_parent
-from lance_lightning.metrics.meter import LoaderMeter, Snapshot
+from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.workers import guard_workers
+from lance_lightning.metrics.meter import LoaderMeter, Snapshot
+from lance_lightning.plan.cursor import CursorTracker
+from lance_lightning.vocabulary import Batch
 
 
 def check_start_method(method: str, num_workers: int) -> None:
@@ -185,7 +185,8 @@ class LanceDataLoader(DataLoader):
         layout = self.cursor.begin_epoch(epoch)
         self.dataset.set_epoch(epoch, layout.start)
         if self.meter is None:
-            for batch, _, self.positions in guard_workers(self._batches()):
+            for batch, _, positions in guard_workers(self._batches()):
+                self.positions = positions
                 self.cursor.on_yield()
                 yield batch
         else:
@@ -201,8 +202,9 @@ class LanceDataLoader(DataLoader):
         batches = guard_workers(raw)
         if queue is not None:
             batches = _polling_workers(batches, queue, meter)
-        for batch, shipped, self.positions in batches:
+        for batch, shipped, positions in batches:
             got = now()
+            self.positions = positions
             if shipped:
                 clock.merge(shipped)
             on_yield()

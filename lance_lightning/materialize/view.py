@@ -59,7 +59,6 @@ from typing import Any
 
 import lance
 
-from lance_lightning.vocabulary import SPLITS
 from lance_lightning.checks import check_int
 from lance_lightning.errors import ConfigError
 from lance_lightning.materialize.copy import ViewCopier, WriterLock, adopt_partial, tree_bytes
@@ -72,6 +71,7 @@ from lance_lightning.materialize.space import (
 )
 from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
+from lance_lightning.vocabulary import SPLITS
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "MaterializeError", "MaterializedView", "ViewResult", "materialize",
            "materialize_view"]

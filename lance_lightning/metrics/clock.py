@@ -18,13 +18,11 @@ Guarantees:
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 _NULL = nullcontext()

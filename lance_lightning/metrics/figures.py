@@ -7,13 +7,7 @@ report. `batch_size_and_bytes` and `row_bytes` measure a batch's rows and payloa
 
 from __future__ import annotations
 
-import math
-import threading
-import time
-from collections import defaultdict
 from collections.abc import Mapping
-from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 from lance_lightning.metrics.meter import LatencyHistogram, Snapshot

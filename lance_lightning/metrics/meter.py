@@ -9,13 +9,8 @@ Its memory is constant (`LatencyHistogram`). A `Snapshot` is its cumulative tota
 from __future__ import annotations
 
 import math
-import threading
-import time
-from collections import defaultdict
-from collections.abc import Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+
 
 class LatencyHistogram:
     """Counts of durations in log-spaced bins: constant memory, percentiles within about ±7.5%.

@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lance_lightning.produce.convert import UnsupportedColumnError, _kind
 from lance_lightning.errors import ConfigError
+from lance_lightning.produce.convert import UnsupportedColumnError, _kind
 
 
 def read_schema(plan: Any) -> pa.Schema:

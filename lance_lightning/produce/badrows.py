@@ -31,10 +31,10 @@ import pyarrow as pa
 import torch
 
 from lance_lightning.checks import check_int
-from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.errors import BadRowError, ConfigError, RowError
 from lance_lightning.metrics.clock import StageClock
 from lance_lightning.plan.rowset import RowSet
+from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.source import PinnedSource
 from lance_lightning.vocabulary import Batch

@@ -32,9 +32,8 @@ import pyarrow as pa
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from lance_lightning.produce.badrows import RowError
-from lance_lightning.produce.convert import Ragged
 from lance_lightning.errors import ConfigError, ImageDecodeError
+from lance_lightning.produce.convert import Ragged
 from lance_lightning.transforms import decoders
 from lance_lightning.transforms.sizes import check_size, fit_batch
 

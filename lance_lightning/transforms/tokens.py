@@ -26,8 +26,8 @@ from typing import Any, Literal
 import torch
 
 from lance_lightning.checks import check_int
-from lance_lightning.produce.convert import Ragged
 from lance_lightning.errors import ConfigError
+from lance_lightning.produce.convert import Ragged
 
 __all__ = ["TokenWindows"]
 

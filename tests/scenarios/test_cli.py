@@ -13,7 +13,6 @@ import pytest
 import torch
 import yaml
 
-
 from tests.helpers import run_cli, write_dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import lance
 import lightning.pytorch as pl
 import pytest
-import lance
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceSource, RowShuffle, WorkerDiedError

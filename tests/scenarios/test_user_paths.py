@@ -32,7 +32,7 @@ from lance_lightning import (
     WorkerDiedError,
 )
 from tests.helpers import RecordingModel, append_rows, flat, write_dataset
-from tests.worker_probe import KillOnRow, RecordModules, ToTuple
+from tests.worker_probe import KillOnRow, ToTuple
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

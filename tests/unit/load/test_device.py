@@ -17,8 +17,8 @@ import torch
 from torchvision.transforms import v2
 
 from lance_lightning import LanceDataModule, LanceSource
-from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.load.device import DeviceTransfer, move, pin_batch
+from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError
 from tests.helpers import RecordingModel
 from tests.unit.transforms.test_transforms_image import assert_images_match_ids, image_blobs, write_image_dataset

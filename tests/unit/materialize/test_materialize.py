@@ -21,12 +21,12 @@ from typing import Any
 
 import lance
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ModelCheckpoint
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lance_lightning import (
     ConfigError,
@@ -36,8 +36,8 @@ from lance_lightning import (
     MaterializedView,
     RowShuffle,
 )
-from lance_lightning.materialize.view import materialize_view
 from lance_lightning.materialize.space import estimate_view_bytes
+from lance_lightning.materialize.view import materialize_view
 from lance_lightning.read.retry import RetryPolicy
 from lance_lightning.source import pin_source
 from tests.helpers import RecordingModel, append_rows, flat, make_table, run_cli, write_dataset

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from lance_lightning import LanceDataModule, LanceMapDataset, LanceSource, RowShuffle
-from lance_lightning.produce.badrows import BadRowError, RaiseOnBadRow, ReplaceBadRow, RowError
 from lance_lightning.load.dataset import LanceIterableDataset
+from lance_lightning.produce.badrows import BadRowError, RaiseOnBadRow, ReplaceBadRow, RowError
 from lance_lightning.transforms import DecodeImage
 from tests.helpers import RecordingModel
 from tests.scenarios.test_resume import assert_exact, fit, run_resume

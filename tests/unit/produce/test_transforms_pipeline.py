@@ -13,8 +13,8 @@ import torch
 from jsonargparse import ArgumentParser
 
 from lance_lightning import ConfigError, LanceDataModule, LanceSource
-from lance_lightning.produce.badrows import ReplaceBadRow
 from lance_lightning.load.dataset import LanceIterableDataset
+from lance_lightning.produce.badrows import ReplaceBadRow
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment
 from tests.helpers import write_dataset
 from tests.unit.transforms.test_transforms_image import write_image_dataset

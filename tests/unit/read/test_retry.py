@@ -22,8 +22,14 @@ import pytest
 
 from lance_lightning import ConfigError, LanceDataModule, LanceSource, RowShuffle
 from lance_lightning.metrics.clock import StageClock
-from lance_lightning.read.retry import (DataReadError, RetryPolicy, describe_rows, describe_span, is_storage_error,
-                                   is_transient)
+from lance_lightning.read.retry import (
+    DataReadError,
+    RetryPolicy,
+    describe_rows,
+    describe_span,
+    is_storage_error,
+    is_transient,
+)
 from tests.helpers import make_table
 from tests.s3_server import S3Server
 

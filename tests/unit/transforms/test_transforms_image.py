@@ -20,11 +20,10 @@ from torchcodec.encoders import JpegEncoder, PngEncoder
 from torchvision.transforms import v2
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle
-from lance_lightning.produce.convert import Ragged, to_torch_batch
-from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.errors import ConfigError
-from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError
-from lance_lightning.transforms import decoders
+from lance_lightning.load.dataset import LanceIterableDataset
+from lance_lightning.produce.convert import Ragged, to_torch_batch
+from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError, decoders
 from lance_lightning.transforms.image import ImageDecodeError as ImageDecodeErrorDirect
 from tests.helpers import write_dataset
 

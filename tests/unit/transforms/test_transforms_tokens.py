@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from lance_lightning import LanceDataModule, LanceSource, ShardShuffle
-from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.errors import ConfigError
+from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.transforms import TokenWindows
 from tests.helpers import write_dataset
 
