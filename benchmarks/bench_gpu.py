@@ -71,8 +71,9 @@ def jpegs(rows: int, side: int, seed: int = 0) -> list[bytes]:
     out: list[bytes] = []
     for first in range(0, rows, 256):
         n = min(256, rows - first)
-        smooth = F.interpolate(torch.rand(n, 3, 8, 8, generator=gen), size=(side, side), mode="bilinear",
-                               align_corners=False)
+        smooth = F.interpolate(
+            torch.rand(n, 3, 8, 8, generator=gen), size=(side, side), mode="bilinear", align_corners=False
+        )
         images = ((smooth * 0.85 + torch.rand(n, 3, side, side, generator=gen) * 0.15) * 255).to(torch.uint8)
         out.extend(JpegEncoder(image).to_tensor(quality=90).numpy().tobytes() for image in images)
     return out
@@ -114,8 +115,10 @@ def decode_rates(device: torch.device, sides: list[int], batches: int, min_secon
     pool = ThreadPoolExecutor(cores, initializer=torch.set_num_threads, initargs=(1,))
     rows = []
     for side in sides:
-        data = [to_torch_batch(pa.table({"image": pa.array(jpegs(BATCH, side, seed=i), pa.binary())}))
-                for i in range(batches)]
+        data = [
+            to_torch_batch(pa.table({"image": pa.array(jpegs(BATCH, side, seed=i), pa.binary())}))
+            for i in range(batches)
+        ]
         if device.type == "cuda":
             data = [pin_batch(batch) for batch in data]
         cpu = DecodeImage(normalize=False)
@@ -123,8 +126,11 @@ def decode_rates(device: torch.device, sides: list[int], batches: int, min_secon
         def on_cpu() -> None:
             list(pool.map(cpu, data))
 
-        rate = {"side": side, "cpu": timed_rate(on_cpu, BATCH * batches, torch.device("cpu"), min_seconds),
-                "cores": cores}
+        rate = {
+            "side": side,
+            "cpu": timed_rate(on_cpu, BATCH * batches, torch.device("cpu"), min_seconds),
+            "cores": cores,
+        }
         for backend in ("torchcodec", "torchvision"):
             gpu = DecodeImage(normalize=False, device=str(device), backend=backend)
 
@@ -179,7 +185,7 @@ class StepClock(pl.Callback):
         w = self.warmup
         total = self.ends[-1] - self.starts[w]
         steps = len(self.starts) - w
-        between = sum(start - end for start, end in zip(self.starts[w + 1:], self.ends[w:]))
+        between = sum(start - end for start, end in zip(self.starts[w + 1 :], self.ends[w:]))
         return {"step_ms": 1e3 * total / steps, "wait_share": between / total, "steps": steps}
 
 
@@ -196,14 +202,28 @@ class DeviceBatches:
         return (self.batches[i % len(self.batches)] for i in range(self.steps))
 
 
-def fit_rates(uri: str, device: torch.device, size: int, batch: int, steps: int, warmup: int,
-              threads: int) -> dict[str, Any]:
+def fit_rates(
+    uri: str, device: torch.device, size: int, batch: int, steps: int, warmup: int, threads: int
+) -> dict[str, Any]:
     decode = DecodeImage(size=size, mean=MEAN, std=STD, device=str(device) if device.type == "cuda" else None)
-    kwargs = dict(accelerator=device.type, devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-                  enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                  precision="bf16-mixed")
-    dm = LanceDataModule(train=LanceSource(uri, columns=["image", "label"]), batch_size=batch,
-                         shuffle=RowShuffle(seed=0, clump_rows=64), device_transform=decode, reader_threads=threads)
+    kwargs = dict(
+        accelerator=device.type,
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        precision="bf16-mixed",
+    )
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["image", "label"]),
+        batch_size=batch,
+        shuffle=RowShuffle(seed=0, clump_rows=64),
+        device_transform=decode,
+        reader_threads=threads,
+    )
     lance_clock = StepClock(warmup)
     pl.Trainer(callbacks=[lance_clock], **kwargs).fit(ResNet(), datamodule=dm)
     table = lance.dataset(uri).to_table(columns=["image", "label"], limit=batch * 4)
@@ -274,8 +294,13 @@ def overlap(device: torch.device, megabytes: int) -> dict[str, float]:
     both = min(window(matmuls, copy) for _ in range(3))
     transfer.stop()
     hidden = (alone_compute + alone_copy - both) / min(alone_compute, alone_copy)
-    return {"compute_ms": alone_compute, "copy_ms": alone_copy, "both_ms": both, "hidden": hidden,
-            "megabytes": megabytes}
+    return {
+        "compute_ms": alone_compute,
+        "copy_ms": alone_copy,
+        "both_ms": both,
+        "hidden": hidden,
+        "megabytes": megabytes,
+    }
 
 
 # -- report -------------------------------------------------------------------------------------------
@@ -286,24 +311,38 @@ def device_name(device: torch.device) -> str:
     return "CPU (smoke run, no GPU)"
 
 
-def report(args: argparse.Namespace, device: torch.device, decode: list[dict[str, Any]], fit: dict[str, Any],
-           copies: dict[str, float] | None, lap: dict[str, float] | None, seconds: float) -> str:
+def report(
+    args: argparse.Namespace,
+    device: torch.device,
+    decode: list[dict[str, Any]],
+    fit: dict[str, Any],
+    copies: dict[str, float] | None,
+    lap: dict[str, float] | None,
+    seconds: float,
+) -> str:
     lines = [
-        "# GPU: decode, a ResNet-18 fit fed from Lance, copies that overlap", "",
+        "# GPU: decode, a ResNet-18 fit fed from Lance, copies that overlap",
+        "",
         f"Generated by `{common.command_line()}` on {dt.date.today().isoformat()}; device: {device_name(device)}; "
-        f"host: {common.machine()}; torch {torch.__version__}; {seconds:.0f} s.", "",
-        "## Decode (images/s)", "",
+        f"host: {common.machine()}; torch {torch.__version__}; {seconds:.0f} s.",
+        "",
+        "## Decode (images/s)",
+        "",
         "| JPEG side | CPU, one thread per core | device, TorchCodec | device, torchvision | device / CPU (best) |",
         "|---:|---:|---:|---:|---:|",
     ]
     for r in decode:
         best = max(r["torchcodec"], r["torchvision"])
-        lines.append(f"| {r['side']}x{r['side']} | {r['cpu']:,.0f} ({r['cores']} threads) | {r['torchcodec']:,.0f} | "
-                     f"{r['torchvision']:,.0f} | {best / r['cpu']:.2f}x |")
+        lines.append(
+            f"| {r['side']}x{r['side']} | {r['cpu']:,.0f} ({r['cores']} threads) | {r['torchcodec']:,.0f} | "
+            f"{r['torchvision']:,.0f} | {best / r['cpu']:.2f}x |"
+        )
     lance_fit, ready = fit["lance"], fit["ready"]
     ratio = lance_fit["step_ms"] / ready["step_ms"]
     lines += [
-        "", f"## ResNet-18 fit, bf16 mixed precision, batch {fit['batch']}, {fit['size']}x{fit['size']}", "",
+        "",
+        f"## ResNet-18 fit, bf16 mixed precision, batch {fit['batch']}, {fit['size']}x{fit['size']}",
+        "",
         "| fed from | step time | share of step time between steps (waiting for data) | steps timed |",
         "|---|---:|---:|---:|",
         f"| Lance (RowShuffle, decode on the device) | {lance_fit['step_ms']:.1f} ms | "
@@ -311,11 +350,14 @@ def report(args: argparse.Namespace, device: torch.device, decode: list[dict[str
         f"| {lance_fit['steps']} |",
         f"| batches already on the device | {ready['step_ms']:.1f} ms | {100 * ready['wait_share']:.2f}% | "
         f"{ready['steps']} |",
-        "", f"Lance / on-device step time: {ratio:.3f}x (target ≤ 1.05x: {'PASS' if ratio <= 1.05 else 'FAIL'}).",
+        "",
+        f"Lance / on-device step time: {ratio:.3f}x (target ≤ 1.05x: {'PASS' if ratio <= 1.05 else 'FAIL'}).",
     ]
     if copies is not None and lap is not None:
         lines += [
-            "", "## Host-to-device copies", "",
+            "",
+            "## Host-to-device copies",
+            "",
             f"- `DeviceTransfer` of a pinned {copies['megabytes']} MB batch: {copies['transfer_gbps']:.1f} GB/s; a plain "
             f"pinned `.to(device, non_blocking=True)` of the same bytes: {copies['plain_gbps']:.1f} GB/s; ratio "
             f"{copies['ratio']:.2f} (target ≥ 0.8: {'PASS' if copies['ratio'] >= 0.8 else 'FAIL'}). Best of "
@@ -327,21 +369,31 @@ def report(args: argparse.Namespace, device: torch.device, decode: list[dict[str
     else:
         lines += ["", "Copies: skipped (they need CUDA)."]
     lines += [
-        "", "Notes: decode rows time `DecodeImage(normalize=False)` on batches of 256 JPEGs already in (pinned) "
+        "",
+        "Notes: decode rows time `DecodeImage(normalize=False)` on batches of 256 JPEGs already in (pinned) "
         "memory, converted as the loader converts them; the device is synchronised after each batch. The fit "
         "rows time the steps after the warm-up on the host, synchronising the device only at the window's edges; "
         "'between steps' is the loop's time from the end of one `training_step` to the start of the next "
-        "(fetching the next batch, copying it, decoding it on the device).", "",
+        "(fetching the next batch, copying it, decoding it on the device).",
+        "",
     ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                        help="cuda (the benchmark) or cpu (a smoke run of the same code at tiny sizes)")
-    parser.add_argument("--rows", type=int, default=256 * 64,
-                        help="images in the fit's Lance dataset (one epoch must hold --steps batches)")
+    parser.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="cuda (the benchmark) or cpu (a smoke run of the same code at tiny sizes)",
+    )
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=256 * 64,
+        help="images in the fit's Lance dataset (one epoch must hold --steps batches)",
+    )
     parser.add_argument("--steps", type=int, default=60, help="training steps per fit (the first 10 are warm-up)")
     parser.add_argument("--quick", action="store_true", help="a shorter run: 30 steps, 30 batches of data")
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each copy measurement")
@@ -351,15 +403,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.steps, args.rows = min(args.steps, 30), min(args.rows, 30 * BATCH)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("bench_gpu: needs a CUDA device (torch.cuda.is_available() is False); nothing was measured. "
-              "Run it on a GPU machine, or `--device cpu` for a smoke run.", file=sys.stderr)
+        print(
+            "bench_gpu: needs a CUDA device (torch.cuda.is_available() is False); nothing was measured. "
+            "Run it on a GPU machine, or `--device cpu` for a smoke run.",
+            file=sys.stderr,
+        )
         return 2
     if args.steps < 2:
         parser.error(f"--steps={args.steps}: need at least 2 (one warm-up, one timed)")
     batch = 8 if args.device == "cpu" else BATCH
     if args.rows < args.steps * batch:
-        parser.error(f"--rows={args.rows}: one epoch must hold the {args.steps} steps of {batch} images, "
-                     f"so that no epoch boundary falls in the timed steps; use --rows {args.steps * batch} or more")
+        parser.error(
+            f"--rows={args.rows}: one epoch must hold the {args.steps} steps of {batch} images, "
+            f"so that no epoch boundary falls in the timed steps; use --rows {args.steps * batch} or more"
+        )
     warnings.filterwarnings("ignore", module="lightning")
     started = time.perf_counter()
     device = torch.device(args.device)
@@ -367,13 +424,24 @@ def main(argv: list[str] | None = None) -> int:
     args.data_dir.mkdir(parents=True, exist_ok=True)
     print("[1/3] decode", flush=True)
     # two batches per core keep every CPU thread busy
-    decode = decode_rates(device, [16, 32] if smoke else [64, 256], 1 if smoke else max(8, 2 * (os.cpu_count() or 1)),
-                          0.01 if smoke else 1.0)
+    decode = decode_rates(
+        device,
+        [16, 32] if smoke else [64, 256],
+        1 if smoke else max(8, 2 * (os.cpu_count() or 1)),
+        0.01 if smoke else 1.0,
+    )
     print("[2/3] fit", flush=True)
     side, size = (40, 32) if smoke else (256, 224)
     uri = image_dataset(args.data_dir, args.rows, side)
-    fit = fit_rates(uri, device, size, batch, args.steps, warmup=1 if smoke else 10,
-                    threads=2 if smoke else min(8, os.cpu_count() or 1))
+    fit = fit_rates(
+        uri,
+        device,
+        size,
+        batch,
+        args.steps,
+        warmup=1 if smoke else 10,
+        threads=2 if smoke else min(8, os.cpu_count() or 1),
+    )
     copies = lap = None
     if not smoke:
         print("[3/3] copies", flush=True)

@@ -58,8 +58,9 @@ BATCH = 1024
 PATTERNS = {
     "NoShuffle (scan)": dict(shuffle=NoShuffle, filter=None),
     "RowShuffle(clump_rows=64) (take)": dict(shuffle=lambda: RowShuffle(seed=1, clump_rows=64), filter=None),
-    "RowShuffle(clump_rows=64), filter label < 20 (20%)": dict(shuffle=lambda: RowShuffle(seed=1, clump_rows=64),
-                                                               filter="label < 20"),
+    "RowShuffle(clump_rows=64), filter label < 20 (20%)": dict(
+        shuffle=lambda: RowShuffle(seed=1, clump_rows=64), filter="label < 20"
+    ),
 }
 
 
@@ -116,12 +117,15 @@ def write_source(server: S3Server, rows: int, log: Any) -> tuple[str, dict[str, 
     """The (id, label, vec[128]) table of `common.vec_dataset`, written to the S3 server."""
     uri, options = "s3://bench/vectors.lance", server.storage_options()
     rng = np.random.default_rng(0)
-    table = pa.table({
-        "id": pa.array(np.arange(rows, dtype=np.int64)),
-        "label": pa.array(rng.integers(0, common.LABELS, rows, dtype=np.int32)),
-        "vec": pa.FixedSizeListArray.from_arrays(pa.array(rng.random(rows * common.VEC_DIM, dtype=np.float32)),
-                                                 common.VEC_DIM),
-    })
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(rows, dtype=np.int64)),
+            "label": pa.array(rng.integers(0, common.LABELS, rows, dtype=np.int32)),
+            "vec": pa.FixedSizeListArray.from_arrays(
+                pa.array(rng.random(rows * common.VEC_DIM, dtype=np.float32)), common.VEC_DIM
+            ),
+        }
+    )
     started = time.perf_counter()
     lance.write_dataset(table, uri, storage_options=options, max_rows_per_file=max(rows // 4, 1))
     log(f"[data] wrote {rows:,} rows ({table.nbytes / 1e6:.0f} MB) to {uri} in {time.perf_counter() - started:.1f} s")
@@ -130,18 +134,28 @@ def write_source(server: S3Server, rows: int, log: Any) -> tuple[str, dict[str, 
 
 def run_once(uri: str, options: dict[str, str], pattern: dict[str, Any], epochs: int, cache: Path | None) -> Run:
     """One fit of ``epochs`` epochs; ``cache`` set: through a fresh materialized view there."""
-    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "label", "vec"], filter=pattern["filter"],
-                                           storage_options=options),
-                         batch_size=BATCH, shuffle=pattern["shuffle"](),
-                         materialize=MaterializedView(cache_dir=str(cache)) if cache is not None else None)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "label", "vec"], filter=pattern["filter"], storage_options=options),
+        batch_size=BATCH,
+        shuffle=pattern["shuffle"](),
+        materialize=MaterializedView(cache_dir=str(cache)) if cache is not None else None,
+    )
     started = time.perf_counter()
     dm.setup("fit")  # pin + plan (+ the copy); Trainer.fit's own setup then finds the plan made
     setup_s = time.perf_counter() - started
     assert (cache is None) == dm.plans["train"].source.uri.startswith("s3://")
     clock = EpochClock()
-    trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
-                         callbacks=[clock], default_root_dir=str(cache or tempfile.gettempdir()))
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        callbacks=[clock],
+        default_root_dir=str(cache or tempfile.gettempdir()),
+    )
     trainer.fit(TinyModel(), datamodule=dm)
     wall = time.perf_counter() - started
     return Run(setup_s, wall - setup_s - sum(clock.seconds), clock.seconds)
@@ -155,8 +169,11 @@ def break_even(s3: Run, view: Run, horizon: int = 1000) -> str:
 
 
 def median_run(runs: list[Run]) -> Run:
-    return Run(statistics.median(r.setup_s for r in runs), statistics.median(r.other_s for r in runs),
-               [statistics.median(e) for e in zip(*(r.epochs_s for r in runs))])
+    return Run(
+        statistics.median(r.setup_s for r in runs),
+        statistics.median(r.other_s for r in runs),
+        [statistics.median(e) for e in zip(*(r.epochs_s for r in runs))],
+    )
 
 
 def write_results(path: Path, patterns: list[Pattern], args: argparse.Namespace, rows: int, elapsed: float) -> str:
@@ -183,9 +200,11 @@ def write_results(path: Path, patterns: list[Pattern], args: argparse.Namespace,
     for p in patterns:
         s3, view = median_run(p.s3), median_run(p.view)
         ratio = statistics.median(a.total(e) / b.total(e) for a, b in zip(p.s3, p.view))
-        lines.append(f"| {p.name} | {s3.setup_s:.2f} | {statistics.median(s3.epochs_s):.2f} | {s3.total(e):.1f} | "
-                     f"{view.setup_s:.2f} | {statistics.median(view.epochs_s):.2f} | {view.total(e):.1f} | "
-                     f"{ratio:.2f} | {break_even(s3, view)} |")
+        lines.append(
+            f"| {p.name} | {s3.setup_s:.2f} | {statistics.median(s3.epochs_s):.2f} | {s3.total(e):.1f} | "
+            f"{view.setup_s:.2f} | {statistics.median(view.epochs_s):.2f} | {view.total(e):.1f} | "
+            f"{ratio:.2f} | {break_even(s3, view)} |"
+        )
     lines += [
         "",
         f"Totals: wall time of the whole run, from `dm.setup` to the end of `Trainer.fit` (setup, {e} epochs "
@@ -199,9 +218,11 @@ def write_results(path: Path, patterns: list[Pattern], args: argparse.Namespace,
     ]
     for p in patterns:
         for i, (a, b) in enumerate(zip(p.s3, p.view)):
-            lines.append(f"- {p.name}, pair {i + 1}: S3 {a.setup_s:.2f}; {', '.join(f'{s:.2f}' for s in a.epochs_s)} "
-                         f"(total {a.total(e):.2f}) | view {b.setup_s:.2f}; "
-                         f"{', '.join(f'{s:.2f}' for s in b.epochs_s)} (total {b.total(e):.2f})")
+            lines.append(
+                f"- {p.name}, pair {i + 1}: S3 {a.setup_s:.2f}; {', '.join(f'{s:.2f}' for s in a.epochs_s)} "
+                f"(total {a.total(e):.2f}) | view {b.setup_s:.2f}; "
+                f"{', '.join(f'{s:.2f}' for s in b.epochs_s)} (total {b.total(e):.2f})"
+            )
     text = "\n".join(lines) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -235,12 +256,15 @@ def main(argv: list[str] | None = None) -> int:
         for name, pattern in PATTERNS.items():
             result = Pattern(name)
             for rep in range(args.reps):
-                for side in (("s3", "view") if rep % 2 == 0 else ("view", "s3")):
+                for side in ("s3", "view") if rep % 2 == 0 else ("view", "s3"):
                     cache = work / f"views-{len(patterns)}-{rep}" if side == "view" else None
                     run = run_once(uri, options, pattern, args.epochs, cache)
                     getattr(result, side).append(run)
-                    print(f"{name} pair {rep + 1} {side}: setup {run.setup_s:.2f} s, epochs "
-                          f"{', '.join(f'{s:.2f}' for s in run.epochs_s)} s", flush=True)
+                    print(
+                        f"{name} pair {rep + 1} {side}: setup {run.setup_s:.2f} s, epochs "
+                        f"{', '.join(f'{s:.2f}' for s in run.epochs_s)} s",
+                        flush=True,
+                    )
                     if cache is not None:
                         shutil.rmtree(cache, ignore_errors=True)
             patterns.append(result)

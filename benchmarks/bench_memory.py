@@ -149,13 +149,26 @@ class TinyImageModel(pl.LightningModule):
 
 def run(uri: str, args: argparse.Namespace, num_workers: int) -> tuple[EpochPeaks, str]:
     """One ``Trainer.fit`` of ``args.epochs`` epochs, sampled; returns the per-epoch peaks and the RSS source."""
-    dm = LanceDataModule(train=LanceSource(uri, columns=["image", "label"]), batch_size=args.batch_size,
-                         shuffle=RowShuffle(seed=0), transform=DecodeImage(column="image"), num_workers=num_workers)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["image", "label"]),
+        batch_size=args.batch_size,
+        shuffle=RowShuffle(seed=0),
+        transform=DecodeImage(column="image"),
+        num_workers=num_workers,
+    )
     sampler = RssSampler(args.interval, children=num_workers > 0)
     peaks = EpochPeaks(sampler)
-    trainer = pl.Trainer(max_epochs=args.epochs, accelerator="cpu", logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
-                         callbacks=[peaks], default_root_dir=str(args.cache_dir))
+    trainer = pl.Trainer(
+        max_epochs=args.epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        callbacks=[peaks],
+        default_root_dir=str(args.cache_dir),
+    )
     print(f"-- num_workers {num_workers}", flush=True)
     sampler.start()
     try:
@@ -172,8 +185,16 @@ def ratio(peaks: EpochPeaks) -> float:
     return by_epoch[max(by_epoch)] / by_epoch[2]
 
 
-def write_results(path: Path, runs: dict[int, EpochPeaks], args: argparse.Namespace, uri: str, rows: int,
-                  source: str, hwm_kb: int, elapsed: float) -> str:
+def write_results(
+    path: Path,
+    runs: dict[int, EpochPeaks],
+    args: argparse.Namespace,
+    uri: str,
+    rows: int,
+    source: str,
+    hwm_kb: int,
+    elapsed: float,
+) -> str:
     stamp = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     kind = "QUICK smoke run (small data; not the reference figures)" if args.quick else "full run"
     last = args.epochs
@@ -198,9 +219,11 @@ def write_results(path: Path, runs: dict[int, EpochPeaks], args: argparse.Namesp
         by_epoch = {epoch: peak for epoch, peak, _, _ in peaks.rows}
         r = ratio(peaks)
         growth = (by_epoch[last] - by_epoch[2]) / MB
-        lines.append(f"| {workers} | {r:.3f} | ≤ {TARGET} | {'PASS' if r <= TARGET else 'FAIL'} | "
-                     f"{by_epoch[2] / MB:.1f} | {by_epoch[last] / MB:.1f} | {growth:+.1f} | "
-                     f"{max(p for e, p in by_epoch.items() if e >= 2) / MB:.1f} |")
+        lines.append(
+            f"| {workers} | {r:.3f} | ≤ {TARGET} | {'PASS' if r <= TARGET else 'FAIL'} | "
+            f"{by_epoch[2] / MB:.1f} | {by_epoch[last] / MB:.1f} | {growth:+.1f} | "
+            f"{max(p for e, p in by_epoch.items() if e >= 2) / MB:.1f} |"
+        )
     for workers, peaks in runs.items():
         lines += [
             "",
@@ -208,8 +231,10 @@ def write_results(path: Path, runs: dict[int, EpochPeaks], args: argparse.Namesp
             "",
             "| epoch | peak RSS (MiB) | RSS at epoch end (MiB) | seconds |",
             "|---:|---:|---:|---:|",
-            *[f"| {epoch} | {peak / MB:.1f} | {end / MB:.1f} | {seconds:.1f} |"
-              for epoch, peak, end, seconds in peaks.rows],
+            *[
+                f"| {epoch} | {peak / MB:.1f} | {end / MB:.1f} | {seconds:.1f} |"
+                for epoch, peak, end, seconds in peaks.rows
+            ],
         ]
     text = "\n".join(lines) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)

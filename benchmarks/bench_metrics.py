@@ -66,15 +66,17 @@ def warm_loader(uri: str, columns: list[str], shuffle=None, transform=None) -> L
     one epoch (threads started, caches warm)."""
     dm = LanceDataModule(train=LanceSource(uri, columns=columns), batch_size=BATCH, shuffle=shuffle or NoShuffle())
     dm.setup("fit")
-    dataset = LanceIterableDataset(dm.plans["train"], transform=transform, reader_threads=dm.reader_threads,
-                                   prefetch_groups=dm.prefetch_groups)
+    dataset = LanceIterableDataset(
+        dm.plans["train"], transform=transform, reader_threads=dm.reader_threads, prefetch_groups=dm.prefetch_groups
+    )
     loader = LanceDataLoader(dataset, metrics=True)
     epoch(loader)()
     return loader
 
 
-def loader_pair(uri: str, columns: list[str], shuffle=None,
-                transform=None) -> tuple[Callable[[], int], Callable[[], int], int]:
+def loader_pair(
+    uri: str, columns: list[str], shuffle=None, transform=None
+) -> tuple[Callable[[], int], Callable[[], int], int]:
     """Epochs of one loader with its metrics on, and of the same loader with them off; batches per epoch.
 
     The two sides share one loader, and so its reader threads: two loaders built one after the
@@ -93,6 +95,7 @@ def loader_pair(uri: str, columns: list[str], shuffle=None,
             loader.meter, dataset.clock.enabled = (meter if metrics else None), metrics
             loader.set_epoch(next(epochs))
             return epoch(loader)()
+
         return run
 
     return side(True), side(False), len(loader)
@@ -104,6 +107,7 @@ def epoch(loader: LanceDataLoader) -> Callable[[], int]:
         for batch in loader:
             rows += len(next(iter(batch.values())))
         return rows
+
     return run
 
 
@@ -177,27 +181,42 @@ def fit_runs(uri: str, columns: list[str], log_dir: Path) -> dict[str, Callable[
                 loader.meter = None
                 loader.dataset.clock.enabled = False
             clock = EpochClock()
-            extra = {"monitor": [DataLoadingMonitor(log_every_n_steps=50, report=False)], "noop": [pl.Callback()],
-                     "none": []}[callbacks]
-            trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=FIT_STEPS,
-                                 logger=CSVLogger(str(log_dir)), log_every_n_steps=50, enable_progress_bar=False,
-                                 enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
-                                 callbacks=[clock, *extra])
+            extra = {
+                "monitor": [DataLoadingMonitor(log_every_n_steps=50, report=False)],
+                "noop": [pl.Callback()],
+                "none": [],
+            }[callbacks]
+            trainer = pl.Trainer(
+                accelerator="cpu",
+                devices=1,
+                max_epochs=1,
+                limit_train_batches=FIT_STEPS,
+                logger=CSVLogger(str(log_dir)),
+                log_every_n_steps=50,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                enable_checkpointing=False,
+                num_sanity_val_steps=0,
+                callbacks=[clock, *extra],
+            )
             trainer.fit({"mlp": MLP, "trivial": Trivial}[model](), datamodule=dm)
             return clock.rows / (clock.last - clock.first)
+
         return run
 
     return {kind: make(kind) for kind in FIT_KINDS}
 
 
-def paired_wall_and_cpu(candidate: Callable[[], int], baseline: Callable[[], int], reps: int,
-                        min_seconds: float) -> tuple[Paired, Paired, list[float]]:
+def paired_wall_and_cpu(
+    candidate: Callable[[], int], baseline: Callable[[], int], reps: int, min_seconds: float
+) -> tuple[Paired, Paired, list[float]]:
     """`common.paired` on quiet repetitions, also recording rows per CPU-second of this process.
 
     CPU time (all threads) is less sensitive than wall time to other processes sharing the
     machine, so the second result cross-checks the first. The third is the others' CPU share
     during each repetition kept.
     """
+
     def measure(rep: int) -> tuple[tuple[float, float], tuple[float, float]]:
         order = (candidate, baseline) if rep % 2 == 0 else (baseline, candidate)
         rates: dict[Callable[[], int], tuple[float, float]] = {}
@@ -225,8 +244,9 @@ def _summary(raw: list[tuple[float, float]]) -> Paired:
     """
     ratios = [c / b for c, b in raw]
     blocks = [math.sqrt(ratios[i] * ratios[i + 1]) for i in range(0, len(ratios) - 1, 2)] or ratios
-    return Paired(statistics.median(c for c, _ in raw), statistics.median(b for _, b in raw),
-                  statistics.median(blocks), raw)
+    return Paired(
+        statistics.median(c for c, _ in raw), statistics.median(b for _, b in raw), statistics.median(blocks), raw
+    )
 
 
 def fit_rates(runs: dict[str, Callable[[], float]], reps: int) -> tuple[dict[str, Paired], list[float]]:
@@ -240,8 +260,9 @@ def fit_rates(runs: dict[str, Callable[[], float]], reps: int) -> tuple[dict[str
 
     results, loads = quiet_reps(measure, reps)
     baseline = {kind: kind.split("/")[0] + "/none" for kind in kinds}
-    return {kind: _summary([(r[kind], r[baseline[kind]]) for r in results])
-            for kind in kinds if kind != baseline[kind]}, loads
+    return {
+        kind: _summary([(r[kind], r[baseline[kind]]) for r in results]) for kind in kinds if kind != baseline[kind]
+    }, loads
 
 
 def run(args: argparse.Namespace) -> tuple[list[Row], list[str], list[str]]:
@@ -256,27 +277,47 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[str], list[str]]:
     image_uri = common.image_dataset(cache, image_rows)
     results: list[Row] = []
     raw_lines: list[str] = []
-    notes = [f"vector table: {vec_uri} ({rows:,} rows, columns id, label, vec[128] float32); image table: "
-             f"{image_uri} ({image_rows:,} JPEGs of 64x64)",
-             f"{3 * reps} paired repetitions per loader row and {2 * reps} per fit row (alternating order); loader "
-             f"rows measured for at least {min_seconds:g} s each (whole epochs); the takes read the "
-             f"{TAKE_ROWS:,}-row vector table; fit rows are one fit of {FIT_STEPS:,} steps each, timed from the "
-             "first to the last batch",
-             "loaders: num_workers=0, reader_threads=2, prefetch_groups=2 (the defaults), B=256",
-             common.steady_allocator() + " (see `common.steady_allocator`: both sides are measured under the "
-             "same allocator state)"]
+    notes = [
+        f"vector table: {vec_uri} ({rows:,} rows, columns id, label, vec[128] float32); image table: "
+        f"{image_uri} ({image_rows:,} JPEGs of 64x64)",
+        f"{3 * reps} paired repetitions per loader row and {2 * reps} per fit row (alternating order); loader "
+        f"rows measured for at least {min_seconds:g} s each (whole epochs); the takes read the "
+        f"{TAKE_ROWS:,}-row vector table; fit rows are one fit of {FIT_STEPS:,} steps each, timed from the "
+        "first to the last batch",
+        "loaders: num_workers=0, reader_threads=2, prefetch_groups=2 (the defaults), B=256",
+        common.steady_allocator() + " (see `common.steady_allocator`: both sides are measured under the "
+        "same allocator state)",
+    ]
 
-    def add(scenario: str, result: Paired, loads: list[float], note: str = "", target: float | None = TARGET,
-            baseline: str = "metrics off") -> None:
+    def add(
+        scenario: str,
+        result: Paired,
+        loads: list[float],
+        note: str = "",
+        target: float | None = TARGET,
+        baseline: str = "metrics off",
+    ) -> None:
         others = f"others used {100 * max(loads):.1f}% of the CPUs at most"
-        row = Row(scenario, result.rows_per_s, baseline, result.base_rows_per_s, result.ratio, target,
-                  f"{note}; {others}" if note else others)
+        row = Row(
+            scenario,
+            result.rows_per_s,
+            baseline,
+            result.base_rows_per_s,
+            result.ratio,
+            target,
+            f"{note}; {others}" if note else others,
+        )
         results.append(row)
         raw = ", ".join(f"{c:,.0f} / {b:,.0f}" for c, b in result.raw)
-        raw_lines.append(f"- {scenario}: {raw} (others' CPU share per repetition: "
-                         f"{', '.join(f'{100 * share:.1f}%' for share in loads)})")
-        print(f"  {scenario:<52} on {row.rows_per_s:>12,.0f} rows/s  off {row.base_rows_per_s:>12,.0f} rows/s  "
-              f"ratio {row.ratio:5.3f}  {row.status}   raw (on / off): {raw}", flush=True)
+        raw_lines.append(
+            f"- {scenario}: {raw} (others' CPU share per repetition: "
+            f"{', '.join(f'{100 * share:.1f}%' for share in loads)})"
+        )
+        print(
+            f"  {scenario:<52} on {row.rows_per_s:>12,.0f} rows/s  off {row.base_rows_per_s:>12,.0f} rows/s  "
+            f"ratio {row.ratio:5.3f}  {row.status}   raw (on / off): {raw}",
+            flush=True,
+        )
 
     vec_columns = ["id", "label", "vec"]
 
@@ -295,61 +336,86 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[str], list[str]]:
 
     print(f"\n[3/4] JPEG decode, {image_rows:,} rows", flush=True)
     on, off, _ = loader_pair(image_uri, ["image", "label"], transform=DecodeImage(column="image", mode="rgb"))
-    loader_rows(f"loader DecodeImage B={BATCH}", on, off,
-                "two-stage pipeline: read groups, then convert + decode per batch")
+    loader_rows(
+        f"loader DecodeImage B={BATCH}", on, off, "two-stage pipeline: read groups, then convert + decode per batch"
+    )
 
     print(f"\n[4/4] Trainer.fit, {FIT_STEPS:,} steps, an MLP and a do-nothing model", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_metrics_") as log_dir:
         fits, loads = fit_rates(fit_runs(vec_uri, vec_columns, Path(log_dir)), 2 * reps)
         monitor = "metrics on, DataLoadingMonitor(log_every_n_steps=50), CSVLogger vs metrics off, no monitor"
-        add(f"fit MLP + DataLoadingMonitor B={BATCH}", fits["mlp/monitor"], loads,
-            f"{FIT_STEPS} steps of a 128-256-10 MLP on the vectors; {monitor}", baseline="metrics off, no callback")
-        add(f"fit do-nothing model + DataLoadingMonitor B={BATCH}", fits["trivial/monitor"], loads,
+        add(
+            f"fit MLP + DataLoadingMonitor B={BATCH}",
+            fits["mlp/monitor"],
+            loads,
+            f"{FIT_STEPS} steps of a 128-256-10 MLP on the vectors; {monitor}",
+            baseline="metrics off, no callback",
+        )
+        add(
+            f"fit do-nothing model + DataLoadingMonitor B={BATCH}",
+            fits["trivial/monitor"],
+            loads,
             f"{FIT_STEPS} steps of a model that does nothing (every step is Lightning's loop); {monitor}",
-            target=None, baseline="metrics off, no callback")
-        add(f"fit do-nothing model + a no-op callback B={BATCH}", fits["trivial/noop"], loads,
+            target=None,
+            baseline="metrics off, no callback",
+        )
+        add(
+            f"fit do-nothing model + a no-op callback B={BATCH}",
+            fits["trivial/noop"],
+            loads,
             "what Lightning's dispatch to any callback costs: metrics off, `Callback()` vs no callback",
-            target=None, baseline="metrics off, no callback")
+            target=None,
+            baseline="metrics off, no callback",
+        )
     return results, raw_lines, notes
 
 
-def write_results(out_dir: Path, rows: list[Row], raw: list[str], notes: list[str], args, elapsed: float,
-                  load_before: tuple[float, float, float]) -> None:
+def write_results(
+    out_dir: Path,
+    rows: list[Row],
+    raw: list[str],
+    notes: list[str],
+    args,
+    elapsed: float,
+    load_before: tuple[float, float, float],
+) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     failed = [r.scenario for r in rows if r.status == "FAIL"]
     targets = sum(r.target is not None for r in rows)
     kind = "QUICK smoke run (small data; not the reference figures)" if args.quick else "full run"
-    text = "\n".join([
-        "# Metrics overhead benchmark",
-        "",
-        f"{stamp}, {kind}, {elapsed:.0f} s. Command: `{common.command_line()}`",
-        "",
-        f"Machine: {common.machine()}. Each loader row compares one loader with metrics on (the default: "
-        "per-batch waits, stage times, Lance I/O statistics, latency histogram) and off (what "
-        "`LanceDataLoader(metrics=False)` sets), measured back to back, the order alternating; rows/s are "
-        "medians, the ratio is the median over blocks of two repetitions (one in each order) of the geometric "
-        f"mean of their ratios. Target: ratio ≥ {TARGET} (wall-clock rows/s). The rows per "
-        "CPU-second of this process (all threads) are reported alongside: on a shared machine they are less "
-        "disturbed by other processes than wall time. A repetition during which other processes used "
-        f"≥ {100 * QUIET:.0f}% of the CPUs is measured again (up to 2x the repetitions). Load average (1, 5, "
-        f"15 min) at the start {', '.join(f'{v:.2f}' for v in load_before)}, at the end "
-        f"{', '.join(f'{v:.2f}' for v in os.getloadavg())}.",
-        "",
-        common.markdown_table(rows),
-        "",
-        f"Targets failed: {len(failed)} of {targets}" + ("" if not failed else ": " + "; ".join(failed)),
-        "",
-        "## Setup",
-        "",
-        *[f"- {n}" for n in notes],
-        *[f"- {r.scenario}: {r.note}" for r in rows if r.note],
-        "",
-        "## Raw rows/s per repetition (on / off)",
-        "",
-        *raw,
-        "",
-    ])
+    text = "\n".join(
+        [
+            "# Metrics overhead benchmark",
+            "",
+            f"{stamp}, {kind}, {elapsed:.0f} s. Command: `{common.command_line()}`",
+            "",
+            f"Machine: {common.machine()}. Each loader row compares one loader with metrics on (the default: "
+            "per-batch waits, stage times, Lance I/O statistics, latency histogram) and off (what "
+            "`LanceDataLoader(metrics=False)` sets), measured back to back, the order alternating; rows/s are "
+            "medians, the ratio is the median over blocks of two repetitions (one in each order) of the geometric "
+            f"mean of their ratios. Target: ratio ≥ {TARGET} (wall-clock rows/s). The rows per "
+            "CPU-second of this process (all threads) are reported alongside: on a shared machine they are less "
+            "disturbed by other processes than wall time. A repetition during which other processes used "
+            f"≥ {100 * QUIET:.0f}% of the CPUs is measured again (up to 2x the repetitions). Load average (1, 5, "
+            f"15 min) at the start {', '.join(f'{v:.2f}' for v in load_before)}, at the end "
+            f"{', '.join(f'{v:.2f}' for v in os.getloadavg())}.",
+            "",
+            common.markdown_table(rows),
+            "",
+            f"Targets failed: {len(failed)} of {targets}" + ("" if not failed else ": " + "; ".join(failed)),
+            "",
+            "## Setup",
+            "",
+            *[f"- {n}" for n in notes],
+            *[f"- {r.scenario}: {r.note}" for r in rows if r.note],
+            "",
+            "## Raw rows/s per repetition (on / off)",
+            "",
+            *raw,
+            "",
+        ]
+    )
     (out_dir / "metrics.md").write_text(text)
     common.bar_plot(rows, out_dir / "metrics.png", f"lance-lightning metrics overhead ({kind}, {stamp})")
     print(f"\nwrote {out_dir / 'metrics.md'} and {out_dir / 'metrics.png'}")
@@ -360,10 +426,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="200k rows, 5k images: a smoke run")
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the vector table (full run)")
     parser.add_argument("--image-rows", type=int, default=20_000, help="rows of the image table (full run)")
-    parser.add_argument("--reps", type=int, default=None,
-                        help="repetitions unit, even: loader rows get 3x, fit rows 2x (default 12, 4 with --quick)")
-    parser.add_argument("--min-seconds", type=float, default=None,
-                        help="each loader measurement repeats until it ran this long (default 0.5 s, 0.3 s quick)")
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="repetitions unit, even: loader rows get 3x, fit rows 2x (default 12, 4 with --quick)",
+    )
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=None,
+        help="each loader measurement repeats until it ran this long (default 0.5 s, 0.3 s quick)",
+    )
     parser.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE), help="where the datasets are kept")
     parser.add_argument("--out-dir", default=str(common.RESULTS_DIR), help="where metrics.md and metrics.png go")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")

@@ -57,14 +57,19 @@ BATCH = 256
 # -- the two sides of each comparison ---------------------------------------------------------
 def train_loader(uri: str, batch_size: int, shuffle=None, filter: str | None = None, columns=COLUMNS):
     """The plugin's train loader (set up once, outside the timings) and its data module."""
-    dm = LanceDataModule(train=LanceSource(uri, columns=list(columns), filter=filter), batch_size=batch_size,
-                         shuffle=shuffle or NoShuffle(), num_workers=0)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=list(columns), filter=filter),
+        batch_size=batch_size,
+        shuffle=shuffle or NoShuffle(),
+        num_workers=0,
+    )
     dm.setup("fit")
     return dm, dm.train_dataloader()
 
 
 def iterate(loader, batches: int | None = None) -> Callable[[], int]:
     """Read one whole epoch (or its first ``batches`` batches) of ``loader``; count rows."""
+
     def run() -> int:
         rows = 0
         it = iter(loader)
@@ -73,12 +78,15 @@ def iterate(loader, batches: int | None = None) -> Callable[[], int]:
         if hasattr(it, "close"):
             it.close()  # stops the read-ahead threads when only the first batches were read
         return rows
+
     return run
 
 
-def raw_scan(ds: lance.LanceDataset, columns, batch_size: int, convert: bool = True,
-             filter: str | None = None) -> Callable[[], int]:
+def raw_scan(
+    ds: lance.LanceDataset, columns, batch_size: int, convert: bool = True, filter: str | None = None
+) -> Callable[[], int]:
     """``ds.scanner(columns, batch_size, filter).to_batches()`` (+ `to_torch_batch` per batch)."""
+
     def run() -> int:
         rows = 0
         for batch in ds.scanner(columns=list(columns), batch_size=batch_size, filter=filter).to_batches():
@@ -86,36 +94,45 @@ def raw_scan(ds: lance.LanceDataset, columns, batch_size: int, convert: bool = T
                 to_torch_batch(batch)
             rows += batch.num_rows
         return rows
+
     return run
 
 
 def raw_take(ds: lance.LanceDataset, columns, batches: list[np.ndarray]) -> Callable[[], int]:
     """One ``ds.take(sorted(positions), columns)`` + `to_torch_batch` per batch."""
+
     def run() -> int:
         rows = 0
         for positions in batches:
             to_torch_batch(ds.take(positions, columns=list(columns)))
             rows += len(positions)
         return rows
+
     return run
 
 
 def raw_window_shuffle(ds: lance.LanceDataset, columns, windows: list[list[np.ndarray]]) -> Callable[[], int]:
     """A shuffle buffer by hand: per window, its shards read with offset/limit scans, the rows put
     in the window's shuffled order with one ``take``, then cut into batches + `to_torch_batch`."""
+
     def run() -> int:
         rows = 0
         for batches in windows:
             positions = np.concatenate(batches)
             wanted = np.sort(positions)
             shards = np.split(wanted, np.flatnonzero(np.diff(wanted) != 1) + 1)
-            table = pa.concat_tables([ds.scanner(columns=list(columns), offset=int(shard[0]), limit=len(shard)).to_table()
-                                      for shard in shards])
+            table = pa.concat_tables(
+                [
+                    ds.scanner(columns=list(columns), offset=int(shard[0]), limit=len(shard)).to_table()
+                    for shard in shards
+                ]
+            )
             table = table.take(np.searchsorted(wanted, positions))
             for first, end in itertools.pairwise(np.cumsum([0, *map(len, batches)]).tolist()):
                 to_torch_batch(table.slice(first, end - first))
             rows += len(positions)
         return rows
+
     return run
 
 
@@ -168,8 +185,15 @@ class Bench:
         self.raw: list[str] = []
         self.notes: list[str] = []
 
-    def compare(self, scenario: str, candidate: Callable[[], int], baseline_name: str,
-                baseline: Callable[[], int], target: float | None, note: str = "") -> Paired:
+    def compare(
+        self,
+        scenario: str,
+        candidate: Callable[[], int],
+        baseline_name: str,
+        baseline: Callable[[], int],
+        target: float | None,
+        note: str = "",
+    ) -> Paired:
         result = paired(candidate, baseline, self.reps, self.min_seconds)
         self.add(scenario, result, baseline_name, target, note)
         return result
@@ -179,10 +203,12 @@ class Bench:
         self.rows.append(row)
         raw = ", ".join(f"{c:,.0f} / {b:,.0f}" for c, b in result.raw)
         self.raw.append(f"- {scenario} vs {baseline_name}: {raw}")
-        print(f"  {scenario:<48} {row.rows_per_s:>12,.0f} rows/s  vs {baseline_name:<40} "
-              f"{row.base_rows_per_s:>12,.0f} rows/s  ratio {row.ratio:6.2f}  "
-              f"target {'-' if target is None else f'>= {target:g}':<7} {row.status}   raw (ours / base): {raw}",
-              flush=True)
+        print(
+            f"  {scenario:<48} {row.rows_per_s:>12,.0f} rows/s  vs {baseline_name:<40} "
+            f"{row.base_rows_per_s:>12,.0f} rows/s  ratio {row.ratio:6.2f}  "
+            f"target {'-' if target is None else f'>= {target:g}':<7} {row.status}   raw (ours / base): {raw}",
+            flush=True,
+        )
         return row
 
 
@@ -206,11 +232,15 @@ def run(args: argparse.Namespace) -> list[Row]:
     image_ds = lance.dataset(image_uri)
     min_seconds = args.min_seconds if args.min_seconds is not None else (0.3 if args.quick else 1.0)
     bench = Bench(args.reps, min_seconds)
-    bench.notes.append(common.steady_allocator() + " (see `common.steady_allocator`: without it, the side measured "
-                       "second inherits the heap state the first left behind)")
-    bench.notes.append(f"vector table: {uri} ({rows:,} rows, {len(ds.get_fragments())} fragments, columns "
-                       f"{COLUMNS}, BITMAP index on label); image table: {image_uri} ({image_rows:,} JPEGs "
-                       f"of {common.IMAGE_SIDE}x{common.IMAGE_SIDE})")
+    bench.notes.append(
+        common.steady_allocator() + " (see `common.steady_allocator`: without it, the side measured "
+        "second inherits the heap state the first left behind)"
+    )
+    bench.notes.append(
+        f"vector table: {uri} ({rows:,} rows, {len(ds.get_fragments())} fragments, columns "
+        f"{COLUMNS}, BITMAP index on label); image table: {image_uri} ({image_rows:,} JPEGs "
+        f"of {common.IMAGE_SIDE}x{common.IMAGE_SIDE})"
+    )
 
     # Warm the page cache (and Lance's metadata caches) so that no side pays for the first read.
     raw_scan(ds, COLUMNS, 8192, convert=False)()
@@ -220,28 +250,60 @@ def run(args: argparse.Namespace) -> list[Row]:
     for batch_size in (BATCH, 1024):
         _, loader = train_loader(uri, batch_size)
         ours = iterate(loader)
-        bench.compare(f"NoShuffle B={batch_size}", ours, f"raw scan + to_torch_batch B={batch_size}",
-                      raw_scan(ds, COLUMNS, batch_size), 0.9)
-        bench.compare(f"NoShuffle B={batch_size}", ours, f"raw scan, no conversion B={batch_size}",
-                      raw_scan(ds, COLUMNS, batch_size, convert=False), None)
+        bench.compare(
+            f"NoShuffle B={batch_size}",
+            ours,
+            f"raw scan + to_torch_batch B={batch_size}",
+            raw_scan(ds, COLUMNS, batch_size),
+            0.9,
+        )
+        bench.compare(
+            f"NoShuffle B={batch_size}",
+            ours,
+            f"raw scan, no conversion B={batch_size}",
+            raw_scan(ds, COLUMNS, batch_size, convert=False),
+            None,
+        )
 
     print("\n[2/6] shard and buffer shuffles (range scans)", flush=True)
     scan256 = raw_scan(ds, COLUMNS, BATCH)
     _, loader = train_loader(uri, BATCH, ShardShuffle())
-    bench.compare(f"ShardShuffle() (8192-row shards) B={BATCH}", iterate(loader), f"raw scan + to_torch_batch B={BATCH}",
-                  scan256, 0.85)
+    bench.compare(
+        f"ShardShuffle() (8192-row shards) B={BATCH}",
+        iterate(loader),
+        f"raw scan + to_torch_batch B={BATCH}",
+        scan256,
+        0.85,
+    )
     _, loader = train_loader(uri, BATCH, ShardShuffle(shard_rows=1024))
-    bench.compare(f"ShardShuffle(shard_rows=1024) B={BATCH}", iterate(loader), f"raw scan + to_torch_batch B={BATCH}",
-                  scan256, None, "small shards reorder the epoch at a finer grain but read slower: a read group "
-                  "of 16 ranges of 1024 rows costs Lance more than one 16k-row range (`python "
-                  "benchmarks/probe_ranges.py`), and this row moves between 0.6 and 1.2 from run to run")
+    bench.compare(
+        f"ShardShuffle(shard_rows=1024) B={BATCH}",
+        iterate(loader),
+        f"raw scan + to_torch_batch B={BATCH}",
+        scan256,
+        None,
+        "small shards reorder the epoch at a finer grain but read slower: a read group "
+        "of 16 ranges of 1024 rows costs Lance more than one 16k-row range (`python "
+        "benchmarks/probe_ranges.py`), and this row moves between 0.6 and 1.2 from run to run",
+    )
     dm, loader = train_loader(uri, BATCH, BufferShuffle())
-    bench.compare(f"BufferShuffle() B={BATCH}", iterate(loader), f"raw scan + to_torch_batch B={BATCH}",
-                  scan256, None, "the price of shuffling: a sequential scan reads no shards and permutes nothing")
-    bench.compare(f"BufferShuffle() B={BATCH}", iterate(loader), "raw shard scans + window shuffle + convert",
-                  raw_window_shuffle(ds, COLUMNS, planned_windows(dm)), 0.85,
-                  "the same work by hand (target is ours; the issue gives none): each 16k-row window's shards read "
-                  "with offset/limit scans, put in the planned order with one take, cut into batches, converted")
+    bench.compare(
+        f"BufferShuffle() B={BATCH}",
+        iterate(loader),
+        f"raw scan + to_torch_batch B={BATCH}",
+        scan256,
+        None,
+        "the price of shuffling: a sequential scan reads no shards and permutes nothing",
+    )
+    bench.compare(
+        f"BufferShuffle() B={BATCH}",
+        iterate(loader),
+        "raw shard scans + window shuffle + convert",
+        raw_window_shuffle(ds, COLUMNS, planned_windows(dm)),
+        0.85,
+        "the same work by hand (target is ours; the issue gives none): each 16k-row window's shards read "
+        "with offset/limit scans, put in the planned order with one take, cut into batches, converted",
+    )
 
     print("\n[3/6] row shuffles (takes)", flush=True)
     dm1, loader1 = train_loader(uri, BATCH, RowShuffle(clump_rows=1))
@@ -250,12 +312,27 @@ def run(args: argparse.Namespace) -> list[Row]:
     take64 = raw_take(ds, COLUMNS, planned_batches(dm64))
     ours1 = iterate(loader1, batches=clump1_batches)
     ours64 = iterate(loader64)
-    c1 = bench.compare(f"RowShuffle(clump_rows=1) B={BATCH}, {clump1_batches} batches", ours1,
-                       "raw take(sorted batch positions) + convert", take1, 0.9)
-    c64 = bench.compare(f"RowShuffle(clump_rows=64) B={BATCH}, full epoch", ours64,
-                        "raw take(sorted batch positions) + convert", take64, 0.9)
-    bench.add("RowShuffle(clump_rows=64)", combine(c64, c1), "RowShuffle(clump_rows=1)", 5.0,
-              "per-repetition ratio of the two rows above")
+    c1 = bench.compare(
+        f"RowShuffle(clump_rows=1) B={BATCH}, {clump1_batches} batches",
+        ours1,
+        "raw take(sorted batch positions) + convert",
+        take1,
+        0.9,
+    )
+    c64 = bench.compare(
+        f"RowShuffle(clump_rows=64) B={BATCH}, full epoch",
+        ours64,
+        "raw take(sorted batch positions) + convert",
+        take64,
+        0.9,
+    )
+    bench.add(
+        "RowShuffle(clump_rows=64)",
+        combine(c64, c1),
+        "RowShuffle(clump_rows=1)",
+        5.0,
+        "per-repetition ratio of the two rows above",
+    )
 
     print("\n[4/6] filters on the BITMAP-indexed label column", flush=True)
     started = time.perf_counter()
@@ -263,12 +340,19 @@ def run(args: argparse.Namespace) -> list[Row]:
     setup_s = time.perf_counter() - started
     plan = dm.plans["train"]
     positions = plan.matches.select(np.arange(plan.matched_rows))
-    chunks = [positions[i:i + BATCH] for i in range(0, len(positions), BATCH)]
-    bench.notes.append(f"`label = 7`: {plan.matched_rows:,} rows ({plan.selectivity:.2%}), plan: {plan.method} "
-                       f"({plan.reason}); setup (pin, count, list positions) took {setup_s * 1000:.0f} ms")
-    bench.compare(f"filter label = 7 ({plan.selectivity:.1%}), epoch", iterate(loader),
-                  f"raw take(matching positions) in {BATCH}-row chunks + convert", raw_take(ds, COLUMNS, chunks),
-                  0.5, "epoch time <= 2x the raw take time")
+    chunks = [positions[i : i + BATCH] for i in range(0, len(positions), BATCH)]
+    bench.notes.append(
+        f"`label = 7`: {plan.matched_rows:,} rows ({plan.selectivity:.2%}), plan: {plan.method} "
+        f"({plan.reason}); setup (pin, count, list positions) took {setup_s * 1000:.0f} ms"
+    )
+    bench.compare(
+        f"filter label = 7 ({plan.selectivity:.1%}), epoch",
+        iterate(loader),
+        f"raw take(matching positions) in {BATCH}-row chunks + convert",
+        raw_take(ds, COLUMNS, chunks),
+        0.5,
+        "epoch time <= 2x the raw take time",
+    )
 
     def setup_and_epoch() -> int:
         _, fresh = train_loader(uri, BATCH, filter="label = 7")
@@ -277,17 +361,24 @@ def run(args: argparse.Namespace) -> list[Row]:
     def list_and_take() -> int:
         table = ds.to_table(columns=["_rowoffset"], filter="label = 7")
         found = table.column(0).to_numpy()
-        return raw_take(ds, COLUMNS, [found[i:i + BATCH] for i in range(0, len(found), BATCH)])()
+        return raw_take(ds, COLUMNS, [found[i : i + BATCH] for i in range(0, len(found), BATCH)])()
 
-    bench.compare("filter label = 7: setup + epoch", setup_and_epoch, "raw: list matching positions + take",
-                  list_and_take, None)
+    bench.compare(
+        "filter label = 7: setup + epoch", setup_and_epoch, "raw: list matching positions + take", list_and_take, None
+    )
     dm, loader = train_loader(uri, BATCH, filter="label < 50")
     plan = dm.plans["train"]
-    bench.notes.append(f"`label < 50`: {plan.matched_rows:,} rows ({plan.selectivity:.2%}), plan: {plan.method} "
-                       f"({plan.reason})")
-    bench.compare(f"filter label < 50 ({plan.selectivity:.0%}), epoch", iterate(loader),
-                  f"raw filtered scan + to_torch_batch B={BATCH}", raw_scan(ds, COLUMNS, BATCH, filter="label < 50"),
-                  round(1 / 1.2, 3), "epoch time <= 1.2x the filtered scan time")
+    bench.notes.append(
+        f"`label < 50`: {plan.matched_rows:,} rows ({plan.selectivity:.2%}), plan: {plan.method} ({plan.reason})"
+    )
+    bench.compare(
+        f"filter label < 50 ({plan.selectivity:.0%}), epoch",
+        iterate(loader),
+        f"raw filtered scan + to_torch_batch B={BATCH}",
+        raw_scan(ds, COLUMNS, BATCH, filter="label < 50"),
+        round(1 / 1.2, 3),
+        "epoch time <= 1.2x the filtered scan time",
+    )
 
     print("\n[5/6] pylance's lance.torch.data.LanceDataset (the peer)", flush=True)
     peer, description = pylance_dataset(uri, COLUMNS, BATCH)
@@ -298,16 +389,20 @@ def run(args: argparse.Namespace) -> list[Row]:
         _, loader = train_loader(uri, BATCH)
         ours = iterate(loader)
         bench.compare(f"pylance LanceDataset B={BATCH}", peer, f"raw scan + to_torch_batch B={BATCH}", scan256, None)
-        bench.compare(f"NoShuffle B={BATCH}", ours, f"pylance LanceDataset B={BATCH}", peer, 1.0,
-                      "the peer to beat")
+        bench.compare(f"NoShuffle B={BATCH}", ours, f"pylance LanceDataset B={BATCH}", peer, 1.0, "the peer to beat")
 
     print(f"\n[6/6] image table, {image_rows:,} JPEG rows, columns {IMAGE_COLUMNS}", flush=True)
     _, loader = train_loader(image_uri, BATCH, columns=IMAGE_COLUMNS)
-    bench.compare(f"images NoShuffle B={BATCH} (JPEG bytes)", iterate(loader), f"raw scan + to_torch_batch B={BATCH}",
-                  raw_scan(image_ds, IMAGE_COLUMNS, BATCH), 0.9,
-                  f"an epoch of {image_rows:,} rows is a few read groups of ~8 MiB; each epoch's first batch waits "
-                  "for a whole group to be read and converted, and the raw streaming scan already keeps both cores "
-                  "busy (Lance's decode threads while Python converts), so reader threads add no throughput here")
+    bench.compare(
+        f"images NoShuffle B={BATCH} (JPEG bytes)",
+        iterate(loader),
+        f"raw scan + to_torch_batch B={BATCH}",
+        raw_scan(image_ds, IMAGE_COLUMNS, BATCH),
+        0.9,
+        f"an epoch of {image_rows:,} rows is a few read groups of ~8 MiB; each epoch's first batch waits "
+        "for a whole group to be read and converted, and the raw streaming scan already keeps both cores "
+        "busy (Lance's decode threads while Python converts), so reader threads add no throughput here",
+    )
     return bench.rows, bench.raw, bench.notes
 
 
@@ -317,31 +412,33 @@ def write_results(out_dir: Path, rows: list[Row], raw: list[str], notes: list[st
     table = common.markdown_table(rows)
     failed = [r.scenario + " vs " + r.baseline for r in rows if r.status == "FAIL"]
     kind = "QUICK smoke run (small data; not the reference figures)" if args.quick else "full run"
-    text = "\n".join([
-        "# Read benchmark",
-        "",
-        f"{stamp}, {kind}, {elapsed:.0f} s. Command: `{common.command_line()}`",
-        "",
-        f"Machine: {common.machine()}. Only ratios are meaningful: both sides of each row were measured "
-        f"back to back, {args.reps} times (alternating order), each measurement repeating its read until it "
-        "ran at least 1 s (0.3 s quick); rows/s are medians, the ratio is the median of the per-repetition "
-        "ratios. All loaders: `num_workers=0` (default `reader_threads=2`), columns converted to tensors.",
-        "",
-        table,
-        "",
-        f"Targets failed: {len(failed)} of {sum(r.target is not None for r in rows)}"
-        + ("" if not failed else ": " + "; ".join(failed)),
-        "",
-        "## Setup",
-        "",
-        *[f"- {n}" for n in notes],
-        *[f"- {r.scenario}: {r.note}" for r in rows if r.note],
-        "",
-        "## Raw rows/s per repetition (ours / baseline)",
-        "",
-        *raw,
-        "",
-    ])
+    text = "\n".join(
+        [
+            "# Read benchmark",
+            "",
+            f"{stamp}, {kind}, {elapsed:.0f} s. Command: `{common.command_line()}`",
+            "",
+            f"Machine: {common.machine()}. Only ratios are meaningful: both sides of each row were measured "
+            f"back to back, {args.reps} times (alternating order), each measurement repeating its read until it "
+            "ran at least 1 s (0.3 s quick); rows/s are medians, the ratio is the median of the per-repetition "
+            "ratios. All loaders: `num_workers=0` (default `reader_threads=2`), columns converted to tensors.",
+            "",
+            table,
+            "",
+            f"Targets failed: {len(failed)} of {sum(r.target is not None for r in rows)}"
+            + ("" if not failed else ": " + "; ".join(failed)),
+            "",
+            "## Setup",
+            "",
+            *[f"- {n}" for n in notes],
+            *[f"- {r.scenario}: {r.note}" for r in rows if r.note],
+            "",
+            "## Raw rows/s per repetition (ours / baseline)",
+            "",
+            *raw,
+            "",
+        ]
+    )
     (out_dir / "read.md").write_text(text)
     common.bar_plot(rows, out_dir / "read.png", f"lance-lightning read benchmark ({kind}, {stamp})")
     print(f"\nwrote {out_dir / 'read.md'} and {out_dir / 'read.png'}")
@@ -354,8 +451,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-rows", type=int, default=20_000, help="rows of the image table (full run)")
     parser.add_argument("--clump1-batches", type=int, default=200, help="batches timed for RowShuffle clump 1")
     parser.add_argument("--reps", type=int, default=3, help="paired repetitions per comparison")
-    parser.add_argument("--min-seconds", type=float, default=None,
-                        help="each measurement repeats until it ran this long (default 1 s, 0.3 s with --quick)")
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=None,
+        help="each measurement repeats until it ran this long (default 1 s, 0.3 s with --quick)",
+    )
     parser.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE), help="where the datasets are kept")
     parser.add_argument("--out-dir", default=str(common.RESULTS_DIR), help="where read.md and read.png go")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")

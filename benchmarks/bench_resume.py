@@ -94,8 +94,9 @@ def write_vectors(path: Path, rows: int) -> str:
             vec = pa.FixedSizeListArray.from_arrays(pa.array(rng.random(n * VEC_DIM, dtype=np.float32)), VEC_DIM)
             yield pa.RecordBatch.from_arrays([pa.array(ids), pa.array(ids % 100), vec], schema=schema)
 
-    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), str(path), mode="create",
-                        max_rows_per_file=FRAGMENT_ROWS)
+    lance.write_dataset(
+        pa.RecordBatchReader.from_batches(schema, batches()), str(path), mode="create", max_rows_per_file=FRAGMENT_ROWS
+    )
     return str(path)
 
 
@@ -131,20 +132,33 @@ class TinyModel(pl.LightningModule):
 
 def trainer(root: Path, *, max_steps: int, callbacks: list[Callback]) -> pl.Trainer:
     return pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=1, max_steps=max_steps, limit_val_batches=0,
-        num_sanity_val_steps=0, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=False, callbacks=callbacks,
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        max_steps=max_steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=callbacks,
         default_root_dir=str(root),
     )
 
 
 def data_module(args: argparse.Namespace, uri: str, shuffle: ShuffleStrategy) -> LanceDataModule:
-    return LanceDataModule(train=LanceSource(uri, columns=["id", "label", "vec"], filter=args.filter),
-                           batch_size=args.batch_size, shuffle=shuffle, num_workers=args.num_workers)
+    return LanceDataModule(
+        train=LanceSource(uri, columns=["id", "label", "vec"], filter=args.filter),
+        batch_size=args.batch_size,
+        shuffle=shuffle,
+        num_workers=args.num_workers,
+    )
 
 
-def time_to_first_batch(args: argparse.Namespace, root: Path, uri: str, shuffle: ShuffleStrategy,
-                        ckpt: Path | None, step: int) -> TinyModel:
+def time_to_first_batch(
+    args: argparse.Namespace, root: Path, uri: str, shuffle: ShuffleStrategy, ckpt: Path | None, step: int
+) -> TinyModel:
     """One fit of one step; the model holds ``fit_called_at`` and ``first_batch_at``."""
     model = TinyModel()
     tr = trainer(root, max_steps=step + 1, callbacks=[DataCursorCheckpoint()])
@@ -168,20 +182,24 @@ class SaveAtSteps(Callback):
             trainer.save_checkpoint(path)
 
 
-def bench_strategy(args: argparse.Namespace, uri: str, name: str, shuffle: ShuffleStrategy, root: Path,
-                   log) -> dict[str, Any]:
+def bench_strategy(
+    args: argparse.Namespace, uri: str, name: str, shuffle: ShuffleStrategy, root: Path, log
+) -> dict[str, Any]:
     matched = lance.dataset(uri).count_rows(args.filter) if args.filter else lance.dataset(uri).count_rows()
     steps_per_epoch = matched // args.batch_size
     # Each position is measured at several consecutive steps: one batch may span more ranges than
     # its neighbours (e.g. the epoch's short shard), which is the batch's cost, not the resume's.
-    targets = {p: [min(steps_per_epoch - 1, max(1, round(p * steps_per_epoch)) + j)
-                   for j in range(args.steps_per_position)] for p in args.positions}
+    targets = {
+        p: [min(steps_per_epoch - 1, max(1, round(p * steps_per_epoch)) + j) for j in range(args.steps_per_position)]
+        for p in args.positions
+    }
     ckpt_root = root / name
     paths = {s: ckpt_root / f"step={s}.ckpt" for steps in targets.values() for s in steps}
     model = TinyModel(record_steps=set(paths))
     started = time.perf_counter()
     trainer(ckpt_root, max_steps=-1, callbacks=[DataCursorCheckpoint(), SaveAtSteps(paths)]).fit(
-        model, datamodule=data_module(args, uri, shuffle))
+        model, datamodule=data_module(args, uri, shuffle)
+    )
     epoch_s = time.perf_counter() - started
     log(f"[{name}] one epoch of {steps_per_epoch} steps ({matched:,} rows) with checkpoints: {epoch_s:.1f} s")
     for path in paths.values():
@@ -205,10 +223,23 @@ def bench_strategy(args: argparse.Namespace, uri: str, name: str, shuffle: Shuff
                 assert m.first_ids == model.recorded[s], f"resumed batch at step {s} is not the epoch's batch {s}"
                 times.append(m.first_batch_at - m.fit_called_at)
             timings[p].append(statistics.median(times))
-        log(f"[{name}] repeat {rep + 1}: " + ", ".join(
-            f"{k if k == 'fresh' else f'{int(k * 100)}%'}={v[-1] * 1000:.0f} ms" for k, v in timings.items()))
-    return {"name": name, "shuffle": shuffle, "targets": targets, "timings": timings, "epoch_s": epoch_s,
-            "steps": steps_per_epoch, "matched": matched, "state": state, "state_bytes": len(pickle.dumps(state))}
+        log(
+            f"[{name}] repeat {rep + 1}: "
+            + ", ".join(
+                f"{k if k == 'fresh' else f'{int(k * 100)}%'}={v[-1] * 1000:.0f} ms" for k, v in timings.items()
+            )
+        )
+    return {
+        "name": name,
+        "shuffle": shuffle,
+        "targets": targets,
+        "timings": timings,
+        "epoch_s": epoch_s,
+        "steps": steps_per_epoch,
+        "matched": matched,
+        "state": state,
+        "state_bytes": len(pickle.dumps(state)),
+    }
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -232,23 +263,42 @@ def report(args: argparse.Namespace, uri: str, results: list[dict[str, Any]]) ->
     ]
     for r in results:
         fresh = r["timings"]["fresh"]
-        lines.append(f"| {r['shuffle']!r} | fresh fit | 0 | 0 | {statistics.median(fresh) * 1000:.0f} | "
-                     f"{min(fresh) * 1000:.0f}–{max(fresh) * 1000:.0f} |")
+        lines.append(
+            f"| {r['shuffle']!r} | fresh fit | 0 | 0 | {statistics.median(fresh) * 1000:.0f} | "
+            f"{min(fresh) * 1000:.0f}–{max(fresh) * 1000:.0f} |"
+        )
         for p, steps in r["targets"].items():
             t = r["timings"][p]
-            lines.append(f"| {r['shuffle']!r} | {int(p * 100)}% | {steps[0]}–{steps[-1]} | {steps[0] * args.batch_size:,} | "
-                         f"{statistics.median(t) * 1000:.0f} | {min(t) * 1000:.0f}–{max(t) * 1000:.0f} |")
+            lines.append(
+                f"| {r['shuffle']!r} | {int(p * 100)}% | {steps[0]}–{steps[-1]} | {steps[0] * args.batch_size:,} | "
+                f"{statistics.median(t) * 1000:.0f} | {min(t) * 1000:.0f}–{max(t) * 1000:.0f} |"
+            )
     hi, lo = int(args.positions[-1] * 100), int(args.positions[0] * 100)
-    lines += ["", f"t{hi}/t{lo} is the ratio of the medians; the paired ratio is the median over repeats of "
-              f"t{hi}/t{lo} measured back to back (less sensitive to load drifts).", "",
-              f"| strategy | t{hi}/t{lo} | paired t{hi}/t{lo} | target | result | cursor state (bytes, pickled) | "
-              "epoch with checkpoints (s) |", "|---|---:|---:|---:|:---:|---:|---:|"]
+    lines += [
+        "",
+        f"t{hi}/t{lo} is the ratio of the medians; the paired ratio is the median over repeats of "
+        f"t{hi}/t{lo} measured back to back (less sensitive to load drifts).",
+        "",
+        f"| strategy | t{hi}/t{lo} | paired t{hi}/t{lo} | target | result | cursor state (bytes, pickled) | "
+        "epoch with checkpoints (s) |",
+        "|---|---:|---:|---:|:---:|---:|---:|",
+    ]
     for r in results:
         ratio = r["ratio"]
-        lines.append(f"| {r['shuffle']!r} | {ratio:.3f} | {r['paired']:.3f} | ≤ {TARGET_RATIO} | "
-                     f"{'PASS' if ratio <= TARGET_RATIO else 'FAIL'} | {r['state_bytes']} | {r['epoch_s']:.1f} |")
-    lines += ["", "Cursor state saved at the last position (`ckpt['LanceDataModule']['train_cursor']`, "
-              f"strategy {results[-1]['shuffle']!r}):", "", "```", repr(results[-1]["state"]), "```", ""]
+        lines.append(
+            f"| {r['shuffle']!r} | {ratio:.3f} | {r['paired']:.3f} | ≤ {TARGET_RATIO} | "
+            f"{'PASS' if ratio <= TARGET_RATIO else 'FAIL'} | {r['state_bytes']} | {r['epoch_s']:.1f} |"
+        )
+    lines += [
+        "",
+        "Cursor state saved at the last position (`ckpt['LanceDataModule']['train_cursor']`, "
+        f"strategy {results[-1]['shuffle']!r}):",
+        "",
+        "```",
+        repr(results[-1]["state"]),
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -258,17 +308,20 @@ def main(argv: list[str] | None = None) -> int:
     # order spans two ranges instead of one (in any run, resumed or not), which this benchmark
     # would misread as a resume cost.
     parser.add_argument("--rows", type=int, default=2**21)
-    parser.add_argument("--data", type=Path, default=None,
-                        help="dataset path (written there if missing; default: a temporary folder)")
+    parser.add_argument(
+        "--data", type=Path, default=None, help="dataset path (written there if missing; default: a temporary folder)"
+    )
     parser.add_argument("--batch-size", type=int, default=8192)
-    parser.add_argument("--strategies", default="none,shard,row,buffer",
-                        help="comma-separated subset of none, shard, row, buffer")
+    parser.add_argument(
+        "--strategies", default="none,shard,row,buffer", help="comma-separated subset of none, shard, row, buffer"
+    )
     parser.add_argument("--positions", default="0.1,0.5,0.9", help="epoch fractions to checkpoint at")
     parser.add_argument("--filter", default=None, help="optional train filter, e.g. 'label < 50'")
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps-per-position", type=int, default=3,
-                        help="consecutive steps checkpointed and resumed at each position")
+    parser.add_argument(
+        "--steps-per-position", type=int, default=3, help="consecutive steps checkpointed and resumed at each position"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--strict", action="store_true", help="exit 1 when a ratio misses the target")
     args = parser.parse_args(argv)

@@ -68,12 +68,18 @@ def dataset(cache: Path, rows: int) -> str:
 
     def batches():
         for first in range(0, rows, 1 << 20):
-            yield pa.record_batch([pa.array(np.arange(first, min(rows, first + (1 << 20)), dtype=np.int64))],
-                                  schema=schema)
+            yield pa.record_batch(
+                [pa.array(np.arange(first, min(rows, first + (1 << 20)), dtype=np.int64))], schema=schema
+            )
 
     started = time.perf_counter()
-    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), str(path), mode="overwrite",
-                        max_rows_per_file=FRAGMENT_ROWS, max_rows_per_group=1 << 16)
+    lance.write_dataset(
+        pa.RecordBatchReader.from_batches(schema, batches()),
+        str(path),
+        mode="overwrite",
+        max_rows_per_file=FRAGMENT_ROWS,
+        max_rows_per_group=1 << 16,
+    )
     print(f"wrote {rows:,} rows in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return str(path)
 
@@ -90,16 +96,21 @@ def measure_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
 
     name, kwargs = CASES[case]
     strategy = getattr(ll, name)(**kwargs)
-    dm = LanceDataModule(train=LanceSource(uri, columns=["x"], filter=FILTER if filtered else None),
-                         shuffle=strategy, batch_size=BATCH)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["x"], filter=FILTER if filtered else None), shuffle=strategy, batch_size=BATCH
+    )
     t0 = time.perf_counter()
     dm.setup("fit")
     t1 = time.perf_counter()
     loader = dm.train_dataloader()
     next(iter(loader))
     t2 = time.perf_counter()
-    out = {"setup_s": t1 - t0, "first_s": t2 - t1, "rss_mb": rss_mb(),
-           "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    out = {
+        "setup_s": t1 - t0,
+        "first_s": t2 - t1,
+        "rss_mb": rss_mb(),
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
     rows = dm.plans["train"].matched_rows
     state = dict(loader.state_dict())
     times: dict[float, list[float]] = {0.1: [], 0.9: []}
@@ -155,8 +166,11 @@ def render(results: dict) -> str:
         "# Scale: setup, first batch, memory and resume from 10^6 rows up",
         "",
         "Commands (sizes run in sections; results accumulate): "
-        + "; ".join(f"`{run['command']}` ({run['when']})" for run in
-                    (results[size].get("_run") for size in sorted(results, key=int)) if run)
+        + "; ".join(
+            f"`{run['command']}` ({run['when']})"
+            for run in (results[size].get("_run") for size in sorted(results, key=int))
+            if run
+        )
         + ".",
         f"Machine: {machine()}. One int64 column, batch {BATCH}, filter `{FILTER}` (10%), "
         "one process per case, warm page cache. Memory: RSS after the first batch minus the "
@@ -181,7 +195,8 @@ def render(results: dict) -> str:
                 f"| 10^{len(size) - 1} | {case} | {'10%' if filtered == '1' else '—'} | {r['setup_s']:.3f} | "
                 f"{r['first_s']:.3f} | {r['setup_s'] + r['first_s']:.3f} | {over} | {r['peak_mb']:.0f} | "
                 f"{r['resume10_s']:.4f} | {r['resume90_s']:.4f} | {r['resume90_s'] / r['resume10_s']:.2f} | "
-                f"{rate} | {raw} | {r['load']} |")
+                f"{rate} | {raw} | {r['load']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -216,8 +231,13 @@ def main() -> None:
                 r = run_case(uri, case, filtered, args.batches if case == "RowShuffle" and not filtered else 0)
                 r["load"] = load
                 cases[f"{case}|{int(filtered)}"] = r
-                print(size, case, filtered, {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()},
-                      file=sys.stderr)
+                print(
+                    size,
+                    case,
+                    filtered,
+                    {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()},
+                    file=sys.stderr,
+                )
                 store.write_text(json.dumps(results, indent=1))
     if args.quick:
         print(render(results))

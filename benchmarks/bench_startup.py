@@ -54,8 +54,15 @@ def main(argv: list[str] | None = None) -> int:
         uri = write_dataset(work / "source.lance", 2000)
         commands = {
             "lance-lightning --help": [script, "--help"],
-            "lance-lightning materialize (2,000 rows)": [script, "materialize", "--uri", uri, "--out-dir",
-                                                         str(work / "views"), "--quiet"],
+            "lance-lightning materialize (2,000 rows)": [
+                script,
+                "materialize",
+                "--uri",
+                uri,
+                "--out-dir",
+                str(work / "views"),
+                "--quiet",
+            ],
             "lance-lightning profile --help": [script, "profile", "--help"],
             "lance-lightning fit --help": [script, "fit", "--help"],
         }
@@ -64,7 +71,15 @@ def main(argv: list[str] | None = None) -> int:
             root = str(Path(__file__).resolve().parent.parent)
             commands["uv run python -c pass"] = [uv, "run", "--project", root, "python", "-c", "pass"]
             commands["uv run --compile-bytecode python -c pass (former [tool.uv] setting)"] = [
-                uv, "run", "--project", root, "--compile-bytecode", "python", "-c", "pass"]
+                uv,
+                "run",
+                "--project",
+                root,
+                "--compile-bytecode",
+                "python",
+                "-c",
+                "pass",
+            ]
         baseline = [sys.executable, "-c", "import lance"]
         _timed(baseline)  # warm the page cache and bytecode before measuring
         times: dict[str, list[float]] = {name: [] for name in ["python -c 'import lance'", *commands]}
@@ -88,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(f"| {name} | {statistics.median(values):.2f} | {ratio:.2f} | {verdict} |")
     text = f"""# Start-up time of the command line
 
-{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: `uv run python benchmarks/bench_startup.py{' --quick' if args.quick else ''}` ({reps} repetitions).
+{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}. Command: `uv run python benchmarks/bench_startup.py{" --quick" if args.quick else ""}` ({reps} repetitions).
 
-Machine: {platform.machine()}, {__import__('os').cpu_count()} CPU(s), Python {platform.python_version()}, pylance {lance.__version__}. Each repetition runs the baseline and each command once, back to back, in fresh interpreters; the ratio is the median of the per-repetition ratios command / baseline. Target: <= {TARGET} for `--help`, `materialize` and `profile --help`.
+Machine: {platform.machine()}, {__import__("os").cpu_count()} CPU(s), Python {platform.python_version()}, pylance {lance.__version__}. Each repetition runs the baseline and each command once, back to back, in fresh interpreters; the ratio is the median of the per-repetition ratios command / baseline. Target: <= {TARGET} for `--help`, `materialize` and `profile --help`.
 
 | command | median wall time (s) | ratio to `import lance` | target |
 |---|---:|---:|---|

@@ -80,8 +80,9 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 BATCH = 256
 
 
-def quiet_paired(candidate: Any, baseline: Any, reps: int, min_seconds: float,
-                 tries: int = 4) -> tuple[common.Paired, list[float], int]:
+def quiet_paired(
+    candidate: Any, baseline: Any, reps: int, min_seconds: float, tries: int = 4
+) -> tuple[common.Paired, list[float], int]:
     """Like `common.paired`, keeping only pairs measured while quiet; each side is warmed up first.
 
     The order alternates from pair to pair. Before each timed side one untimed call wakes its
@@ -102,8 +103,12 @@ def quiet_paired(candidate: Any, baseline: Any, reps: int, min_seconds: float,
         pairs.append((rates[candidate], rates[baseline], load.share))
     kept = [p for p in pairs if p[2] < common.QUIET] or pairs
     raw = [(c, b) for c, b, _ in kept]
-    result = common.Paired(statistics.median(c for c, _ in raw), statistics.median(b for _, b in raw),
-                           statistics.median(c / b for c, b in raw), raw)
+    result = common.Paired(
+        statistics.median(c for c, _ in raw),
+        statistics.median(b for _, b in raw),
+        statistics.median(c / b for c, b in raw),
+        raw,
+    )
     return result, [load for *_, load in kept], len(pairs)
 
 
@@ -148,23 +153,32 @@ def decode_backends(reps: int) -> list[dict[str, Any]]:
                 for _ in pools[threads].map(transforms[backend], batches):
                     pass
                 return BATCH * count
+
             return epoch
 
         results.append(thread_cpu_rates(transforms, batches, side, 4 * reps))
         for threads in (1, 2):
-            paired, others, tried = quiet_paired(run("torchcodec", threads), run("torchvision", threads), reps,
-                                                 0.3)
-            results.append({"side": side, "threads": threads, "torchcodec": paired.rows_per_s,
-                            "torchvision": paired.base_rows_per_s, "ratio": paired.ratio,
-                            "quiet": sum(load < common.QUIET for load in others),
-                            "tried": tried, "others": max(others)})
+            paired, others, tried = quiet_paired(run("torchcodec", threads), run("torchvision", threads), reps, 0.3)
+            results.append(
+                {
+                    "side": side,
+                    "threads": threads,
+                    "torchcodec": paired.rows_per_s,
+                    "torchvision": paired.base_rows_per_s,
+                    "ratio": paired.ratio,
+                    "quiet": sum(load < common.QUIET for load in others),
+                    "tried": tried,
+                    "others": max(others),
+                }
+            )
     for pool in pools.values():
         pool.shutdown()
     return results
 
 
-def thread_cpu_rates(transforms: dict[str, DecodeImage], batches: list[dict[str, Any]], side: int,
-                     reps: int) -> dict[str, Any]:
+def thread_cpu_rates(
+    transforms: dict[str, DecodeImage], batches: list[dict[str, Any]], side: int, reps: int
+) -> dict[str, Any]:
     """Images per second of the decoding thread's own CPU time (``time.thread_time``), each backend
     in turn on this thread, ``reps`` interleaved pairs: other processes' load delays a thread but
     barely changes the CPU time it needs, so this row stays comparable on a busy machine."""
@@ -172,52 +186,72 @@ def thread_cpu_rates(transforms: dict[str, DecodeImage], batches: list[dict[str,
     pairs = []
     for rep in range(reps):
         rates = {}
-        for backend in (("torchcodec", "torchvision") if rep % 2 == 0 else ("torchvision", "torchcodec")):
+        for backend in ("torchcodec", "torchvision") if rep % 2 == 0 else ("torchvision", "torchcodec"):
             transforms[backend](batches[0])  # warm
             started = time.thread_time()
             for batch in batches:
                 transforms[backend](batch)
             rates[backend] = images / (time.thread_time() - started)
         pairs.append((rates["torchcodec"], rates["torchvision"]))
-    return {"side": side, "threads": "1, CPU time", "torchcodec": statistics.median(c for c, _ in pairs),
-            "torchvision": statistics.median(b for _, b in pairs),
-            "ratio": statistics.median(c / b for c, b in pairs), "quiet": None, "tried": reps, "others": None}
+    return {
+        "side": side,
+        "threads": "1, CPU time",
+        "torchcodec": statistics.median(c for c, _ in pairs),
+        "torchvision": statistics.median(b for _, b in pairs),
+        "ratio": statistics.median(c / b for c, b in pairs),
+        "quiet": None,
+        "tried": reps,
+        "others": None,
+    }
 
 
 def backends_report(results: list[dict[str, Any]], started: float, load_before: tuple[float, ...]) -> tuple[str, bool]:
     import torchcodec
     import torchvision
 
-    rows = ["| JPEG side | threads | TorchCodec img/s | torchvision img/s | ratio | target | result | quiet pairs "
-            "| others' CPU |", "|---:|---:|---:|---:|---:|---|:---:|---:|---:|"]
+    rows = [
+        "| JPEG side | threads | TorchCodec img/s | torchvision img/s | ratio | target | result | quiet pairs "
+        "| others' CPU |",
+        "|---:|---:|---:|---:|---:|---|:---:|---:|---:|",
+    ]
     ok = True
     for r in results:
         passed = r["ratio"] >= 0.97
         ok &= passed
-        rows.append(f"| {r['side']}x{r['side']} | {r['threads']} | {r['torchcodec']:,.0f} | {r['torchvision']:,.0f} | "
-                    f"{r['ratio']:.3f} | ≥ 0.97 | {'PASS' if passed else 'FAIL'} | "
-                    + (f"{r['quiet']}/{r['tried']} | {100 * r['others']:.0f}% |" if r["quiet"] is not None
-                       else f"— ({r['tried']} pairs) | — |"))
-    text = "\n".join([
-        "# Decode backends: TorchCodec against torchvision on the CPU", "",
-        f"Generated by `{common.command_line()}` on {dt.date.today().isoformat()} ({common.machine()}); "
-        f"torch {torch.__version__}, torchcodec {torchcodec.__version__}, torchvision {torchvision.__version__}; "
-        f"{time.perf_counter() - started:.0f} s. Load average (1, 5, 15 min) at the start "
-        f"{', '.join(f'{v:.2f}' for v in load_before)}, at the end {', '.join(f'{v:.2f}' for v in os.getloadavg())}.",
-        "", *rows, "",
-        f"Each row: `DecodeImage(mean, std, backend=...)` (normalised float32 output, as in training) on the same "
-        f"in-memory batches of {BATCH} JPEGs (smooth random colour fields plus noise, quality 90; "
-        f"{', '.join(f'{n} batches at {s}x{s}' for s, n in BACKEND_SIDES.items())}), converted as the loader "
-        "converts them (one uint8 `Ragged` per batch), on a pool of 1 or 2 threads with "
-        "`torch.set_num_threads(1)`. Median of interleaved pairs (each side warmed up, then timed for at least "
-        "0.3 s); only quiet pairs (other processes used < 5% of the CPUs, `common.OtherLoad`) count, all pairs when "
-        "none was quiet ('quiet pairs' 0/n: the ratio is then measured under load and less certain). The "
-        "'1, CPU time' rows divide the images by the decoding thread's own CPU time (`time.thread_time`, the median "
-        "of interleaved pairs on one thread), which other processes' load barely changes. Both backends "
-        "decode in one compiled loop without the GIL; they gave identical images (checked in the run). The "
-        "torchvision row is the decoder `DecodeImage` used before TorchCodec, so ratio ≥ 0.97 means no regression.",
-        "",
-    ])
+        rows.append(
+            f"| {r['side']}x{r['side']} | {r['threads']} | {r['torchcodec']:,.0f} | {r['torchvision']:,.0f} | "
+            f"{r['ratio']:.3f} | ≥ 0.97 | {'PASS' if passed else 'FAIL'} | "
+            + (
+                f"{r['quiet']}/{r['tried']} | {100 * r['others']:.0f}% |"
+                if r["quiet"] is not None
+                else f"— ({r['tried']} pairs) | — |"
+            )
+        )
+    text = "\n".join(
+        [
+            "# Decode backends: TorchCodec against torchvision on the CPU",
+            "",
+            f"Generated by `{common.command_line()}` on {dt.date.today().isoformat()} ({common.machine()}); "
+            f"torch {torch.__version__}, torchcodec {torchcodec.__version__}, torchvision {torchvision.__version__}; "
+            f"{time.perf_counter() - started:.0f} s. Load average (1, 5, 15 min) at the start "
+            f"{', '.join(f'{v:.2f}' for v in load_before)}, at the end {', '.join(f'{v:.2f}' for v in os.getloadavg())}.",
+            "",
+            *rows,
+            "",
+            f"Each row: `DecodeImage(mean, std, backend=...)` (normalised float32 output, as in training) on the same "
+            f"in-memory batches of {BATCH} JPEGs (smooth random colour fields plus noise, quality 90; "
+            f"{', '.join(f'{n} batches at {s}x{s}' for s, n in BACKEND_SIDES.items())}), converted as the loader "
+            "converts them (one uint8 `Ragged` per batch), on a pool of 1 or 2 threads with "
+            "`torch.set_num_threads(1)`. Median of interleaved pairs (each side warmed up, then timed for at least "
+            "0.3 s); only quiet pairs (other processes used < 5% of the CPUs, `common.OtherLoad`) count, all pairs when "
+            "none was quiet ('quiet pairs' 0/n: the ratio is then measured under load and less certain). The "
+            "'1, CPU time' rows divide the images by the decoding thread's own CPU time (`time.thread_time`, the median "
+            "of interleaved pairs on one thread), which other processes' load barely changes. Both backends "
+            "decode in one compiled loop without the GIL; they gave identical images (checked in the run). The "
+            "torchvision row is the decoder `DecodeImage` used before TorchCodec, so ratio ≥ 0.97 means no regression.",
+            "",
+        ]
+    )
     return text, ok
 
 
@@ -234,6 +268,7 @@ def decode_scaling(uri: str, reps: int) -> dict[str, Any]:
             for _ in pools[threads].map(transform, batches):
                 pass
             return table.num_rows
+
         return epoch
 
     before = torch.get_num_threads()
@@ -246,8 +281,15 @@ def decode_scaling(uri: str, reps: int) -> dict[str, Any]:
         torch.set_num_threads(before)
         for pool in pools.values():
             pool.shutdown()
-    return {"two": result.rows_per_s, "one": result.base_rows_per_s, "ratio": result.ratio, "kept": len(loads),
-            "tried": tried, "others": max(loads), "raw": result.raw}
+    return {
+        "two": result.rows_per_s,
+        "one": result.base_rows_per_s,
+        "ratio": result.ratio,
+        "kept": len(loads),
+        "tried": tried,
+        "others": max(loads),
+        "raw": result.raw,
+    }
 
 
 # -- 2. against plain PyTorch ----------------------------------------------------------------------
@@ -281,24 +323,39 @@ def epoch_fn(loader: Any):
         for batch in loader:
             rows += len(batch["label"]) if isinstance(batch, dict) else len(batch[1])
         return rows
+
     return epoch
 
 
 def against_plain(uri: str, reps: int) -> dict[str, Any]:
-    dm = LanceDataModule(train=LanceSource(uri, columns=["image", "label"]), batch_size=BATCH,
-                         shuffle=RowShuffle(seed=0), transform=decode())
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["image", "label"]),
+        batch_size=BATCH,
+        shuffle=RowShuffle(seed=0),
+        transform=decode(),
+    )
     ours = epoch_fn(dm.train_dataloader())
     plain0 = epoch_fn(DataLoader(PlainImages(uri), batch_size=BATCH, shuffle=True, num_workers=0))
-    workers = DataLoader(PlainImages(uri), batch_size=BATCH, shuffle=True, num_workers=2,
-                         multiprocessing_context="forkserver", persistent_workers=True)
+    workers = DataLoader(
+        PlainImages(uri),
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=2,
+        multiprocessing_context="forkserver",
+        persistent_workers=True,
+    )
     plain2 = epoch_fn(workers)
     plain2()  # start the persistent workers outside the timings
     out = {"threads": dm.reader_threads}
     for name, baseline in (("workers0", plain0), ("workers2", plain2)):
         with common.OtherLoad() as load:
             result = common.paired(ours, baseline, reps, min_seconds=0.1)
-        out[name] = {"ours": result.rows_per_s, "plain": result.base_rows_per_s, "ratio": result.ratio,
-                     "others": load.share}
+        out[name] = {
+            "ours": result.rows_per_s,
+            "plain": result.base_rows_per_s,
+            "ratio": result.ratio,
+            "others": load.share,
+        }
     return out
 
 
@@ -316,12 +373,19 @@ def matmul_step(seconds: float) -> Any:
     def step() -> None:
         for _ in range(repeats):
             a @ a
+
     return step
 
 
 def overlap_loader(uri: str, batch_size: int, threads: int) -> Any:
-    dm = LanceDataModule(train=LanceSource(uri, columns=["image", "label"]), batch_size=batch_size,
-                         shuffle=NoShuffle(), transform=decode(), reader_threads=threads, prefetch_batches=4)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["image", "label"]),
+        batch_size=batch_size,
+        shuffle=NoShuffle(),
+        transform=decode(),
+        reader_threads=threads,
+        prefetch_batches=4,
+    )
     return dm.train_dataloader()
 
 
@@ -387,8 +451,13 @@ MEMORY_STEP_S = 0.02
 
 def memory_child(uri: str, depth: int, epochs: int) -> dict[str, Any]:
     process = psutil.Process()
-    dm = LanceDataModule(train=LanceSource(uri, columns=["image", "label"]), batch_size=BATCH,
-                         shuffle=RowShuffle(seed=0), transform=decode(), prefetch_batches=depth)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["image", "label"]),
+        batch_size=BATCH,
+        shuffle=RowShuffle(seed=0),
+        transform=decode(),
+        prefetch_batches=depth,
+    )
     loader = dm.train_dataloader()
     idle = process.memory_info().rss
     peak = [idle]
@@ -419,8 +488,12 @@ def memory_child(uri: str, depth: int, epochs: int) -> dict[str, Any]:
 def memory(uri: str, epochs: int) -> dict[int, dict[str, Any]]:
     out = {}
     for depth in (2, 16):
-        code = subprocess.run([sys.executable, __file__, "--memory-child", uri, str(depth), str(epochs)],
-                              capture_output=True, text=True, check=True)
+        code = subprocess.run(
+            [sys.executable, __file__, "--memory-child", uri, str(depth), str(epochs)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         out[depth] = json.loads(code.stdout.strip().splitlines()[-1])
     return out
 
@@ -429,45 +502,82 @@ def memory(uri: str, epochs: int) -> dict[int, dict[str, Any]]:
 def table(scaling: dict, plain: dict, lap: dict, mem: dict) -> tuple[str, bool]:
     rows, ok = [], True
 
-    def line(scenario: str, measured: str, baseline: str, ratio: str, target: str, passed: bool | None,
-             others: float | None = None) -> None:
+    def line(
+        scenario: str,
+        measured: str,
+        baseline: str,
+        ratio: str,
+        target: str,
+        passed: bool | None,
+        others: float | None = None,
+    ) -> None:
         nonlocal ok
         ok = ok and passed is not False
         result = "info" if passed is None else ("PASS" if passed else "FAIL")
         load = "—" if others is None else f"{100 * others:.1f}%"
         rows.append(f"| {scenario} | {measured} | {baseline} | {ratio} | {target} | {result} | {load} |")
 
-    line(f"decode, 2 threads ({scaling['kept']} of {scaling['tried']} pairs quiet)", f"{scaling['two']:,.0f} img/s",
-         f"1 thread: {scaling['one']:,.0f} img/s", f"{scaling['ratio']:.2f}x", "≥ 1.7x", scaling["ratio"] >= 1.7,
-         scaling["others"])
+    line(
+        f"decode, 2 threads ({scaling['kept']} of {scaling['tried']} pairs quiet)",
+        f"{scaling['two']:,.0f} img/s",
+        f"1 thread: {scaling['one']:,.0f} img/s",
+        f"{scaling['ratio']:.2f}x",
+        "≥ 1.7x",
+        scaling["ratio"] >= 1.7,
+        scaling["others"],
+    )
     for name, label in (("workers0", "0 workers"), ("workers2", "2 forkserver workers")):
         r = plain[name]
-        line(f"image epoch, LanceDataModule ({plain['threads']} reader threads)", f"{r['ours']:,.0f} img/s",
-             f"plain DataLoader take+PIL, {label}: {r['plain']:,.0f} img/s", f"{r['ratio']:.2f}x faster", "> 1x",
-             r["ratio"] > 1, r["others"])
+        line(
+            f"image epoch, LanceDataModule ({plain['threads']} reader threads)",
+            f"{r['ours']:,.0f} img/s",
+            f"plain DataLoader take+PIL, {label}: {r['plain']:,.0f} img/s",
+            f"{r['ratio']:.2f}x faster",
+            "> 1x",
+            r["ratio"] > 1,
+            r["others"],
+        )
     for kind, text in (("sleep", "sleep step (idle host, like a GPU step)"), ("matmul", "busy 1-thread matmul step")):
         on, off = lap[f"{kind}/2"], lap[f"{kind}/0"]
-        line(f"overlap, {text}: wait per step, prefetch on", f"{on['wait_ms']:.2f} ms = {100 * on['fraction']:.1f}% "
-             f"of {on['step_ms']:.1f} ms", f"prefetch off: {off['wait_ms']:.2f} ms = {100 * off['fraction']:.1f}%",
-             f"{off['wait_ms'] / max(on['wait_ms'], 1e-6):.0f}x less waiting", "< 5% of step",
-             on["fraction"] < 0.05 if kind == "sleep" else None, max(on["others"], off["others"]))
+        line(
+            f"overlap, {text}: wait per step, prefetch on",
+            f"{on['wait_ms']:.2f} ms = {100 * on['fraction']:.1f}% of {on['step_ms']:.1f} ms",
+            f"prefetch off: {off['wait_ms']:.2f} ms = {100 * off['fraction']:.1f}%",
+            f"{off['wait_ms'] / max(on['wait_ms'], 1e-6):.0f}x less waiting",
+            "< 5% of step",
+            on["fraction"] < 0.05 if kind == "sleep" else None,
+            max(on["others"], off["others"]),
+        )
     for depth, r in mem.items():
         warm, peaks = r["peaks"][0], r["peaks"][1:]
         first, last = peaks[0], peaks[-1]
         growth = (max(peaks) - r["idle"]) / 2**20
         flat = last <= first * 1.05 + 16 * 2**20
-        line(f"memory, prefetch_batches={depth}: peak RSS epoch 5 vs 1",
-             f"{last / 2**20:,.0f} MB (peaks {', '.join(f'{p / 2**20:,.0f}' for p in peaks)}; warm-up epoch "
-             f"{warm / 2**20:,.0f})", f"epoch 1: {first / 2**20:,.0f} MB; growth over idle {growth:,.0f} MB, of "
-             f"which queue {r['bound'] / 2**20:,.0f} MB", f"{last / first:.3f}", "≤ 1.05 (flat)", flat)
+        line(
+            f"memory, prefetch_batches={depth}: peak RSS epoch 5 vs 1",
+            f"{last / 2**20:,.0f} MB (peaks {', '.join(f'{p / 2**20:,.0f}' for p in peaks)}; warm-up epoch "
+            f"{warm / 2**20:,.0f})",
+            f"epoch 1: {first / 2**20:,.0f} MB; growth over idle {growth:,.0f} MB, of "
+            f"which queue {r['bound'] / 2**20:,.0f} MB",
+            f"{last / first:.3f}",
+            "≤ 1.05 (flat)",
+            flat,
+        )
     low, high = sorted(mem)
     mean_peak = {depth: statistics.mean(r["peaks"][1:]) for depth, r in mem.items()}
     per_batch = (mean_peak[high] - mean_peak[low]) / (high - low) / DECODED_BATCH_BYTES
-    line(f"memory, bounded by the depth: mean epoch peak added per batch of depth ({low} → {high})",
-         f"{per_batch * DECODED_BATCH_BYTES / 2**20:,.1f} MB", f"one decoded batch: {DECODED_BATCH_BYTES / 2**20:.1f} MB",
-         f"{per_batch:.2f}", "≤ 2 batches", per_batch <= 2)
-    head = ["| scenario | measured | baseline | ratio | target | result | others' CPU |",
-            "|---|---|---|---:|---|:---:|---:|"]
+    line(
+        f"memory, bounded by the depth: mean epoch peak added per batch of depth ({low} → {high})",
+        f"{per_batch * DECODED_BATCH_BYTES / 2**20:,.1f} MB",
+        f"one decoded batch: {DECODED_BATCH_BYTES / 2**20:.1f} MB",
+        f"{per_batch:.2f}",
+        "≤ 2 batches",
+        per_batch <= 2,
+    )
+    head = [
+        "| scenario | measured | baseline | ratio | target | result | others' CPU |",
+        "|---|---|---|---:|---|:---:|---:|",
+    ]
     return "\n".join(head + rows), ok
 
 
@@ -475,8 +585,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4k images, fewer repetitions")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
-    parser.add_argument("--backends", action="store_true",
-                        help="only compare the decode backends (writes benchmarks/results/decode_backends.md)")
+    parser.add_argument(
+        "--backends",
+        action="store_true",
+        help="only compare the decode backends (writes benchmarks/results/decode_backends.md)",
+    )
     parser.add_argument("--memory-child", nargs=3, metavar=("URI", "DEPTH", "EPOCHS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -504,36 +617,42 @@ def main(argv: list[str] | None = None) -> int:
     print("[4/4] memory over 5 epochs (after a warm-up epoch)", flush=True)
     mem = memory(uri, 6)
     text, ok = table(scaling, plain, lap, mem)
-    report = "\n".join([
-        "# Batch transforms: decode scaling, plain PyTorch, overlap, memory", "",
-        f"Generated by `{common.command_line()}` on {dt.date.today().isoformat()} ({common.machine()}); "
-        f"{rows:,} 64x64 RGB JPEGs; {time.perf_counter() - started:.0f} s. Load average (1, 5, 15 min) at the start "
-        f"{', '.join(f'{v:.2f}' for v in load_before)}, at the end {', '.join(f'{v:.2f}' for v in os.getloadavg())}.",
-        "",
-        text, "",
-        "\"others' CPU\": the share of the 2 CPUs used by other processes during the measurement (the most "
-        f"of its repetitions); measurements retried while it was ≥ {100 * common.QUIET:.0f}%.", "",
-        "Notes:",
-        f"- Decode scaling: {len(range(0, BATCH * 16, BATCH))} batches of {BATCH} JPEGs already in memory "
-        "(converted by `to_torch_batch`, as in the loader: one uint8 `Ragged` per batch), "
-        "`DecodeImage(mean, std)` on a thread pool, `torch.set_num_threads(1)`; median of interleaved pairs "
-        "(each side warmed up, then timed for at least 0.2 s), quiet pairs only. Raw img/s (2 threads / 1 thread): "
-        f"{', '.join(f'{c:,.0f} / {b:,.0f}' for c, b in scaling['raw'])}.",
-        "- Plain PyTorch: `Dataset.__getitem__` = `ds.take([i])` + `PIL.Image.open(...).convert('RGB')` + the same "
-        f"normalisation, `DataLoader(batch_size={BATCH}, shuffle=True)`; the plugin: `LanceDataModule(shuffle="
-        "RowShuffle(seed=0), transform=DecodeImage(mean, std))`, `num_workers=0`. Warm epochs (workers started "
-        "before timing), medians of interleaved pairs.",
-        f"- Overlap: batch size {lap['batch_size']} calibrated so one batch takes {lap['prepare_ms']:.1f} ms to read + "
-        "decode on one thread (prefetch off, no step). The sleep step models an accelerator step (the host idles); "
-        "the matmul step keeps one of the 2 cores busy, leaving one for decoding. Prefetch on: `reader_threads=2, "
-        "prefetch_batches=4`; off: `reader_threads=0` (read and decode inline when the step asks). The reader "
-        "threads run under SCHED_BATCH, so waking one for new work never preempts the training loop.",
-        "- Memory: each setting in a fresh process; a warm-up epoch, then 5 epochs of RowShuffle + DecodeImage "
-        f"(float32 64x64 batches of {BATCH} = {DECODED_BATCH_BYTES / 2**20:.1f} MB) with a {1e3 * MEMORY_STEP_S:.0f} ms "
-        "step, so the read-ahead queue stays full; the queue holds `prefetch_batches` decoded batches + "
-        "`prefetch_groups` raw read groups; the rest of the growth is the decode threads' working memory and "
-        "malloc arenas, the same at every depth.", "",
-    ])
+    report = "\n".join(
+        [
+            "# Batch transforms: decode scaling, plain PyTorch, overlap, memory",
+            "",
+            f"Generated by `{common.command_line()}` on {dt.date.today().isoformat()} ({common.machine()}); "
+            f"{rows:,} 64x64 RGB JPEGs; {time.perf_counter() - started:.0f} s. Load average (1, 5, 15 min) at the start "
+            f"{', '.join(f'{v:.2f}' for v in load_before)}, at the end {', '.join(f'{v:.2f}' for v in os.getloadavg())}.",
+            "",
+            text,
+            "",
+            '"others\' CPU": the share of the 2 CPUs used by other processes during the measurement (the most '
+            f"of its repetitions); measurements retried while it was ≥ {100 * common.QUIET:.0f}%.",
+            "",
+            "Notes:",
+            f"- Decode scaling: {len(range(0, BATCH * 16, BATCH))} batches of {BATCH} JPEGs already in memory "
+            "(converted by `to_torch_batch`, as in the loader: one uint8 `Ragged` per batch), "
+            "`DecodeImage(mean, std)` on a thread pool, `torch.set_num_threads(1)`; median of interleaved pairs "
+            "(each side warmed up, then timed for at least 0.2 s), quiet pairs only. Raw img/s (2 threads / 1 thread): "
+            f"{', '.join(f'{c:,.0f} / {b:,.0f}' for c, b in scaling['raw'])}.",
+            "- Plain PyTorch: `Dataset.__getitem__` = `ds.take([i])` + `PIL.Image.open(...).convert('RGB')` + the same "
+            f"normalisation, `DataLoader(batch_size={BATCH}, shuffle=True)`; the plugin: `LanceDataModule(shuffle="
+            "RowShuffle(seed=0), transform=DecodeImage(mean, std))`, `num_workers=0`. Warm epochs (workers started "
+            "before timing), medians of interleaved pairs.",
+            f"- Overlap: batch size {lap['batch_size']} calibrated so one batch takes {lap['prepare_ms']:.1f} ms to read + "
+            "decode on one thread (prefetch off, no step). The sleep step models an accelerator step (the host idles); "
+            "the matmul step keeps one of the 2 cores busy, leaving one for decoding. Prefetch on: `reader_threads=2, "
+            "prefetch_batches=4`; off: `reader_threads=0` (read and decode inline when the step asks). The reader "
+            "threads run under SCHED_BATCH, so waking one for new work never preempts the training loop.",
+            "- Memory: each setting in a fresh process; a warm-up epoch, then 5 epochs of RowShuffle + DecodeImage "
+            f"(float32 64x64 batches of {BATCH} = {DECODED_BATCH_BYTES / 2**20:.1f} MB) with a {1e3 * MEMORY_STEP_S:.0f} ms "
+            "step, so the read-ahead queue stays full; the queue holds `prefetch_batches` decoded batches + "
+            "`prefetch_groups` raw read groups; the rest of the growth is the decode threads' working memory and "
+            "malloc arenas, the same at every depth.",
+            "",
+        ]
+    )
     RESULTS.write_text(report)
     print(report)
     return 1 if args.strict and not ok else 0

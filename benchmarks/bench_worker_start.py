@@ -52,8 +52,16 @@ def _one(uri: str) -> None:
     zero = _first_batch_s(uri, 0)
     first = _first_batch_s(uri, 2)
     again = _first_batch_s(uri, 2)
-    print(json.dumps({"workers0_s": zero, "workers2_first_s": first, "workers2_again_s": again,
-                      "lightning_in_main": "lightning" in sys.modules}))
+    print(
+        json.dumps(
+            {
+                "workers0_s": zero,
+                "workers2_first_s": first,
+                "workers2_again_s": again,
+                "lightning_in_main": "lightning" in sys.modules,
+            }
+        )
+    )
 
 
 def _load() -> str:
@@ -78,8 +86,9 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     runs, loads = [], [_load()]
     for _ in range(args.repeats):
-        out = subprocess.run([sys.executable, __file__, "--one", uri], env=env, capture_output=True, text=True,
-                             check=True, cwd=REPO_ROOT)
+        out = subprocess.run(
+            [sys.executable, __file__, "--one", uri], env=env, capture_output=True, text=True, check=True, cwd=REPO_ROOT
+        )
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         loads.append(_load())
     keys = ("workers0_s", "workers2_first_s", "workers2_again_s")
@@ -103,8 +112,10 @@ def main() -> None:
         "",
         "| repeat | 0 workers (s) | 2 workers, first (s) | 2 workers, again (s) |",
         "|---:|---:|---:|---:|",
-        *(f"| {i} | {r['workers0_s']:.3f} | {r['workers2_first_s']:.3f} | {r['workers2_again_s']:.3f} |"
-          for i, r in enumerate(runs, 1)),
+        *(
+            f"| {i} | {r['workers0_s']:.3f} | {r['workers2_first_s']:.3f} | {r['workers2_again_s']:.3f} |"
+            for i, r in enumerate(runs, 1)
+        ),
         f"| median | {med['workers0_s']:.3f} | {med['workers2_first_s']:.3f} | {med['workers2_again_s']:.3f} |",
         "",
         f"2 workers (first loader) cost {extra:.2f} s more than 0 workers: target <= {TARGET_S:.0f} s: "

@@ -71,8 +71,7 @@ def vec_dataset(cache_dir: Path, rows: int, log: Callable[[str], None] = print) 
         return str(path)
     log(f"[data] writing {rows:,} rows to {path} ...")
     started = time.perf_counter()
-    schema = pa.schema([("id", pa.int64()), ("label", pa.int32()),
-                        ("vec", pa.list_(pa.float32(), VEC_DIM))])
+    schema = pa.schema([("id", pa.int64()), ("label", pa.int32()), ("vec", pa.list_(pa.float32(), VEC_DIM))])
 
     def batches() -> Iterable[pa.RecordBatch]:
         rng = np.random.default_rng(0)
@@ -124,8 +123,9 @@ def image_dataset(cache_dir: Path, rows: int, log: Callable[[str], None] = print
             blobs = [bytes(e.numpy().tobytes()) for e in encoded]
             labels = torch.randint(0, 10, (n,), generator=gen, dtype=torch.int32).numpy()
             yield pa.RecordBatch.from_arrays(
-                [pa.array(np.arange(first, first + n, dtype=np.int64)), pa.array(blobs, pa.binary()),
-                 pa.array(labels)], schema=schema)
+                [pa.array(np.arange(first, first + n, dtype=np.int64)), pa.array(blobs, pa.binary()), pa.array(labels)],
+                schema=schema,
+            )
 
     reader = pa.RecordBatchReader.from_batches(schema, batches())
     lance.write_dataset(reader, str(path), mode="overwrite")
@@ -163,10 +163,13 @@ def steady_allocator() -> str:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3
-        if libc.mallopt(m_mmap_threshold, STEADY_MMAP_THRESHOLD) and libc.mallopt(m_trim_threshold,
-                                                                                  STEADY_TRIM_THRESHOLD):
-            return (f"glibc malloc pinned: mmap threshold {STEADY_MMAP_THRESHOLD >> 20} MiB, trim threshold "
-                    f"{STEADY_TRIM_THRESHOLD >> 20} MiB")
+        if libc.mallopt(m_mmap_threshold, STEADY_MMAP_THRESHOLD) and libc.mallopt(
+            m_trim_threshold, STEADY_TRIM_THRESHOLD
+        ):
+            return (
+                f"glibc malloc pinned: mmap threshold {STEADY_MMAP_THRESHOLD >> 20} MiB, trim threshold "
+                f"{STEADY_TRIM_THRESHOLD >> 20} MiB"
+            )
     except (OSError, AttributeError):
         pass
     return "allocator thresholds not pinned (not glibc)"
@@ -200,8 +203,9 @@ class Paired:
     raw: list[tuple[float, float]] = field(default_factory=list)  # (candidate, baseline) rows/s
 
 
-def paired(candidate: Callable[[], int], baseline: Callable[[], int], reps: int,
-           min_seconds: float = MIN_SECONDS) -> Paired:
+def paired(
+    candidate: Callable[[], int], baseline: Callable[[], int], reps: int, min_seconds: float = MIN_SECONDS
+) -> Paired:
     """Interleave ``candidate`` and ``baseline`` ``reps`` times (alternating which goes first).
 
     Each measurement runs its function whole (an epoch, or a fixed number of batches) until at
@@ -328,17 +332,23 @@ def machine() -> str:
     import lance
     import torch
 
-    return (f"{platform.machine()}, {os.cpu_count()} CPU(s), Python {platform.python_version()}, "
-            f"pylance {lance.__version__}, torch {torch.__version__}, pyarrow {pa.__version__}")
+    return (
+        f"{platform.machine()}, {os.cpu_count()} CPU(s), Python {platform.python_version()}, "
+        f"pylance {lance.__version__}, torch {torch.__version__}, pyarrow {pa.__version__}"
+    )
 
 
 def markdown_table(rows: list[Row]) -> str:
-    lines = ["| scenario | rows/s | baseline | baseline rows/s | ratio | target | result |",
-             "|---|---:|---|---:|---:|---:|:---:|"]
+    lines = [
+        "| scenario | rows/s | baseline | baseline rows/s | ratio | target | result |",
+        "|---|---:|---|---:|---:|---:|:---:|",
+    ]
     for r in rows:
         target = f"≥ {r.target:g}" if r.target is not None else "—"
-        lines.append(f"| {r.scenario} | {r.rows_per_s:,.0f} | {r.baseline} | {r.base_rows_per_s:,.0f} | "
-                     f"{r.ratio:.2f} | {target} | {r.status} |")
+        lines.append(
+            f"| {r.scenario} | {r.rows_per_s:,.0f} | {r.baseline} | {r.base_rows_per_s:,.0f} | "
+            f"{r.ratio:.2f} | {target} | {r.status} |"
+        )
     return "\n".join(lines)
 
 

@@ -81,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         ratios = [r / off for r, off in zip(rates[name], rates["off"])]
         median = statistics.median(rates[name])
-        print(f"  {name:<11} {median:>12,.0f} rows/s ({median / statistics.median(rates['off']):.4f} of off)   "
-              f"per-epoch ratio to off: median {statistics.median(ratios):.4f}, mean {statistics.fmean(ratios):.4f}")
+        print(
+            f"  {name:<11} {median:>12,.0f} rows/s ({median / statistics.median(rates['off']):.4f} of off)   "
+            f"per-epoch ratio to off: median {statistics.median(ratios):.4f}, mean {statistics.fmean(ratios):.4f}"
+        )
     return 0
 
 

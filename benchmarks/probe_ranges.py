@@ -71,25 +71,36 @@ def main() -> int:
     rng = np.random.default_rng(0)
     sample = dataset.scanner(columns=COLUMNS, limit=64).to_table()
     batch_rows = read_batch_rows(sample.nbytes // sample.num_rows)
-    print(f"command: {common.command_line()}\nmachine: {common.machine()}\n{uri}, columns {COLUMNS}, "
-          f"{batch_rows}-row Arrow batches")
+    print(
+        f"command: {common.command_line()}\nmachine: {common.machine()}\n{uri}, columns {COLUMNS}, "
+        f"{batch_rows}-row Arrow batches"
+    )
     for shard in (1024, 8192):
         starts = np.sort(rng.choice(1_000_000 // shard - 1, GROUP_ROWS // shard, replace=False)) * shard
         positions = np.concatenate([np.arange(s, s + shard) for s in starts])
         print(f"{GROUP_ROWS} rows as {len(starts)} shards of {shard}:")
         allowlist = median_ms(lambda: read_positions(source, positions, True, batch_rows=batch_rows))
-        per_shard = median_ms(lambda: [dataset.scanner(columns=COLUMNS, offset=int(s), limit=shard,
-                                                       batch_size=batch_rows).to_table() for s in starts])
+        per_shard = median_ms(
+            lambda: [
+                dataset.scanner(columns=COLUMNS, offset=int(s), limit=shard, batch_size=batch_rows).to_table()
+                for s in starts
+            ]
+        )
         take = median_ms(lambda: dataset.take(positions, columns=COLUMNS))
         print(f"  one scan restricted to the rows (allowlist): {allowlist:.2f} ms")
         print(f"  one offset/limit scanner per shard:          {per_shard:.2f} ms")
         print(f"  take:                                        {take:.2f} ms")
     one_range = median_ms(lambda: read_ranges(source, [(100_000, GROUP_ROWS)], batch_rows=batch_rows))
     print(f"{GROUP_ROWS} rows as one range (offset/limit): {one_range:.2f} ms")
-    print("one range by its rows and Arrow batch rows (what a Lance call costs on top of its rows), "
-          "the four calls interleaved:")
-    calls = {(rows, size): (lambda rows=rows, size=size: read_ranges(source, [(300_000, rows)], batch_rows=size))
-             for rows in (GROUP_ROWS // 2, GROUP_ROWS) for size in (1024, batch_rows)}
+    print(
+        "one range by its rows and Arrow batch rows (what a Lance call costs on top of its rows), "
+        "the four calls interleaved:"
+    )
+    calls = {
+        (rows, size): (lambda rows=rows, size=size: read_ranges(source, [(300_000, rows)], batch_rows=size))
+        for rows in (GROUP_ROWS // 2, GROUP_ROWS)
+        for size in (1024, batch_rows)
+    }
     for (rows, size), ms in interleaved_median_ms(calls).items():
         print(f"  {rows} rows in {size}-row batches: {ms:.2f} ms")
     return 0

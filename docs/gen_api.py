@@ -27,19 +27,36 @@ API_MD = REPO_ROOT / "docs" / "api.md"
 
 #: Modules in the order data flows through them; others follow alphabetically.
 MODULE_ORDER = (
-    "lance_lightning.datamodule", "lance_lightning.source", "lance_lightning.plan.strategies",
-    "lance_lightning.transforms.image", "lance_lightning.transforms.tokens", "lance_lightning.transforms.augment",
-    "lance_lightning.transforms.compose", "lance_lightning.produce.badrows", "lance_lightning.callbacks.checkpoint",
-    "lance_lightning.callbacks.monitor", "lance_lightning.materialize.view", "lance_lightning.read.retry",
-    "lance_lightning.load.loader", "lance_lightning.load.dataset", "lance_lightning.produce.convert", "lance_lightning.errors",
+    "lance_lightning.datamodule",
+    "lance_lightning.source",
+    "lance_lightning.plan.strategies",
+    "lance_lightning.transforms.image",
+    "lance_lightning.transforms.tokens",
+    "lance_lightning.transforms.augment",
+    "lance_lightning.transforms.compose",
+    "lance_lightning.produce.badrows",
+    "lance_lightning.callbacks.checkpoint",
+    "lance_lightning.callbacks.monitor",
+    "lance_lightning.materialize.view",
+    "lance_lightning.read.retry",
+    "lance_lightning.load.loader",
+    "lance_lightning.load.dataset",
+    "lance_lightning.produce.convert",
+    "lance_lightning.errors",
     "lance_lightning.load.workers",
 )
 #: Public names that live outside the two ``__all__`` lists but are set from YAML.
-EXTRA_NAMES = {"lance_lightning.produce.badrows": ("BadRowPolicy", "RaiseOnBadRow", "ReplaceBadRow"),
-               "lance_lightning.produce.convert": ("Ragged",)}
+EXTRA_NAMES = {
+    "lance_lightning.produce.badrows": ("BadRowPolicy", "RaiseOnBadRow", "ReplaceBadRow"),
+    "lance_lightning.produce.convert": ("Ragged",),
+}
 #: Modules documented by their docstring alone: the command-line tools.
-COMMAND_MODULES = ("lance_lightning.cli", "lance_lightning.cli_lightning", "lance_lightning.profile",
-                   "lance_lightning.materialize.cli")
+COMMAND_MODULES = (
+    "lance_lightning.cli",
+    "lance_lightning.cli_lightning",
+    "lance_lightning.profile",
+    "lance_lightning.materialize.cli",
+)
 _SECTION = re.compile(r"^(Args|Arguments|Attributes|Returns|Raises|Yields|Example|Examples):\s*$")
 _ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc):(`[^`]+`)")
 _ITEM_NAME = re.compile(r"^([\w.*, ]+?):\s+(.*)$")
@@ -231,9 +248,15 @@ def _first_paragraph(doc: str) -> str:
 def figures_table() -> list[str]:
     from lance_lightning.metrics.figures import FIGURES
 
-    out = ["#### Figures logged by `DataLoadingMonitor`", "",
-           "Logged as `data/<name>` every `log_every_n_steps` steps and `data/epoch/<name>` at each epoch end "
-           "(from `lance_lightning.metrics.figures.FIGURES`).", "", "| name | meaning |", "|---|---|"]
+    out = [
+        "#### Figures logged by `DataLoadingMonitor`",
+        "",
+        "Logged as `data/<name>` every `log_every_n_steps` steps and `data/epoch/<name>` at each epoch end "
+        "(from `lance_lightning.metrics.figures.FIGURES`).",
+        "",
+        "| name | meaning |",
+        "|---|---|",
+    ]
     out += [f"| `{name}` | {meaning} |" for name, meaning in FIGURES.items()]
     return out + [""]
 
@@ -241,10 +264,15 @@ def figures_table() -> list[str]:
 def render() -> str:
     grouped = public_objects()
     modules = sorted(grouped, key=_module_rank)
-    out = ["# API reference", "",
-           "Generated from the docstrings by `python docs/gen_api.py`; `tests/scenarios/test_docs.py` fails when this "
-           "file is out of date. The [guide](guide.md) explains how the pieces fit together.", "",
-           "## Contents", ""]
+    out = [
+        "# API reference",
+        "",
+        "Generated from the docstrings by `python docs/gen_api.py`; `tests/scenarios/test_docs.py` fails when this "
+        "file is out of date. The [guide](guide.md) explains how the pieces fit together.",
+        "",
+        "## Contents",
+        "",
+    ]
     for module in modules:
         names = ", ".join(f"[`{n}`](#{_anchor(n)})" for n, _ in grouped[module])
         out.append(f"- `{module}`: {names}")

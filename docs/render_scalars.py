@@ -18,8 +18,14 @@ from pathlib import Path
 
 #: The panels drawn when no tags are given: the model's curves, then the data loader's.
 DEFAULT_TAGS = (
-    "train/loss", "val/acc", "data/wait_fraction", "data/rows_per_s",
-    "data/step_s", "data/decode_s", "data/io_wait_s", "data/prefetch_ready",
+    "train/loss",
+    "val/acc",
+    "data/wait_fraction",
+    "data/rows_per_s",
+    "data/step_s",
+    "data/decode_s",
+    "data/io_wait_s",
+    "data/prefetch_ready",
 )
 
 
@@ -53,10 +59,12 @@ def render(run_dir: str | Path, out: str | Path, tags: tuple[str, ...] = DEFAULT
         axis.set_xlabel("step", fontsize=8)
         axis.tick_params(labelsize=7)
         axis.grid(True, color="#e0e0e0", linewidth=0.6)
-    for axis in list(axes.flat)[len(tags):]:
+    for axis in list(axes.flat)[len(tags) :]:
         axis.set_visible(False)
-    figure.suptitle(f"Scalars logged to TensorBoard by {Path(run_dir).name} (rendered from the event file, "
-                    "not a screenshot)", fontsize=10)
+    figure.suptitle(
+        f"Scalars logged to TensorBoard by {Path(run_dir).name} (rendered from the event file, not a screenshot)",
+        fontsize=10,
+    )
     figure.tight_layout()
     figure.savefig(out, dpi=110)
     plt.close(figure)

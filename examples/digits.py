@@ -50,8 +50,7 @@ def _existing_dataset(out: str) -> Any | None:
     except Exception:  # noqa: BLE001 - anything that is not a readable dataset
         if "://" not in out:
             raise FileExistsError(
-                f"{out!r} exists but is not a Lance dataset; remove it, choose another path, "
-                f"or pass overwrite=True"
+                f"{out!r} exists but is not a Lance dataset; remove it, choose another path, or pass overwrite=True"
             ) from None
         return None
 

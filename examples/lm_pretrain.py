@@ -58,8 +58,11 @@ def stdlib_files(max_files: int | None = None) -> tuple[Path, list[Path]]:
     With ``max_files``, ``max_files`` of them spread evenly over that order (a smaller, varied sample).
     """
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py")
-                   if not _SKIPPED_DIRS & set(p.relative_to(root).parts[:-1]) and p.stat().st_size > 0)
+    files = sorted(
+        p
+        for p in root.rglob("*.py")
+        if not _SKIPPED_DIRS & set(p.relative_to(root).parts[:-1]) and p.stat().st_size > 0
+    )
     if max_files is not None and max_files < len(files):
         if max_files < 1:
             raise ValueError(f"`max_files` must be at least 1, got {max_files}")
@@ -107,8 +110,10 @@ def prepare(out: str = DEFAULT_OUT, *, max_files: int | None = None, overwrite: 
         except Exception:  # noqa: BLE001 - anything that is not a readable dataset
             names = set()
         if not set(_COLUMNS) <= names:
-            raise FileExistsError(f"{out!r} exists but is not a stdlib token dataset (columns {list(_COLUMNS)}); "
-                                  "remove it, choose another path, or pass overwrite=True")
+            raise FileExistsError(
+                f"{out!r} exists but is not a stdlib token dataset (columns {list(_COLUMNS)}); "
+                "remove it, choose another path, or pass overwrite=True"
+            )
         return out
 
     root, files = stdlib_files(max_files)
@@ -126,13 +131,15 @@ def prepare(out: str = DEFAULT_OUT, *, max_files: int | None = None, overwrite: 
     lengths = np.array([len(p) for p in pieces], dtype=np.int32)
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32)
     values = np.concatenate(pieces).astype(np.int32)  # byte b -> token id b
-    table = pa.table({
-        "path": pa.array(paths, pa.string()),
-        "chunk": pa.array(chunk_ids, pa.int32()),
-        "tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)),
-        "n_tokens": pa.array(lengths),
-        "split": pa.array(splits, pa.string()),
-    })
+    table = pa.table(
+        {
+            "path": pa.array(paths, pa.string()),
+            "chunk": pa.array(chunk_ids, pa.int32()),
+            "tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)),
+            "n_tokens": pa.array(lengths),
+            "split": pa.array(splits, pa.string()),
+        }
+    )
     dataset = lance.write_dataset(table, out, mode="overwrite" if overwrite else "create")
     dataset.create_scalar_index("split", "BITMAP")
     return out
@@ -152,14 +159,22 @@ class TinyCausalLM(L.LightningModule):
         lr: AdamW learning rate.
     """
 
-    def __init__(self, vocab_size: int = VOCAB_SIZE, context: int = 128, d_model: int = 128, n_heads: int = 4,
-                 n_layers: int = 2, lr: float = 3e-3) -> None:
+    def __init__(
+        self,
+        vocab_size: int = VOCAB_SIZE,
+        context: int = 128,
+        d_model: int = 128,
+        n_heads: int = 4,
+        n_layers: int = 2,
+        lr: float = 3e-3,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.tokens = nn.Embedding(vocab_size, d_model)
         self.positions = nn.Embedding(context, d_model)
-        layer = nn.TransformerEncoderLayer(d_model, n_heads, dim_feedforward=4 * d_model, dropout=0.0,
-                                           batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d_model, n_heads, dim_feedforward=4 * d_model, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.blocks = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size)
@@ -200,8 +215,9 @@ class TinyCausalLM(L.LightningModule):
 
 
 def _main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python examples/lm_pretrain.py",
-                                     description="Tokenize the stdlib sources into a Lance dataset.")
+    parser = argparse.ArgumentParser(
+        prog="python examples/lm_pretrain.py", description="Tokenize the stdlib sources into a Lance dataset."
+    )
     parser.add_argument("out", nargs="?", default=DEFAULT_OUT, help=f"dataset path (default {DEFAULT_OUT})")
     parser.add_argument("--max-files", type=int, default=None, help="use this many files, spread evenly")
     args = parser.parse_args(argv)

@@ -72,8 +72,10 @@ def prepare(out: str = DEFAULT_OUT, *, rows: int = DEFAULT_ROWS, overwrite: bool
         except Exception:  # noqa: BLE001 - anything that is not a readable dataset
             names = set()
         if not set(_COLUMNS) <= names:
-            raise FileExistsError(f"{out!r} exists but is not an embeddings dataset (columns {list(_COLUMNS)}); "
-                                  "remove it, choose another path, or pass overwrite=True")
+            raise FileExistsError(
+                f"{out!r} exists but is not an embeddings dataset (columns {list(_COLUMNS)}); "
+                "remove it, choose another path, or pass overwrite=True"
+            )
         return out
     if rows < _VAL_EVERY:
         raise ValueError(f"`rows` must be at least {_VAL_EVERY}, got {rows}")
@@ -88,14 +90,16 @@ def prepare(out: str = DEFAULT_OUT, *, rows: int = DEFAULT_ROWS, overwrite: bool
     sources = np.array(SOURCES)[rng.integers(0, len(SOURCES), size=rows)]
     splits = np.where(np.arange(rows) % _VAL_EVERY == 0, "val", "train")
 
-    table = pa.table({
-        "id": pa.array(np.arange(rows, dtype=np.int64)),
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), DIM),
-        "label": pa.array(labels.astype(np.int64)),
-        "source": pa.array(sources.tolist(), pa.string()),
-        "quality": pa.array(quality),
-        "split": pa.array(splits.tolist(), pa.string()),
-    })
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(rows, dtype=np.int64)),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), DIM),
+            "label": pa.array(labels.astype(np.int64)),
+            "source": pa.array(sources.tolist(), pa.string()),
+            "quality": pa.array(quality),
+            "split": pa.array(splits.tolist(), pa.string()),
+        }
+    )
     dataset = lance.write_dataset(table, out, mode="overwrite" if overwrite else "create")
     dataset.create_scalar_index("source", "BITMAP")
     dataset.create_scalar_index("split", "BITMAP")
@@ -144,8 +148,9 @@ class EmbeddingClassifier(L.LightningModule):
 
 
 def _main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python examples/tabular.py",
-                                     description="Write the embeddings example dataset.")
+    parser = argparse.ArgumentParser(
+        prog="python examples/tabular.py", description="Write the embeddings example dataset."
+    )
     parser.add_argument("out", nargs="?", default=DEFAULT_OUT, help=f"dataset path (default {DEFAULT_OUT})")
     parser.add_argument("--rows", type=int, default=DEFAULT_ROWS, help=f"rows to write (default {DEFAULT_ROWS})")
     args = parser.parse_args(argv)
@@ -155,8 +160,11 @@ def _main(argv: list[str]) -> int:
     ds = lance.dataset(out)
     print(out)
     print(f"rows: {ds.count_rows()}")
-    for where in ("split = 'train'", f"split = 'train' AND quality >= {NOISY_BELOW}",
-                  f"split = 'val' AND quality >= {NOISY_BELOW}"):
+    for where in (
+        "split = 'train'",
+        f"split = 'train' AND quality >= {NOISY_BELOW}",
+        f"split = 'val' AND quality >= {NOISY_BELOW}",
+    ):
         print(f"{where}: {ds.count_rows(filter=where)}")
     return 0
 

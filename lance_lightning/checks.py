@@ -17,8 +17,9 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_int(param: str, value: Any, minimum: int | None, fix: str, *, problem: str | None = None,
-              optional: bool = False) -> Any:
+def check_int(
+    param: str, value: Any, minimum: int | None, fix: str, *, problem: str | None = None, optional: bool = False
+) -> Any:
     """``value`` if it is an integer (``>= minimum`` when given; ``None`` when ``optional``), else `ConfigError`."""
     if optional and value is None:
         return value

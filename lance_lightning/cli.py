@@ -92,8 +92,10 @@ class OneScreenParser:
         if not self.exit_on_error:  # type: ignore[attr-defined]  # an inner parse jsonargparse retries
             super().error(message, ex)  # type: ignore[misc]
         prog = self.prog.replace(" [options]", "")  # type: ignore[attr-defined]
-        sys.stderr.write(f"{prog}: error: {message.strip()}\n"
-                         f"(all options: {prog} --help; one class's options: --data.<key>.help CLASS)\n")
+        sys.stderr.write(
+            f"{prog}: error: {message.strip()}\n"
+            f"(all options: {prog} --help; one class's options: --data.<key>.help CLASS)\n"
+        )
         sys.exit(2)
 
 
@@ -107,7 +109,8 @@ def _our_error(error: BaseException) -> BaseException | None:
             frame = frame.tb_next
         raised_in = frame.tb_frame.f_code.co_filename if frame is not None else ""
         if type(seen).__module__.split(".")[0] == "lance_lightning" or (
-                isinstance(seen, (ValueError, TypeError)) and raised_in.startswith(_PACKAGE_DIR)):
+            isinstance(seen, (ValueError, TypeError)) and raised_in.startswith(_PACKAGE_DIR)
+        ):
             return seen
         seen = seen.__cause__
     return None
@@ -126,8 +129,7 @@ def error_lines(command: str, error: BaseException) -> str:
         value = repr(redact_config({error.param.rsplit(".", 1)[-1]: error.value}).popitem()[1])
         if len(value) > 300:
             value = value[:300] + " ..."
-        text = (f"{prefix}: {error.problem}\n  parameter: {error.param}\n  value:     {value}\n"
-                f"  fix:       {error.fix}")
+        text = f"{prefix}: {error.problem}\n  parameter: {error.param}\n  value:     {value}\n  fix:       {error.fix}"
     else:
         text = f"{prefix}: {type(error).__name__}: {error}"
     return redact_text(text) + f"\n  (set {TRACEBACK_ENV}=1 for the full traceback)"

@@ -68,8 +68,12 @@ class LanceLightningCLI(LightningCLI):
 
 
 #: What the data module builds for these arguments when they are None.
-_POLICY_DEFAULTS = {"shuffle": "lance_lightning.NoShuffle", "filter_read": "lance_lightning.FilterRead",
-                    "bad_rows": "lance_lightning.produce.badrows.RaiseOnBadRow", "retry": "lance_lightning.RetryPolicy"}
+_POLICY_DEFAULTS = {
+    "shuffle": "lance_lightning.NoShuffle",
+    "filter_read": "lance_lightning.FilterRead",
+    "bad_rows": "lance_lightning.produce.badrows.RaiseOnBadRow",
+    "retry": "lance_lightning.RetryPolicy",
+}
 
 
 def resume_command(argv: list[str] | None, checkpoint: str) -> str:
@@ -94,11 +98,13 @@ def _refuse_overwriting(callback: ModelCheckpoint) -> None:
     earlier = sorted(p.name for p in directory.glob("*.ckpt")) if directory.is_dir() else []
     if earlier:
         raise ConfigError(
-            "ModelCheckpoint.dirpath", str(directory),
+            "ModelCheckpoint.dirpath",
+            str(directory),
             f"holds checkpoints of an earlier run ({', '.join(earlier[:3])}{', ...' if len(earlier) > 3 else ''}) "
             "that this run would overwrite",
             "continue that run with --ckpt_path <its last.ckpt>, remove or move the directory to start over, or "
-            "leave dirpath unset so every run writes to its own <log_dir>/version_N/checkpoints")
+            "leave dirpath unset so every run writes to its own <log_dir>/version_N/checkpoints",
+        )
 
 
 def run(args: list[str] | None, description: str) -> None:

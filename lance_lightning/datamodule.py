@@ -132,9 +132,13 @@ class LanceDataModule(pl.LightningDataModule):
         self.sources: dict[Split, LanceSource | None] = {"train": train, "val": val, "test": test, "predict": predict}
         if val is None:  # Lightning skips validation silently only when val_dataloader is not overridden
             self.val_dataloader = super().val_dataloader
-        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size or 1),
-                            ("prefetch_groups", prefetch_groups), ("prefetch_batches", prefetch_batches),
-                            ("prefetch_factor", prefetch_factor)):
+        for name, value in (
+            ("batch_size", batch_size),
+            ("eval_batch_size", eval_batch_size or 1),
+            ("prefetch_groups", prefetch_groups),
+            ("prefetch_batches", prefetch_batches),
+            ("prefetch_factor", prefetch_factor),
+        ):
             _require(name, value, 1)
         _require("num_workers", num_workers, 0)
         if reader_threads is None:
@@ -142,16 +146,26 @@ class LanceDataModule(pl.LightningDataModule):
         _require("reader_threads", reader_threads, 0)
         for name, value in (("transform", transform), ("device_transform", device_transform)):
             if value is not None and not callable(value):
-                raise ConfigError(name, value, "is not callable", "pass a callable batch -> batch, e.g. "
-                                  "lance_lightning.transforms.DecodeImage(...), or None")
+                raise ConfigError(
+                    name,
+                    value,
+                    "is not callable",
+                    "pass a callable batch -> batch, e.g. lance_lightning.transforms.DecodeImage(...), or None",
+                )
         if bad_rows is not None and not isinstance(bad_rows, BadRowPolicy):
-            raise ConfigError("bad_rows", bad_rows, "is not a bad-row policy",
-                              "pass lance_lightning.produce.badrows.RaiseOnBadRow() or ReplaceBadRow(seed=0)")
+            raise ConfigError(
+                "bad_rows",
+                bad_rows,
+                "is not a bad-row policy",
+                "pass lance_lightning.produce.badrows.RaiseOnBadRow() or ReplaceBadRow(seed=0)",
+            )
         if pin_memory is not None and not isinstance(pin_memory, bool):
             raise ConfigError("pin_memory", pin_memory, "must be true, false or null (auto)", "set pin_memory: null")
         for split, source in self.sources.items():
             if source is not None and not isinstance(source, LanceSource):
-                raise ConfigError(split, source, "is not a LanceSource", "pass LanceSource(uri=...) or a mapping in YAML")
+                raise ConfigError(
+                    split, source, "is not a LanceSource", "pass LanceSource(uri=...) or a mapping in YAML"
+                )
         check_start_method(multiprocessing_context, num_workers)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
@@ -197,8 +211,12 @@ class LanceDataModule(pl.LightningDataModule):
         needed = SPLITS_OF_STAGE.get(stage or "", tuple(s for s, src in self.sources.items() if src))
         required = {stage_: split for split, stage_ in STAGE_OF_SPLIT.items()}.get(stage or "")
         if required and self.sources[required] is None:
-            raise ConfigError(required, None, f"trainer stage '{stage}' reads the {required} split, which is not "
-                              "configured", f"set `data.{required}` (LanceDataModule({required}=LanceSource(uri=...)))")
+            raise ConfigError(
+                required,
+                None,
+                f"trainer stage '{stage}' reads the {required} split, which is not configured",
+                f"set `data.{required}` (LanceDataModule({required}=LanceSource(uri=...)))",
+            )
         for split in needed:
             if self.sources[split] is not None and split not in self.plans:
                 self._plan(split)
@@ -214,21 +232,31 @@ class LanceDataModule(pl.LightningDataModule):
         pinned = pin_source(source, split)
         train = split == "train"
         self.plans[split] = build_plan(
-            split, pinned, self.shuffle if train else NoShuffle(), self.filter_read,
-            self.batch_size if train else self.eval_batch_size, self.drop_last if train else False, self.world_size,
+            split,
+            pinned,
+            self.shuffle if train else NoShuffle(),
+            self.filter_read,
+            self.batch_size if train else self.eval_batch_size,
+            self.drop_last if train else False,
+            self.world_size,
             pad=split != "predict",  # predict runs no collective per step: ranks may end a batch apart
         )
         self._loaders.pop(split, None)
         if train:
-            self.train_cursor = CursorTracker(self.plans["train"], self.world_size, self.global_rank,
-                                              resume=self.resume_data)
+            self.train_cursor = CursorTracker(
+                self.plans["train"], self.world_size, self.global_rank, resume=self.resume_data
+            )
 
     def _check_fill_nulls(self) -> None:
         columns = {c for plan in self.plans.values() for c in plan.source.columns}
         unknown = sorted(set(self.fill_nulls) - columns)
         if unknown and self.plans:
-            raise ConfigError("fill_nulls", self.fill_nulls, f"column(s) {unknown} are not read by any split",
-                              f"name only read columns: {sorted(columns)}")
+            raise ConfigError(
+                "fill_nulls",
+                self.fill_nulls,
+                f"column(s) {unknown} are not read by any split",
+                f"name only read columns: {sorted(columns)}",
+            )
 
     def explain(self, split: Split = "train") -> str:
         """Which plan was chosen for ``split`` and why: rows, selectivity, strategy, batches per rank."""
@@ -285,9 +313,16 @@ class LanceDataModule(pl.LightningDataModule):
         if loader is None:
             pin = self._pin()
             dataset = LanceIterableDataset(
-                self.plans[split], world_size=self.world_size, rank=self.global_rank, transform=self.transform,
-                fill_nulls=self.fill_nulls, reader_threads=self.reader_threads, prefetch_groups=self.prefetch_groups,
-                prefetch_batches=self.prefetch_batches, bad_rows=self.bad_rows, retry=self.retry,
+                self.plans[split],
+                world_size=self.world_size,
+                rank=self.global_rank,
+                transform=self.transform,
+                fill_nulls=self.fill_nulls,
+                reader_threads=self.reader_threads,
+                prefetch_groups=self.prefetch_groups,
+                prefetch_batches=self.prefetch_batches,
+                bad_rows=self.bad_rows,
+                retry=self.retry,
                 pin_memory=pin and self.num_workers == 0,  # worker batches are pinned by the DataLoader's thread
             )
             dataset.ship_positions = self.device_transform is not None  # for the bad-row policy on the device
@@ -297,10 +332,15 @@ class LanceDataModule(pl.LightningDataModule):
             else:
                 epoch_source = None  # the loader counts its own iterations (eval splits read epoch order 0)
             loader = LanceDataLoader(
-                dataset, cursor=cursor, epoch_source=epoch_source,
-                num_workers=self.num_workers, persistent_workers=self.persistent_workers,
-                pin_memory=pin and self.num_workers > 0, prefetch_factor=self.prefetch_factor,
-                multiprocessing_context=self.multiprocessing_context, count_restored_steps=epoch_source is not None,
+                dataset,
+                cursor=cursor,
+                epoch_source=epoch_source,
+                num_workers=self.num_workers,
+                persistent_workers=self.persistent_workers,
+                pin_memory=pin and self.num_workers > 0,
+                prefetch_factor=self.prefetch_factor,
+                multiprocessing_context=self.multiprocessing_context,
+                count_restored_steps=epoch_source is not None,
             )
             self._loaders[split] = loader
         return loader
@@ -327,9 +367,15 @@ class LanceDataModule(pl.LightningDataModule):
         if positions is None:
             return self.device_transform(batch)
         device = self.trainer.strategy.root_device
-        guard = DeviceRowGuard(self.bad_rows, self.plans[split], self.transform, self.fill_nulls,
-                               self.device_transform, lambda rows: self.device_transfer(rows, device),
-                               self._loaders[split].dataset.clock)
+        guard = DeviceRowGuard(
+            self.bad_rows,
+            self.plans[split],
+            self.transform,
+            self.fill_nulls,
+            self.device_transform,
+            lambda rows: self.device_transfer(rows, device),
+            self._loaders[split].dataset.clock,
+        )
         return guard(batch, positions)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
@@ -375,17 +421,26 @@ class LanceDataModule(pl.LightningDataModule):
         elif target is not None:
             source = self.sources["train"]
             try:
-                self._plan("train", LanceSource(source.uri, source.columns, source.filter, target[1],
-                                                source.storage_options))
+                self._plan(
+                    "train", LanceSource(source.uri, source.columns, source.filter, target[1], source.storage_options)
+                )
             except ConfigError as error:
-                raise ConfigError("train.version", target[1], "the checkpoint's data cursor was read at "
-                                  "this version, which no longer exists", "restore that version, or resume with "
-                                  "`resume_data=False` to start the data epoch fresh") from error
+                raise ConfigError(
+                    "train.version",
+                    target[1],
+                    "the checkpoint's data cursor was read at this version, which no longer exists",
+                    "restore that version, or resume with `resume_data=False` to start the data epoch fresh",
+                ) from error
         self.train_cursor.restore(cursor)
 
 
-_RUNNING_SPLITS = {RunningStage.TRAINING: "train", RunningStage.SANITY_CHECKING: "val", RunningStage.VALIDATING: "val",
-                   RunningStage.TESTING: "test", RunningStage.PREDICTING: "predict"}
+_RUNNING_SPLITS = {
+    RunningStage.TRAINING: "train",
+    RunningStage.SANITY_CHECKING: "val",
+    RunningStage.VALIDATING: "val",
+    RunningStage.TESTING: "test",
+    RunningStage.PREDICTING: "predict",
+}
 
 
 def _require(name: str, value: Any, minimum: int) -> None:

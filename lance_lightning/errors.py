@@ -52,8 +52,9 @@ class RowError(ValueError):
 class BadRowError(ValueError):
     """A dataset row could not be transformed. Names the row position, id value and column."""
 
-    def __init__(self, message: str, position: int | None = None, column: str | None = None,
-                 row_id: Any = None) -> None:
+    def __init__(
+        self, message: str, position: int | None = None, column: str | None = None, row_id: Any = None
+    ) -> None:
         super().__init__(message)
         self.position = position
         self.column = column
@@ -79,8 +80,9 @@ class WorkerDiedError(RuntimeError):
 class DataReadError(RuntimeError):
     """A read failed for good: it names the URI, version and rows, and chains the cause."""
 
-    def __init__(self, message: str, *, uri: str, version: int | None, what: str, attempts: int,
-                 transient: bool) -> None:
+    def __init__(
+        self, message: str, *, uri: str, version: int | None, what: str, attempts: int, transient: bool
+    ) -> None:
         super().__init__(message)
         self.uri = uri
         self.version = version

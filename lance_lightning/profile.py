@@ -49,8 +49,7 @@ def build_parser() -> Any:
     )
     parser.add_argument("--config", action=ActionConfigFile, help="a lance-lightning fit config (YAML)")
     parser.add_argument("--batches", type=int, default=200, help="batches to read (epochs follow each other)")
-    parser.add_argument("--split", type=Split, default="train",
-                        help="which split's loader to run")
+    parser.add_argument("--split", type=Split, default="train", help="which split's loader to run")
     parser.add_argument("--progress", type=bool, default=True, help="show a progress bar on stderr")
     parser.add_class_arguments(LanceDataModule, "data")
     for key in _IGNORED_DICTS:
@@ -60,8 +59,9 @@ def build_parser() -> Any:
     return parser
 
 
-def run_profile(datamodule: Any, split: str = "train", batches: int = 200, *, progress: bool = True,
-                out: TextIO | None = None) -> str:
+def run_profile(
+    datamodule: Any, split: str = "train", batches: int = 200, *, progress: bool = True, out: TextIO | None = None
+) -> str:
     """Read ``batches`` batches of ``split`` from ``datamodule``; return (and print) the report."""
     from tqdm.auto import tqdm
 
@@ -69,13 +69,23 @@ def run_profile(datamodule: Any, split: str = "train", batches: int = 200, *, pr
 
     check_int("batches", batches, 1, "pass e.g. `--batches 200`")
     if datamodule.sources.get(split) is None:
-        raise ConfigError(split, None, f"the config has no {split} split to profile",
-                          f"set `data.{split}` or pass `--split` with a configured split")
+        raise ConfigError(
+            split,
+            None,
+            f"the config has no {split} split to profile",
+            f"set `data.{split}` or pass `--split` with a configured split",
+        )
     datamodule.setup(STAGE_OF_SPLIT[split])
     loader = getattr(datamodule, f"{split}_dataloader")()
     start = loader.metrics_snapshot()
-    bar = tqdm(total=batches, unit="batch", desc=f"profiling {split}", file=sys.stderr, disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=batches,
+        unit="batch",
+        desc=f"profiling {split}",
+        file=sys.stderr,
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     done = 0
     try:
         while done < batches:
@@ -91,8 +101,10 @@ def run_profile(datamodule: Any, split: str = "train", batches: int = 200, *, pr
         bar.close()
         _shutdown_workers(loader)
     config = loader.describe()
-    title = (f"Loader-only profile of the {split} split ({config['num_workers']} workers, "
-             f"{config['reader_threads']} reader threads, batch_size {config['batch_size']})")
+    title = (
+        f"Loader-only profile of the {split} split ({config['num_workers']} workers, "
+        f"{config['reader_threads']} reader threads, batch_size {config['batch_size']})"
+    )
     text = loader_report(loader, start, loader_only=True, title=title)
     print(text, file=out or sys.stdout, flush=True)
     return text

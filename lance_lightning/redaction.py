@@ -25,8 +25,21 @@ from typing import Any
 REDACTED = "<redacted>"
 
 #: Fragments of a normalized key (lowercase, alphanumeric only) that mark it as a credential.
-_SECRET_FRAGMENTS = ("secret", "password", "passwd", "token", "accesskey", "accountkey", "masterkey",
-                     "serviceaccount", "credential", "privatekey", "apikey", "keyid", "signature")
+_SECRET_FRAGMENTS = (
+    "secret",
+    "password",
+    "passwd",
+    "token",
+    "accesskey",
+    "accountkey",
+    "masterkey",
+    "serviceaccount",
+    "credential",
+    "privatekey",
+    "apikey",
+    "keyid",
+    "signature",
+)
 #: Whole words (between ``_``, ``-``, ``.``) that mark a key as a credential.
 _SECRET_WORDS = ("key", "sas")
 _OPTIONS_KEY = "storage_options"
@@ -43,8 +56,9 @@ def redact_options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A copy of ``options`` with every secret value replaced by `REDACTED`."""
     if options is None:
         return None
-    return {key: REDACTED if is_secret_key(key) and value not in (None, "") else value
-            for key, value in options.items()}
+    return {
+        key: REDACTED if is_secret_key(key) and value not in (None, "") else value for key, value in options.items()
+    }
 
 
 def redact_config(value: Any) -> Any:
@@ -65,12 +79,15 @@ def _redact_entry(key: Any, value: Any) -> Any:
 
 
 # 'key': 'value' (reprs), "key": "value" (JSON), key: value (YAML), key=value (command lines).
-_PAIR = re.compile(r"""(?P<key>['"]?(?P<name>[A-Za-z0-9_.\-]+)['"]?\s*(?::|=)\s*)"""
-                   r"""(?P<value>'[^']*'|"[^"]*"|[^\s,;{}\[\]'"]+)""")
+_PAIR = re.compile(
+    r"""(?P<key>['"]?(?P<name>[A-Za-z0-9_.\-]+)['"]?\s*(?::|=)\s*)"""
+    r"""(?P<value>'[^']*'|"[^"]*"|[^\s,;{}\[\]'"]+)"""
+)
 
 
 def redact_text(text: str) -> str:
     """``text`` with the value of every secret-looking ``key: value`` pair masked."""
+
     def mask(match: re.Match) -> str:
         if not is_secret_key(match.group("name")):
             return match.group(0)
@@ -88,8 +105,11 @@ def check_not_redacted(param: str, options: Mapping[str, Any] | None) -> None:
     for key, value in (options or {}).items():
         if value == REDACTED:
             raise ConfigError(
-                f"{param}.{key}", REDACTED, "this is the placeholder that saved configs and checkpoints hold "
+                f"{param}.{key}",
+                REDACTED,
+                "this is the placeholder that saved configs and checkpoints hold "
                 "in place of a secret, not the secret itself",
                 "pass credentials through the environment (e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
                 "AWS_SESSION_TOKEN) or a credentials profile and drop the key from storage_options, or give the "
-                "real value on the command line (docs/distributed.md, 'Data on object stores')")
+                "real value on the command line (docs/distributed.md, 'Data on object stores')",
+            )

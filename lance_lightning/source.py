@@ -48,8 +48,10 @@ class LanceSource:
     storage_options: dict[str, str] | None = None
 
     def __repr__(self) -> str:
-        return (f"LanceSource(uri={self.uri!r}, columns={self.columns!r}, filter={self.filter!r}, "
-                f"version={self.version!r}, storage_options={redact_options(self.storage_options)!r})")
+        return (
+            f"LanceSource(uri={self.uri!r}, columns={self.columns!r}, filter={self.filter!r}, "
+            f"version={self.version!r}, storage_options={redact_options(self.storage_options)!r})"
+        )
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,9 @@ def pin_source(source: LanceSource, param: str) -> PinnedSource:
     missing = [c for c in columns if c not in schema_names]
     if missing:
         raise ConfigError(
-            f"{param}.columns", list(columns), f"column(s) {missing} are not in the dataset at {source.uri}",
+            f"{param}.columns",
+            list(columns),
+            f"column(s) {missing} are not in the dataset at {source.uri}",
             f"use only existing columns: {schema_names}",
         )
     if not columns:
@@ -139,8 +143,17 @@ def _open_latest(source: LanceSource, param: str) -> lance.LanceDataset:
 
 
 #: Object-store answers that mean the credentials were refused or lack a permission.
-_DENIED = ("403 forbidden", "accessdenied", "signaturedoesnotmatch", "invalidaccesskeyid", "expiredtoken",
-           "invalidtoken", "authorizationpermissionmismatch", "authenticationfailed", "401 unauthorized")
+_DENIED = (
+    "403 forbidden",
+    "accessdenied",
+    "signaturedoesnotmatch",
+    "invalidaccesskeyid",
+    "expiredtoken",
+    "invalidtoken",
+    "authorizationpermissionmismatch",
+    "authenticationfailed",
+    "401 unauthorized",
+)
 
 
 def _open_error(uri: str, param: str, text: str) -> ConfigError:
@@ -148,33 +161,55 @@ def _open_error(uri: str, param: str, text: str) -> ConfigError:
     lower, remote = text.lower(), "://" in uri and not uri.startswith("file://")
     where, reason = f"{param}.uri", _first_line(text)
     if (not remote and os.path.isfile(uri)) or "not a directory" in lower:
-        return ConfigError(where, uri, "this is a file, not a Lance dataset (a directory with _versions/ inside)",
-                           "convert it once, e.g. for Parquet: lance.write_dataset(pyarrow.parquet.read_table(path), "
-                           "'data/name.lance'), and give that directory as the uri")
+        return ConfigError(
+            where,
+            uri,
+            "this is a file, not a Lance dataset (a directory with _versions/ inside)",
+            "convert it once, e.g. for Parquet: lance.write_dataset(pyarrow.parquet.read_table(path), "
+            "'data/name.lance'), and give that directory as the uri",
+        )
     if "nosuchbucket" in lower:
         bucket = uri.split("://", 1)[1].split("/", 1)[0]
-        return ConfigError(where, uri, f"the bucket {bucket!r} does not exist on this endpoint",
-                           "check the bucket name in the uri and the endpoint in the environment or "
-                           f"`{param}.storage_options` (aws_endpoint / AWS_ENDPOINT)")
+        return ConfigError(
+            where,
+            uri,
+            f"the bucket {bucket!r} does not exist on this endpoint",
+            "check the bucket name in the uri and the endpoint in the environment or "
+            f"`{param}.storage_options` (aws_endpoint / AWS_ENDPOINT)",
+        )
     if any(code in lower for code in _DENIED):
-        return ConfigError(where, uri, f"the store refused access ({reason})",
-                           "check the credentials (environment variables such as AWS_ACCESS_KEY_ID / "
-                           "AWS_SECRET_ACCESS_KEY, a profile, or storage_options) and that they may read this path")
+        return ConfigError(
+            where,
+            uri,
+            f"the store refused access ({reason})",
+            "check the credentials (environment variables such as AWS_ACCESS_KEY_ID / "
+            "AWS_SECRET_ACCESS_KEY, a profile, or storage_options) and that they may read this path",
+        )
     if "permission denied" in lower or "os error 13" in lower:
-        return ConfigError(where, uri, "permission denied reading the dataset",
-                           "give this user read access to the dataset directory (e.g. chmod -R u+rX, or run as "
-                           "its owner)")
+        return ConfigError(
+            where,
+            uri,
+            "permission denied reading the dataset",
+            "give this user read access to the dataset directory (e.g. chmod -R u+rX, or run as its owner)",
+        )
     if "not found" in lower or "no such file" in lower:
         if remote:
-            return ConfigError(where, uri, "no Lance dataset exists at that path in the bucket",
-                               "check the key after the bucket name (list it with your store's tools), or write "
-                               "the dataset first")
+            return ConfigError(
+                where,
+                uri,
+                "no Lance dataset exists at that path in the bucket",
+                "check the key after the bucket name (list it with your store's tools), or write the dataset first",
+            )
         hint = "" if os.path.isabs(uri) else f"; relative paths resolve from the working directory {os.getcwd()}"
-        return ConfigError(where, uri, "no Lance dataset exists there", f"check the path{hint}, or write the "
-                           "dataset first")
-    return ConfigError(where, uri, f"the dataset could not be opened ({reason})",
-                       f"check the endpoint and region (environment or `{param}.storage_options`) and that the "
-                       "store is reachable")
+        return ConfigError(
+            where, uri, "no Lance dataset exists there", f"check the path{hint}, or write the dataset first"
+        )
+    return ConfigError(
+        where,
+        uri,
+        f"the dataset could not be opened ({reason})",
+        f"check the endpoint and region (environment or `{param}.storage_options`) and that the store is reachable",
+    )
 
 
 def _checkout(dataset: lance.LanceDataset, source: LanceSource, param: str) -> lance.LanceDataset:
@@ -182,7 +217,9 @@ def _checkout(dataset: lance.LanceDataset, source: LanceSource, param: str) -> l
     if source.version not in available:
         shown = available if len(available) <= 20 else available[:5] + ["..."] + available[-5:]
         raise ConfigError(
-            f"{param}.version", source.version, f"that version does not exist (or was cleaned up) at {source.uri}",
+            f"{param}.version",
+            source.version,
+            f"that version does not exist (or was cleaned up) at {source.uri}",
             f"pick an existing version {shown}, or omit `version` to pin the latest",
         )
     return dataset.checkout_version(source.version)
@@ -193,8 +230,10 @@ def _validate_filter(dataset: lance.LanceDataset, source: LanceSource, param: st
         dataset.scanner(columns=[], filter=source.filter, limit=1).to_table()
     except (ValueError, OSError) as error:
         raise ConfigError(
-            f"{param}.filter", source.filter, f"Lance cannot run this filter ({_first_line(str(error))})",
-            f"write a SQL predicate over the columns {dataset.schema.names}, e.g. \"label = 3\"",
+            f"{param}.filter",
+            source.filter,
+            f"Lance cannot run this filter ({_first_line(str(error))})",
+            f'write a SQL predicate over the columns {dataset.schema.names}, e.g. "label = 3"',
         ) from None
 
 

@@ -18,7 +18,10 @@ STAGE_OF_SPLIT: dict[str, str] = {"train": "fit", "val": "validate", "test": "te
 
 #: The splits each Lightning stage reads (``fit`` validates too).
 SPLITS_OF_STAGE: dict[str, tuple[str, ...]] = {
-    "fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",),
+    "fit": ("train", "val"),
+    "validate": ("val",),
+    "test": ("test",),
+    "predict": ("predict",),
 }
 
 #: The Lightning stages, in the order a run goes through them.

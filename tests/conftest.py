@@ -39,6 +39,12 @@ def small_uri(tmp_path: Path) -> str:
 def trainer_kwargs(tmp_path: Path) -> dict:
     """Quiet CPU Trainer arguments writing only under ``tmp_path``."""
     return dict(
-        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(tmp_path),
+        num_sanity_val_steps=0,
     )

@@ -37,10 +37,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "noshuffle": dict(shuffle=NoShuffle(), drop_last=True, filter=None),
     "shard": dict(shuffle=ShardShuffle(40, seed=1), drop_last=True, filter=None),
     "row": dict(shuffle=RowShuffle(seed=2), drop_last=False, filter=None),
-    "buffer-workers": dict(shuffle=BufferShuffle(64, seed=3, shard_rows=8), drop_last=True, filter=None,
-                           num_workers=2),
-    "shard-filtered-pad": dict(shuffle=ShardShuffle(16, seed=4, shuffle_within_shard=True), drop_last=False,
-                               filter="label != 3"),
+    "buffer-workers": dict(shuffle=BufferShuffle(64, seed=3, shard_rows=8), drop_last=True, filter=None, num_workers=2),
+    "shard-filtered-pad": dict(
+        shuffle=ShardShuffle(16, seed=4, shuffle_within_shard=True), drop_last=False, filter="label != 3"
+    ),
     "row-clump-selective": dict(shuffle=RowShuffle(seed=5, clump_rows=4), drop_last=True, filter="id % 3 = 2"),
 }
 
@@ -65,9 +65,16 @@ def main(out_dir: str, uri: str, names: list[str]) -> None:
         datamodule.explain = lambda split="train": explained.append(split) or explain(split)
         model = RecordingModel()
         trainer = pl.Trainer(
-            accelerator="cpu", devices=WORLD_SIZE, strategy="ddp", max_epochs=MAX_EPOCHS, logger=False,
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-            num_sanity_val_steps=0, default_root_dir=str(out / name),
+            accelerator="cpu",
+            devices=WORLD_SIZE,
+            strategy="ddp",
+            max_epochs=MAX_EPOCHS,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            default_root_dir=str(out / name),
         )
         trainer.fit(model, datamodule)
         record = {
@@ -83,8 +90,7 @@ def main(out_dir: str, uri: str, names: list[str]) -> None:
         }
         path = out / f"{name}.rank{trainer.global_rank}.json"
         path.write_text(json.dumps(record))
-        print(f"[rank {trainer.global_rank}] {name}: {len(model.seen)} steps in {record['seconds']:.1f}s",
-              flush=True)
+        print(f"[rank {trainer.global_rank}] {name}: {len(model.seen)} steps in {record['seconds']:.1f}s", flush=True)
 
 
 if __name__ == "__main__":

@@ -95,23 +95,44 @@ def _fit(root: Path, job: Job) -> dict[str, Any]:
     from tests.resume_worker import make_shuffle
 
     setup = job.setup
-    dm = LanceDataModule(train=LanceSource(job.uri, columns=["id", "x"]), batch_size=setup.batch_size,
-                         shuffle=make_shuffle(job.shuffle), num_workers=setup.num_workers, **job.extra)
+    dm = LanceDataModule(
+        train=LanceSource(job.uri, columns=["id", "x"]),
+        batch_size=setup.batch_size,
+        shuffle=make_shuffle(job.shuffle),
+        num_workers=setup.num_workers,
+        **job.extra,
+    )
     callbacks: list[Any] = [DataCursorCheckpoint()]
     if job.ckpt_every:
-        callbacks.append(ModelCheckpoint(dirpath=ckpt_dir(root, job.name), filename="{step}",
-                                         every_n_train_steps=job.ckpt_every, save_top_k=-1))
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=ckpt_dir(root, job.name), filename="{step}", every_n_train_steps=job.ckpt_every, save_top_k=-1
+            )
+        )
     trainer = pl.Trainer(
-        accelerator="cpu", devices=setup.devices, strategy="ddp" if setup.devices > 1 else "auto",
-        max_epochs=job.max_epochs, max_steps=job.max_steps, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-        enable_checkpointing=bool(job.ckpt_every), default_root_dir=str(root / f"root_{job.name}"),
+        accelerator="cpu",
+        devices=setup.devices,
+        strategy="ddp" if setup.devices > 1 else "auto",
+        max_epochs=job.max_epochs,
+        max_steps=job.max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        enable_checkpointing=bool(job.ckpt_every),
+        default_root_dir=str(root / f"root_{job.name}"),
         callbacks=callbacks,
     )
     model = RecordingModel()
     trainer.fit(model, datamodule=dm, ckpt_path=job.ckpt_path)
-    return {"rank": trainer.global_rank, "world_size": trainer.world_size, "seen": model.seen,
-            "epochs": model.seen_epochs, "num_training_batches": trainer.num_training_batches}
+    return {
+        "rank": trainer.global_rank,
+        "world_size": trainer.world_size,
+        "seen": model.seen,
+        "epochs": model.seen_epochs,
+        "num_training_batches": trainer.num_training_batches,
+    }
 
 
 def _merge(records: list[dict[str, Any]]) -> Trained:
@@ -125,10 +146,14 @@ def _merge(records: list[dict[str, Any]]) -> Trained:
 
 
 def _worker_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK", "MASTER_PORT")}
-    env.update(PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK", "MASTER_PORT")
+    }
+    env.update(
+        PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    )
     if env.pop("PYTHONDONTWRITEBYTECODE", None):  # see tests/scenarios/test_ddp.py
         env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "lance_lightning_test_pycache"))
     return env
@@ -138,9 +163,15 @@ def _launch_ddp(root: Path, jobs: list[Job]) -> dict[str, Trained]:
     """Run ``jobs`` (all with the same ``devices``) in turn in one DDP launch."""
     spec = root / f"jobs_{jobs[0].name}.json"
     spec.write_text(json.dumps({"root": str(root), "jobs": [asdict(job) for job in jobs]}))
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(spec)], cwd=REPO_ROOT,
-                            env=_worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), str(spec)],
+        cwd=REPO_ROOT,
+        env=_worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=DDP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -174,8 +205,18 @@ def run_jobs(root: Path, jobs: list[Job]) -> dict[str, Trained]:
 
 
 # -- the check -------------------------------------------------------------------------------------
-def check_resume(*, rows: int, k: int, setup_a: Setup, setup_b: Setup, stopped: Trained, resumed: Trained,
-                 whole_a: Trained, whole_b: Trained, max_epochs: int) -> None:
+def check_resume(
+    *,
+    rows: int,
+    k: int,
+    setup_a: Setup,
+    setup_b: Setup,
+    stopped: Trained,
+    resumed: Trained,
+    whole_a: Trained,
+    whole_b: Trained,
+    max_epochs: int,
+) -> None:
     """Assert the module's guarantees for a run stopped at step ``k`` of epoch 0 and resumed.
 
     ``stopped``/``resumed``: the two halves; ``whole_a``/``whole_b``: uninterrupted runs with the

@@ -24,8 +24,14 @@ from torch import nn
 VEC_DIM = 8
 
 
-def make_table(rows: int = 1000, *, start: int = 0, sorted_labels: bool = False, label_classes: int = 10,
-               extra: Mapping[str, Any] | None = None) -> pa.Table:
+def make_table(
+    rows: int = 1000,
+    *,
+    start: int = 0,
+    sorted_labels: bool = False,
+    label_classes: int = 10,
+    extra: Mapping[str, Any] | None = None,
+) -> pa.Table:
     """The table `write_dataset` writes: ids ``start..start+rows-1`` (see `write_dataset`)."""
     ids = np.arange(start, start + rows, dtype=np.int64)
     if sorted_labels:
@@ -45,8 +51,15 @@ def make_table(rows: int = 1000, *, start: int = 0, sorted_labels: bool = False,
     return pa.table(columns)
 
 
-def write_dataset(path: Any, rows: int = 1000, *, fragment_rows: int | None = None, sorted_labels: bool = False,
-                  label_classes: int = 10, extra: Mapping[str, Any] | None = None) -> str:
+def write_dataset(
+    path: Any,
+    rows: int = 1000,
+    *,
+    fragment_rows: int | None = None,
+    sorted_labels: bool = False,
+    label_classes: int = 10,
+    extra: Mapping[str, Any] | None = None,
+) -> str:
     """Write a Lance dataset at ``path`` and return its URI (``str(path)``).
 
     Columns: ``id`` int64 ``0..rows-1`` (storage order), ``label`` int64 (``id % label_classes``, or

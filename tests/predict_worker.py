@@ -27,8 +27,16 @@ class IdsWriter(BasePredictionWriter):
         self.out_dir = Path(out_dir)
         self.batches: list[list[int]] = []
 
-    def write_on_batch_end(self, trainer: Any, pl_module: Any, prediction: Any, batch_indices: Any, batch: Any,
-                           batch_idx: int, dataloader_idx: int = 0) -> None:
+    def write_on_batch_end(
+        self,
+        trainer: Any,
+        pl_module: Any,
+        prediction: Any,
+        batch_indices: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         self.batches.append([int(i) for i in prediction])
 
     def on_predict_epoch_end(self, trainer: Any, pl_module: Any) -> None:
@@ -44,8 +52,16 @@ def main(out_dir: str, uri: str, batch_size: int) -> None:
     from tests.helpers import RecordingModel
 
     dm = LanceDataModule(predict=LanceSource(uri, columns=["id", "x"]), batch_size=batch_size)
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=out_dir, callbacks=[IdsWriter(out_dir)])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out_dir,
+        callbacks=[IdsWriter(out_dir)],
+    )
     trainer.predict(RecordingModel(), datamodule=dm, return_predictions=False)
 
 

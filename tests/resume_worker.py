@@ -91,8 +91,12 @@ def main(argv: list[str] | None = None) -> None:
                 if self._log is None:
                     path = f"{self.ids_log}.rank{self.global_rank}"
                     self._log = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open across steps)
-                record = {"batch_idx": batch_idx, "global_step": int(self.trainer.global_step),
-                          "epoch": int(self.current_epoch), "ids": self.seen[-1]}
+                record = {
+                    "batch_idx": batch_idx,
+                    "global_step": int(self.trainer.global_step),
+                    "epoch": int(self.current_epoch),
+                    "ids": self.seen[-1],
+                }
                 self._log.write(json.dumps(record) + "\n")
                 self._log.flush()
             if self.sleep:
@@ -100,25 +104,44 @@ def main(argv: list[str] | None = None) -> None:
             return loss
 
     dm = LanceDataModule(
-        train=LanceSource(args.uri, filter=args.filter), batch_size=args.batch_size,
-        shuffle=make_shuffle(args.shuffle), num_workers=args.num_workers,
+        train=LanceSource(args.uri, filter=args.filter),
+        batch_size=args.batch_size,
+        shuffle=make_shuffle(args.shuffle),
+        num_workers=args.num_workers,
     )
     callbacks: list[Any] = [] if args.no_cursor_callback else [DataCursorCheckpoint()]
     if args.ckpt_every:
-        callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, filename="{step}",
-                                         every_n_train_steps=args.ckpt_every, save_top_k=-1))
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=args.ckpt_dir, filename="{step}", every_n_train_steps=args.ckpt_every, save_top_k=-1
+            )
+        )
     trainer = pl.Trainer(
-        accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
-        max_steps=args.max_steps, max_epochs=args.max_epochs, limit_val_batches=0, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(args.ckpt_every),
-        default_root_dir=args.out, num_sanity_val_steps=0, callbacks=callbacks,
+        accelerator="cpu",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        max_steps=args.max_steps,
+        max_epochs=args.max_epochs,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(args.ckpt_every),
+        default_root_dir=args.out,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
     )
     model = WorkerModel(args.sleep, args.ids_log)
     trainer.fit(model, datamodule=dm, ckpt_path=args.ckpt_path)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"rank": trainer.global_rank, "world_size": trainer.world_size, "seen": model.seen,
-              "epochs": model.seen_epochs, "global_step": int(trainer.global_step)}
+    result = {
+        "rank": trainer.global_rank,
+        "world_size": trainer.world_size,
+        "seen": model.seen,
+        "epochs": model.seen_epochs,
+        "global_step": int(trainer.global_step),
+    }
     (out / f"ids_rank{trainer.global_rank}.json").write_text(json.dumps(result))
 
 

@@ -53,8 +53,12 @@ class S3Server:
     def start(self, timeout: float = 60.0) -> None:
         moto = Path(sys.executable).with_name("moto_server")
         env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_SETUP_REQUESTS)}
-        self._process = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(self.port)], env=env,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._process = subprocess.Popen(
+            [str(moto), "-H", "127.0.0.1", "-p", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -82,27 +86,52 @@ class S3Server:
         """An IAM user allowed everything; from then on moto rejects requests it did not sign."""
         import boto3
 
-        iam = boto3.client("iam", endpoint_url=self.endpoint, aws_access_key_id="setup",
-                           aws_secret_access_key="setup", region_name="us-east-1")
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="setup",
+            aws_secret_access_key="setup",
+            region_name="us-east-1",
+        )
         iam.create_user(UserName="trainer")
-        iam.put_user_policy(UserName="trainer", PolicyName="all", PolicyDocument=json.dumps(
-            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        iam.put_user_policy(
+            UserName="trainer",
+            PolicyName="all",
+            PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+            ),
+        )
         key = iam.create_access_key(UserName="trainer")["AccessKey"]
         self.access_key, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
 
     def create_bucket(self, name: str) -> None:
         import boto3
 
-        client = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
-                              aws_secret_access_key=self.secret_key, region_name="us-east-1")
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+        )
         client.create_bucket(Bucket=name)
 
     def storage_options(self, secret: str | None = None) -> dict[str, str]:
-        return {"aws_access_key_id": self.access_key, "aws_secret_access_key": secret or self.secret_key,
-                "aws_region": "us-east-1", "aws_endpoint": self.endpoint, "allow_http": "true"}
+        return {
+            "aws_access_key_id": self.access_key,
+            "aws_secret_access_key": secret or self.secret_key,
+            "aws_region": "us-east-1",
+            "aws_endpoint": self.endpoint,
+            "allow_http": "true",
+        }
 
 
 def environment_credentials(server: S3Server) -> dict[str, str]:
     """The same settings as environment variables, which Lance's object store also reads."""
-    return {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key, "AWS_REGION": "us-east-1",
-            "AWS_ENDPOINT": server.endpoint, "AWS_ALLOW_HTTP": "true"}
+    return {
+        "AWS_ACCESS_KEY_ID": server.access_key,
+        "AWS_SECRET_ACCESS_KEY": server.secret_key,
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT": server.endpoint,
+        "AWS_ALLOW_HTTP": "true",
+    }

@@ -33,8 +33,12 @@ class DataCursorCheckpoint(Callback):
 
         datamodule = trainer.datamodule
         if not isinstance(datamodule, LanceDataModule):
-            raise ConfigError("callbacks", "DataCursorCheckpoint", f"needs a LanceDataModule, the trainer has "
-                              f"{type(datamodule).__name__}", "pass `datamodule=LanceDataModule(...)` to the trainer")
+            raise ConfigError(
+                "callbacks",
+                "DataCursorCheckpoint",
+                f"needs a LanceDataModule, the trainer has {type(datamodule).__name__}",
+                "pass `datamodule=LanceDataModule(...)` to the trainer",
+            )
         self._datamodule = datamodule
 
     @override
@@ -44,8 +48,9 @@ class DataCursorCheckpoint(Callback):
             cursor.consumed = 0
 
     @override
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._datamodule.train_cursor.on_step_end()
 
     @override

@@ -77,8 +77,9 @@ class DataLoadingMonitor(Callback):
             self._epoch_start = self._loader.metrics_snapshot()
 
     @override
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._loader is None:
             return
         self._loader.meter.step_end(time.perf_counter())
@@ -136,17 +137,29 @@ class DataLoadingMonitor(Callback):
             self._loader = None
             if not self._warned:
                 self._warned = True
-                what = "has metrics=False" if loader is not None else \
-                    f"is {type(trainer.train_dataloader).__name__}, not a LanceDataLoader"
-                rank_zero_warn(f"DataLoadingMonitor: the train loader {what}; nothing to measure. Use "
-                               "LanceDataModule's train_dataloader().")
+                what = (
+                    "has metrics=False"
+                    if loader is not None
+                    else f"is {type(trainer.train_dataloader).__name__}, not a LanceDataLoader"
+                )
+                rank_zero_warn(
+                    f"DataLoadingMonitor: the train loader {what}; nothing to measure. Use "
+                    "LanceDataModule's train_dataloader()."
+                )
             return
         self._loader = loader
         self._config = loader.describe()
         self._fit_start = self._epoch_start = self._window_start = loader.metrics_snapshot()
 
-    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, span: dict[str, float],
-             names: Sequence[str], prefix: str, step: int) -> None:
+    def _log(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        span: dict[str, float],
+        names: Sequence[str],
+        prefix: str,
+        step: int,
+    ) -> None:
         per_rank = _gather(trainer, pl_module, span)  # a collective under DDP: every rank calls it
         if trainer.is_global_zero:
             metrics = reduce_ranks(per_rank, names, prefix)

@@ -49,6 +49,7 @@ class EpochControl:
     def get(self) -> tuple[int, int]:
         return int(self._values[0]), int(self._values[1])
 
+
 class LanceIterableDataset(IterableDataset):
     """Batches of one rank of a `ReadPlan`.
 
@@ -65,11 +66,21 @@ class LanceIterableDataset(IterableDataset):
         retry: How reads ride out transient storage errors.
     """
 
-    def __init__(self, plan: ReadPlan, *, world_size: int = 1, rank: int = 0,
-                 transform: BatchTransform | None = None, fill_nulls: Mapping[str, Any] | None = None,
-                 reader_threads: int = 2, prefetch_groups: int = 2, prefetch_batches: int = 4,
-                 bad_rows: BadRowPolicy | None = None, pin_memory: bool = False,
-                 retry: RetryPolicy = DEFAULT_POLICY) -> None:
+    def __init__(
+        self,
+        plan: ReadPlan,
+        *,
+        world_size: int = 1,
+        rank: int = 0,
+        transform: BatchTransform | None = None,
+        fill_nulls: Mapping[str, Any] | None = None,
+        reader_threads: int = 2,
+        prefetch_groups: int = 2,
+        prefetch_batches: int = 4,
+        bad_rows: BadRowPolicy | None = None,
+        pin_memory: bool = False,
+        retry: RetryPolicy = DEFAULT_POLICY,
+    ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         self.plan = plan
@@ -105,10 +116,17 @@ class LanceIterableDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         reader = PlanReader(self.plan, epoch, self.world_size, self.rank, start, retry=self.retry)
         steps = reader.layout.worker_steps(worker, workers, self.rank)
-        producer = BatchProducer(reader, self.transform, self.fill_nulls, self.clock,
-                                 ship_stats=info is not None and self.shipments, bad_rows=self.bad_rows,
-                                 pin_memory=self.pin_memory, ship_positions=self.shipments and self.ship_positions,
-                                 shipments=self.shipments)
+        producer = BatchProducer(
+            reader,
+            self.transform,
+            self.fill_nulls,
+            self.clock,
+            ship_stats=info is not None and self.shipments,
+            bad_rows=self.bad_rows,
+            pin_memory=self.pin_memory,
+            ship_positions=self.shipments and self.ship_positions,
+            shipments=self.shipments,
+        )
         yield from producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
         HEAP.after_epoch()
 
@@ -128,9 +146,15 @@ class LanceMapDataset(Dataset):
         retry: How reads ride out transient storage errors.
     """
 
-    def __init__(self, source: LanceSource | PinnedSource, *, transform: BatchTransform | None = None,
-                 fill_nulls: Mapping[str, Any] | None = None, bad_rows: BadRowPolicy | None = None,
-                 retry: RetryPolicy = DEFAULT_POLICY) -> None:
+    def __init__(
+        self,
+        source: LanceSource | PinnedSource,
+        *,
+        transform: BatchTransform | None = None,
+        fill_nulls: Mapping[str, Any] | None = None,
+        bad_rows: BadRowPolicy | None = None,
+        retry: RetryPolicy = DEFAULT_POLICY,
+    ) -> None:
         self.source = source if isinstance(source, PinnedSource) else pin_source(source, "source")
         self.retry = retry
         self.transform = transform
@@ -141,8 +165,9 @@ class LanceMapDataset(Dataset):
             self.matches = scan_matches(self.source.open(), self.source.filter, self.source.total_rows)
             self._rows = self.matches.rows
         self.clock = StageClock()
-        self.guard = BadRowGuard(bad_rows or RaiseOnBadRow(), self.source, self._rows, self.matches, transform,
-                                 self.fill_nulls, self.clock)
+        self.guard = BadRowGuard(
+            bad_rows or RaiseOnBadRow(), self.source, self._rows, self.matches, transform, self.fill_nulls, self.clock
+        )
 
     def __len__(self) -> int:
         return self._rows
@@ -167,4 +192,3 @@ class LanceMapDataset(Dataset):
     def collate(batch: Batch) -> Batch:
         """The collate function for ``__getitems__`` batches: they are already collated."""
         return batch
-

@@ -50,9 +50,13 @@ def check_start_method(method: str, num_workers: int) -> None:
     if method not in ("forkserver", "spawn", "fork"):
         raise ConfigError("multiprocessing_context", method, "unknown start method", 'use "forkserver" or "spawn"')
     if method == "fork" and num_workers > 0:
-        raise ConfigError("multiprocessing_context", method, "Lance is not fork-safe: forked DataLoader workers of "
-                          "a process that has opened a Lance dataset segfault or hang (9 of 9 trials)",
-                          'use "forkserver" (the default) or "spawn"')
+        raise ConfigError(
+            "multiprocessing_context",
+            method,
+            "Lance is not fork-safe: forked DataLoader workers of "
+            "a process that has opened a Lance dataset segfault or hang (9 of 9 trials)",
+            'use "forkserver" (the default) or "spawn"',
+        )
 
 
 def _start_method(context: Any) -> str:
@@ -128,15 +132,30 @@ class LanceDataLoader(DataLoader):
             ``None`` (the plan decides the batches).
     """
 
-    def __init__(self, dataset: LanceIterableDataset, *, cursor: CursorTracker | None = None,
-                 epoch_source: Callable[[], int] | None = None, num_workers: int = 0,
-                 persistent_workers: bool = True, pin_memory: bool = False, prefetch_factor: int | None = None,
-                 multiprocessing_context: str | Any = "forkserver", metrics: bool = True,
-                 count_restored_steps: bool = False, sampler: Any = None, batch_sampler: Any = None) -> None:
+    def __init__(
+        self,
+        dataset: LanceIterableDataset,
+        *,
+        cursor: CursorTracker | None = None,
+        epoch_source: Callable[[], int] | None = None,
+        num_workers: int = 0,
+        persistent_workers: bool = True,
+        pin_memory: bool = False,
+        prefetch_factor: int | None = None,
+        multiprocessing_context: str | Any = "forkserver",
+        metrics: bool = True,
+        count_restored_steps: bool = False,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+    ) -> None:
         for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
             if value is not None:
-                raise ConfigError(name, value, "a LanceDataLoader yields the batches its plan lays out",
-                                  f"leave `{name}` unset; shuffle with LanceDataModule(shuffle=...)")
+                raise ConfigError(
+                    name,
+                    value,
+                    "a LanceDataLoader yields the batches its plan lays out",
+                    f"leave `{name}` unset; shuffle with LanceDataModule(shuffle=...)",
+                )
         method = _start_method(multiprocessing_context)
         check_start_method(method, num_workers)
         dataset.clock.enabled = metrics
@@ -153,9 +172,14 @@ class LanceDataLoader(DataLoader):
             dataset.use_context(context)
         dataset.shipments = True  # batches come with their stats and positions beside them
         super().__init__(
-            dataset, batch_size=None, collate_fn=_passthrough, num_workers=num_workers,
-            persistent_workers=persistent_workers and num_workers > 0, pin_memory=pin_memory,
-            prefetch_factor=prefetch_factor if num_workers > 0 else None, multiprocessing_context=context,
+            dataset,
+            batch_size=None,
+            collate_fn=_passthrough,
+            num_workers=num_workers,
+            persistent_workers=persistent_workers and num_workers > 0,
+            pin_memory=pin_memory,
+            prefetch_factor=prefetch_factor if num_workers > 0 else None,
+            multiprocessing_context=context,
             worker_init_fn=init_worker if num_workers > 0 else None,
         )
         self.cursor = cursor or CursorTracker(dataset.plan, dataset.world_size, dataset.rank)
@@ -235,12 +259,16 @@ class LanceDataLoader(DataLoader):
         dataset = self.dataset
         transform = dataset.transform
         return {
-            "num_workers": self.num_workers, "reader_threads": dataset.reader_threads,
-            "prefetch_groups": dataset.prefetch_groups, "prefetch_batches": getattr(dataset, "prefetch_batches", None),
-            "batch_size": dataset.plan.batch_size, "method": dataset.plan.method,
+            "num_workers": self.num_workers,
+            "reader_threads": dataset.reader_threads,
+            "prefetch_groups": dataset.prefetch_groups,
+            "prefetch_batches": getattr(dataset, "prefetch_batches", None),
+            "batch_size": dataset.plan.batch_size,
+            "method": dataset.plan.method,
             "shuffle": dataset.plan.strategy.describe(),
             "transform": type(transform).__name__ if transform is not None else None,
-            "world_size": dataset.world_size, "rank": dataset.rank,
+            "world_size": dataset.world_size,
+            "rank": dataset.rank,
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -62,7 +62,9 @@ def worker_died_error(workers: Sequence[Any], error: BaseException) -> WorkerDie
         f"DataLoader worker (pid {', '.join(map(str, pids))}) died mid-epoch: {what}. The batch it was handing "
         f"over was lost ({type(error).__name__}: {error}). Resume from the last checkpoint: the data cursor "
         "continues exactly after the last trained batch. If memory ran out, lower num_workers, "
-        "prefetch_factor, prefetch_batches or batch_size.", pids)
+        "prefetch_factor, prefetch_batches or batch_size.",
+        pids,
+    )
 
 
 def guard_workers(iterator: Iterator[T]) -> Iterator[T]:

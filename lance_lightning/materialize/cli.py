@@ -24,11 +24,13 @@ from lance_lightning.source import LanceSource
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lance-lightning materialize",
-        description=("Copy a (remote) Lance dataset to a local materialized view, once: only the rows of "
-                     "--filter, only --columns, optionally pre-shuffled. Prints the view's path; train from it "
-                     "with data.train.uri, or set data.materialize.cache_dir to do this automatically. "
-                     "Credentials: prefer environment variables (AWS_ACCESS_KEY_ID, ...); they are never "
-                     "written into the view or its manifest."),
+        description=(
+            "Copy a (remote) Lance dataset to a local materialized view, once: only the rows of "
+            "--filter, only --columns, optionally pre-shuffled. Prints the view's path; train from it "
+            "with data.train.uri, or set data.materialize.cache_dir to do this automatically. "
+            "Credentials: prefer environment variables (AWS_ACCESS_KEY_ID, ...); they are never "
+            "written into the view or its manifest."
+        ),
     )
     parser.add_argument("--uri", required=True, help="source dataset URI (local path or s3://...)")
     parser.add_argument("--out-dir", required=True, help="local cache directory for views")
@@ -36,10 +38,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--filter", default=None, help="SQL predicate selecting the rows to keep")
     parser.add_argument("--version", type=int, default=None, help="source version (default: the latest)")
     parser.add_argument("--shuffle-seed", type=int, default=None, help="pre-shuffle the view with this seed")
-    parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
-                        help="rows per commit (an interrupted copy resumes after the last one)")
-    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an object-store option for Lance, e.g. aws_endpoint=http://... (repeatable)")
+    parser.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=DEFAULT_CHUNK_ROWS,
+        help="rows per commit (an interrupted copy resumes after the last one)",
+    )
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an object-store option for Lance, e.g. aws_endpoint=http://... (repeatable)",
+    )
     parser.add_argument("--quiet", action="store_true", help="print only the view's path")
     return parser
 
@@ -54,21 +65,22 @@ def materialize_main(argv: list[str] | None = None) -> int:
     options: dict[str, str] = {}
     for item in args.storage_option:
         if "=" not in item:
-            print(f"lance-lightning materialize: error: --storage-option {item!r} must be KEY=VALUE",
-                  file=sys.stderr)
+            print(f"lance-lightning materialize: error: --storage-option {item!r} must be KEY=VALUE", file=sys.stderr)
             return 2
         key, value = item.split("=", 1)
         options[key.strip()] = value
-    source = LanceSource(uri=args.uri, columns=args.columns, filter=args.filter, version=args.version,
-                         storage_options=options or None)
+    source = LanceSource(
+        uri=args.uri, columns=args.columns, filter=args.filter, version=args.version, storage_options=options or None
+    )
 
     def progress(done: int, total: int) -> None:
         if not args.quiet:
             print(f"  {done:,} / {total:,} rows", file=sys.stderr, flush=True)
 
     try:
-        result = materialize_view(source, args.out_dir, shuffle_seed=args.shuffle_seed, chunk_rows=args.chunk_rows,
-                                  on_chunk=progress)
+        result = materialize_view(
+            source, args.out_dir, shuffle_seed=args.shuffle_seed, chunk_rows=args.chunk_rows, on_chunk=progress
+        )
     except (ConfigError, MaterializeError, RuntimeError, OSError, ValueError) as error:
         print(f"lance-lightning materialize: error: {error}", file=sys.stderr)
         return 1
@@ -76,12 +88,19 @@ def materialize_main(argv: list[str] | None = None) -> int:
         print(result.uri)
         return 0
     m = result.manifest
-    how = "reused (source version unchanged)" if result.reused else (
-        f"created in {result.seconds:.1f} s" + (f", resumed after {result.resumed_rows:,} rows"
-                                                 if result.resumed_rows else ""))
-    print(f"view: {result.uri}\n  {how}\n  source: {m['source']['uri']} @ version {m['source']['version']}\n"
-          f"  rows: {m['rows']:,}  columns: {m['columns']}  filter: {m['filter']!r}  shuffle_seed: "
-          f"{m['shuffle_seed']}\n  manifest: {Path(result.uri).with_suffix('.json')}")
+    how = (
+        "reused (source version unchanged)"
+        if result.reused
+        else (
+            f"created in {result.seconds:.1f} s"
+            + (f", resumed after {result.resumed_rows:,} rows" if result.resumed_rows else "")
+        )
+    )
+    print(
+        f"view: {result.uri}\n  {how}\n  source: {m['source']['uri']} @ version {m['source']['version']}\n"
+        f"  rows: {m['rows']:,}  columns: {m['columns']}  filter: {m['filter']!r}  shuffle_seed: "
+        f"{m['shuffle_seed']}\n  manifest: {Path(result.uri).with_suffix('.json')}"
+    )
     return 0
 
 

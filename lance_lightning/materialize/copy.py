@@ -54,9 +54,17 @@ class ViewCopier:
         filter_param: How errors name the filter (e.g. ``"train.filter"``).
     """
 
-    def __init__(self, pinned: PinnedSource, dataset: lance.LanceDataset, *, shuffle_seed: int | None,
-                 chunk_rows: int, retry: RetryPolicy, on_chunk: Callable[[int, int], None] | None,
-                 filter_param: str = "filter") -> None:
+    def __init__(
+        self,
+        pinned: PinnedSource,
+        dataset: lance.LanceDataset,
+        *,
+        shuffle_seed: int | None,
+        chunk_rows: int,
+        retry: RetryPolicy,
+        on_chunk: Callable[[int, int], None] | None,
+        filter_param: str = "filter",
+    ) -> None:
         self.pinned = pinned
         self.dataset = dataset
         self.shuffle_seed = shuffle_seed
@@ -70,9 +78,12 @@ class ViewCopier:
         self.stats: dict[str, float] = {"retries": 0.0}
         self.clock = StageClock()
         if self.rows == 0:
-            raise ConfigError(filter_param, pinned.filter, f"matches no rows of {pinned.uri} (version "
-                              f"{pinned.version}), so the view would be empty",
-                              "loosen the filter or check the column values")
+            raise ConfigError(
+                filter_param,
+                pinned.filter,
+                f"matches no rows of {pinned.uri} (version {pinned.version}), so the view would be empty",
+                "loosen the filter or check the column values",
+            )
 
     # copy -------------------------------------------------------------------------------
     def run(self, work: Path) -> tuple[int, int]:
@@ -106,8 +117,13 @@ class ViewCopier:
         return rows
 
     def _source_batches(self, start: int) -> Iterator[pa.RecordBatch]:
-        scanner = self.dataset.scanner(columns=self.columns, filter=self.pinned.filter, offset=start or None,
-                                       batch_size=READ_BATCH_ROWS, scan_in_order=True)
+        scanner = self.dataset.scanner(
+            columns=self.columns,
+            filter=self.pinned.filter,
+            offset=start or None,
+            batch_size=READ_BATCH_ROWS,
+            scan_in_order=True,
+        )
         yield from scanner.to_batches()
 
     def _fill(self, dest: Path, batches_from: Callable[[int], Iterator[pa.RecordBatch]], origin: str) -> None:
@@ -123,19 +139,26 @@ class ViewCopier:
                     stream = _Rechunker(batches_from(first))
                 try:
                     reader = pa.RecordBatchReader.from_batches(self.schema, stream.take(count))
-                    lance.write_dataset(reader, str(dest), mode="append" if first else "create",
-                                        max_rows_per_file=max(self.chunk_rows, 1024),
-                                        data_storage_version=self.dataset.data_storage_version)
+                    lance.write_dataset(
+                        reader,
+                        str(dest),
+                        mode="append" if first else "create",
+                        max_rows_per_file=max(self.chunk_rows, 1024),
+                        data_storage_version=self.dataset.data_storage_version,
+                    )
                 except BaseException:
                     stream = None  # the next attempt starts a fresh read after the committed rows
                     raise
 
-            what = (f"rows {done}..{done + count - 1} of {self.rows} from the {origin} (materialize copy into "
-                    f"{dest.parent.name}), columns {self.columns}")
+            what = (
+                f"rows {done}..{done + count - 1} of {self.rows} from the {origin} (materialize copy into "
+                f"{dest.parent.name}), columns {self.columns}"
+            )
             before = time.perf_counter()
             try:
-                self.retry.call(write_chunk, what=what, uri=self.pinned.uri, version=self.pinned.version,
-                                clock=self.clock)
+                self.retry.call(
+                    write_chunk, what=what, uri=self.pinned.uri, version=self.pinned.version, clock=self.clock
+                )
             finally:
                 self.stats["retries"] = self.clock.peek().get("retries", 0.0)
             self.stats[f"{origin}_seconds"] = self.stats.get(f"{origin}_seconds", 0.0) + time.perf_counter() - before
@@ -168,10 +191,11 @@ class _Rechunker:
                 yield batch
 
 
-def _take_batches(dataset: lance.LanceDataset, order: np.ndarray, start: int,
-                  columns: list[str]) -> Iterator[pa.RecordBatch]:
+def _take_batches(
+    dataset: lance.LanceDataset, order: np.ndarray, start: int, columns: list[str]
+) -> Iterator[pa.RecordBatch]:
     for first in range(start, len(order), READ_BATCH_ROWS):
-        table = dataset.take(order[first:first + READ_BATCH_ROWS], columns=columns)
+        table = dataset.take(order[first : first + READ_BATCH_ROWS], columns=columns)
         yield from table.combine_chunks().to_batches()
 
 

@@ -28,10 +28,15 @@ from lance_lightning.read.retry import first_line
 from lance_lightning.source import PinnedSource
 
 #: Out-of-space errnos and how Lance's error text spells them.
-_SPACE_ERRNOS = {errno.ENOSPC: ("no space left", "os error 28"), errno.EFBIG: ("file too large", "os error 27"),
-                 errno.EDQUOT: ("disk quota", "os error 122")}
-_SPACE_FIXES = {errno.EFBIG: "raise the file size limit (ulimit -f) or choose another cache_dir",
-                errno.EDQUOT: "raise the disk quota or choose another cache_dir"}
+_SPACE_ERRNOS = {
+    errno.ENOSPC: ("no space left", "os error 28"),
+    errno.EFBIG: ("file too large", "os error 27"),
+    errno.EDQUOT: ("disk quota", "os error 122"),
+}
+_SPACE_FIXES = {
+    errno.EFBIG: "raise the file size limit (ulimit -f) or choose another cache_dir",
+    errno.EDQUOT: "raise the disk quota or choose another cache_dir",
+}
 
 
 def estimate_view_bytes(pinned: PinnedSource, dataset: lance.LanceDataset, rows: int, staged: bool) -> int:
@@ -55,8 +60,14 @@ def check_space(pinned: PinnedSource, root: Path, needed: int) -> None:
     """Raise `MaterializeError` when ``needed`` more bytes do not fit the free space under ``root``."""
     free = shutil.disk_usage(root).free
     if needed > free:
-        raise MaterializeError(_message(pinned, root, f"free {_mb(needed - free)} MB or choose another cache_dir",
-                                        f"the view needs about {_mb(needed)} MB, {_mb(free)} MB are free"))
+        raise MaterializeError(
+            _message(
+                pinned,
+                root,
+                f"free {_mb(needed - free)} MB or choose another cache_dir",
+                f"the view needs about {_mb(needed)} MB, {_mb(free)} MB are free",
+            )
+        )
 
 
 def space_error(pinned: PinnedSource, root: Path, needed: int, error: BaseException, code: int) -> MaterializeError:
@@ -68,8 +79,10 @@ def space_error(pinned: PinnedSource, root: Path, needed: int, error: BaseExcept
     elif needed > free:
         fix = f"free at least {_mb(needed - free)} MB ({room}) or choose another cache_dir"
     else:  # the data fits, Lance's metadata of every commit does not
-        fix = (f"free some space or choose another cache_dir ({room}, plus Lance's metadata for each commit; "
-               "a larger chunk_rows makes fewer commits)")
+        fix = (
+            f"free some space or choose another cache_dir ({room}, plus Lance's metadata for each commit; "
+            "a larger chunk_rows makes fewer commits)"
+        )
     return MaterializeError(_message(pinned, root, fix, first_line(_root_cause(error))))
 
 
@@ -89,8 +102,10 @@ def out_of_space_errno(error: BaseException | None) -> int | None:
 
 
 def _message(pinned: PinnedSource, root: Path, fix: str, detail: str) -> str:
-    return (f"no space left while materializing {pinned.uri} (version {pinned.version}) into {root}: {fix} "
-            f"({detail}); no view was left behind")
+    return (
+        f"no space left while materializing {pinned.uri} (version {pinned.version}) into {root}: {fix} "
+        f"({detail}); no view was left behind"
+    )
 
 
 def _root_cause(error: BaseException) -> BaseException:

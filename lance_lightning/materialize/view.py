@@ -73,8 +73,14 @@ from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
 from lance_lightning.vocabulary import SPLITS
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "MaterializeError", "MaterializedView", "ViewResult", "materialize",
-           "materialize_view"]
+__all__ = [
+    "DEFAULT_CHUNK_ROWS",
+    "MaterializeError",
+    "MaterializedView",
+    "ViewResult",
+    "materialize",
+    "materialize_view",
+]
 
 log = logging.getLogger(__name__)
 
@@ -101,29 +107,54 @@ class MaterializedView:
 
     def __post_init__(self) -> None:
         if not isinstance(self.cache_dir, (str, os.PathLike)) or not str(self.cache_dir):
-            raise ConfigError("materialize.cache_dir", self.cache_dir, "must be a local directory path",
-                              "set e.g. cache_dir: /local_nvme/lance_views")
+            raise ConfigError(
+                "materialize.cache_dir",
+                self.cache_dir,
+                "must be a local directory path",
+                "set e.g. cache_dir: /local_nvme/lance_views",
+            )
         if "://" in str(self.cache_dir) and not str(self.cache_dir).startswith("file://"):
-            raise ConfigError("materialize.cache_dir", self.cache_dir, "views are written to local disk",
-                              "give a local directory path, not an object-store URI")
-        check_int("materialize.shuffle_seed", self.shuffle_seed, 0, "set shuffle_seed: 0, or null to keep the source "
-                  "order", problem="must be an integer >= 0 or null", optional=True)
+            raise ConfigError(
+                "materialize.cache_dir",
+                self.cache_dir,
+                "views are written to local disk",
+                "give a local directory path, not an object-store URI",
+            )
+        check_int(
+            "materialize.shuffle_seed",
+            self.shuffle_seed,
+            0,
+            "set shuffle_seed: 0, or null to keep the source order",
+            problem="must be an integer >= 0 or null",
+            optional=True,
+        )
         check_int("materialize.chunk_rows", self.chunk_rows, 1, f"use e.g. {DEFAULT_CHUNK_ROWS}")
         known = set(SPLITS)
         if self.splits is not None and (not isinstance(self.splits, (list, tuple)) or set(self.splits) - known):
-            raise ConfigError("materialize.splits", self.splits, f"splits must be among {sorted(known)}",
-                              "list e.g. [train], or null for every configured split")
+            raise ConfigError(
+                "materialize.splits",
+                self.splits,
+                f"splits must be among {sorted(known)}",
+                "list e.g. [train], or null for every configured split",
+            )
 
     def apply(self, source: LanceSource, split: str) -> LanceSource:
         """The source to read for ``split``: a local view of ``source``, or ``source`` itself."""
         if self.splits is not None and split not in self.splits:
             return source
-        result = materialize_view(source, self.cache_dir, shuffle_seed=self.shuffle_seed,
-                                  chunk_rows=self.chunk_rows, param=split)
+        result = materialize_view(
+            source, self.cache_dir, shuffle_seed=self.shuffle_seed, chunk_rows=self.chunk_rows, param=split
+        )
         how = "reused" if result.reused else f"made in {result.seconds:.1f} s"
-        log.info("split '%s': reading the materialized view %s of %s @ version %s (%s rows, %s)", split,
-                 result.uri, result.manifest["source"]["uri"], result.manifest["source"]["version"],
-                 f"{result.manifest['rows']:,}", how)
+        log.info(
+            "split '%s': reading the materialized view %s of %s @ version %s (%s rows, %s)",
+            split,
+            result.uri,
+            result.manifest["source"]["uri"],
+            result.manifest["source"]["version"],
+            f"{result.manifest['rows']:,}",
+            how,
+        )
         return LanceSource(uri=result.uri, columns=list(result.manifest["columns"]))
 
     def reopen(self, view_uri: str) -> LanceSource | None:
@@ -152,24 +183,48 @@ class ViewResult:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def materialize(source: LanceSource, cache_dir: str | os.PathLike, *, columns: list[str] | None = None,
-                filter: str | None = None, shuffle_seed: int | None = None,
-                storage_options: dict[str, str] | None = None, version: int | None = None,
-                chunk_rows: int = DEFAULT_CHUNK_ROWS) -> str:
+def materialize(
+    source: LanceSource,
+    cache_dir: str | os.PathLike,
+    *,
+    columns: list[str] | None = None,
+    filter: str | None = None,
+    shuffle_seed: int | None = None,
+    storage_options: dict[str, str] | None = None,
+    version: int | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> str:
     """Copy ``source`` to a local Lance view under ``cache_dir`` once; return the view's local URI.
 
     ``columns``, ``filter``, ``storage_options`` and ``version`` override the source's own when
     given. See the module docstring for the guarantees.
     """
-    return materialize_view(source, cache_dir, columns=columns, filter=filter, shuffle_seed=shuffle_seed,
-                            storage_options=storage_options, version=version, chunk_rows=chunk_rows).uri
+    return materialize_view(
+        source,
+        cache_dir,
+        columns=columns,
+        filter=filter,
+        shuffle_seed=shuffle_seed,
+        storage_options=storage_options,
+        version=version,
+        chunk_rows=chunk_rows,
+    ).uri
 
 
-def materialize_view(source: LanceSource, cache_dir: str | os.PathLike, *, columns: list[str] | None = None,
-                     filter: str | None = None, shuffle_seed: int | None = None,
-                     storage_options: dict[str, str] | None = None, version: int | None = None,
-                     chunk_rows: int = DEFAULT_CHUNK_ROWS, retry: RetryPolicy | None = None,
-                     on_chunk: Callable[[int, int], None] | None = None, param: str = "materialize") -> ViewResult:
+def materialize_view(
+    source: LanceSource,
+    cache_dir: str | os.PathLike,
+    *,
+    columns: list[str] | None = None,
+    filter: str | None = None,
+    shuffle_seed: int | None = None,
+    storage_options: dict[str, str] | None = None,
+    version: int | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    retry: RetryPolicy | None = None,
+    on_chunk: Callable[[int, int], None] | None = None,
+    param: str = "materialize",
+) -> ViewResult:
     """`materialize`, returning a `ViewResult`; ``on_chunk(rows_done, rows_total)`` runs after each commit.
 
     ``param`` names the source in errors (``"train"`` when a data module materializes its split).
@@ -194,8 +249,15 @@ def materialize_view(source: LanceSource, cache_dir: str | os.PathLike, *, colum
         if manifest is not None:
             return ViewResult(str(view), manifest, reused=True, seconds=time.perf_counter() - started)
         _remove_stale(view, manifest_path, root, key)
-        copier = ViewCopier(pinned, dataset, shuffle_seed=shuffle_seed, chunk_rows=chunk_rows,
-                            retry=retry or DEFAULT_POLICY, on_chunk=on_chunk, filter_param=f"{param}.filter")
+        copier = ViewCopier(
+            pinned,
+            dataset,
+            shuffle_seed=shuffle_seed,
+            chunk_rows=chunk_rows,
+            retry=retry or DEFAULT_POLICY,
+            on_chunk=on_chunk,
+            filter_param=f"{param}.filter",
+        )
         needed = estimate_view_bytes(pinned, dataset, copier.rows, staged=shuffle_seed is not None)
         work = adopt_partial(root, key, owner=str(os.getpid()))
         try:
@@ -203,14 +265,24 @@ def materialize_view(source: LanceSource, cache_dir: str | os.PathLike, *, colum
             view_rows, resumed = copier.run(work)
             os.rename(work / "view.lance", view)  # complete, but not a view until its manifest exists
             manifest = {
-                "format": FORMAT, "key": key, "view": str(view),
-                "source": {"uri": pinned.uri, "version": pinned.version,
-                           "version_timestamp": identity["version_timestamp"],
-                           "columns": list(pinned.columns), "filter": pinned.filter},
-                "columns": list(pinned.columns), "filter": pinned.filter, "shuffle_seed": shuffle_seed,
-                "rows": view_rows, "bytes": tree_bytes(view),
+                "format": FORMAT,
+                "key": key,
+                "view": str(view),
+                "source": {
+                    "uri": pinned.uri,
+                    "version": pinned.version,
+                    "version_timestamp": identity["version_timestamp"],
+                    "columns": list(pinned.columns),
+                    "filter": pinned.filter,
+                },
+                "columns": list(pinned.columns),
+                "filter": pinned.filter,
+                "shuffle_seed": shuffle_seed,
+                "rows": view_rows,
+                "bytes": tree_bytes(view),
                 "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds"),
-                "copy_seconds": round(time.perf_counter() - started, 3), "resumed_from_rows": resumed,
+                "copy_seconds": round(time.perf_counter() - started, 3),
+                "resumed_from_rows": resumed,
             }
             tmp = root / f"{key}.json.tmp-{os.getpid()}"
             tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
@@ -226,21 +298,31 @@ def materialize_view(source: LanceSource, cache_dir: str | os.PathLike, *, colum
             _remove_stale(view, manifest_path, root, key)
             raise space_error(pinned, root, needed, error, code) from error
         shutil.rmtree(work, ignore_errors=True)
-    return ViewResult(str(view), manifest, reused=False, seconds=time.perf_counter() - started,
-                      resumed_rows=resumed, chunks=copier.chunks, stats=copier.stats)
+    return ViewResult(
+        str(view),
+        manifest,
+        reused=False,
+        seconds=time.perf_counter() - started,
+        resumed_rows=resumed,
+        chunks=copier.chunks,
+        stats=copier.stats,
+    )
 
 
 # -- identity and completeness ----------------------------------------------------------------
 def _cache_root(cache_dir: str, param: str) -> Path:
     """The resolved cache directory, created if missing; ``param`` names it in the error."""
-    local = cache_dir[len("file://"):] if cache_dir.startswith("file://") else cache_dir
+    local = cache_dir[len("file://") :] if cache_dir.startswith("file://") else cache_dir
     root = Path(local).expanduser().resolve()
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise ConfigError(param, str(root),
-                          f"the directory cannot be created ({error.strerror or error})",
-                          "choose a writable local directory") from None
+        raise ConfigError(
+            param,
+            str(root),
+            f"the directory cannot be created ({error.strerror or error})",
+            "choose a writable local directory",
+        ) from None
     return root
 
 
@@ -255,9 +337,16 @@ def _identity(pinned: PinnedSource, dataset: lance.LanceDataset, shuffle_seed: i
     endpoint = next((str(v) for k, v in sorted(options.items()) if "endpoint" in k.lower()), None)
     if endpoint is None and "://" in pinned.uri:
         endpoint = os.environ.get("AWS_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
-    return {"format": FORMAT, "uri": pinned.uri, "endpoint": endpoint, "version": pinned.version,
-            "version_timestamp": stamp, "columns": list(pinned.columns), "filter": pinned.filter,
-            "shuffle_seed": shuffle_seed}
+    return {
+        "format": FORMAT,
+        "uri": pinned.uri,
+        "endpoint": endpoint,
+        "version": pinned.version,
+        "version_timestamp": stamp,
+        "columns": list(pinned.columns),
+        "filter": pinned.filter,
+        "shuffle_seed": shuffle_seed,
+    }
 
 
 def _complete_manifest(view: Path, manifest_path: Path, pinned: PinnedSource | None) -> dict[str, Any] | None:
@@ -268,8 +357,10 @@ def _complete_manifest(view: Path, manifest_path: Path, pinned: PinnedSource | N
         manifest = json.loads(manifest_path.read_text())
         if manifest.get("format") != FORMAT:
             return None
-        if pinned is not None and (manifest["source"]["version"], manifest["source"]["uri"]) != (pinned.version,
-                                                                                                 pinned.uri):
+        if pinned is not None and (manifest["source"]["version"], manifest["source"]["uri"]) != (
+            pinned.version,
+            pinned.uri,
+        ):
             return None
         if lance.dataset(str(view)).count_rows() != manifest["rows"]:
             return None

@@ -59,7 +59,8 @@ class StageClock:
 
     def _add_stage(self, stage: str, elapsed: float, rows: int, nbytes: int) -> None:
         keys = _STAGE_KEYS.get(stage) or _STAGE_KEYS.setdefault(
-            stage, (f"{stage}_seconds", f"{stage}_rows", f"{stage}_bytes"))
+            stage, (f"{stage}_seconds", f"{stage}_rows", f"{stage}_bytes")
+        )
         with self._lock:
             totals = self._totals
             totals[keys[0]] += elapsed

@@ -72,16 +72,23 @@ FIGURES: dict[str, str] = {
     "convert_s": "time converting Arrow to tensors (summed over threads and workers)",
     "other_s": "time in any other measured stage (e.g. pinning memory)",
     "prefetch_ready": "items (read groups, or batches with a transform) ready in the read-ahead queue "
-                      "when the consumer asked (mean)",
+    "when the consumer asked (mean)",
     "prefetch_slots": "size of that read-ahead queue (mean)",
     "bad_rows": "rows the bad-row policy replaced",
-    "workers_ready": ("batches the worker processes finished that had not reached the main process when "
-                      "the consumer asked (mean): batches in transfer"),
+    "workers_ready": (
+        "batches the worker processes finished that had not reached the main process when "
+        "the consumer asked (mean): batches in transfer"
+    ),
 }
 
 #: Clock stages, by the figure they count towards.
-STAGE_FIGURES = {"read": "io_wait_s", "transform": "decode_s", "decode": "decode_s", "augment": "decode_s",
-                 "convert": "convert_s"}
+STAGE_FIGURES = {
+    "read": "io_wait_s",
+    "transform": "decode_s",
+    "decode": "decode_s",
+    "augment": "decode_s",
+    "convert": "convert_s",
+}
 
 
 def figures(span: Snapshot) -> dict[str, float]:

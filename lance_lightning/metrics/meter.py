@@ -57,7 +57,7 @@ class LatencyHistogram:
     def fold(self) -> None:
         """Bin the pending durations."""
         pending = self.pending
-        counts, last, shortest = self._counts, self.BINS - 1, 10.0 ** self.LOW_EXP
+        counts, last, shortest = self._counts, self.BINS - 1, 10.0**self.LOW_EXP
         offset, scale, log10 = -self.LOW_EXP, self.PER_DECADE, math.log10
         for seconds in pending:
             index = int((log10(seconds) + offset) * scale) if seconds > shortest else 0
@@ -100,8 +100,10 @@ class Snapshot:
         if other is None:
             return self
         keys = self.totals.keys() | other.totals.keys()
-        return Snapshot({k: self.totals.get(k, 0.0) + sign * other.totals.get(k, 0.0) for k in keys},
-                        [a + sign * b for a, b in zip(self.fetch_counts, other.fetch_counts)])
+        return Snapshot(
+            {k: self.totals.get(k, 0.0) + sign * other.totals.get(k, 0.0) for k in keys},
+            [a + sign * b for a, b in zip(self.fetch_counts, other.fetch_counts)],
+        )
 
 
 class LoaderMeter:
@@ -174,8 +176,11 @@ class LoaderMeter:
             loop += (self._mark if self._mark > self._handoff else now) - self._start
         wait = self.fetch.total_s
         return {
-            "batches": self.iterations + self.fetch.recorded, "wait_s": wait,
-            "step_s": max(0.0, loop - wait - self.first_s), "first_s": self.first_s,
-            "iterations": self.iterations, "workers_ready_sum": self.ready_sum,
+            "batches": self.iterations + self.fetch.recorded,
+            "wait_s": wait,
+            "step_s": max(0.0, loop - wait - self.first_s),
+            "first_s": self.first_s,
+            "iterations": self.iterations,
+            "workers_ready_sum": self.ready_sum,
             "workers_ready_samples": self.ready_samples,
         }

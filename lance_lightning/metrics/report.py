@@ -64,8 +64,9 @@ def loader_seconds(fig: Mapping[str, float], config: Mapping[str, Any]) -> dict[
     return parts
 
 
-def diagnose(fig: Mapping[str, float], config: Mapping[str, Any], *, loader_only: bool = False,
-             rank: int = 0) -> Diagnosis:
+def diagnose(
+    fig: Mapping[str, float], config: Mapping[str, Any], *, loader_only: bool = False, rank: int = 0
+) -> Diagnosis:
     """What limits throughput in the span ``fig`` (one rank's figures) of a loader with ``config``."""
     seconds = loader_seconds(fig, config)
     total = sum(seconds.values())
@@ -75,12 +76,16 @@ def diagnose(fig: Mapping[str, float], config: Mapping[str, Any], *, loader_only
         return Diagnosis("none", "not enough batches measured to tell", "run more steps", shares, seconds, rank)
     if not loader_only and wait < MODEL_BOUND_BELOW:
         busy = total / fig["seconds"] if fig["seconds"] > 0 else 0.0
-        headline = (f"model-bound: the step waited for data {wait:.0%} of the time; the loader keeps up "
-                    f"(busy {min(busy, 1.0):.0%} of the time)")
+        headline = (
+            f"model-bound: the step waited for data {wait:.0%} of the time; the loader keeps up "
+            f"(busy {min(busy, 1.0):.0%} of the time)"
+        )
         advice = "speed up the training step (model, precision, batch size); loader settings will not raise throughput"
         if busy < 0.25 and parallelism(config) > 1:
-            advice += (f"; the loader idles, so fewer `reader_threads` ({config.get('reader_threads')} now) or "
-                       f"`num_workers` ({config.get('num_workers')} now) would free CPU for the step")
+            advice += (
+                f"; the loader idles, so fewer `reader_threads` ({config.get('reader_threads')} now) or "
+                f"`num_workers` ({config.get('num_workers')} now) would free CPU for the step"
+            )
         return Diagnosis("model", headline, advice, shares, seconds, rank)
     name = max(shares, key=shares.__getitem__)
     if name == "workers" and not config.get("num_workers"):
@@ -91,8 +96,11 @@ def diagnose(fig: Mapping[str, float], config: Mapping[str, Any], *, loader_only
         what = PARTS[name][1]
         if name == "decode" and config.get("transform"):
             what += f" ({config['transform']})"
-    waited = "no model: the profile consumes batches as fast as they come" if loader_only else \
-        f"the step waited for data {wait:.0%} of the time"
+    waited = (
+        "no model: the profile consumes batches as fast as they come"
+        if loader_only
+        else f"the step waited for data {wait:.0%} of the time"
+    )
     headline = f"{name}-bound: {shares[name]:.0%} of loader time {what}; {waited}"
     return Diagnosis(name, headline, _advice(name, config), shares, seconds, rank)
 
@@ -104,29 +112,44 @@ def _advice(name: str, config: Mapping[str, Any]) -> str:
         shuffle = config.get("shuffle") or {}
         clump = shuffle.get("clump_rows")
         if config.get("method") == "take" and clump is not None and clump < SHORT_CLUMP:  # short clumps taken
-            return (f"reads are random row takes (RowShuffle clump_rows={clump}): set `shuffle.clump_rows` to "
-                    f"{SHORT_CLUMP} or more, or use ShardShuffle/BufferShuffle, so Lance reads ranges")
-        return (f"raise `reader_threads` ({threads} now) and `prefetch_groups` ({groups} now) to keep more reads "
-                "in flight; on object stores also raise LANCE_IO_THREADS")
+            return (
+                f"reads are random row takes (RowShuffle clump_rows={clump}): set `shuffle.clump_rows` to "
+                f"{SHORT_CLUMP} or more, or use ShardShuffle/BufferShuffle, so Lance reads ranges"
+            )
+        return (
+            f"raise `reader_threads` ({threads} now) and `prefetch_groups` ({groups} now) to keep more reads "
+            "in flight; on object stores also raise LANCE_IO_THREADS"
+        )
     if name == "decode":
         if not workers:
-            return (f"raise `reader_threads` ({threads} now; decoding runs on them); if the transform is pure "
-                    "Python (holds the GIL), use `num_workers` processes instead")
+            return (
+                f"raise `reader_threads` ({threads} now; decoding runs on them); if the transform is pure "
+                "Python (holds the GIL), use `num_workers` processes instead"
+            )
         return f"raise `num_workers` ({workers} now) or `reader_threads` ({threads} per worker now)"
     if name == "convert":
-        return (f"read fewer columns (`columns`), or raise `reader_threads` ({threads} now); columns with nulls, "
-                "bools or several chunks are copied")
+        return (
+            f"read fewer columns (`columns`), or raise `reader_threads` ({threads} now); columns with nulls, "
+            "bools or several chunks are copied"
+        )
     if name == "workers" and workers:
-        return (f"use `num_workers=0` with `reader_threads` (Lance reads and torchvision decoding release the "
-                f"GIL, so threads skip the copy between processes), or fewer, larger batches "
-                f"({workers} worker process(es) now)")
+        return (
+            f"use `num_workers=0` with `reader_threads` (Lance reads and torchvision decoding release the "
+            f"GIL, so threads skip the copy between processes), or fewer, larger batches "
+            f"({workers} worker process(es) now)"
+        )
     if name == "workers":
         return f"raise `prefetch_groups` ({groups} now) so more batches are ready ahead"
     return "pinning memory on the reader threads: raise `reader_threads`, or pin on the GPU side (`pin_memory=False`)"
 
 
-def format_report(per_rank: Sequence[Mapping[str, float]], config: Mapping[str, Any], *,
-                  loader_only: bool = False, title: str = "Data loading report") -> str:
+def format_report(
+    per_rank: Sequence[Mapping[str, float]],
+    config: Mapping[str, Any],
+    *,
+    loader_only: bool = False,
+    title: str = "Data loading report",
+) -> str:
     """The console report of one span: ``per_rank[r]`` holds rank r's figures (one entry without DDP)."""
     ranks = len(per_rank)
     per_rank = [{**f, "step_ms": 1e3 * f["step_s"] / f["batches"] if f["batches"] else 0.0} for f in per_rank]
@@ -154,8 +177,10 @@ def format_report(per_rank: Sequence[Mapping[str, float]], config: Mapping[str, 
     ]
     if loader_only:
         per_batch = mean["seconds"] / mean["batches"] if mean["batches"] else 0.0
-        lines.append(f"  loader ceiling           a batch every {per_batch * 1e3:.2f} ms: a training step slower "
-                     "than this would not wait for data")
+        lines.append(
+            f"  loader ceiling           a batch every {per_batch * 1e3:.2f} ms: a training step slower "
+            "than this would not wait for data"
+        )
     else:
         lines.append(f"  step waited for data     {show('wait_fraction', '.1%')} of the step cycle")
         lines.append(f"  training step            {show('step_ms', '.2f')} ms per batch")
@@ -166,42 +191,60 @@ def format_report(per_rank: Sequence[Mapping[str, float]], config: Mapping[str, 
         f"  loader time (wall-equivalent: stage thread-seconds / {parallelism(config)} threads = "
         f"{threads} reader thread(s) x {max(workers, 1)} process(es)):",
     ]
-    labels = {"storage": "storage (I/O wait)", "decode": "decode/transform", "convert": "convert to tensors",
-              "other": "other (pin memory)", "workers": "workers (transfer)" if workers else "hand-off (unmeasured)"}
+    labels = {
+        "storage": "storage (I/O wait)",
+        "decode": "decode/transform",
+        "convert": "convert to tensors",
+        "other": "other (pin memory)",
+        "workers": "workers (transfer)" if workers else "hand-off (unmeasured)",
+    }
     for name in ("storage", "decode", "convert", "other", "workers"):
         if name == "other" and diagnosis.seconds.get(name, 0.0) == 0.0:
             continue
         line = f"    {labels[name]:<22} {diagnosis.seconds[name]:8.3f} s {diagnosis.shares[name]:6.1%}"
         if name == "storage":
-            line += (f"   {show('io_bytes', ',.2f', 1e-6)} MB read in {show('io_requests', ',.0f')} requests, "
-                     f"{show('io_mb_per_s', ',.1f')} MB/s per reader thread")
+            line += (
+                f"   {show('io_bytes', ',.2f', 1e-6)} MB read in {show('io_requests', ',.0f')} requests, "
+                f"{show('io_mb_per_s', ',.1f')} MB/s per reader thread"
+            )
         lines.append(line)
     unit = "batches" if config.get("transform") else "read groups"
-    lines.append(f"  read-ahead               {show('prefetch_ready', '.2f')} of {show('prefetch_slots', '.0f')} "
-                 f"{unit} ready when asked" + (" (per worker)" if workers else ""))
+    lines.append(
+        f"  read-ahead               {show('prefetch_ready', '.2f')} of {show('prefetch_slots', '.0f')} "
+        f"{unit} ready when asked" + (" (per worker)" if workers else "")
+    )
     if mean["bad_rows"]:
         lines.append(f"  bad rows replaced        {show('bad_rows', ',.0f')}")
     if workers:
-        lines.append(f"  worker output            {show('workers_ready', '.2f')} finished batches not yet "
-                     "received when asked")
+        lines.append(
+            f"  worker output            {show('workers_ready', '.2f')} finished batches not yet received when asked"
+        )
     startup = mean["first_batch_s"] * mean["epochs"]
     if mean["seconds"] > 0 and startup / mean["seconds"] > STARTUP_NOTE_ABOVE:
-        why = "worker processes start and the first reads run; keep `persistent_workers=True`" if workers else \
-            "the first reads run"
-        lines.append(f"  note: start-up (the first batch of each of {mean['epochs']:.0f} epoch(s), "
-                     f"{mean['first_batch_s']:.2f} s each) is {startup / mean['seconds']:.0%} of the loop time: "
-                     f"{why}; measure longer runs for steady-state figures")
+        why = (
+            "worker processes start and the first reads run; keep `persistent_workers=True`"
+            if workers
+            else "the first reads run"
+        )
+        lines.append(
+            f"  note: start-up (the first batch of each of {mean['epochs']:.0f} epoch(s), "
+            f"{mean['first_batch_s']:.2f} s each) is {startup / mean['seconds']:.0%} of the loop time: "
+            f"{why}; measure longer runs for steady-state figures"
+        )
     if ranks > 1:
         slow = max(range(ranks), key=lambda r: per_rank[r]["wait_fraction"])
         fast = min(range(ranks), key=lambda r: per_rank[r]["rows_per_s"])
-        lines.append(f"  stragglers               rank {slow} waited most for data "
-                     f"({per_rank[slow]['wait_fraction']:.1%}); rank {fast} delivered fewest rows/s "
-                     f"({per_rank[fast]['rows_per_s']:,.0f})")
+        lines.append(
+            f"  stragglers               rank {slow} waited most for data "
+            f"({per_rank[slow]['wait_fraction']:.1%}); rank {fast} delivered fewest rows/s "
+            f"({per_rank[fast]['rows_per_s']:,.0f})"
+        )
     return "\n".join(lines)
 
 
-def loader_report(loader: Any, since: Snapshot | None = None, *, loader_only: bool = False,
-                  title: str = "Data loading report") -> str:
+def loader_report(
+    loader: Any, since: Snapshot | None = None, *, loader_only: bool = False, title: str = "Data loading report"
+) -> str:
     """The report of one `LanceDataLoader` in this process, from ``since`` (default: its creation)."""
     fig = figures(loader.metrics_snapshot().minus(since))
     return format_report([fig], loader.describe(), loader_only=loader_only, title=title)

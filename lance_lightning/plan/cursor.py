@@ -63,7 +63,10 @@ class CursorTracker:
                 f"The checkpoint's data cursor stopped in epoch {pending['epoch']} with {left} of "
                 f"{self.plan.matched_rows} rows unread, but the trainer resumes at epoch {epoch} (Lightning counts a "
                 "run stopped by `max_steps` or `max_time` as a finished epoch). Those rows are skipped; epoch "
-                f"{epoch} is read in full.", RuntimeWarning, stacklevel=2)
+                f"{epoch} is read in full.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self.epoch = epoch
         self.layout = self.plan.layout(self.world_size, start)
         self.steps_before = steps_before
@@ -115,9 +118,11 @@ class CursorTracker:
         if pending is None or pending["finished"]:
             return None
         layout = self.plan.layout(self.world_size, pending["rows_consumed"])
-        line = (f"  resume: epoch {pending['epoch']} from row {pending['rows_consumed']:,} of "
-                f"{self.plan.matched_rows:,} ({pending['steps']:,} step(s) done): {layout.steps:,} more step(s) "
-                f"of {layout.step_rows:,} row(s)")
+        line = (
+            f"  resume: epoch {pending['epoch']} from row {pending['rows_consumed']:,} of "
+            f"{self.plan.matched_rows:,} ({pending['steps']:,} step(s) done): {layout.steps:,} more step(s) "
+            f"of {layout.step_rows:,} row(s)"
+        )
         if layout.dropped_rows:
             line += f"; drop_last skips the last {layout.dropped_rows:,} row(s) of this epoch"
         return line
@@ -151,9 +156,15 @@ class CursorTracker:
             if state.get("finished", True) or "epoch" not in state:
                 self._pending = None
                 return
-            self._pending = {"format": CURSOR_FORMAT, "epoch": state["epoch"], "rows_consumed": 0,
-                             "steps": int(state.get("steps", 0)), "finished": False, "plan": self.plan.identity(),
-                             "fingerprint": self.plan.fingerprint()}
+            self._pending = {
+                "format": CURSOR_FORMAT,
+                "epoch": state["epoch"],
+                "rows_consumed": 0,
+                "steps": int(state.get("steps", 0)),
+                "finished": False,
+                "plan": self.plan.identity(),
+                "fingerprint": self.plan.fingerprint(),
+            }
             return
         check_state(state, self.plan)
         self._pending = dict(state)
@@ -174,8 +185,9 @@ def check_state(state: dict[str, Any], plan: ReadPlan) -> None:
         raise CursorMismatchError("rows_consumed", state["rows_consumed"], f"0..{plan.matched_rows}")
 
 
-def repin_target(state: dict[str, Any], plan: ReadPlan, configured_version: int | None,
-                 materialized: bool) -> tuple[str, Any] | None:
+def repin_target(
+    state: dict[str, Any], plan: ReadPlan, configured_version: int | None, materialized: bool
+) -> tuple[str, Any] | None:
     """Where the train split must be re-pinned to resume ``state`` exactly, or None to keep ``plan``.
 
     ``("view", uri)``: the checkpoint read another materialized view (views are kept when the source
@@ -186,7 +198,10 @@ def repin_target(state: dict[str, Any], plan: ReadPlan, configured_version: int 
     current = plan.source
     if materialized:
         return ("view", saved["uri"]) if saved.get("uri") not in (None, current.uri) else None
-    if saved.get("uri") == current.uri and saved.get("version") not in (None, current.version) \
-            and configured_version is None:
+    if (
+        saved.get("uri") == current.uri
+        and saved.get("version") not in (None, current.version)
+        and configured_version is None
+    ):
         return ("version", saved["version"])
     return None

@@ -99,19 +99,30 @@ class ReadPlan:
             f"  batches: {layout.steps:,} per rank x {world_size} rank(s), batch_size {self.batch_size}",
         ]
         if layout.dropped_rows:
-            lines.append(f"  tail: drop_last skips {layout.dropped_rows:,} row(s) per epoch (a new set each epoch "
-                         "when shuffled)")
+            lines.append(
+                f"  tail: drop_last skips {layout.dropped_rows:,} row(s) per epoch (a new set each epoch when shuffled)"
+            )
         elif layout.repeated_rows:
             lines.append(f"  tail: last step split across ranks; {layout.repeated_rows} row(s) repeated as padding")
         elif layout.rank_steps(world_size - 1) < layout.steps:
-            lines.append(f"  tail: last step split across ranks; ranks {layout.tail_rows}..{world_size - 1} have one "
-                         "batch fewer (not padded: every row is read once)")
+            lines.append(
+                f"  tail: last step split across ranks; ranks {layout.tail_rows}..{world_size - 1} have one "
+                "batch fewer (not padded: every row is read once)"
+            )
         return "\n".join(lines)
 
 
-def plan_reads(split: str, source: PinnedSource, survey: Survey, strategy: ShuffleStrategy | None,
-               filter_read: FilterRead | None, batch_size: int, drop_last: bool, world_size: int,
-               pad: bool = True) -> ReadPlan:
+def plan_reads(
+    split: str,
+    source: PinnedSource,
+    survey: Survey,
+    strategy: ShuffleStrategy | None,
+    filter_read: FilterRead | None,
+    batch_size: int,
+    drop_last: bool,
+    world_size: int,
+    pad: bool = True,
+) -> ReadPlan:
     """The `ReadPlan` of a surveyed source (no I/O); raise `ConfigError` for plans that cannot work."""
     strategy = strategy or NoShuffle()
     filter_read = filter_read or FilterRead()
@@ -120,8 +131,19 @@ def plan_reads(split: str, source: PinnedSource, survey: Survey, strategy: Shuff
     else:
         method, reason = _method_with_filter(strategy, filter_read, survey.matched_rows / source.total_rows)
     _check_fits(split, survey.matched_rows, batch_size, drop_last, world_size)
-    return ReadPlan(split, source, strategy, method, survey.matched_rows, batch_size, drop_last, reason,
-                    survey.matches, survey.row_bytes, pad)
+    return ReadPlan(
+        split,
+        source,
+        strategy,
+        method,
+        survey.matched_rows,
+        batch_size,
+        drop_last,
+        reason,
+        survey.matches,
+        survey.row_bytes,
+        pad,
+    )
 
 
 def _method_without_filter(strategy: ShuffleStrategy) -> tuple[ReadMethod, str]:
@@ -143,9 +165,17 @@ def _method_with_filter(strategy: ShuffleStrategy, policy: FilterRead, selectivi
 
 def _check_fits(split: str, rows: int, batch_size: int, drop_last: bool, world_size: int) -> None:
     if world_size > rows:
-        raise ConfigError("world_size", world_size, f"split '{split}' has only {rows} row(s), fewer than ranks",
-                          "use fewer devices/nodes, or more data")
+        raise ConfigError(
+            "world_size",
+            world_size,
+            f"split '{split}' has only {rows} row(s), fewer than ranks",
+            "use fewer devices/nodes, or more data",
+        )
     if drop_last and rows < batch_size * world_size:
-        raise ConfigError("batch_size", batch_size, f"split '{split}' has {rows} row(s), fewer than one step of "
-                          f"batch_size x world_size = {batch_size * world_size}, so drop_last leaves no batch",
-                          f"use batch_size <= {rows // world_size}, or drop_last=False")
+        raise ConfigError(
+            "batch_size",
+            batch_size,
+            f"split '{split}' has {rows} row(s), fewer than one step of "
+            f"batch_size x world_size = {batch_size * world_size}, so drop_last leaves no batch",
+            f"use batch_size <= {rows // world_size}, or drop_last=False",
+        )

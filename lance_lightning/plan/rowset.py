@@ -83,8 +83,14 @@ def scan_matches(dataset: lance.LanceDataset, filter: str, total_rows: int) -> R
     starts: list[np.ndarray] | None = []
     lengths: list[np.ndarray] = []
     runs, last = 0, -1
-    scanner = dataset.scanner(columns=["_rowoffset"], filter=filter, batch_size=SCAN_BATCH_ROWS, scan_in_order=True,
-                              batch_readahead=2, fragment_readahead=1)
+    scanner = dataset.scanner(
+        columns=["_rowoffset"],
+        filter=filter,
+        batch_size=SCAN_BATCH_ROWS,
+        scan_in_order=True,
+        batch_readahead=2,
+        fragment_readahead=1,
+    )
     for batch in scanner.to_batches():
         offsets = batch.column(0).to_numpy().astype(np.int64)
         if len(offsets) == 0:

@@ -27,8 +27,9 @@ def read_schema(plan: Any) -> pa.Schema:
     columns as the bytes their reader yields."""
     schema = plan.source.open().schema
     blobs = set(plan.source.blob_columns)
-    return pa.schema([pa.field(name, pa.large_binary()) if name in blobs else schema.field(name)
-                      for name in plan.source.columns])
+    return pa.schema(
+        [pa.field(name, pa.large_binary()) if name in blobs else schema.field(name) for name in plan.source.columns]
+    )
 
 
 def check_read_schema(plans: Mapping[str, Any], fill_nulls: Mapping[str, Any], transform: Any) -> None:
@@ -42,9 +43,13 @@ def check_read_schema(plans: Mapping[str, Any], fill_nulls: Mapping[str, Any], t
             try:
                 _kind(field.name, storage)
             except UnsupportedColumnError as error:
-                raise ConfigError(f"{split}.columns", list(plan.source.columns), str(error).split(";")[0],
-                                  f"drop {field.name!r} from `{split}.columns`, or cast it to a supported type "
-                                  "when writing the dataset") from None
+                raise ConfigError(
+                    f"{split}.columns",
+                    list(plan.source.columns),
+                    str(error).split(";")[0],
+                    f"drop {field.name!r} from `{split}.columns`, or cast it to a supported type "
+                    "when writing the dataset",
+                ) from None
             if field.name in fill_nulls:
                 _check_fill(field, fill_nulls[field.name])
         check = getattr(transform, "check_schema", None)
@@ -57,7 +62,10 @@ def _check_fill(field: pa.Field, value: Any) -> None:
         pc.fill_null(pa.nulls(1, field.type), value)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as error:
         example = {"str": '""', "bytes": 'b""'}.get(_kind(field.name, field.type), "0")
-        raise ConfigError(f"fill_nulls.{field.name}", value,
-                          f"cannot fill nulls of column {field.name!r}, whose Arrow type is {field.type} "
-                          f"({str(error).splitlines()[0]})",
-                          f"give a value of that type, e.g. fill_nulls: {{{field.name}: {example}}}") from None
+        raise ConfigError(
+            f"fill_nulls.{field.name}",
+            value,
+            f"cannot fill nulls of column {field.name!r}, whose Arrow type is {field.type} "
+            f"({str(error).splitlines()[0]})",
+            f"give a value of that type, e.g. fill_nulls: {{{field.name}: {example}}}",
+        ) from None

@@ -99,8 +99,12 @@ class ShardShuffle(ShuffleStrategy):
         return self.shard_rows
 
     def describe(self) -> dict[str, Any]:
-        return {"strategy": "ShardShuffle", "shard_rows": self.shard_rows, "seed": self.seed,
-                "shuffle_within_shard": self.shuffle_within_shard}
+        return {
+            "strategy": "ShardShuffle",
+            "shard_rows": self.shard_rows,
+            "seed": self.seed,
+            "shuffle_within_shard": self.shuffle_within_shard,
+        }
 
 
 class RowShuffle(ShuffleStrategy):
@@ -159,9 +163,13 @@ class BufferShuffle(ShuffleStrategy):
             shard_rows = min(DEFAULT_BUFFER_SHARD_ROWS, max(1, self.buffer_rows // 4))
         self.shard_rows = _positive("shard_rows", shard_rows)
         if self.shard_rows > self.buffer_rows:
-            raise ConfigError("shard_rows", shard_rows, f"is larger than buffer_rows={buffer_rows}, so the buffer "
-                              "mixes nothing", f"set `shard_rows` to at most `buffer_rows` ({buffer_rows}); "
-                              f"{max(1, self.buffer_rows // 4)} or less mixes at least 4 shards, or omit it")
+            raise ConfigError(
+                "shard_rows",
+                shard_rows,
+                f"is larger than buffer_rows={buffer_rows}, so the buffer mixes nothing",
+                f"set `shard_rows` to at most `buffer_rows` ({buffer_rows}); "
+                f"{max(1, self.buffer_rows // 4)} or less mixes at least 4 shards, or omit it",
+            )
         self.permute_units = True
         self.window_rows = self.buffer_rows
 
@@ -169,8 +177,12 @@ class BufferShuffle(ShuffleStrategy):
         return self.shard_rows
 
     def describe(self) -> dict[str, Any]:
-        return {"strategy": "BufferShuffle", "buffer_rows": self.buffer_rows, "seed": self.seed,
-                "shard_rows": self.shard_rows}
+        return {
+            "strategy": "BufferShuffle",
+            "buffer_rows": self.buffer_rows,
+            "seed": self.seed,
+            "shard_rows": self.shard_rows,
+        }
 
 
 class FilterRead:
@@ -183,8 +195,9 @@ class FilterRead:
     """
 
     def __init__(self, method: Literal["auto", "scan", "take"] = "auto", take_below: float = 0.05) -> None:
-        check_choice("method", method, ("auto", "scan", "take"), "unknown filter read method",
-                     'use "auto", "scan" or "take"')
+        check_choice(
+            "method", method, ("auto", "scan", "take"), "unknown filter read method", 'use "auto", "scan" or "take"'
+        )
         if isinstance(take_below, bool) or not isinstance(take_below, (int, float)) or not 0.0 <= take_below <= 1.0:
             raise ConfigError("take_below", take_below, "must be a fraction in [0, 1]", "e.g. take_below=0.05")
         self.method = method
@@ -200,4 +213,3 @@ class FilterRead:
         if self.method != "auto":
             return self.method
         return "take" if selectivity < self.take_below else "scan"
-

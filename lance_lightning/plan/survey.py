@@ -29,22 +29,36 @@ def survey(split: str, source: PinnedSource) -> Survey:
         matches = scan_matches(dataset, source.filter, source.total_rows)
         matched = matches.rows
         if matched == 0:
-            raise ConfigError(f"{split}.filter", source.filter, f"matches no rows of {source.uri} "
-                              f"(version {source.version})", "loosen the filter or check the column values")
+            raise ConfigError(
+                f"{split}.filter",
+                source.filter,
+                f"matches no rows of {source.uri} (version {source.version})",
+                "loosen the filter or check the column values",
+            )
     if matched == 0:
         raise ConfigError(f"{split}.uri", source.uri, "the dataset has no rows", "write rows first")
     return Survey(matched, matches, _row_bytes(dataset, source))
 
 
-def build_plan(split: str, source: PinnedSource, strategy: ShuffleStrategy | None, filter_read: FilterRead | None,
-               batch_size: int, drop_last: bool, world_size: int, pad: bool = True) -> ReadPlan:
+def build_plan(
+    split: str,
+    source: PinnedSource,
+    strategy: ShuffleStrategy | None,
+    filter_read: FilterRead | None,
+    batch_size: int,
+    drop_last: bool,
+    world_size: int,
+    pad: bool = True,
+) -> ReadPlan:
     """Survey and plan the rows of ``source``; raise `ConfigError` for plans that cannot work."""
-    return plan_reads(split, source, survey(split, source), strategy, filter_read, batch_size, drop_last,
-                      world_size, pad)
+    return plan_reads(
+        split, source, survey(split, source), strategy, filter_read, batch_size, drop_last, world_size, pad
+    )
 
 
 def _row_bytes(dataset: lance.LanceDataset, source: PinnedSource) -> int:
     """Arrow bytes per row of the source's columns, measured on its first rows (at most 64)."""
-    sample = dataset.scanner(columns=list(source.columns), limit=ROW_BYTES_SAMPLE,
-                             blob_handling="all_binary").to_table()  # blobs' bytes, not their descriptors
+    sample = dataset.scanner(
+        columns=list(source.columns), limit=ROW_BYTES_SAMPLE, blob_handling="all_binary"
+    ).to_table()  # blobs' bytes, not their descriptors
     return max(1, -(-sample.nbytes // max(1, sample.num_rows)))

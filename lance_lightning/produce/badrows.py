@@ -47,8 +47,12 @@ class BadRowPolicy:
 
     def __init__(self, id_column: str | None = "id") -> None:
         if id_column is not None and (not isinstance(id_column, str) or not id_column):
-            raise ConfigError("bad_rows.id_column", id_column, "must be a column name or None",
-                              'set id_column="id" (or your id column), or None')
+            raise ConfigError(
+                "bad_rows.id_column",
+                id_column,
+                "must be a column name or None",
+                'set id_column="id" (or your id column), or None',
+            )
         self.id_column = id_column
 
     def __repr__(self) -> str:
@@ -100,8 +104,16 @@ class BadRowGuard:
         clock: Where ``convert``/``transform`` times and the ``bad_rows`` count go.
     """
 
-    def __init__(self, policy: BadRowPolicy, source: PinnedSource, rows: int, matches: RowSet | None,
-                 transform: Callable[[Batch], Any] | None, fill_nulls: dict[str, Any], clock: StageClock) -> None:
+    def __init__(
+        self,
+        policy: BadRowPolicy,
+        source: PinnedSource,
+        rows: int,
+        matches: RowSet | None,
+        transform: Callable[[Batch], Any] | None,
+        fill_nulls: dict[str, Any],
+        clock: StageClock,
+    ) -> None:
         self.policy = policy
         self.source = source
         self.rows = rows
@@ -152,26 +164,39 @@ class BadRowGuard:
                 return False
             return True
 
-        candidate, row = replacement(self.policy, self.source, self.rows, self.matches, position, row_id, error,
-                                     table.column_names, transforms)
+        candidate, row = replacement(
+            self.policy, self.source, self.rows, self.matches, position, row_id, error, table.column_names, transforms
+        )
         fixed = pa.concat_tables([table.slice(0, index), row.cast(table.schema), table.slice(index + 1)])
         fixed_positions = positions.copy()
         fixed_positions[index] = candidate
         return fixed, fixed_positions
 
 
-def replacement(policy: BadRowPolicy, source: PinnedSource, rows: int, matches: RowSet | None,
-                position: int, row_id: Any, error: RowError, columns: list[str],
-                transforms: Callable[[pa.Table], bool]) -> tuple[int, pa.Table]:
+def replacement(
+    policy: BadRowPolicy,
+    source: PinnedSource,
+    rows: int,
+    matches: RowSet | None,
+    position: int,
+    row_id: Any,
+    error: RowError,
+    columns: list[str],
+    transforms: Callable[[pa.Table], bool],
+) -> tuple[int, pa.Table]:
     """``(position, row)`` of the replacement for the bad row at ``position`` (its ``columns``): the
     first candidate of `ReplaceBadRow` that ``transforms``; raises `BadRowError` under
     `RaiseOnBadRow`, or when no candidate transforms."""
     where = f"dataset row {position}" + (f" ({policy.id_column}={row_id!r})" if row_id is not None else "")
     where = f"{where} of {source.uri} (version {source.version}), column {error.column!r}"
     if not isinstance(policy, ReplaceBadRow):
-        raise BadRowError(f"bad row: {where} could not be transformed: {error.reason}. Fix or delete the "
-                          "row, filter it out, or pass `bad_rows=ReplaceBadRow()` to replace bad rows",
-                          position, error.column, row_id) from error
+        raise BadRowError(
+            f"bad row: {where} could not be transformed: {error.reason}. Fix or delete the "
+            "row, filter it out, or pass `bad_rows=ReplaceBadRow()` to replace bad rows",
+            position,
+            error.column,
+            row_id,
+        ) from error
     for attempt in range(policy.max_attempts):
         pick = policy.candidate(position, attempt, rows)
         candidate = int(pick if matches is None else matches.select(np.array([pick]))[0])
@@ -181,9 +206,14 @@ def replacement(policy: BadRowPolicy, source: PinnedSource, rows: int, matches: 
         if transforms(row):
             log.warning("bad row replaced: %s (%s); using dataset row %d instead", where, error.reason, candidate)
             return candidate, row
-    raise BadRowError(f"bad row: {where} could not be transformed ({error.reason}), and none of "
-                      f"{policy.max_attempts} replacement candidates could either. Check the data, or "
-                      "raise `ReplaceBadRow.max_attempts`", position, error.column, row_id) from error
+    raise BadRowError(
+        f"bad row: {where} could not be transformed ({error.reason}), and none of "
+        f"{policy.max_attempts} replacement candidates could either. Check the data, or "
+        "raise `ReplaceBadRow.max_attempts`",
+        position,
+        error.column,
+        row_id,
+    ) from error
 
 
 class DeviceRowGuard:
@@ -204,9 +234,16 @@ class DeviceRowGuard:
         clock: Where the ``bad_rows`` count goes.
     """
 
-    def __init__(self, policy: BadRowPolicy, plan: Any, transform: Callable[[Batch], Batch] | None,
-                 fill_nulls: dict[str, Any], device_transform: Callable[[Batch], Batch],
-                 to_device: Callable[[Batch], Batch], clock: StageClock) -> None:
+    def __init__(
+        self,
+        policy: BadRowPolicy,
+        plan: Any,
+        transform: Callable[[Batch], Batch] | None,
+        fill_nulls: dict[str, Any],
+        device_transform: Callable[[Batch], Batch],
+        to_device: Callable[[Batch], Batch],
+        clock: StageClock,
+    ) -> None:
         self.policy = policy
         self.plan = plan
         self.transform = transform
@@ -227,9 +264,17 @@ class DeviceRowGuard:
                     raise
                 self.clock.add("bad_rows", 1)
                 position = int(positions[error.index])
-                candidate, row = replacement(self.policy, self.plan.source, self.plan.matched_rows,
-                                             self.plan.matches, position, self._row_id(batch, error.index), error,
-                                             list(self.plan.source.columns), self._transforms)
+                candidate, row = replacement(
+                    self.policy,
+                    self.plan.source,
+                    self.plan.matched_rows,
+                    self.plan.matches,
+                    position,
+                    self._row_id(batch, error.index),
+                    error,
+                    list(self.plan.source.columns),
+                    self._transforms,
+                )
                 batch = splice(batch, error.index, self._prepared(row))
                 positions[error.index] = candidate
         raise AssertionError("unreachable: every pass replaces one row")  # pragma: no cover
@@ -269,7 +314,7 @@ def splice(batch: Batch, index: int, row: Batch) -> Batch:
             offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
             value = Ragged(values, offsets)
         elif isinstance(value, list):
-            value = [*value[:index], new[0], *value[index + 1:]]
+            value = [*value[:index], new[0], *value[index + 1 :]]
         else:
             raise TypeError(f"column {key!r}: cannot replace a bad row in a {type(value).__name__}")
         out[key] = value

@@ -65,7 +65,7 @@ class Ragged:
         return self.offsets[1:] - self.offsets[:-1]
 
     def row(self, index: int) -> torch.Tensor:
-        return self.values[int(self.offsets[index]):int(self.offsets[index + 1])]
+        return self.values[int(self.offsets[index]) : int(self.offsets[index + 1])]
 
     def to(self, *args: Any, **kwargs: Any) -> Ragged:
         return Ragged(self.values.to(*args, **kwargs), self.offsets.to(*args, **kwargs))
@@ -81,9 +81,7 @@ class Ragged:
 _WIDEN = {pa.uint16(): pa.int32(), pa.uint32(): pa.int64()}
 
 
-def to_torch_batch(
-    data: pa.Table | pa.RecordBatch, fill_nulls: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+def to_torch_batch(data: pa.Table | pa.RecordBatch, fill_nulls: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Convert a table or record batch into ``{column: tensor | list}``.
 
     ``fill_nulls`` maps column names to the value that replaces their nulls;
@@ -116,7 +114,7 @@ def _convert_column(name: str, arr: pa.Array, fill_nulls: Mapping[str, Any]) -> 
         raise NullValueError(
             f"column {name!r} has {arr.null_count} null rows (of {len(arr)}) and tensors "
             f"cannot hold nulls; pass fill_nulls={{{name!r}: <value>}} to LanceDataModule, "
-            f"or filter the rows out with filter=\"{name} IS NOT NULL\""
+            f'or filter the rows out with filter="{name} IS NOT NULL"'
         )
     if kind == "str":
         return arr.to_pylist()

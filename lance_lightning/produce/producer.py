@@ -40,9 +40,18 @@ class BatchProducer:
     all threads and decoded memory stays bounded by ``prefetch_batches`` batches.
     """
 
-    def __init__(self, reader: PlanReader, transform: BatchTransform | None, fill_nulls: Mapping[str, Any],
-                 clock: StageClock, ship_stats: bool, bad_rows: BadRowPolicy | None = None,
-                 pin_memory: bool = False, ship_positions: bool = False, shipments: bool = False) -> None:
+    def __init__(
+        self,
+        reader: PlanReader,
+        transform: BatchTransform | None,
+        fill_nulls: Mapping[str, Any],
+        clock: StageClock,
+        ship_stats: bool,
+        bad_rows: BadRowPolicy | None = None,
+        pin_memory: bool = False,
+        ship_positions: bool = False,
+        shipments: bool = False,
+    ) -> None:
         self.reader = reader
         self.transform = transform
         self.clock = clock
@@ -51,8 +60,15 @@ class BatchProducer:
         self.shipments = shipments or ship_stats or ship_positions
         self.pin_memory = pin_memory
         plan = reader.plan
-        self.guard = BadRowGuard(bad_rows or RaiseOnBadRow(), plan.source, plan.matched_rows, plan.matches,
-                                 transform, dict(fill_nulls), clock)
+        self.guard = BadRowGuard(
+            bad_rows or RaiseOnBadRow(),
+            plan.source,
+            plan.matched_rows,
+            plan.matches,
+            transform,
+            dict(fill_nulls),
+            clock,
+        )
 
     def read(self, group: list[BatchSpec]) -> list[tuple[BatchSpec, pa.Table]]:
         rows = sum(len(spec.positions) for spec in group)
@@ -98,11 +114,14 @@ class BatchProducer:
         per_row = row_bytes(batches[0]) if self.clock.enabled and batches else None
         if per_row is None:
             return [self._sized(batch, where) for batch, where in zip(batches, positions)]
-        return [(batch, torch.from_numpy(where) if self.ship_positions else None, count, count * per_row)
-                for batch, where, count in zip(batches, positions, rows)]
+        return [
+            (batch, torch.from_numpy(where) if self.ship_positions else None, count, count * per_row)
+            for batch, where, count in zip(batches, positions, rows)
+        ]
 
-    def run(self, groups: Iterator[list[BatchSpec]], pools: ReaderThreads, prefetch_groups: int,
-            prefetch_batches: int) -> Iterator[Any]:
+    def run(
+        self, groups: Iterator[list[BatchSpec]], pools: ReaderThreads, prefetch_groups: int, prefetch_batches: int
+    ) -> Iterator[Any]:
         """The finished batches of ``groups`` (as `Shipment`s when ``shipments``), in order, prepared
         ahead on the ``pools`` threads."""
         if self.transform is None:

@@ -33,8 +33,14 @@ Out = TypeVar("Out")
 class ReadAhead(Generic[In, Out]):
     """Runs ``work`` on upcoming items on ``pool``, ``depth`` items ahead (inline without a pool)."""
 
-    def __init__(self, work: Callable[[In], Out], items: Iterable[In], pool: ThreadPoolExecutor | None,
-                 depth: int, clock: Any = None) -> None:
+    def __init__(
+        self,
+        work: Callable[[In], Out],
+        items: Iterable[In],
+        pool: ThreadPoolExecutor | None,
+        depth: int,
+        clock: Any = None,
+    ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got depth={depth}")
         self._work = work
@@ -68,8 +74,9 @@ class ReadAhead(Generic[In, Out]):
             self._fill()
             while self._pending:
                 if self._clock is not None:
-                    self._clock.merge({"prefetch_ready": self.ready, "prefetch_slots": self._depth,
-                                       "prefetch_polls": 1})
+                    self._clock.merge(
+                        {"prefetch_ready": self.ready, "prefetch_slots": self._depth, "prefetch_polls": 1}
+                    )
                 result = self._pending.popleft().result()
                 self._fill()
                 yield result
@@ -105,16 +112,21 @@ class ReaderThreads:
         if self._pid != os.getpid():  # forked: the parent's threads do not exist here
             self._pools, self._pid = {}, os.getpid()
         if self.reader_threads and not self._pools:
-            self._pools = {stage: ThreadPoolExecutor(self.reader_threads, thread_name_prefix=f"lance-{stage}",
-                                                     initializer=_background_thread) for stage in self.STAGES}
+            self._pools = {
+                stage: ThreadPoolExecutor(
+                    self.reader_threads, thread_name_prefix=f"lance-{stage}", initializer=_background_thread
+                )
+                for stage in self.STAGES
+            }
 
     def stop(self) -> None:
         pools, self._pools = self._pools, {}
         for pool in pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def ahead(self, stage: str, work: Callable[[Any], Any], items: Iterable[Any], depth: int,
-              clock: Any = None) -> ReadAhead:
+    def ahead(
+        self, stage: str, work: Callable[[Any], Any], items: Iterable[Any], depth: int, clock: Any = None
+    ) -> ReadAhead:
         """A `ReadAhead` of ``work`` over ``items`` on this process's ``stage`` threads."""
         if not self.reader_threads:
             return ReadAhead(work, items, None, depth, clock=clock)

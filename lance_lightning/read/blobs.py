@@ -31,8 +31,13 @@ def blob_columns(schema: pa.Schema, columns: tuple[str, ...]) -> tuple[str, ...]
     return tuple(name for name in columns if is_blob(schema.field(name)))
 
 
-def with_blobs(dataset: lance.LanceDataset, table: pa.Table | None, positions: np.ndarray,
-               columns: tuple[str, ...], blobs: tuple[str, ...]) -> pa.Table:
+def with_blobs(
+    dataset: lance.LanceDataset,
+    table: pa.Table | None,
+    positions: np.ndarray,
+    columns: tuple[str, ...],
+    blobs: tuple[str, ...],
+) -> pa.Table:
     """``table`` (the non-blob ``columns`` at ``positions``, or None when there are none) with the
     ``blobs`` columns' bytes at ``positions`` added, its columns in ``columns`` order."""
     indices = pa.array(positions, pa.uint64())

@@ -26,34 +26,58 @@ from lance_lightning.source import PinnedSource
 UNSIZED_BATCH_ROWS = 1024
 
 
-def read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], retry: RetryPolicy = DEFAULT_POLICY,
-                batch_rows: int = UNSIZED_BATCH_ROWS) -> pa.Table:
+def read_ranges(
+    source: PinnedSource,
+    ranges: list[tuple[int, int]],
+    retry: RetryPolicy = DEFAULT_POLICY,
+    batch_rows: int = UNSIZED_BATCH_ROWS,
+) -> pa.Table:
     """The rows of ``ranges`` (``(first, rows)`` each) of the pinned version, in that order
     (retried): one offset/limit scan per range."""
-    what = describe_span(min((first for first, _ in ranges), default=0),
-                         max((first + rows - 1 for first, rows in ranges), default=-1),
-                         sum(rows for _, rows in ranges), "scan", source.columns)
-    return retry.call(lambda: _read_ranges(source, ranges, batch_rows), what=what, uri=source.uri,
-                      version=source.version)
+    what = describe_span(
+        min((first for first, _ in ranges), default=0),
+        max((first + rows - 1 for first, rows in ranges), default=-1),
+        sum(rows for _, rows in ranges),
+        "scan",
+        source.columns,
+    )
+    return retry.call(
+        lambda: _read_ranges(source, ranges, batch_rows), what=what, uri=source.uri, version=source.version
+    )
 
 
-def read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool,
-                   retry: RetryPolicy = DEFAULT_POLICY, batch_rows: int = UNSIZED_BATCH_ROWS) -> pa.Table:
+def read_positions(
+    source: PinnedSource,
+    positions: np.ndarray,
+    scan_mode: bool,
+    retry: RetryPolicy = DEFAULT_POLICY,
+    batch_rows: int = UNSIZED_BATCH_ROWS,
+) -> pa.Table:
     """Rows at the sorted, unique ``positions`` of the pinned version, in that order (retried).
 
     One Lance call: with ``scan_mode``, a scan restricted to those rows (it reads many ranges at
     scan speed); otherwise a ``take`` (cheapest for scattered rows).
     """
     what = describe_rows(positions, "scan" if scan_mode else "take", source.columns)
-    return retry.call(lambda: _read_positions(source, positions, scan_mode, batch_rows), what=what, uri=source.uri,
-                      version=source.version)
+    return retry.call(
+        lambda: _read_positions(source, positions, scan_mode, batch_rows),
+        what=what,
+        uri=source.uri,
+        version=source.version,
+    )
 
 
 def _read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], batch_rows: int) -> pa.Table:
     dataset = source.open()
     columns = [c for c in source.columns if c not in source.blob_columns]
-    tables = [dataset.scanner(columns=columns, offset=first, limit=rows, batch_size=batch_rows).to_table()
-              for first, rows in ranges] if columns else []
+    tables = (
+        [
+            dataset.scanner(columns=columns, offset=first, limit=rows, batch_size=batch_rows).to_table()
+            for first, rows in ranges
+        ]
+        if columns
+        else []
+    )
     table = (tables[0] if len(tables) == 1 else pa.concat_tables(tables)) if tables else None
     if source.blob_columns:
         positions = np.concatenate([np.arange(first, first + rows, dtype=np.int64) for first, rows in ranges])
@@ -68,8 +92,9 @@ def _read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool
     table = None
     if columns and scan_mode:
         allow = serialize_row_addrs(row_ids(source, dataset, positions).tolist())
-        table = dataset.scanner(columns=columns, row_addr_allowlist=allow, batch_size=batch_rows,
-                                scan_in_order=True).to_table()
+        table = dataset.scanner(
+            columns=columns, row_addr_allowlist=allow, batch_size=batch_rows, scan_in_order=True
+        ).to_table()
     elif columns:
         table = dataset.take(positions, columns=columns)
     if source.blob_columns:  # the bytes of blob columns: one planned read_blobs call per column

@@ -63,8 +63,9 @@ class BatchSpec:
 class PlanReader:
     """Reads one rank's batches of one epoch of a `ReadPlan`."""
 
-    def __init__(self, plan: ReadPlan, epoch: int, world_size: int, rank: int, start: int,
-                 retry: RetryPolicy = DEFAULT_POLICY) -> None:
+    def __init__(
+        self, plan: ReadPlan, epoch: int, world_size: int, rank: int, start: int, retry: RetryPolicy = DEFAULT_POLICY
+    ) -> None:
         self.plan = plan
         self.retry = retry
         self.rank = rank
@@ -111,13 +112,20 @@ class PlanReader:
             table, index = read_ranges(self.plan.source, ranges, self.retry, self.batch_rows), None
         else:
             wanted, index = storage_index(positions)
-            table = read_positions(self.plan.source, wanted, scan_mode=self.plan.method == "scan",
-                                   retry=self.retry, batch_rows=self.batch_rows)
+            table = read_positions(
+                self.plan.source,
+                wanted,
+                scan_mode=self.plan.method == "scan",
+                retry=self.retry,
+                batch_rows=self.batch_rows,
+            )
         if index is not None and scattered(index, bounds):
             # A shuffle buffer: one gather puts the whole group in planned order.
             table, index = table.take(index), None
-        return [(spec.step, cut(table, index, int(first), int(end)))
-                for spec, first, end in zip(group, bounds[:-1], bounds[1:])]
+        return [
+            (spec.step, cut(table, index, int(first), int(end)))
+            for spec, first, end in zip(group, bounds[:-1], bounds[1:])
+        ]
 
 
 def group_rows(plan: ReadPlan) -> int:

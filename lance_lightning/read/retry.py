@@ -143,14 +143,25 @@ class RetryPolicy:
         check_int("retry.attempts", self.attempts, 1, "use 1 to never retry, or e.g. 4")
         for name in ("initial_backoff_s", "max_backoff_s", "deadline_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
-                    or value == float("inf"):
-                raise ConfigError(f"retry.{name}", value, "must be a finite number of seconds >= 0",
-                                  f"set `{name}` to e.g. {getattr(RetryPolicy, name)}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not value >= 0
+                or value == float("inf")
+            ):
+                raise ConfigError(
+                    f"retry.{name}",
+                    value,
+                    "must be a finite number of seconds >= 0",
+                    f"set `{name}` to e.g. {getattr(RetryPolicy, name)}",
+                )
         if self.max_backoff_s < self.initial_backoff_s:
-            raise ConfigError("retry.max_backoff_s", self.max_backoff_s,
-                              f"is shorter than initial_backoff_s={self.initial_backoff_s}",
-                              "make max_backoff_s >= initial_backoff_s")
+            raise ConfigError(
+                "retry.max_backoff_s",
+                self.max_backoff_s,
+                f"is shorter than initial_backoff_s={self.initial_backoff_s}",
+                "make max_backoff_s >= initial_backoff_s",
+            )
 
     def backoff(self, retry: int, key: str = "") -> float:
         """Seconds to wait before retry number ``retry`` (1-based): exponential, jittered ±25%.
@@ -162,8 +173,9 @@ class RetryPolicy:
         unit = zlib.crc32(f"{key}#{retry}".encode()) / 0xFFFFFFFF  # [0, 1]
         return min(self.max_backoff_s, base * (0.75 + 0.5 * unit))
 
-    def call(self, fn: Callable[[], T], *, what: str, uri: str, version: int | None = None,
-             clock: StageClock | None = None) -> T:
+    def call(
+        self, fn: Callable[[], T], *, what: str, uri: str, version: int | None = None, clock: StageClock | None = None
+    ) -> T:
         """``fn()``, retried through transient storage errors; `DataReadError` when it fails for good.
 
         Args:
@@ -189,25 +201,46 @@ class RetryPolicy:
                     counter = clock if clock is not None else active_clock()
                     if counter is not None:
                         counter.add("retries", 1)
-                    log.warning("transient error reading %s of %s (attempt %d of %d), retrying in %.2f s: %s",
-                                what, uri, attempt, self.attempts, wait, first_line(error))
+                    log.warning(
+                        "transient error reading %s of %s (attempt %d of %d), retrying in %.2f s: %s",
+                        what,
+                        uri,
+                        attempt,
+                        self.attempts,
+                        wait,
+                        first_line(error),
+                    )
                     time.sleep(wait)
                     continue
                 raise self._failure(error, what, uri, version, attempt, transient, elapsed) from error
 
-    def _failure(self, error: BaseException, what: str, uri: str, version: int | None, attempt: int,
-                 transient: bool, elapsed: float) -> DataReadError:
+    def _failure(
+        self,
+        error: BaseException,
+        what: str,
+        uri: str,
+        version: int | None,
+        attempt: int,
+        transient: bool,
+        elapsed: float,
+    ) -> DataReadError:
         at = f"{uri} @ version {version}" if version is not None else uri
         if transient:
-            limit = ("attempts" if attempt >= self.attempts else f"deadline_s={self.deadline_s:g}")
-            why = (f"the store kept failing with a transient error; gave up after {attempt} attempt(s) over "
-                   f"{elapsed:.1f} s ({limit} reached)")
-            fix = ("check that the store is reachable (endpoint, network), or allow more time with "
-                   "RetryPolicy(attempts=..., deadline_s=...)")
+            limit = "attempts" if attempt >= self.attempts else f"deadline_s={self.deadline_s:g}"
+            why = (
+                f"the store kept failing with a transient error; gave up after {attempt} attempt(s) over "
+                f"{elapsed:.1f} s ({limit} reached)"
+            )
+            fix = (
+                "check that the store is reachable (endpoint, network), or allow more time with "
+                "RetryPolicy(attempts=..., deadline_s=...)"
+            )
         else:
             why = f"the error is permanent, so it was not retried (attempt {attempt})"
-            fix = ("check that the dataset and this version still exist at the URI (a cleanup or deletion "
-                   "removes files of old versions) and that the credentials allow reading it")
+            fix = (
+                "check that the dataset and this version still exist at the URI (a cleanup or deletion "
+                "removes files of old versions) and that the credentials allow reading it"
+            )
         message = f"could not read {what} of {at}: {first_line(error)}. {why}. Fix: {fix}"
         return DataReadError(message, uri=uri, version=version, what=what, attempts=attempt, transient=transient)
 

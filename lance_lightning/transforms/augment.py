@@ -36,8 +36,12 @@ class DeviceAugment:
         if isinstance(transforms, torch.nn.Module):
             transforms = [transforms]
         if not isinstance(transforms, Sequence) or not transforms:
-            raise ConfigError("transforms", transforms, "must be a non-empty list of torchvision v2 transforms",
-                              "pass e.g. [v2.RandomHorizontalFlip()]")
+            raise ConfigError(
+                "transforms",
+                transforms,
+                "must be a non-empty list of torchvision v2 transforms",
+                "pass e.g. [v2.RandomHorizontalFlip()]",
+            )
         for i, transform in enumerate(transforms):
             if not callable(transform):
                 raise ConfigError(f"transforms[{i}]", transform, "is not callable", "pass torchvision v2 transforms")

@@ -16,7 +16,6 @@ from lance_lightning.vocabulary import Batch
 __all__ = ["Compose"]
 
 
-
 class Compose:
     """Runs ``transforms`` one after the other on a batch.
 
@@ -27,12 +26,14 @@ class Compose:
 
     def __init__(self, transforms: Sequence[Callable[[Batch], Batch]]) -> None:
         if isinstance(transforms, (str, bytes)) or not isinstance(transforms, Sequence):
-            raise ConfigError("transforms", transforms, "must be a list of batch transforms",
-                              "pass a list, e.g. [DecodeImage(...)]")
+            raise ConfigError(
+                "transforms", transforms, "must be a list of batch transforms", "pass a list, e.g. [DecodeImage(...)]"
+            )
         for i, transform in enumerate(transforms):
             if not callable(transform):
-                raise ConfigError(f"transforms[{i}]", transform, "is not callable",
-                                  "pass callables that take and return a batch dict")
+                raise ConfigError(
+                    f"transforms[{i}]", transform, "is not callable", "pass callables that take and return a batch dict"
+                )
         self.transforms = list(transforms)
 
     def __call__(self, batch: Batch) -> Batch:

@@ -34,19 +34,30 @@ _MAGIC = {JPEG: b"\xff\xd8\xff", PNG: b"\x89PNG"}
 def resolve_backend(backend: str) -> str:
     """The backend that decodes for ``backend`` (see the module docstring)."""
     if backend not in BACKENDS:
-        raise ConfigError("DecodeImage.backend", backend, "is not a decoder backend",
-                          f"use one of {list(BACKENDS)} ('auto' picks TorchCodec when it is installed)")
+        raise ConfigError(
+            "DecodeImage.backend",
+            backend,
+            "is not a decoder backend",
+            f"use one of {list(BACKENDS)} ('auto' picks TorchCodec when it is installed)",
+        )
     if backend == "torchvision":
         return backend
     if _torchcodec() is not None:
         return "torchcodec"
     if backend == "torchcodec":
-        raise ConfigError("DecodeImage.backend", backend, "TorchCodec is not installed (or does not import here)",
-                          "install it (`pip install torchcodec`, a dependency of lance-lightning), or set "
-                          "backend='auto' or 'torchvision'")
-    warnings.warn("DecodeImage: TorchCodec is not installed, so images are decoded by torchvision, whose "
-                  "decoders are deprecated since torchvision 0.29; install torchcodec to use it",
-                  FutureWarning, stacklevel=3)
+        raise ConfigError(
+            "DecodeImage.backend",
+            backend,
+            "TorchCodec is not installed (or does not import here)",
+            "install it (`pip install torchcodec`, a dependency of lance-lightning), or set "
+            "backend='auto' or 'torchvision'",
+        )
+    warnings.warn(
+        "DecodeImage: TorchCodec is not installed, so images are decoded by torchvision, whose "
+        "decoders are deprecated since torchvision 0.29; install torchcodec to use it",
+        FutureWarning,
+        stacklevel=3,
+    )
     return "torchvision"
 
 
@@ -81,18 +92,21 @@ def _stack_or_list(images: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch
     return torch.stack(images), images[:0]
 
 
-def _torchvision_rows(data: torch.Tensor, bounds: list[int], kinds: list[int],
-                      mode: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    images = [torch.ops.image.decode_image(data[bounds[i]:bounds[i + 1]], mode, False)
-              for i in range(len(bounds) - 1)]
+def _torchvision_rows(
+    data: torch.Tensor, bounds: list[int], kinds: list[int], mode: int
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    images = [
+        torch.ops.image.decode_image(data[bounds[i] : bounds[i + 1]], mode, False) for i in range(len(bounds) - 1)
+    ]
     return _stack_or_list(images)
 
 
-def _torchcodec_rows(data: torch.Tensor, bounds: list[int], kinds: list[int],
-                     mode: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _torchcodec_rows(
+    data: torch.Tensor, bounds: list[int], kinds: list[int], mode: int
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     images: list[torch.Tensor] = []
     for i in range(len(bounds) - 1):
-        row = data[bounds[i]:bounds[i + 1]]
+        row = data[bounds[i] : bounds[i + 1]]
         if kinds[i] == 0:
             images.append(torch.ops.torchcodec_ns.decode_jpeg(row, mode))
         else:  # 16-bit PNGs keep 16 bits ("auto", code 2), as torchvision does
@@ -130,14 +144,16 @@ def compiled_loop(backend: str) -> Callable[..., Any]:
     return loop
 
 
-def decode_rows(backend: str, data: torch.Tensor, bounds: list[int], kinds: torch.Tensor,
-                mode: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def decode_rows(
+    backend: str, data: torch.Tensor, bounds: list[int], kinds: torch.Tensor, mode: int
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Rows ``data[bounds[i]:bounds[i + 1]]`` decoded on the CPU: ``(stacked, [])`` when they
     share a shape and dtype (one (N, C, H, W) tensor), else ``(empty, images)``."""
     if backend == "torchcodec" and bool((kinds == OTHER).any()):
         # WebP, GIF: the format-sniffing Python call (rare in training sets)
-        return _stack_or_list([decode_one(backend, data[bounds[i]:bounds[i + 1]], mode)
-                               for i in range(len(bounds) - 1)])
+        return _stack_or_list(
+            [decode_one(backend, data[bounds[i] : bounds[i + 1]], mode) for i in range(len(bounds) - 1)]
+        )
     return compiled_loop(backend)(data, bounds, kinds.tolist(), mode)
 
 

@@ -130,9 +130,12 @@ class DecodeImage:
         typ = schema.field(self.column).type
         if not (pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_binary_view(typ)):
             binary = [f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
-            raise ConfigError("transform.column", self.column,
-                              f"DecodeImage decodes encoded image bytes, but column {self.column!r} is {typ}",
-                              f"set column to a binary column of JPEG/PNG bytes ({binary or 'none is read'})")
+            raise ConfigError(
+                "transform.column",
+                self.column,
+                f"DecodeImage decodes encoded image bytes, but column {self.column!r} is {typ}",
+                f"set column to a binary column of JPEG/PNG bytes ({binary or 'none is read'})",
+            )
 
     def __repr__(self) -> str:
         return (
@@ -147,8 +150,10 @@ class DecodeImage:
         """All rows' bytes in one buffer, and the bounds of row ``i``: ``bounds[i]:bounds[i + 1]``."""
         if isinstance(values, Ragged):  # a converted binary column: already one buffer (no copy)
             if values.values.dtype != torch.uint8:
-                raise ValueError(f"DecodeImage: column {self.column!r} holds {values.values.dtype} lists; it "
-                                 "expects a binary column of encoded images")
+                raise ValueError(
+                    f"DecodeImage: column {self.column!r} holds {values.values.dtype} lists; it "
+                    "expects a binary column of encoded images"
+                )
             empty = torch.nonzero(values.lengths() == 0)
             if len(empty):
                 raise ImageDecodeError(self.column, int(empty[0]), "value is empty (0 bytes)")
@@ -172,16 +177,18 @@ class DecodeImage:
             return self._decode_host(joined, bounds, kinds)
         return self._decode_on(torch.device(self.device), joined, bounds, kinds)
 
-    def _decode_host(self, joined: torch.Tensor, bounds: list[int],
-                     kinds: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+    def _decode_host(
+        self, joined: torch.Tensor, bounds: list[int], kinds: torch.Tensor
+    ) -> torch.Tensor | list[torch.Tensor]:
         try:
             stacked, images = decoders.decode_rows(self.backend, joined, bounds, kinds, _MODES[self.mode])
         except (RuntimeError, ValueError):  # decode one by one to find the row at fault
-            images = [self._decode_one(i, joined[bounds[i]:bounds[i + 1]]) for i in range(len(bounds) - 1)]
+            images = [self._decode_one(i, joined[bounds[i] : bounds[i + 1]]) for i in range(len(bounds) - 1)]
         return images or stacked
 
-    def _decode_on(self, device: torch.device, joined: torch.Tensor, bounds: list[int],
-                   kinds: torch.Tensor) -> list[torch.Tensor]:
+    def _decode_on(
+        self, device: torch.device, joined: torch.Tensor, bounds: list[int], kinds: torch.Tensor
+    ) -> list[torch.Tensor]:
         """Every row decoded onto ``device``: the JPEGs in one batched call, the other rows on the
         CPU, then copied without blocking."""
         if joined.device.type != "cpu":
@@ -245,8 +252,9 @@ class DecodeImage:
         else:
             c = _MODE_CHANNELS.get(self.mode, 0)
             h, w = self.size if self.size is not None else (0, 0)
-            out = torch.empty((0, c, h, w), dtype=torch.float32 if self.normalize else torch.uint8,
-                              device=self.device or "cpu")
+            out = torch.empty(
+                (0, c, h, w), dtype=torch.float32 if self.normalize else torch.uint8, device=self.device or "cpu"
+            )
 
         if self.normalize and self.mean is not None and self.std is not None:
             channels = out.shape[1]
@@ -286,8 +294,8 @@ class DecodeImage:
         out = torch.empty(images.shape, dtype=torch.float32, device=images.device)
         step = max(1, _SCALE_CHUNK_BYTES // (4 * images[0].numel()))
         for start in range(0, len(images), step):
-            chunk = out[start:start + step]
-            torch.mul(images[start:start + step], scale, out=chunk)
+            chunk = out[start : start + step]
+            torch.mul(images[start : start + step], scale, out=chunk)
             if self.mean is not None:
                 chunk.add_(shift)
         return out
@@ -327,8 +335,9 @@ def _check_device(device: str | None) -> str | None:
     return str(parsed)
 
 
-def _check_mean_std(mean: Sequence[float] | None, std: Sequence[float] | None, normalize: bool,
-                    mode: str) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+def _check_mean_std(
+    mean: Sequence[float] | None, std: Sequence[float] | None, normalize: bool, mode: str
+) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
     if (mean is None) != (std is None):
         given, missing = ("mean", "std") if mean is not None else ("std", "mean")
         raise ValueError(

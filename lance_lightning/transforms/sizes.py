@@ -32,16 +32,16 @@ def check_size(size: int | tuple[int, int] | Sequence[int] | None) -> tuple[int,
         except TypeError:
             raise ValueError(problem) from None
         if len(pair) != 2:
-            raise ValueError(f"size={size!r} has {len(pair)} elements; pass an int or a (height, width) pair of "
-                             "positive ints")
+            raise ValueError(
+                f"size={size!r} has {len(pair)} elements; pass an int or a (height, width) pair of positive ints"
+            )
     for v in pair:
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ValueError(f"size={size!r} must hold positive ints; pass e.g. size=224 or size=(224, 224)")
     return (int(pair[0]), int(pair[1]))
 
 
-def fit_batch(images: list[torch.Tensor] | torch.Tensor, size: tuple[int, int] | None,
-              fit: str) -> torch.Tensor:
+def fit_batch(images: list[torch.Tensor] | torch.Tensor, size: tuple[int, int] | None, fit: str) -> torch.Tensor:
     """Stack ``images`` (same channels and dtype) into (N, C, h, w), fitted to ``size`` if given.
 
     ``images`` is a list of (C, H, W) images or an already stacked (N, C, H, W) tensor.

@@ -50,17 +50,32 @@ class TokenWindows:
         dtype: Integer type of ``input_ids``/``labels``: ``"int64"`` (what embeddings take) or ``"int32"``.
     """
 
-    def __init__(self, column: str = "tokens", window: int = 2048, stride: int | None = None,
-                 eos_id: int | None = None, labels: bool = True, windows: int | None = None, pad_id: int = 0,
-                 ignore_index: int = -100, dtype: Literal["int64", "int32"] = "int64") -> None:
+    def __init__(
+        self,
+        column: str = "tokens",
+        window: int = 2048,
+        stride: int | None = None,
+        eos_id: int | None = None,
+        labels: bool = True,
+        windows: int | None = None,
+        pad_id: int = 0,
+        ignore_index: int = -100,
+        dtype: Literal["int64", "int32"] = "int64",
+    ) -> None:
         if not isinstance(column, str) or not column:
             raise ConfigError("column", column, "must be a column name", 'set column: "tokens"')
         for name, value, optional in (("window", window, False), ("stride", stride, True), ("windows", windows, True)):
-            check_int(name, value, 1, f"set {name} to a positive integer" + (" or None" if optional else ""),
-                      optional=optional)
+            check_int(
+                name,
+                value,
+                1,
+                f"set {name} to a positive integer" + (" or None" if optional else ""),
+                optional=optional,
+            )
         for name, value in (("eos_id", eos_id), ("pad_id", pad_id), ("ignore_index", ignore_index)):
-            check_int(name, value, None, f"set {name} to an integer", problem="must be an integer token id",
-                      optional=True)
+            check_int(
+                name, value, None, f"set {name} to an integer", problem="must be an integer token id", optional=True
+            )
         if dtype not in _DTYPES:
             raise ConfigError("dtype", dtype, "unknown token dtype", 'use "int64" or "int32"')
         self.column = column
@@ -114,8 +129,10 @@ class TokenWindows:
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         if self.column not in batch:
-            raise ValueError(f"TokenWindows: column {self.column!r} is not in the batch (columns: {sorted(batch)}); "
-                             "set column= to the token-id column")
+            raise ValueError(
+                f"TokenWindows: column {self.column!r} is not in the batch (columns: {sorted(batch)}); "
+                "set column= to the token-id column"
+            )
         stream = self.stream(batch[self.column])
         count = self.count(stream.numel())
         needed = (count - 1) * self.stride + self.span if count else 0
@@ -133,8 +150,11 @@ class TokenWindows:
         if self.labels:
             result["labels"] = spans[:, 1:].contiguous()
         if self.windows is not None:
-            mask = (valid[:needed].unfold(0, self.span, self.stride) if valid is not None
-                    else torch.ones_like(spans, dtype=torch.bool))
+            mask = (
+                valid[:needed].unfold(0, self.span, self.stride)
+                if valid is not None
+                else torch.ones_like(spans, dtype=torch.bool)
+            )
             result["attention_mask"] = mask[:, : self.window].contiguous()
             if self.labels:
                 result["labels"][~mask[:, 1:]] = self.ignore_index

@@ -15,8 +15,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu.py"
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_without_cuda_it_exits_non_zero_and_says_why(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "gpu.md")], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "gpu.md")], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 2 and "needs a CUDA device" in done.stderr
     assert not (tmp_path / "gpu.md").exists()
 
@@ -24,9 +25,25 @@ def test_without_cuda_it_exits_non_zero_and_says_why(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_cpu_smoke_run_writes_every_section(tmp_path: Path) -> None:
     out = tmp_path / "gpu.md"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--rows", "24", "--steps", "3",
-                           "--out", str(out), "--data-dir", str(tmp_path)], capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--rows",
+            "24",
+            "--steps",
+            "3",
+            "--out",
+            str(out),
+            "--data-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     text = out.read_text()
     assert "device: CPU (smoke run, no GPU)" in text
@@ -36,6 +53,21 @@ def test_cpu_smoke_run_writes_every_section(tmp_path: Path) -> None:
 
 
 def test_rows_too_few_for_the_steps_is_refused(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--rows", "8", "--steps", "3",
-                           "--out", str(tmp_path / "gpu.md")], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--rows",
+            "8",
+            "--steps",
+            "3",
+            "--out",
+            str(tmp_path / "gpu.md"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2 and "--rows=8" in done.stderr

@@ -82,11 +82,18 @@ def test_print_config_round_trips(tmp_path, cli_uri):
     parsed = yaml.safe_load(printed)
     data = parsed["data"]
     assert data["shuffle"] == {"class_path": "lance_lightning.RowShuffle", "init_args": {"seed": 3, "clump_rows": 1}}
-    assert data["filter_read"] == {"class_path": "lance_lightning.FilterRead",
-                                   "init_args": {"method": "take", "take_below": 0.05}}
+    assert data["filter_read"] == {
+        "class_path": "lance_lightning.FilterRead",
+        "init_args": {"method": "take", "take_below": 0.05},
+    }
     assert data["batch_size"] == 16
-    assert data["train"] == {"uri": cli_uri, "columns": ["id", "x"], "filter": "label < 5", "version": None,
-                             "storage_options": None}
+    assert data["train"] == {
+        "uri": cli_uri,
+        "columns": ["id", "x"],
+        "filter": "label < 5",
+        "version": None,
+        "storage_options": None,
+    }
     for key in ("num_workers", "multiprocessing_context", "fill_nulls", "drop_last", "resume_data", "transform"):
         assert key in data
     assert parsed["model"]["class_path"] == "tests.helpers.RecordingModel"
@@ -121,8 +128,9 @@ def test_strategy_class_typo_names_bad_value(tmp_path, cli_uri):
 
 def test_short_strategy_name_override(tmp_path, cli_uri):
     cfg = _config(tmp_path, cli_uri)
-    code, printed, _ = run_cli(["fit", "--config", cfg, "--data.shuffle=ShardShuffle",
-                             "--data.shuffle.shard_rows=32", "--print_config"])
+    code, printed, _ = run_cli(
+        ["fit", "--config", cfg, "--data.shuffle=ShardShuffle", "--data.shuffle.shard_rows=32", "--print_config"]
+    )
     assert code == 0
     shuffle = yaml.safe_load(printed)["data"]["shuffle"]
     assert shuffle["class_path"] == "lance_lightning.ShardShuffle"
@@ -139,10 +147,14 @@ def test_quickstart_config_runs_and_resumes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the config's relative runs/ paths land here
     root = tmp_path / "runs" / "quickstart"
     common = [
-        "--config", str(QUICKSTART),
-        f"--data.train.uri={uri}", f"--data.val.uri={uri}",
-        f"--trainer.default_root_dir={root}", f"--trainer.logger.init_args.save_dir={root}",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--config",
+        str(QUICKSTART),
+        f"--data.train.uri={uri}",
+        f"--data.val.uri={uri}",
+        f"--trainer.default_root_dir={root}",
+        f"--trainer.logger.init_args.save_dir={root}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
     ]
     code, out, _ = run_cli(["fit", *common, "--trainer.max_epochs=1"])
     assert code == 0
@@ -154,7 +166,7 @@ def test_quickstart_config_runs_and_resumes(tmp_path, monkeypatch):
     assert ckpt["LanceDataModule"]["train_cursor"]["plan"]["filter"] == "split = 'train'"
     assert (root / "tensorboard" / "version_0" / "config.yaml").is_file()
     resume = next(line for line in out.splitlines() if line.startswith("resume with: "))
-    command = shlex.split(resume[len("resume with: "):])
+    command = shlex.split(resume[len("resume with: ") :])
     assert command[:2] == ["lance-lightning", "fit"] and command[-2:] == ["--ckpt_path", str(last)]
     assert command[2:-2] == common + ["--trainer.max_epochs=1"]
 
@@ -171,7 +183,13 @@ def test_quickstart_config_runs_and_resumes(tmp_path, monkeypatch):
 def test_console_script_help():
     script = Path(sys.executable).parent / "lance-lightning"
     assert script.is_file(), script
-    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=240,
-                            cwd=REPO_ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    result = subprocess.run(
+        [str(script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert result.returncode == 0, result.stderr
     assert "fit" in result.stdout and "validate" in result.stdout and "--config" in result.stdout

@@ -39,8 +39,7 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, float]
     uri = write_dataset(root / "ds.lance", ROWS, fragment_rows=64)
     out = root / "out"
     out.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH"))
-                                                       if p)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     env.pop("LOCAL_RANK", None)
     # Three interpreters (rank 0, rank 1, and a forkserver per rank) import torch and Lightning. Where
     # bytecode writing is off (PYTHONDONTWRITEBYTECODE), keep compiled modules in a cache outside the
@@ -48,9 +47,15 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, float]
     if env.pop("PYTHONDONTWRITEBYTECODE", None):
         env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "lance_lightning_test_pycache"))
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "tests" / "ddp_worker.py"), str(out), uri],
-                            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "tests" / "ddp_worker.py"), str(out), uri],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -87,8 +92,9 @@ def test_ddp_ranks_train_disjoint_equal_shares_of_the_epoch(ddp_run: tuple[str, 
     # The plan every rank used, rebuilt here: the expected rows come from the pure plan layers.
     datamodule = ddp_worker.make_datamodule(uri, name)
     source = pin_source(datamodule.sources["train"], "train")
-    plan = build_plan("train", source, datamodule.shuffle, datamodule.filter_read, ddp_worker.BATCH_SIZE,
-                      config["drop_last"], W)
+    plan = build_plan(
+        "train", source, datamodule.shuffle, datamodule.filter_read, ddp_worker.BATCH_SIZE, config["drop_last"], W
+    )
     ids = np.arange(ROWS)
     if config["filter"] is not None:
         table = source.open().to_table(columns=["id"], filter=config["filter"])

@@ -57,7 +57,7 @@ def extract_blocks(path: Path) -> list[Block]:
     blocks = []
     for match in _FENCE.finditer(text):
         line = text.count("\n", 0, match.start()) + 1
-        before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         marker = _MARKER.search(before)
         setup: tuple[str, ...] = ()
         if marker:
@@ -146,8 +146,13 @@ def test_yaml_snippet_parses(block: Block, tmp_path: Path, monkeypatch: pytest.M
     path = tmp_path / "snippet.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setattr(sys, "argv", ["lance-lightning"])
-    cli = LanceLightningCLI(datamodule_class=LanceDataModule, subclass_mode_model=True, run=False,
-                            save_config_kwargs={"overwrite": True}, args=["--config", str(path)])
+    cli = LanceLightningCLI(
+        datamodule_class=LanceDataModule,
+        subclass_mode_model=True,
+        run=False,
+        save_config_kwargs={"overwrite": True},
+        args=["--config", str(path)],
+    )
     datamodule = cli.datamodule
     assert isinstance(datamodule, LanceDataModule)
     uris = [source.uri for source in datamodule.sources.values() if source is not None]

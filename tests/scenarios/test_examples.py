@@ -35,9 +35,19 @@ def _scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
 def _fit(config: Path, run: str, uri: str, *overrides: str) -> tuple[dict, Path]:
     """Fit ``config`` on the dataset at ``uri`` from the current directory; return (last checkpoint,
     TensorBoard dir)."""
-    code, out, _ = run_cli(["fit", "--config", str(config), f"--data.train.uri={uri}", f"--data.val.uri={uri}",
-                      "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-                      "--trainer.accelerator=cpu", *overrides])
+    code, out, _ = run_cli(
+        [
+            "fit",
+            "--config",
+            str(config),
+            f"--data.train.uri={uri}",
+            f"--data.val.uri={uri}",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+            "--trainer.accelerator=cpu",
+            *overrides,
+        ]
+    )
     assert code == 0, out
     log_dir = Path("runs") / run / "tensorboard" / "version_0"
     last = log_dir / "checkpoints" / "last.ckpt"
@@ -60,8 +70,9 @@ def _assert_trained(checkpoint: dict, log_dir: Path, steps: int, split_filter: s
 
 
 @pytest.mark.slow
-def test_lm_pretrain_prepares_stdlib_tokens_and_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      capsys: pytest.CaptureFixture) -> None:
+def test_lm_pretrain_prepares_stdlib_tokens_and_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     from examples import lm_pretrain
 
     monkeypatch.chdir(tmp_path)
@@ -79,15 +90,22 @@ def test_lm_pretrain_prepares_stdlib_tokens_and_trains(tmp_path: Path, monkeypat
     assert set(table["split"].to_pylist()) == {"train", "val"}
 
     steps = 12
-    checkpoint, log_dir = _fit(CONFIGS / "lm_pretrain.yaml", "lm_pretrain", str(tmp_path / "data/stdlib_tokens.lance"),
-                               f"--trainer.max_steps={steps}", "--trainer.val_check_interval=6",
-                               "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=2")
+    checkpoint, log_dir = _fit(
+        CONFIGS / "lm_pretrain.yaml",
+        "lm_pretrain",
+        str(tmp_path / "data/stdlib_tokens.lance"),
+        f"--trainer.max_steps={steps}",
+        "--trainer.val_check_interval=6",
+        "--trainer.limit_val_batches=2",
+        "--trainer.log_every_n_steps=2",
+    )
     _assert_trained(checkpoint, log_dir, steps, "split = 'train'")
     assert _scalars(log_dir, "val/bits_per_byte")
 
 
-def test_tabular_prepares_indexed_embeddings_and_trains_on_the_filter(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tabular_prepares_indexed_embeddings_and_trains_on_the_filter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from examples import tabular
 
     monkeypatch.chdir(tmp_path)
@@ -100,9 +118,14 @@ def test_tabular_prepares_indexed_embeddings_and_trains_on_the_filter(tmp_path: 
     assert 0.5 * 0.8 * 8000 < matched < 0.9 * 0.8 * 8000
 
     steps = 15
-    checkpoint, log_dir = _fit(CONFIGS / "tabular.yaml", "tabular", str(tmp_path / "data/embeddings.lance"),
-                               f"--trainer.max_steps={steps}", "--trainer.val_check_interval=5",
-                               "--trainer.log_every_n_steps=3")
+    checkpoint, log_dir = _fit(
+        CONFIGS / "tabular.yaml",
+        "tabular",
+        str(tmp_path / "data/embeddings.lance"),
+        f"--trainer.max_steps={steps}",
+        "--trainer.val_check_interval=5",
+        "--trainer.log_every_n_steps=3",
+    )
     _assert_trained(checkpoint, log_dir, steps, train_filter)
     assert checkpoint["LanceDataModule"]["train_cursor"]["plan"]["rows"] == matched
     assert checkpoint["LanceDataModule"]["train_cursor"]["plan"]["shuffle"]["strategy"] == "ShardShuffle"

@@ -42,8 +42,14 @@ class SlowTransform:
 
 
 def _module(uri: str, transform: Any = None) -> LanceDataModule:
-    return LanceDataModule(train=LanceSource(uri, columns=["id", "x"]), batch_size=16, shuffle=RowShuffle(seed=1),
-                           num_workers=2, reader_threads=1, transform=transform)
+    return LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x"]),
+        batch_size=16,
+        shuffle=RowShuffle(seed=1),
+        num_workers=2,
+        reader_threads=1,
+        transform=transform,
+    )
 
 
 def _worker_pids(loader: Any) -> list[int]:
@@ -117,8 +123,7 @@ class KillWorkerAt(Callback):
         self.at = at
         self.killed: int | None = None
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx == self.at and self.killed is None:
             loader = trainer.datamodule.train_dataloader()
             self.killed = _worker_pids(loader)[0]
@@ -130,9 +135,16 @@ class KillWorkerAt(Callback):
 def test_worker_killed_during_trainer_fit_raises(uri: str, tmp_path: Path) -> None:
     dm = _module(uri)
     killer = KillWorkerAt(3)
-    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
-                         callbacks=[killer])
+    trainer = pl.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        callbacks=[killer],
+    )
     model = RecordingModel()
     started = time.monotonic()
     try:
@@ -170,8 +182,7 @@ class ChangeDataset(Callback):
         self.at_epoch_end = at_epoch_end
         self.done: list[str] = []
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         change = self.at_steps.get(trainer.global_step)
         if change is not None and f"step {trainer.global_step}" not in self.done:
             change(self.uri)
@@ -185,21 +196,43 @@ class ChangeDataset(Callback):
 
 
 def _changing_module(uri: str, num_workers: int) -> LanceDataModule:
-    return LanceDataModule(train=LanceSource(uri, columns=["id", "x"], filter="label < 8"), batch_size=CHANGE_BATCH,
-                           shuffle=RowShuffle(seed=4), num_workers=num_workers, persistent_workers=False)
+    return LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x"], filter="label < 8"),
+        batch_size=CHANGE_BATCH,
+        shuffle=RowShuffle(seed=4),
+        num_workers=num_workers,
+        persistent_workers=False,
+    )
 
 
-def _fit_changing(root: Path, dm: LanceDataModule, *, max_epochs: int = 1, max_steps: int = -1,
-                  callbacks: list[Any] | None = None, ckpt_every: int = 0, ckpt_path: str | None = None
-                  ) -> RecordingModel:
+def _fit_changing(
+    root: Path,
+    dm: LanceDataModule,
+    *,
+    max_epochs: int = 1,
+    max_steps: int = -1,
+    callbacks: list[Any] | None = None,
+    ckpt_every: int = 0,
+    ckpt_path: str | None = None,
+) -> RecordingModel:
     model = RecordingModel()
     callbacks = [DataCursorCheckpoint(), *(callbacks or [])]
     if ckpt_every:
-        callbacks.append(ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=ckpt_every,
-                                         save_top_k=-1))
-    trainer = pl.Trainer(max_epochs=max_epochs, max_steps=max_steps, accelerator="cpu", logger=False,
-                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(ckpt_every),
-                         default_root_dir=root, num_sanity_val_steps=0, callbacks=callbacks)
+        callbacks.append(
+            ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=ckpt_every, save_top_k=-1)
+        )
+    trainer = pl.Trainer(
+        max_epochs=max_epochs,
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(ckpt_every),
+        default_root_dir=root,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+    )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     return model
 
@@ -215,8 +248,9 @@ def test_new_versions_during_training_do_not_change_what_the_run_reads(tmp_path:
     """
     changing = write_dataset(tmp_path / "changing.lance", CHANGE_ROWS, fragment_rows=150)
     unchanged = write_dataset(tmp_path / "unchanged.lance", CHANGE_ROWS, fragment_rows=150)
-    changes = ChangeDataset(changing, at_steps={3: _append, 10: _delete, 40: _overwrite, 52: _append},
-                            at_epoch_end={0: _delete})
+    changes = ChangeDataset(
+        changing, at_steps={3: _append, 10: _delete, 40: _overwrite, 52: _append}, at_epoch_end={0: _delete}
+    )
     dm = _changing_module(changing, num_workers)
     run = _fit_changing(tmp_path / "changing", dm, max_epochs=2, callbacks=[changes])
     baseline = _fit_changing(tmp_path / "unchanged", _changing_module(unchanged, 0), max_epochs=2)

@@ -32,19 +32,31 @@ def s3_uri(s3: S3Server) -> str:
 
 
 def _module(uri: str, options: dict[str, str] | None) -> LanceDataModule:
-    return LanceDataModule(train=LanceSource(uri, columns=["id", "x"], storage_options=options),
-                           batch_size=BATCH, shuffle=RowShuffle(seed=5))
+    return LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x"], storage_options=options),
+        batch_size=BATCH,
+        shuffle=RowShuffle(seed=5),
+    )
 
 
-def _fit(tmp_path: Path, dm: LanceDataModule, max_steps: int, ckpt_path: str | None = None,
-         every: int | None = None) -> RecordingModel:
+def _fit(
+    tmp_path: Path, dm: LanceDataModule, max_steps: int, ckpt_path: str | None = None, every: int | None = None
+) -> RecordingModel:
     model = RecordingModel()
     callbacks: list = [DataCursorCheckpoint()]
     if every:
         callbacks.append(ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=every, save_top_k=-1))
-    trainer = pl.Trainer(max_steps=max_steps, max_epochs=1, accelerator="cpu", logger=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
-                         enable_checkpointing=bool(every), default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        enable_checkpointing=bool(every),
+        default_root_dir=tmp_path,
+    )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     return model
 
@@ -65,8 +77,9 @@ def test_fit_checkpoint_resume_against_s3(tmp_path: Path, s3: S3Server, s3_uri: 
     assert flat(first.seen) + flat(resumed.seen) == full
 
 
-def test_credentials_from_environment(tmp_path: Path, s3: S3Server, s3_uri: str,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_credentials_from_environment(
+    tmp_path: Path, s3: S3Server, s3_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for name, value in environment_credentials(s3).items():
         monkeypatch.setenv(name, value)
     dm = _module(s3_uri, None)
@@ -89,4 +102,3 @@ def test_missing_dataset_on_s3_names_the_uri(s3: S3Server) -> None:
     dm = _module("s3://data/missing.lance", s3.storage_options())
     with pytest.raises(ConfigError, match="missing.lance"):
         dm.setup("fit")
-

@@ -61,8 +61,10 @@ def test_profile_runs_only_the_data_pipeline_for_n_batches(tmp_path, uri):
     code, out, err = run_cli(["profile", "--config", cfg, "--batches", "60"])  # 25 batches per epoch
     assert code == 0, err[-3000:]
     lines = out.splitlines()
-    assert lines[0] == ("Loader-only profile of the train split (0 workers, 2 reader threads, batch_size 16): "
-                        f"60 batches, {60 * 16:,} rows in " + lines[0].rsplit(" in ", 1)[1])
+    assert lines[0] == (
+        "Loader-only profile of the train split (0 workers, 2 reader threads, batch_size 16): "
+        f"60 batches, {60 * 16:,} rows in " + lines[0].rsplit(" in ", 1)[1]
+    )
     assert "-bound: " in lines[1] and "no model" in lines[1]
     assert lines[2].startswith("  first thing to change: ")
     assert "loader ceiling" in out and "storage (I/O wait)" in out and "MB read in" in out
@@ -71,9 +73,14 @@ def test_profile_runs_only_the_data_pipeline_for_n_batches(tmp_path, uri):
 
 
 def test_profile_names_decoding_for_a_slow_transform(tmp_path, uri):
-    cfg = _config(tmp_path, uri, data=(
-        "  shuffle: {class_path: lance_lightning.RowShuffle, init_args: {seed: 1}}\n"
-        "  transform: {class_path: tests.scenarios.test_profile_cli.SlowTransform, init_args: {seconds: 0.01}}\n"))
+    cfg = _config(
+        tmp_path,
+        uri,
+        data=(
+            "  shuffle: {class_path: lance_lightning.RowShuffle, init_args: {seed: 1}}\n"
+            "  transform: {class_path: tests.scenarios.test_profile_cli.SlowTransform, init_args: {seconds: 0.01}}\n"
+        ),
+    )
     code, out, err = run_cli(["profile", "--config", cfg, "--batches", "30", "--progress", "false"])
     assert code == 0, err[-3000:]
     assert "decode-bound: " in out and "(SlowTransform)" in out, out
@@ -91,11 +98,23 @@ def test_profile_names_storage_for_single_row_takes(tmp_path, uri):
 
 def test_profile_command_line_overrides_and_workers(tmp_path, uri):
     cfg = _config(tmp_path, uri)
-    code, out, err = run_cli(["profile", "--config", cfg, "--data.num_workers=1", "--data.batch_size=8",
-                           "--batches", "20", "--progress", "false"])
+    code, out, err = run_cli(
+        [
+            "profile",
+            "--config",
+            cfg,
+            "--data.num_workers=1",
+            "--data.batch_size=8",
+            "--batches",
+            "20",
+            "--progress",
+            "false",
+        ]
+    )
     assert code == 0, err[-3000:]
-    assert out.startswith("Loader-only profile of the train split (1 workers, 2 reader threads, batch_size 8): "
-                          "20 batches, 160 rows")
+    assert out.startswith(
+        "Loader-only profile of the train split (1 workers, 2 reader threads, batch_size 8): 20 batches, 160 rows"
+    )
     assert "worker output" in out and "workers (transfer)" in out and "(per worker)" in out
 
 
@@ -115,11 +134,23 @@ def test_profile_the_quickstart_config(tmp_path, monkeypatch):
 
     digits = prepare(str(tmp_path / "digits.lance"))
     monkeypatch.chdir(REPO_ROOT)  # examples.digits resolves from the working directory
-    code, out, err = run_cli(["profile", "--config", str(QUICKSTART), f"--data.train.uri={digits}",
-                           f"--data.val.uri={digits}", "--batches", "30", "--progress", "false"])
+    code, out, err = run_cli(
+        [
+            "profile",
+            "--config",
+            str(QUICKSTART),
+            f"--data.train.uri={digits}",
+            f"--data.val.uri={digits}",
+            "--batches",
+            "30",
+            "--progress",
+            "false",
+        ]
+    )
     assert code == 0, err[-3000:]
-    assert out.startswith("Loader-only profile of the train split (0 workers, 2 reader threads, batch_size 64): "
-                          "30 batches, 1,920 rows")
+    assert out.startswith(
+        "Loader-only profile of the train split (0 workers, 2 reader threads, batch_size 64): 30 batches, 1,920 rows"
+    )
     assert "decode/transform" in out and "batches ready when asked" in out  # DecodeImage runs per batch
 
 
@@ -127,8 +158,14 @@ def test_profile_the_quickstart_config(tmp_path, monkeypatch):
 def test_console_script_profile(tmp_path, uri):
     script = Path(sys.executable).parent / "lance-lightning"
     cfg = _config(tmp_path, uri)
-    result = subprocess.run([str(script), "profile", "--config", cfg, "--batches", "10"], capture_output=True,
-                            text=True, timeout=240, cwd=REPO_ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    result = subprocess.run(
+        [str(script), "profile", "--config", cfg, "--batches", "10"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Loader-only profile of the train split" in result.stdout and "10 batches" in result.stdout
     assert "10/10" in result.stderr

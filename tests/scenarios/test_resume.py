@@ -56,26 +56,56 @@ def uri(tmp_path: Path) -> str:
     return write_dataset(tmp_path / "ds.lance", ROWS, fragment_rows=100)
 
 
-def make_dm(uri: str, shuffle: str = "none", filter: str | None = None, *, batch_size: int = BATCH,
-            num_workers: int = 0, **kwargs: Any) -> LanceDataModule:
+def make_dm(
+    uri: str,
+    shuffle: str = "none",
+    filter: str | None = None,
+    *,
+    batch_size: int = BATCH,
+    num_workers: int = 0,
+    **kwargs: Any,
+) -> LanceDataModule:
     source = kwargs.pop("source", None) or LanceSource(uri, filter=filter)
-    return LanceDataModule(train=source, batch_size=batch_size, shuffle=make_shuffle(shuffle),
-                           num_workers=num_workers, **kwargs)
+    return LanceDataModule(
+        train=source, batch_size=batch_size, shuffle=make_shuffle(shuffle), num_workers=num_workers, **kwargs
+    )
 
 
-def fit(root: Path, dm: LanceDataModule, *, name: str, ckpt_path: str | Path | None = None, ckpt_every: int = 0,
-        max_steps: int = -1, max_epochs: int = 1, cursor_callback: bool = True,
-        model: RecordingModel | None = None, **trainer_kwargs: Any) -> RecordingModel:
+def fit(
+    root: Path,
+    dm: LanceDataModule,
+    *,
+    name: str,
+    ckpt_path: str | Path | None = None,
+    ckpt_every: int = 0,
+    max_steps: int = -1,
+    max_epochs: int = 1,
+    cursor_callback: bool = True,
+    model: RecordingModel | None = None,
+    **trainer_kwargs: Any,
+) -> RecordingModel:
     """One real ``Trainer.fit``; checkpoints go to ``root/ckpt_<name>/step=<k>.ckpt``."""
     model = model or RecordingModel()
     callbacks: list[Any] = [DataCursorCheckpoint()] if cursor_callback else []
     if ckpt_every:
-        callbacks.append(ModelCheckpoint(dirpath=root / f"ckpt_{name}", filename="{step}",
-                                         every_n_train_steps=ckpt_every, save_top_k=-1))
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=root / f"ckpt_{name}", filename="{step}", every_n_train_steps=ckpt_every, save_top_k=-1
+            )
+        )
     kwargs: dict[str, Any] = dict(
-        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=str(root / f"root_{name}"), num_sanity_val_steps=0, limit_val_batches=0,
-        enable_checkpointing=bool(ckpt_every), max_steps=max_steps, max_epochs=max_epochs, callbacks=callbacks,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root / f"root_{name}"),
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        enable_checkpointing=bool(ckpt_every),
+        max_steps=max_steps,
+        max_epochs=max_epochs,
+        callbacks=callbacks,
     )
     kwargs.update(trainer_kwargs)
     trainer = pl.Trainer(**kwargs)
@@ -113,17 +143,28 @@ def assert_epoch_once(ids: list[int], uri: str, filter: str | None, world_batch:
     assert len(missing) < world_batch, f"{len(missing)} rows never trained (tail is < {world_batch})"
 
 
-def run_resume(root: Path, uri: str, shuffle: str, filter: str | None, *, k: int, num_workers: int = 0,
-               max_epochs: int = 1, cursor_callback: bool = True, **dm_kwargs: Any
-               ) -> tuple[RecordingModel, RecordingModel, RecordingModel]:
+def run_resume(
+    root: Path,
+    uri: str,
+    shuffle: str,
+    filter: str | None,
+    *,
+    k: int,
+    num_workers: int = 0,
+    max_epochs: int = 1,
+    cursor_callback: bool = True,
+    **dm_kwargs: Any,
+) -> tuple[RecordingModel, RecordingModel, RecordingModel]:
     """Runs C (uninterrupted), A (to step k, checkpoint) and B (resumed); returns (A, B, C)."""
+
     def dm() -> LanceDataModule:
         return make_dm(uri, shuffle, filter, num_workers=num_workers, **dm_kwargs)
 
     c = fit(root, dm(), name="C", max_epochs=max_epochs, cursor_callback=cursor_callback)
     a = fit(root, dm(), name="A", ckpt_every=k, max_steps=k, max_epochs=max_epochs, cursor_callback=cursor_callback)
-    b = fit(root, dm(), name="B", ckpt_path=ckpt_file(root, "A", k), max_epochs=max_epochs,
-            cursor_callback=cursor_callback)
+    b = fit(
+        root, dm(), name="B", ckpt_path=ckpt_file(root, "A", k), max_epochs=max_epochs, cursor_callback=cursor_callback
+    )
     return a, b, c
 
 
@@ -184,16 +225,20 @@ def test_resume_in_second_epoch_with_workers(tmp_path: Path, uri: str, shuffle: 
 @pytest.mark.parametrize("max_epochs", [1, 2])
 @pytest.mark.parametrize("filter", FILTERS, ids=["all", "filtered"])
 @pytest.mark.parametrize("shuffle", ["shard:32:1", "row:2", "buffer:64:16:3"])
-def test_resume_without_cursor_callback(tmp_path: Path, uri: str, shuffle: str, filter: str | None,
-                                        max_epochs: int) -> None:
+def test_resume_without_cursor_callback(
+    tmp_path: Path, uri: str, shuffle: str, filter: str | None, max_epochs: int
+) -> None:
     steps_per_epoch = len(matching_ids(uri, filter)) // BATCH
     k = 5 if max_epochs == 1 else steps_per_epoch + 2
     a, b, c = run_resume(tmp_path, uri, shuffle, filter, k=k, max_epochs=max_epochs, cursor_callback=False)
     ckpt = torch.load(ckpt_file(tmp_path, "A", k), weights_only=True)
     assert "DataCursorCheckpoint" not in ckpt.get("callbacks", {})
     cursor = ckpt[DM_KEY]["train_cursor"]  # steps and rows count within the cursor's epoch
-    assert (cursor["epoch"], cursor["steps"], cursor["rows_consumed"]) == (max_epochs - 1, 5 if max_epochs == 1 else 2,
-                                                                          (5 if max_epochs == 1 else 2) * BATCH)
+    assert (cursor["epoch"], cursor["steps"], cursor["rows_consumed"]) == (
+        max_epochs - 1,
+        5 if max_epochs == 1 else 2,
+        (5 if max_epochs == 1 else 2) * BATCH,
+    )
     assert_exact(a.seen, b.seen, c.seen, k)
 
 
@@ -205,10 +250,17 @@ def _free_port() -> int:
 
 
 def _worker_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK", "MASTER_PORT")}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK", "MASTER_PORT")
+    }
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
+    )
     return env
 
 
@@ -237,12 +289,17 @@ def full_sequence(root: Path, uri: str, shuffle: str, filter: str | None, batch_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("world_a", "world_b", "shuffle", "filter", "k"), [
-    (2, 1, "shard:32:1", FILTER, 5),
-    (1, 2, "row:2", None, 7),
-], ids=["ddp2-to-1", "1-to-ddp2"])
-def test_resume_across_world_sizes(tmp_path: Path, uri: str, world_a: int, world_b: int, shuffle: str,
-                                   filter: str | None, k: int) -> None:
+@pytest.mark.parametrize(
+    ("world_a", "world_b", "shuffle", "filter", "k"),
+    [
+        (2, 1, "shard:32:1", FILTER, 5),
+        (1, 2, "row:2", None, 7),
+    ],
+    ids=["ddp2-to-1", "1-to-ddp2"],
+)
+def test_resume_across_world_sizes(
+    tmp_path: Path, uri: str, world_a: int, world_b: int, shuffle: str, filter: str | None, k: int
+) -> None:
     batch = 8
     common = ["--uri", uri, "--batch-size", str(batch), "--shuffle", shuffle]
     if filter:
@@ -253,8 +310,18 @@ def test_resume_across_world_sizes(tmp_path: Path, uri: str, world_a: int, world
         a = fit(tmp_path, make_dm(uri, shuffle, filter, batch_size=batch), name="A", ckpt_every=k, max_steps=k)
         a_ranks = [a.seen]
     else:
-        results = run_worker(tmp_path / "A", *common, "--devices", str(world_a), "--max-steps", str(k),
-                             "--ckpt-every", str(k), "--ckpt-dir", str(ckpt_dir))
+        results = run_worker(
+            tmp_path / "A",
+            *common,
+            "--devices",
+            str(world_a),
+            "--max-steps",
+            str(k),
+            "--ckpt-every",
+            str(k),
+            "--ckpt-dir",
+            str(ckpt_dir),
+        )
         assert [r["world_size"] for r in results] == [world_a] * world_a
         a_ranks = [r["seen"] for r in results]
     ckpt = ckpt_file(tmp_path, "A", k)
@@ -273,9 +340,9 @@ def test_resume_across_world_sizes(tmp_path: Path, uri: str, world_a: int, world
     trained = a_ids + b_ids
     sequence = full_sequence(tmp_path, uri, shuffle, filter, batch)
     assert len(trained) == len(set(trained)), "a row was trained twice across the topology change"
-    assert trained == sequence[:len(trained)], "resumed order differs from the uninterrupted sequence"
+    assert trained == sequence[: len(trained)], "resumed order differs from the uninterrupted sequence"
     missing = set(sequence) - set(trained)
-    assert missing == set(sequence[len(trained):]), "rows other than the epoch tail were lost"
+    assert missing == set(sequence[len(trained) :]), "rows other than the epoch tail were lost"
     assert len(missing) < world_b * batch, f"{len(missing)} rows lost, more than the drop_last tail"
 
 
@@ -298,9 +365,26 @@ def test_resume_after_sigkill(tmp_path: Path) -> None:
     ckpt_dir = tmp_path / "ckpt_A"
     ids_log = tmp_path / "A" / "ids.jsonl"
     ids_log.parent.mkdir()
-    cmd = [sys.executable, str(WORKER), "--out", str(tmp_path / "A"), "--uri", uri, "--batch-size", str(BATCH),
-           "--shuffle", shuffle, "--sleep", "0.05", "--ckpt-every", str(every), "--ckpt-dir", str(ckpt_dir),
-           "--ids-log", str(ids_log)]
+    cmd = [
+        sys.executable,
+        str(WORKER),
+        "--out",
+        str(tmp_path / "A"),
+        "--uri",
+        uri,
+        "--batch-size",
+        str(BATCH),
+        "--shuffle",
+        shuffle,
+        "--sleep",
+        "0.05",
+        "--ckpt-every",
+        str(every),
+        "--ckpt-dir",
+        str(ckpt_dir),
+        "--ids-log",
+        str(ids_log),
+    ]
     output = tmp_path / "A" / "output.txt"
     with output.open("w") as sink:
         proc = subprocess.Popen(cmd, env=_worker_env(), cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT)
@@ -339,10 +423,17 @@ def test_resume_from_last_ckpt_after_steps_past_it(tmp_path: Path, uri: str) -> 
     c = fit(tmp_path, make_dm(uri, shuffle, FILTER), name="C")
 
     def run(name: str, **kwargs: Any) -> RecordingModel:
-        checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt_last", every_n_train_steps=every, save_last=True,
-                                     save_top_k=0)
-        return fit(tmp_path, make_dm(uri, shuffle, FILTER), name=name, callbacks=[DataCursorCheckpoint(), checkpoint],
-                   enable_checkpointing=True, **kwargs)
+        checkpoint = ModelCheckpoint(
+            dirpath=tmp_path / "ckpt_last", every_n_train_steps=every, save_last=True, save_top_k=0
+        )
+        return fit(
+            tmp_path,
+            make_dm(uri, shuffle, FILTER),
+            name=name,
+            callbacks=[DataCursorCheckpoint(), checkpoint],
+            enable_checkpointing=True,
+            **kwargs,
+        )
 
     a = run("A", max_steps=2 * every + 1)
     last = tmp_path / "ckpt_last" / "last.ckpt"
@@ -353,12 +444,18 @@ def test_resume_from_last_ckpt_after_steps_past_it(tmp_path: Path, uri: str) -> 
 
 
 # -- 5. Lightning pitfalls --------------------------------------------------------------------------
-@pytest.mark.parametrize(("num_workers", "prefetch_factor"), [
-    (0, 2), pytest.param(2, 4, marks=pytest.mark.slow),
-], ids=["workers0", "workers2-prefetch4"])
+@pytest.mark.parametrize(
+    ("num_workers", "prefetch_factor"),
+    [
+        (0, 2),
+        pytest.param(2, 4, marks=pytest.mark.slow),
+    ],
+    ids=["workers0", "workers2-prefetch4"],
+)
 @pytest.mark.parametrize("cursor_callback", [True, False], ids=["callback", "no-callback"])
-def test_saved_cursor_counts_only_trained_steps(tmp_path: Path, uri: str, num_workers: int, prefetch_factor: int,
-                                                cursor_callback: bool) -> None:
+def test_saved_cursor_counts_only_trained_steps(
+    tmp_path: Path, uri: str, num_workers: int, prefetch_factor: int, cursor_callback: bool
+) -> None:
     """(a) Nothing fetched ahead (Lightning, workers, prefetch_factor) counts as consumed."""
     k, shuffle = 7, "shard:32:1"
 
@@ -369,15 +466,21 @@ def test_saved_cursor_counts_only_trained_steps(tmp_path: Path, uri: str, num_wo
     a = fit(tmp_path, dm(), name="A", ckpt_every=k, cursor_callback=cursor_callback)
     assert len(a.seen) == ROWS // BATCH
     ckpt = torch.load(ckpt_file(tmp_path, "A", k), weights_only=True)
-    states = {"datamodule": ckpt[DM_KEY]["train_cursor"],
-              "loader": ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]}
+    states = {
+        "datamodule": ckpt[DM_KEY]["train_cursor"],
+        "loader": ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0],
+    }
     if cursor_callback:
         states["callback"] = ckpt["callbacks"]["DataCursorCheckpoint"]
     else:
         assert "DataCursorCheckpoint" not in ckpt["callbacks"]
     for where, state in states.items():
-        assert (state["epoch"], state["steps"], state["rows_consumed"], state["finished"]) == (0, k, k * BATCH, False), \
-            f"{where} cursor at step {k}: {state}"
+        assert (state["epoch"], state["steps"], state["rows_consumed"], state["finished"]) == (
+            0,
+            k,
+            k * BATCH,
+            False,
+        ), f"{where} cursor at step {k}: {state}"
     b = fit(tmp_path, dm(), name="B", ckpt_path=ckpt_file(tmp_path, "A", k), cursor_callback=cursor_callback)
     assert_exact(a.seen, b.seen, a.seen, k)
 
@@ -385,15 +488,23 @@ def test_saved_cursor_counts_only_trained_steps(tmp_path: Path, uri: str, num_wo
 @pytest.mark.parametrize("cursor_callback", [True, False], ids=["callback", "no-callback"])
 @pytest.mark.parametrize("max_epochs", [1, 2])
 def test_resume_when_configure_optimizers_reads_estimated_stepping_batches(
-        tmp_path: Path, uri: str, cursor_callback: bool, max_epochs: int) -> None:
+    tmp_path: Path, uri: str, cursor_callback: bool, max_epochs: int
+) -> None:
     """(b) #20550: Lightning skips ``loader.load_state_dict``; the resume must still be exact."""
     shuffle, steps_per_epoch = "row:2", len(matching_ids(uri, FILTER)) // BATCH
     k = 6 if max_epochs == 1 else steps_per_epoch + 6
 
     def run(name: str, **kwargs: Any) -> RecordingModel:
         model = RecordingModel(read_estimated_stepping_batches=True)
-        return fit(tmp_path, make_dm(uri, shuffle, FILTER), name=name, model=model, max_epochs=max_epochs,
-                   cursor_callback=cursor_callback, **kwargs)
+        return fit(
+            tmp_path,
+            make_dm(uri, shuffle, FILTER),
+            name=name,
+            model=model,
+            max_epochs=max_epochs,
+            cursor_callback=cursor_callback,
+            **kwargs,
+        )
 
     c = run("C")
     a = run("A", ckpt_every=k, max_steps=k)
@@ -405,15 +516,23 @@ def test_resume_when_configure_optimizers_reads_estimated_stepping_batches(
 
 @pytest.mark.parametrize("cursor_callback", [True, False], ids=["callback", "no-callback"])
 @pytest.mark.parametrize(("max_steps", "max_epochs"), [(25, -1), (-1, 3)], ids=["max_steps", "max_epochs"])
-def test_end_of_epoch_checkpoint_starts_next_epoch_in_full(tmp_path: Path, max_steps: int, max_epochs: int,
-                                                          cursor_callback: bool) -> None:
+def test_end_of_epoch_checkpoint_starts_next_epoch_in_full(
+    tmp_path: Path, max_steps: int, max_epochs: int, cursor_callback: bool
+) -> None:
     """(c) A checkpoint at the last step of epoch 0 resumes with a full, freshly shuffled epoch 1."""
     uri = write_dataset(tmp_path / "ds170.lance", 170)  # 10 batches of 16, 10 rows dropped per epoch
     shuffle = "row:2"
 
     def run(name: str, **kwargs: Any) -> RecordingModel:
-        return fit(tmp_path, make_dm(uri, shuffle), name=name, max_steps=max_steps, max_epochs=max_epochs,
-                   cursor_callback=cursor_callback, **kwargs)
+        return fit(
+            tmp_path,
+            make_dm(uri, shuffle),
+            name=name,
+            max_steps=max_steps,
+            max_epochs=max_epochs,
+            cursor_callback=cursor_callback,
+            **kwargs,
+        )
 
     a = run("A", ckpt_every=10)  # uninterrupted; checkpoints at steps 10 and 20 (ends of epochs 0 and 1)
     expected_epochs = [0] * 10 + [1] * 10 + [2] * (5 if max_steps == 25 else 10)
@@ -454,17 +573,21 @@ def _checkpoint_at(tmp_path: Path, dm: LanceDataModule, k: int = 5, **kwargs: An
     return ckpt_file(tmp_path, "A", k)
 
 
-@pytest.mark.parametrize(("change", "field", "saved", "current"), [
-    ("filter", "plan.filter", "'label < 7'", "'label < 8'"),
-    ("seed", "plan.shuffle", "'seed': 2", "'seed': 3"),
-    ("strategy", "plan.shuffle", "'RowShuffle'", "'ShardShuffle'"),
-    ("source", "plan.uri", "ds.lance'", "other.lance'"),
-    ("columns", "plan.columns", "['id', 'label', 'x', 'vec']", "['id', 'x']"),
-    ("version", "plan.version", "has 1,", " 2."),
-])
+@pytest.mark.parametrize(
+    ("change", "field", "saved", "current"),
+    [
+        ("filter", "plan.filter", "'label < 7'", "'label < 8'"),
+        ("seed", "plan.shuffle", "'seed': 2", "'seed': 3"),
+        ("strategy", "plan.shuffle", "'RowShuffle'", "'ShardShuffle'"),
+        ("source", "plan.uri", "ds.lance'", "other.lance'"),
+        ("columns", "plan.columns", "['id', 'label', 'x', 'vec']", "['id', 'x']"),
+        ("version", "plan.version", "has 1,", " 2."),
+    ],
+)
 @pytest.mark.parametrize("cursor_callback", [True, False], ids=["callback", "no-callback"])
-def test_changed_plan_is_refused_before_training(tmp_path: Path, uri: str, change: str, field: str, saved: str,
-                                                 current: str, cursor_callback: bool) -> None:
+def test_changed_plan_is_refused_before_training(
+    tmp_path: Path, uri: str, change: str, field: str, saved: str, current: str, cursor_callback: bool
+) -> None:
     ckpt = _checkpoint_at(tmp_path, make_dm(uri, "row:2", FILTER), cursor_callback=cursor_callback)
     shuffle, source = "row:2", LanceSource(uri, filter=FILTER)
     if change == "filter":
@@ -483,8 +606,14 @@ def test_changed_plan_is_refused_before_training(tmp_path: Path, uri: str, chang
         source = LanceSource(uri, filter=FILTER, version=append_rows(uri, 50))
     model = RecordingModel()
     with pytest.raises(CursorMismatchError) as error:
-        fit(tmp_path, make_dm(uri, shuffle, source=source), name="B", ckpt_path=ckpt, model=model,
-            cursor_callback=cursor_callback)
+        fit(
+            tmp_path,
+            make_dm(uri, shuffle, source=source),
+            name="B",
+            ckpt_path=ckpt,
+            model=model,
+            cursor_callback=cursor_callback,
+        )
     message = str(error.value)
     assert error.value.field == field, message
     assert f"`{field}`" in message, message
@@ -538,8 +667,11 @@ def test_cursor_state_is_small_and_constant(tmp_path: Path) -> None:
         root = tmp_path / f"run_{folder}"
         fit(root, make_dm(uri, "row:2", FILTER), name="A", ckpt_every=3, max_steps=3)
         ckpt = torch.load(ckpt_file(root, "A", 3), weights_only=True)
-        states = {"datamodule": ckpt[DM_KEY]["train_cursor"], "callback": ckpt["callbacks"]["DataCursorCheckpoint"],
-                  "loader": ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]}
+        states = {
+            "datamodule": ckpt[DM_KEY]["train_cursor"],
+            "callback": ckpt["callbacks"]["DataCursorCheckpoint"],
+            "loader": ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0],
+        }
         for where, state in states.items():
             assert set(state) == set(STATE_KEYS), f"{where}: {sorted(state)}"
             assert _is_plain(state), f"{where} state holds non-plain values: {state}"

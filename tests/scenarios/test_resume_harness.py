@@ -51,16 +51,23 @@ class Runs:
         self.done.update(run_jobs(self.root, [job for job in jobs if job.name not in self.done]))
 
     def stopped_job(self, shuffle: str, setup: Setup) -> Job:
-        return Job(f"stop_{_key(shuffle)}_{_tag(setup)}", self.uri, shuffle, setup, MAX_EPOCHS, max_steps=K,
-                   ckpt_every=K)
+        return Job(
+            f"stop_{_key(shuffle)}_{_tag(setup)}", self.uri, shuffle, setup, MAX_EPOCHS, max_steps=K, ckpt_every=K
+        )
 
     def whole_job(self, shuffle: str, setup: Setup) -> Job:
         return Job(f"whole_{_key(shuffle)}_{_tag(setup)}", self.uri, shuffle, setup, MAX_EPOCHS)
 
     def resumed_job(self, shuffle: str, setup_a: Setup, setup_b: Setup) -> Job:
         stopped = self.stopped_job(shuffle, setup_a).name
-        return Job(f"resume_{_key(shuffle)}_{_tag(setup_a)}_{_tag(setup_b)}", self.uri, shuffle, setup_b, MAX_EPOCHS,
-                   ckpt_path=str(ckpt_file(self.root, stopped, K)))
+        return Job(
+            f"resume_{_key(shuffle)}_{_tag(setup_a)}_{_tag(setup_b)}",
+            self.uri,
+            shuffle,
+            setup_b,
+            MAX_EPOCHS,
+            ckpt_path=str(ckpt_file(self.root, stopped, K)),
+        )
 
     def _ensure_ddp(self) -> None:
         """All DDP fits in one launch: per strategy, the stopped and uninterrupted 2-rank runs and
@@ -70,8 +77,7 @@ class Runs:
         self._run([self.stopped_job(s, BASE) for s in STRATEGIES])
         jobs = []
         for shuffle in STRATEGIES:
-            jobs += [self.stopped_job(shuffle, DDP), self.whole_job(shuffle, DDP),
-                     self.resumed_job(shuffle, BASE, DDP)]
+            jobs += [self.stopped_job(shuffle, DDP), self.whole_job(shuffle, DDP), self.resumed_job(shuffle, BASE, DDP)]
         self._run(jobs)
 
     def case(self, shuffle: str, setup_a: Setup, setup_b: Setup) -> dict[str, Trained]:
@@ -81,8 +87,12 @@ class Runs:
         self._run(jobs)
         resumed = self.resumed_job(shuffle, setup_a, setup_b)
         self._run([resumed])
-        return {"stopped": self.done[jobs[0].name], "whole_a": self.done[jobs[1].name],
-                "whole_b": self.done[jobs[2].name], "resumed": self.done[resumed.name]}
+        return {
+            "stopped": self.done[jobs[0].name],
+            "whole_a": self.done[jobs[1].name],
+            "whole_b": self.done[jobs[2].name],
+            "resumed": self.done[resumed.name],
+        }
 
 
 @pytest.fixture(scope="module")

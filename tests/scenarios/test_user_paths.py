@@ -44,19 +44,31 @@ def _env() -> dict[str, str]:
 
 
 def _trainer(root: Path, **kwargs: Any) -> pl.Trainer:
-    args: dict[str, Any] = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                                enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(root),
-                                num_sanity_val_steps=0, limit_val_batches=0)
+    args: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(root),
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
     args.update(kwargs)
     return pl.Trainer(**args)
 
 
-def _fit(root: Path, dm: LanceDataModule, *, name: str, ckpt_every: int = 0, ckpt_path: Path | None = None,
-         **kwargs: Any) -> RecordingModel:
+def _fit(
+    root: Path, dm: LanceDataModule, *, name: str, ckpt_every: int = 0, ckpt_path: Path | None = None, **kwargs: Any
+) -> RecordingModel:
     callbacks: list[Any] = [DataCursorCheckpoint()]
     if ckpt_every:
-        callbacks.append(ModelCheckpoint(dirpath=root / f"ckpt_{name}", filename="{step}",
-                                         every_n_train_steps=ckpt_every, save_top_k=-1))
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=root / f"ckpt_{name}", filename="{step}", every_n_train_steps=ckpt_every, save_top_k=-1
+            )
+        )
     model = RecordingModel()
     kwargs.setdefault("max_epochs", 1)
     trainer = _trainer(root / name, callbacks=callbacks, enable_checkpointing=bool(ckpt_every), **kwargs)
@@ -111,8 +123,14 @@ def _in_step_order(records: list[dict[str, Any]]) -> list[int]:
 @pytest.mark.slow
 def test_predict_on_two_ranks_writes_every_row_once(tmp_path: Path, predict_uri: str) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "predict_worker.py"), str(out), predict_uri,
-                           "50"], cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tests" / "predict_worker.py"), str(out), predict_uri, "50"],
+        cwd=REPO_ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     records = _rank_records(out)
     assert [r["world_size"] for r in records] == [2, 2]
@@ -141,8 +159,14 @@ data:
   predict: {{uri: {predict_uri}, columns: [id, x]}}
   batch_size: 64
 """)
-    proc = subprocess.run([sys.executable, "-m", "lance_lightning.cli", "predict", "--config", str(config)],
-                          cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lance_lightning.cli", "predict", "--config", str(config)],
+        cwd=REPO_ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     records = _rank_records(tmp_path / "out")
     assert len(records) == 1 and flat(records[0]["batches"]) == list(range(PREDICT_ROWS))
@@ -168,8 +192,13 @@ def _dm(uri: str, shuffle: Any = None, **kwargs: Any) -> LanceDataModule:
 def test_resume_data_false_starts_the_data_epoch_fresh(tmp_path: Path, uri: str, seed: int) -> None:
     _fit(tmp_path, _dm(uri, RowShuffle(seed=1)), name="A", ckpt_every=K, max_steps=K)
     whole = _fit(tmp_path, _dm(uri, RowShuffle(seed=seed)), name="C", max_epochs=2)
-    resumed = _fit(tmp_path, _dm(uri, RowShuffle(seed=seed), resume_data=False), name="B", max_epochs=2,
-                   ckpt_path=tmp_path / "ckpt_A" / f"step={K}.ckpt")
+    resumed = _fit(
+        tmp_path,
+        _dm(uri, RowShuffle(seed=seed), resume_data=False),
+        name="B",
+        max_epochs=2,
+        ckpt_path=tmp_path / "ckpt_A" / f"step={K}.ckpt",
+    )
     epoch0 = [ids for ids, e in zip(resumed.seen, resumed.seen_epochs) if e == 0]
     epoch1 = [ids for ids, e in zip(resumed.seen, resumed.seen_epochs) if e == 1]
     whole0 = [ids for ids, e in zip(whole.seen, whole.seen_epochs) if e == 0]
@@ -179,8 +208,11 @@ def test_resume_data_false_starts_the_data_epoch_fresh(tmp_path: Path, uri: str,
 
 
 # -- 5. the default shuffle is NoShuffle() -----------------------------------------------------------
-@pytest.mark.parametrize(("saved", "resumed"), [(None, NoShuffle()), (NoShuffle(), None)],
-                         ids=["default-then-explicit", "explicit-then-default"])
+@pytest.mark.parametrize(
+    ("saved", "resumed"),
+    [(None, NoShuffle()), (NoShuffle(), None)],
+    ids=["default-then-explicit", "explicit-then-default"],
+)
 def test_default_shuffle_is_no_shuffle_to_the_cursor(tmp_path: Path, uri: str, saved: Any, resumed: Any) -> None:
     a = _fit(tmp_path, _dm(uri, saved), name="A", ckpt_every=K, max_steps=K)
     dm = _dm(uri, resumed)
@@ -220,8 +252,14 @@ print(json.dumps({"flags": sorted(model.flags), "pids": sorted(model.pids), "mai
 @pytest.mark.slow
 def test_workers_do_not_import_lightning(tmp_path: Path, uri: str) -> None:
     env = {**_env(), "PL_SEED_WORKERS": "1"}  # as after seed_everything(workers=True), which LightningCLI runs
-    proc = subprocess.run([sys.executable, "-c", _WORKER_PROBE, uri, str(tmp_path)], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _WORKER_PROBE, uri, str(tmp_path)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(report["pids"]) == 2 and report["main"] not in report["pids"], "batches did not come from 2 workers"
@@ -233,13 +271,15 @@ def test_dataset_rewritten_at_the_same_path(tmp_path: Path) -> None:
     path = tmp_path / "again.lance"
     write_dataset(path, 100)
     first = RecordingModel()
-    _trainer(tmp_path, limit_val_batches=None).validate(first, datamodule=LanceDataModule(
-        val=LanceSource(str(path), columns=["id", "x"]), batch_size=40))
+    _trainer(tmp_path, limit_val_batches=None).validate(
+        first, datamodule=LanceDataModule(val=LanceSource(str(path), columns=["id", "x"]), batch_size=40)
+    )
     shutil.rmtree(path)
     write_dataset(path, 150, fragment_rows=50)  # version 1 again, other files
     second = RecordingModel()
-    _trainer(tmp_path, limit_val_batches=None).validate(second, datamodule=LanceDataModule(
-        val=LanceSource(str(path), columns=["id", "x"]), batch_size=40))
+    _trainer(tmp_path, limit_val_batches=None).validate(
+        second, datamodule=LanceDataModule(val=LanceSource(str(path), columns=["id", "x"]), batch_size=40)
+    )
     assert flat(first.val_seen) == list(range(100))
     assert flat(second.val_seen) == list(range(150))
 
@@ -314,8 +354,9 @@ def test_len_after_restore_is_what_the_next_iteration_yields(uri: str, batch_aft
     batches = iter(loader)
     trained = [next(batches)["id"].tolist() for _ in range(K)]
     state = loader.state_dict()
-    other = LanceDataModule(train=LanceSource(uri, columns=["id", "x"]), batch_size=batch_after,
-                            shuffle=RowShuffle(seed=1))
+    other = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x"]), batch_size=batch_after, shuffle=RowShuffle(seed=1)
+    )
     other.setup("fit")
     resumed = other.train_dataloader()
     resumed.load_state_dict(state)

@@ -267,8 +267,9 @@ def test_corrupt_image_with_the_default_policy_names_row_and_column(tmp_path) ->
     from tests.unit.transforms.test_transforms_image import write_image_dataset
 
     uri = write_image_dataset(tmp_path / "img.lance", 40, bad=(13,), fragment_rows=64)
-    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "image"]), batch_size=8,
-                         transform=DecodeImage(size=8, normalize=False))
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "image"]), batch_size=8, transform=DecodeImage(size=8, normalize=False)
+    )
     dm.setup("fit")
     with pytest.raises(BadRowError, match=r"dataset row 13 \(id=13\).*column 'image'"):
         for _ in dm.train_dataloader():

@@ -51,8 +51,9 @@ data:
     return str(path)
 
 
-def test_config_error_is_a_few_lines_and_the_traceback_is_opt_in(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_error_is_a_few_lines_and_the_traceback_is_opt_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = _config(tmp_path, f"  train: {{uri: {tmp_path / 'missing.lance'}}}\n")
     code, _, err = run_cli(["fit", "--config", cfg])
     assert code == 1
@@ -67,11 +68,14 @@ def test_config_error_is_a_few_lines_and_the_traceback_is_opt_in(tmp_path: Path,
 
 def test_profile_with_a_bad_transform_argument_is_a_few_lines(tmp_path: Path) -> None:
     uri = write_dataset(tmp_path / "ds.lance", 64)
-    cfg = _config(tmp_path, f"""  train: {{uri: {uri}}}
+    cfg = _config(
+        tmp_path,
+        f"""  train: {{uri: {uri}}}
   transform:
     class_path: lance_lightning.transforms.DecodeImage
     init_args: {{column: image, device: not-a-device}}
-""")
+""",
+    )
     code, _, err = run_cli(["profile", "--config", cfg, "--batches", "2"])
     assert code == 1
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 4, err
@@ -105,8 +109,12 @@ def test_a_relative_path_hint_only_for_relative_paths(tmp_path: Path) -> None:
 def test_local_permission_error_says_to_fix_permissions() -> None:
     """The classifier, on Lance's message for an unreadable directory (root, which runs CI, bypasses
     file permissions, so the real case runs only for other users below)."""
-    error = _open_error("/data/x.lance", "train", "LanceError(IO): Generic LocalFileSystem error: Unable to open "
-                        "file /data/x.lance/_versions: Permission denied (os error 13)")
+    error = _open_error(
+        "/data/x.lance",
+        "train",
+        "LanceError(IO): Generic LocalFileSystem error: Unable to open "
+        "file /data/x.lance/_versions: Permission denied (os error 13)",
+    )
     assert "permission denied" in error.problem and "read access" in error.fix
     assert "storage_options" not in str(error)
 
@@ -154,13 +162,15 @@ def test_refused_credentials_say_to_check_credentials(s3: S3Server) -> None:
 @pytest.fixture
 def typed_uri(tmp_path: Path) -> str:
     rows = 8
-    table = pa.table({
-        "id": pa.array(range(rows), pa.int64()),
-        "score": pa.array([None if i % 2 else float(i) for i in range(rows)], pa.float64()),
-        "meta": pa.array([{"a": i, "b": "x"} for i in range(rows)]),
-        "tags": pa.array([[("k", i)] for i in range(rows)], pa.map_(pa.string(), pa.int64())),
-        "image": pa.array([b"not an image"] * rows, pa.binary()),
-    })
+    table = pa.table(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "score": pa.array([None if i % 2 else float(i) for i in range(rows)], pa.float64()),
+            "meta": pa.array([{"a": i, "b": "x"} for i in range(rows)]),
+            "tags": pa.array([[("k", i)] for i in range(rows)], pa.map_(pa.string(), pa.int64())),
+            "image": pa.array([b"not an image"] * rows, pa.binary()),
+        }
+    )
     uri = str(tmp_path / "typed.lance")
     lance.write_dataset(table, uri)
     return uri
@@ -175,8 +185,9 @@ def test_struct_and_map_columns_are_refused_at_setup(typed_uri: str, column: str
 
 
 def test_fill_value_of_the_wrong_type_is_refused_at_setup(typed_uri: str) -> None:
-    dm = LanceDataModule(train=LanceSource(typed_uri, columns=["id", "score"]), fill_nulls={"score": "zero"},
-                         batch_size=4)
+    dm = LanceDataModule(
+        train=LanceSource(typed_uri, columns=["id", "score"]), fill_nulls={"score": "zero"}, batch_size=4
+    )
     with pytest.raises(ConfigError) as error:
         dm.setup("fit")
     assert error.value.param == "fill_nulls.score" and "double" in str(error.value) and "score: 0" in error.value.fix
@@ -188,8 +199,11 @@ def test_fill_value_of_the_wrong_type_is_refused_at_setup(typed_uri: str) -> Non
 @pytest.mark.parametrize("wrap", [False, True])
 def test_decode_image_on_an_integer_column_is_refused_at_setup(typed_uri: str, wrap: bool) -> None:
     transform = DecodeImage(column="id")
-    dm = LanceDataModule(train=LanceSource(typed_uri, columns=["id", "image"]),
-                         transform=Compose([transform]) if wrap else transform, batch_size=4)
+    dm = LanceDataModule(
+        train=LanceSource(typed_uri, columns=["id", "image"]),
+        transform=Compose([transform]) if wrap else transform,
+        batch_size=4,
+    )
     with pytest.raises(ConfigError) as error:
         dm.setup("fit")
     assert error.value.param == "transform.column" and "int64" in str(error.value) and "['image']" in error.value.fix
@@ -198,8 +212,15 @@ def test_decode_image_on_an_integer_column_is_refused_at_setup(typed_uri: str, w
 def test_fit_without_val_split_does_not_warn_about_empty_loaders(tmp_path: Path) -> None:
     uri = write_dataset(tmp_path / "ds.lance", 64)
     dm = LanceDataModule(train=LanceSource(uri, columns=["id", "x"]), batch_size=16)
-    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(RecordingModel(), datamodule=dm)
@@ -210,11 +231,15 @@ def test_fit_without_val_split_does_not_warn_about_empty_loaders(tmp_path: Path)
 def test_a_fit_does_not_overwrite_an_earlier_runs_checkpoints(tmp_path: Path) -> None:
     uri = write_dataset(tmp_path / "ds.lance", 64)
     ckpts = tmp_path / "ckpts"
-    cfg = _config(tmp_path, f"  train: {{uri: {uri}, columns: [id, x]}}\n  batch_size: 16\n", trainer=f"""\
+    cfg = _config(
+        tmp_path,
+        f"  train: {{uri: {uri}, columns: [id, x]}}\n  batch_size: 16\n",
+        trainer=f"""\
   callbacks:
     - class_path: lightning.pytorch.callbacks.ModelCheckpoint
       init_args: {{dirpath: {ckpts}, save_last: true, enable_version_counter: false}}
-""")
+""",
+    )
     code, out, err = run_cli(["fit", "--config", cfg])
     assert code == 0, err
     first = (ckpts / "last.ckpt").read_bytes()
@@ -228,17 +253,37 @@ def test_a_fit_does_not_overwrite_an_earlier_runs_checkpoints(tmp_path: Path) ->
 @pytest.mark.slow
 def test_ddp_fit_from_the_cli_exits_zero(tmp_path: Path) -> None:
     uri = write_dataset(tmp_path / "ds.lance", 256, fragment_rows=64)
-    cfg = _config(tmp_path, f"  train: {{uri: {uri}, columns: [id, x]}}\n  batch_size: 16\n", trainer="""\
+    cfg = _config(
+        tmp_path,
+        f"  train: {{uri: {uri}, columns: [id, x]}}\n  batch_size: 16\n",
+        trainer="""\
   callbacks:
     - class_path: lightning.pytorch.callbacks.ModelCheckpoint
       init_args: {every_n_train_steps: 3, save_last: true}
-""")
+""",
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     env.pop("LOCAL_RANK", None)
-    result = subprocess.run([sys.executable, "-m", "lance_lightning.cli", "fit", "--config", cfg,
-                             "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.accelerator=cpu",
-                             "--trainer.max_epochs=1", "--trainer.max_steps=-1"],
-                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=480)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lance_lightning.cli",
+            "fit",
+            "--config",
+            cfg,
+            "--trainer.devices=2",
+            "--trainer.strategy=ddp",
+            "--trainer.accelerator=cpu",
+            "--trainer.max_epochs=1",
+            "--trainer.max_steps=-1",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert result.stdout.count("resume with: ") == 1  # rank 0 only
     last = next((tmp_path / "root").rglob("last.ckpt"))

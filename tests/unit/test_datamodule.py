@@ -54,8 +54,9 @@ def _read_all(dm: LanceDataModule) -> list[dict]:
 def test_every_column_type_converts(tmp_path):
     uri = _typed_uri(tmp_path)
     columns = ["id", "label", "x", "vec", "i32", "f64", "flag", "name", "blob"]
-    dm = LanceDataModule(train=LanceSource(uri, columns=columns), batch_size=32, drop_last=False,
-                         shuffle=RowShuffle(seed=3))
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=columns), batch_size=32, drop_last=False, shuffle=RowShuffle(seed=3)
+    )
     batches = _read_all(dm)
     assert [len(b["id"]) for b in batches] == [32] * 6 + [8]
     seen = []
@@ -75,8 +76,9 @@ def test_every_column_type_converts(tmp_path):
         assert isinstance(batch["name"], list) and batch["name"] == [f"row-{i}" for i in ids.tolist()]
         blob = batch["blob"]
         assert isinstance(blob, Ragged) and blob.values.dtype == torch.uint8
-        assert [blob.row(r).numpy().tobytes() for r in range(n)] == [bytes([i % 256, 7]) * (1 + i % 3)
-                                                                     for i in ids.tolist()]
+        assert [blob.row(r).numpy().tobytes() for r in range(n)] == [
+            bytes([i % 256, 7]) * (1 + i % 3) for i in ids.tolist()
+        ]
         seen += ids.tolist()
     assert sorted(seen) == list(range(ROWS))
     assert seen != list(range(ROWS))  # RowShuffle really shuffled
@@ -94,8 +96,11 @@ def test_null_without_fill_names_column_and_fill_nulls(tmp_path, column):
 
 def test_fill_nulls_fills(tmp_path):
     uri = _typed_uri(tmp_path)
-    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "maybe", "maybe_s"]), batch_size=50,
-                         fill_nulls={"maybe": -1, "maybe_s": "<none>"})
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "maybe", "maybe_s"]),
+        batch_size=50,
+        fill_nulls={"maybe": -1, "maybe_s": "<none>"},
+    )
     batches = _read_all(dm)
     ids = torch.cat([b["id"] for b in batches])
     maybe = torch.cat([b["maybe"] for b in batches])
@@ -179,20 +184,26 @@ def _fit(dm: LanceDataModule, trainer_kwargs: dict, **overrides) -> RecordingMod
 
 
 def test_trainer_fit_in_process(small_uri, trainer_kwargs):
-    dm = LanceDataModule(train=LanceSource(small_uri), val=LanceSource(small_uri, filter="label = 0"),
-                         batch_size=16, shuffle=RowShuffle(seed=0), drop_last=False)
+    dm = LanceDataModule(
+        train=LanceSource(small_uri),
+        val=LanceSource(small_uri, filter="label = 0"),
+        batch_size=16,
+        shuffle=RowShuffle(seed=0),
+        drop_last=False,
+    )
     model = _fit(dm, trainer_kwargs, max_epochs=2)
     assert len(model.seen) == 2 * 7
     for epoch in (0, 1):
-        ids = flat(model.seen[epoch * 7:(epoch + 1) * 7])
+        ids = flat(model.seen[epoch * 7 : (epoch + 1) * 7])
         assert sorted(ids) == list(range(100))
     assert flat(model.seen[:7]) != flat(model.seen[7:])  # a new order each epoch
     assert sorted(flat(model.val_seen[-1:])) == list(range(0, 100, 10))
 
 
 def test_trainer_fit_max_steps(dataset_uri, trainer_kwargs):
-    dm = LanceDataModule(train=LanceSource(dataset_uri, columns=["id", "x"]), batch_size=32,
-                         shuffle=ShardShuffle(shard_rows=100, seed=0))
+    dm = LanceDataModule(
+        train=LanceSource(dataset_uri, columns=["id", "x"]), batch_size=32, shuffle=ShardShuffle(shard_rows=100, seed=0)
+    )
     model = _fit(dm, trainer_kwargs, max_steps=5)
     assert len(model.seen) == 5 and all(len(s) == 32 for s in model.seen)
     ids = flat(model.seen)
@@ -213,10 +224,13 @@ def test_trainer_fit_two_forkserver_workers(small_uri, trainer_kwargs):
     steps = 13  # ceil(100 / 8)
     assert len(model.seen) == 2 * steps
     for epoch in (0, 1):
-        assert sorted(flat(model.seen[epoch * steps:(epoch + 1) * steps])) == list(range(100))
+        assert sorted(flat(model.seen[epoch * steps : (epoch + 1) * steps])) == list(range(100))
 
-    reference = _fit(LanceDataModule(train=LanceSource(small_uri, columns=["id", "x"]), num_workers=0, **kwargs),
-                     trainer_kwargs, max_epochs=2)
+    reference = _fit(
+        LanceDataModule(train=LanceSource(small_uri, columns=["id", "x"]), num_workers=0, **kwargs),
+        trainer_kwargs,
+        max_epochs=2,
+    )
     assert model.seen == reference.seen
 
 
@@ -254,8 +268,9 @@ def test_version_pinned_at_setup_survives_append(tmp_path, trainer_kwargs):
 
 
 def test_explain_mentions_rows_strategy_method_batches(dataset_uri):
-    dm = LanceDataModule(train=LanceSource(dataset_uri, filter="label = 3"), batch_size=20,
-                         shuffle=ShardShuffle(shard_rows=128, seed=0))
+    dm = LanceDataModule(
+        train=LanceSource(dataset_uri, filter="label = 3"), batch_size=20, shuffle=ShardShuffle(shard_rows=128, seed=0)
+    )
     dm.setup("fit")
     text = dm.explain("train")
     assert "rows: 100 of 1,000" in text
@@ -264,8 +279,9 @@ def test_explain_mentions_rows_strategy_method_batches(dataset_uri):
     assert "read: scan" in text
     assert "5 per rank" in text and "batch_size 20" in text
 
-    rare = LanceDataModule(train=LanceSource(dataset_uri, filter="id < 20"), batch_size=4,
-                           shuffle=ShardShuffle(shard_rows=128, seed=0))
+    rare = LanceDataModule(
+        train=LanceSource(dataset_uri, filter="id < 20"), batch_size=4, shuffle=ShardShuffle(shard_rows=128, seed=0)
+    )
     rare.setup("fit")
     assert "read: take" in rare.explain("train") and "rows: 20 of 1,000" in rare.explain("train")
 
@@ -291,13 +307,16 @@ def test_fork_context_without_workers_is_accepted(dataset_uri, recwarn):
 
 def test_buffer_shuffle_mixes_shards_within_window(dataset_uri):
     """BufferShuffle: each window of buffer_rows holds whole shards, its rows mixed across them."""
-    dm = LanceDataModule(train=LanceSource(dataset_uri, columns=["id"]), batch_size=100,
-                         shuffle=BufferShuffle(buffer_rows=200, seed=0, shard_rows=50))
+    dm = LanceDataModule(
+        train=LanceSource(dataset_uri, columns=["id"]),
+        batch_size=100,
+        shuffle=BufferShuffle(buffer_rows=200, seed=0, shard_rows=50),
+    )
     dm.setup("fit")
     ids = flat([b["id"].tolist() for b in dm.train_dataloader()])
     assert Counter(ids) == Counter(range(1000))
     for start in range(0, 1000, 200):
-        window = ids[start:start + 200]
+        window = ids[start : start + 200]
         shards = Counter(i // 50 for i in window)
         assert len(shards) == 4 and set(shards.values()) == {50}  # 4 whole shards per window
         first_shard = [i // 50 for i in window[:50]]

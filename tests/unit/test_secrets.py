@@ -36,24 +36,54 @@ class OptionsModel(RecordingModel):
         self.save_hyperparameters()
 
 
-@pytest.mark.parametrize("key", ["aws_access_key_id", "aws_secret_access_key", "aws_session_token", "access_key_id",
-                                 "secret_access_key", "session_token", "token", "password", "azure_storage_sas_key",
-                                 "azure_storage_account_key", "azure_client_secret", "google_service_account_key",
-                                 "google_service_account", "bearer_token", "AWS-Secret-Access-Key"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+        "access_key_id",
+        "secret_access_key",
+        "session_token",
+        "token",
+        "password",
+        "azure_storage_sas_key",
+        "azure_storage_account_key",
+        "azure_client_secret",
+        "google_service_account_key",
+        "google_service_account",
+        "bearer_token",
+        "AWS-Secret-Access-Key",
+    ],
+)
 def test_secret_keys_are_recognized(key: str) -> None:
     assert is_secret_key(key)
 
 
-@pytest.mark.parametrize("key", ["aws_region", "region", "aws_endpoint", "endpoint", "allow_http", "aws_allow_http",
-                                 "azure_storage_account_name", "timeout", "aws_virtual_hosted_style_request"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "aws_region",
+        "region",
+        "aws_endpoint",
+        "endpoint",
+        "allow_http",
+        "aws_allow_http",
+        "azure_storage_account_name",
+        "timeout",
+        "aws_virtual_hosted_style_request",
+    ],
+)
 def test_plain_options_are_kept(key: str) -> None:
     assert not is_secret_key(key)
 
 
 def test_redaction_copies_and_never_changes_the_input() -> None:
     options = {"aws_secret_access_key": SECRET, "aws_region": "us-east-1"}
-    config = argparse.Namespace(data={"train": {"uri": "s3://b/x.lance", "storage_options": options}},
-                                callbacks=[{"storage_options": dict(options)}])
+    config = argparse.Namespace(
+        data={"train": {"uri": "s3://b/x.lance", "storage_options": options}},
+        callbacks=[{"storage_options": dict(options)}],
+    )
     redacted = redact_config(config)
     assert redacted.data["train"]["storage_options"] == {"aws_secret_access_key": REDACTED, "aws_region": "us-east-1"}
     assert redacted.callbacks[0]["storage_options"]["aws_secret_access_key"] == REDACTED
@@ -106,8 +136,14 @@ def s3() -> Iterator[S3Server]:
 def _run(args: list[str], cwd: Path) -> tuple[int, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env["PYTHONPATH"] = str(REPO_ROOT)
-    result = subprocess.run([sys.executable, "-m", "lance_lightning.cli", *args], cwd=cwd, env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "lance_lightning.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return result.returncode, result.stdout + result.stderr
 
 
@@ -162,8 +198,17 @@ data:
     code, text = _run(["profile", "--config", str(config), "--batches", "5", "--progress", "false"], out)
     printed.append(text)
     assert code == 0 and "Loader-only profile" in text, text[-3000:]
-    code, text = _run(["materialize", "--uri", uri, "--out-dir", str(out / "views"),
-                       *(f"--storage-option={k}={v}" for k, v in s3.storage_options().items())], out)
+    code, text = _run(
+        [
+            "materialize",
+            "--uri",
+            uri,
+            "--out-dir",
+            str(out / "views"),
+            *(f"--storage-option={k}={v}" for k, v in s3.storage_options().items()),
+        ],
+        out,
+    )
     printed.append(text)
     assert code == 0 and "view:" in text, text[-3000:]
 

@@ -60,8 +60,16 @@ class ModelWithHooks(ImageModel):
 
 
 def _fit(tmp_path: Path, dm: LanceDataModule, model: pl.LightningModule, accelerator: str = "cpu") -> None:
-    trainer = pl.Trainer(accelerator=accelerator, devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(tmp_path))
+    trainer = pl.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(tmp_path),
+    )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*overridden.*both.*")
         trainer.fit(model, datamodule=dm)
@@ -73,8 +81,11 @@ def _dm(uri: str, **kwargs: Any) -> LanceDataModule:
 
 def test_device_transform_runs_after_transfer_and_lists_stay_lists(tmp_path: Path) -> None:
     uri = write_image_dataset(tmp_path / "img.lance", 64)
-    dm = _dm(uri, transform=DecodeImage(normalize=False),
-             device_transform=DeviceAugment([v2.RandomHorizontalFlip(p=1.0), v2.ToDtype(torch.float32, scale=True)]))
+    dm = _dm(
+        uri,
+        transform=DecodeImage(normalize=False),
+        device_transform=DeviceAugment([v2.RandomHorizontalFlip(p=1.0), v2.ToDtype(torch.float32, scale=True)]),
+    )
     model = ImageModel()
     _fit(tmp_path, dm, model)
     assert len(model.images) == 4
@@ -99,8 +110,14 @@ def test_model_hooks_still_run_next_to_the_data_modules(tmp_path: Path) -> None:
 
 def test_move_and_pin_on_this_machine() -> None:
     ragged = Ragged(torch.arange(5), torch.tensor([0, 2, 5]))
-    batch = {"a": torch.ones(3), "r": ragged, "s": ["x"], "b": [b"y"], "nested": {"t": torch.zeros(1)},
-             "tensors": [torch.ones(1)]}
+    batch = {
+        "a": torch.ones(3),
+        "r": ragged,
+        "s": ["x"],
+        "b": [b"y"],
+        "nested": {"t": torch.zeros(1)},
+        "tensors": [torch.ones(1)],
+    }
     moved = move(batch, torch.device("cpu"))
     assert moved["s"] is batch["s"] and moved["b"] is batch["b"]
     assert torch.equal(moved["r"].values, ragged.values) and torch.equal(moved["nested"]["t"], torch.zeros(1))
@@ -119,8 +136,13 @@ def test_side_stream_transfer_delivers_the_right_values() -> None:
     device = torch.device("cuda")
     transfer = DeviceTransfer(copy_stream=True)
     for step in range(20):
-        host = pin_batch({"x": torch.full((256, 1024), float(step)), "r": Ragged(torch.arange(100), torch.tensor([0, 40, 100])),
-                          "s": ["keep"]})
+        host = pin_batch(
+            {
+                "x": torch.full((256, 1024), float(step)),
+                "r": Ragged(torch.arange(100), torch.tensor([0, 40, 100])),
+                "s": ["keep"],
+            }
+        )
         busy = torch.randn(2048, 2048, device=device)
         for _ in range(5):
             busy = busy @ busy / 2048  # keep the compute stream busy while the copy is issued
@@ -158,7 +180,9 @@ def test_gpu_decode_names_a_bad_row_of_the_batch(backend: str) -> None:
 @pytest.mark.cuda
 def test_trainer_on_cuda_decodes_on_the_gpu(tmp_path: Path) -> None:
     uri = write_image_dataset(tmp_path / "img.lance", 64, fmt="jpeg")
-    dm = _dm(uri, device_transform=Compose([DecodeImage(device="cuda"), DeviceAugment([v2.RandomHorizontalFlip(p=1.0)])]))
+    dm = _dm(
+        uri, device_transform=Compose([DecodeImage(device="cuda"), DeviceAugment([v2.RandomHorizontalFlip(p=1.0)])])
+    )
     model = ImageModel()
     _fit(tmp_path, dm, model, accelerator="cuda")
     assert all(d.type == "cuda" for d in model.devices) and len(model.images) == 4

@@ -106,9 +106,13 @@ data:
 """)
     log = tmp_path / "stderr.txt"  # a file, not a pipe: a leftover child would hold a pipe open
     with log.open("w") as stderr_file:
-        trainer = subprocess.Popen([sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)],
-                                   cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-                                   stderr=stderr_file)
+        trainer = subprocess.Popen(
+            [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)],
+            cwd=REPO_ROOT,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr_file,
+        )
     sid = trainer.pid  # the session leader's pid is the session id
     try:
         if ending in ("sigkill", "ctrl-c"):

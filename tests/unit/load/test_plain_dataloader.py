@@ -21,8 +21,12 @@ def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 def test_map_dataset_batched_getitems_with_plain_dataloader(uri: str) -> None:
     dataset = LanceMapDataset(LanceSource(uri, columns=["id", "vec"], filter="label < 5"))
     assert len(dataset) == 350
-    loader = DataLoader(dataset, batch_size=32, sampler=RandomSampler(dataset, generator=torch.Generator().manual_seed(0)),
-                        collate_fn=LanceMapDataset.collate)
+    loader = DataLoader(
+        dataset,
+        batch_size=32,
+        sampler=RandomSampler(dataset, generator=torch.Generator().manual_seed(0)),
+        collate_fn=LanceMapDataset.collate,
+    )
     ids = torch.cat([batch["id"] for batch in loader]).numpy()
     expected = np.arange(700)[np.arange(700) % 10 < 5]
     assert sorted(ids.tolist()) == expected.tolist()
@@ -41,22 +45,38 @@ def test_map_dataset_getitem_and_order(uri: str) -> None:
 
 
 def test_iterable_dataset_with_plain_dataloader_and_workers(uri: str) -> None:
-    plan = build_plan("train", pin_source(LanceSource(uri, columns=["id"]), "train"), ShardShuffle(64, seed=3),
-                      None, batch_size=50, drop_last=False, world_size=1)
+    plan = build_plan(
+        "train",
+        pin_source(LanceSource(uri, columns=["id"]), "train"),
+        ShardShuffle(64, seed=3),
+        None,
+        batch_size=50,
+        drop_last=False,
+        world_size=1,
+    )
     dataset = LanceIterableDataset(plan)
     dataset.set_epoch(4)
     in_process = [b["id"].tolist() for b in DataLoader(dataset, batch_size=None)]
     dataset.use_context(torch.multiprocessing.get_context("forkserver"))
     dataset.set_epoch(4)
-    with_workers = [b["id"].tolist() for b in DataLoader(dataset, batch_size=None, num_workers=2,
-                                                         multiprocessing_context="forkserver")]
+    with_workers = [
+        b["id"].tolist()
+        for b in DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="forkserver")
+    ]
     assert in_process == with_workers
     assert sorted(sum(in_process, [])) == list(range(700))
 
 
 def test_row_shuffle_iterable_reads_permuted_rows(uri: str) -> None:
-    plan = build_plan("train", pin_source(LanceSource(uri, columns=["id", "x"]), "train"), RowShuffle(seed=1),
-                      None, batch_size=64, drop_last=True, world_size=1)
+    plan = build_plan(
+        "train",
+        pin_source(LanceSource(uri, columns=["id", "x"]), "train"),
+        RowShuffle(seed=1),
+        None,
+        batch_size=64,
+        drop_last=True,
+        world_size=1,
+    )
     dataset = LanceIterableDataset(plan, reader_threads=0)
     dataset.set_epoch(0)
     batches = list(dataset)

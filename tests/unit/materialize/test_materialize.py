@@ -81,8 +81,11 @@ def expected_ids(filter: str | None, rows: int = ROWS) -> list[int]:
 
 def snapshot(path: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``path`` with its size and mtime (ns): unchanged means nothing was written."""
-    return {str(f.relative_to(path)): (f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(path.rglob("*"))
-            if f.is_file()}
+    return {
+        str(f.relative_to(path)): (f.stat().st_size, f.stat().st_mtime_ns)
+        for f in sorted(path.rglob("*"))
+        if f.is_file()
+    }
 
 
 def leftovers(cache: Path) -> list[str]:
@@ -97,8 +100,9 @@ def run_materialize(args: list[str]) -> tuple[int, str, str]:
 
 # -- 1. what a view holds ----------------------------------------------------------------------------
 def test_view_of_local_source_is_filtered_column_subset_in_source_order(tmp_path: Path, source_uri: str) -> None:
-    result = materialize_view(LanceSource(source_uri, columns=COLUMNS, filter=FILTER), tmp_path / "views",
-                              chunk_rows=300)
+    result = materialize_view(
+        LanceSource(source_uri, columns=COLUMNS, filter=FILTER), tmp_path / "views", chunk_rows=300
+    )
     view = lance.dataset(result.uri)
     assert view.schema.names == COLUMNS
     assert ids(result.uri) == expected_ids(FILTER) == ids(source_uri, FILTER)
@@ -113,12 +117,14 @@ def test_view_of_local_source_is_filtered_column_subset_in_source_order(tmp_path
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_preshuffled_view_same_seed_same_order_and_a_permutation(tmp_path: Path, where: str,
-                                                                 request: pytest.FixtureRequest) -> None:
+def test_preshuffled_view_same_seed_same_order_and_a_permutation(
+    tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
     if where == "s3":
         s3: S3Server = request.getfixturevalue("s3")
-        source = LanceSource(request.getfixturevalue("s3_uri"), columns=COLUMNS, filter=FILTER,
-                             storage_options=s3.storage_options())
+        source = LanceSource(
+            request.getfixturevalue("s3_uri"), columns=COLUMNS, filter=FILTER, storage_options=s3.storage_options()
+        )
     else:
         source = LanceSource(request.getfixturevalue("source_uri"), columns=COLUMNS, filter=FILTER)
     first = materialize_view(source, tmp_path / "a", shuffle_seed=7, chunk_rows=250)
@@ -144,8 +150,12 @@ def test_preshuffled_view_same_seed_same_order_and_a_permutation(tmp_path: Path,
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_reused_while_source_version_is_unchanged(tmp_path: Path, where: str, request: pytest.FixtureRequest) -> None:
     if where == "s3":
-        source = LanceSource(request.getfixturevalue("s3_uri"), columns=COLUMNS, filter=FILTER,
-                             storage_options=request.getfixturevalue("s3").storage_options())
+        source = LanceSource(
+            request.getfixturevalue("s3_uri"),
+            columns=COLUMNS,
+            filter=FILTER,
+            storage_options=request.getfixturevalue("s3").storage_options(),
+        )
     else:
         source = LanceSource(request.getfixturevalue("source_uri"), columns=COLUMNS, filter=FILTER)
     cache = tmp_path / "views"
@@ -181,9 +191,10 @@ def test_concurrent_writers_copy_once(tmp_path: Path, source_uri: str) -> None:
     """Two writers of the same view (e.g. two DDP ranks on one node): one copies, the other reuses."""
     results: list[Any] = []
     source = LanceSource(source_uri, columns=COLUMNS)
-    threads = [threading.Thread(target=lambda: results.append(materialize_view(source, tmp_path / "views",
-                                                                                chunk_rows=100)))
-               for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: results.append(materialize_view(source, tmp_path / "views", chunk_rows=100)))
+        for _ in range(2)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -210,8 +221,13 @@ def test_paused_store_during_the_copy_is_retried_and_counted(tmp_path: Path, s3:
             thaw.start()
 
     try:
-        result = materialize_view(source, tmp_path / "views", chunk_rows=500, on_chunk=freeze_once,
-                                  retry=RetryPolicy(attempts=10, initial_backoff_s=0.2, max_backoff_s=1.0))
+        result = materialize_view(
+            source,
+            tmp_path / "views",
+            chunk_rows=500,
+            on_chunk=freeze_once,
+            retry=RetryPolicy(attempts=10, initial_backoff_s=0.2, max_backoff_s=1.0),
+        )
     finally:
         thaw.cancel()
         os.kill(s3._process.pid, signal.SIGCONT)
@@ -223,8 +239,13 @@ def test_paused_store_during_the_copy_is_retried_and_counted(tmp_path: Path, s3:
 # -- 3. interrupted copies ---------------------------------------------------------------------------
 def _kill_after_commits(args: list[str], commits: int) -> None:
     """Run the console script; SIGKILL it once it reported ``commits`` committed chunks."""
-    process = subprocess.Popen([str(CONSOLE_SCRIPT), "materialize", *args], stderr=subprocess.PIPE, text=True,
-                               stdout=subprocess.DEVNULL, cwd=REPO_ROOT)
+    process = subprocess.Popen(
+        [str(CONSOLE_SCRIPT), "materialize", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        cwd=REPO_ROOT,
+    )
     seen: list[str] = []
     try:
         for line in process.stderr:
@@ -240,8 +261,11 @@ def _kill_after_commits(args: list[str], commits: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("seed", "commits"), [(None, 1), (7, 1), (7, 101)],
-                         ids=["source-order", "shuffled-killed-while-staging", "shuffled-killed-writing-view"])
+@pytest.mark.parametrize(
+    ("seed", "commits"),
+    [(None, 1), (7, 1), (7, 101)],
+    ids=["source-order", "shuffled-killed-while-staging", "shuffled-killed-writing-view"],
+)
 def test_interrupted_copy_never_looks_complete_and_resumes(tmp_path: Path, seed: int | None, commits: int) -> None:
     rows, chunk = 10_000, 100  # 100 commits per pass: the kill lands mid-copy
     uri = write_dataset(tmp_path / "big.lance", rows, fragment_rows=2500)
@@ -274,8 +298,10 @@ def _growing_rows_dataset(path: Path) -> str:
 
 def _with_file_size_limit(limit: int, argv: list[str]) -> list[str]:
     """``argv`` exec'd under RLIMIT_FSIZE=``limit`` with SIGXFSZ ignored (a write past it fails with EFBIG)."""
-    setup = (f"import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-             f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); os.execv(sys.argv[1], sys.argv[1:])")
+    setup = (
+        f"import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); os.execv(sys.argv[1], sys.argv[1:])"
+    )
     return [sys.executable, "-c", setup, *argv]
 
 
@@ -285,13 +311,16 @@ def test_file_size_limit_while_copying_gives_clear_error_and_leaves_nothing(tmp_
     uri = _growing_rows_dataset(tmp_path / "growing.lance")
     cache = tmp_path / "views"
     argv = [str(CONSOLE_SCRIPT), "materialize", "--uri", uri, "--out-dir", str(cache), "--chunk-rows", "200"]
-    result = subprocess.run(_with_file_size_limit(300_000, argv), capture_output=True, text=True, timeout=150,
-                            cwd=REPO_ROOT)
+    result = subprocess.run(
+        _with_file_size_limit(300_000, argv), capture_output=True, text=True, timeout=150, cwd=REPO_ROOT
+    )
     assert result.returncode == 1, result.stderr
     assert "2,000 / 4,000 rows" in result.stderr, "chunks were committed before the limit was hit"
     message = result.stderr.strip().splitlines()[-1]
-    assert message.startswith(f"lance-lightning materialize: error: no space left while materializing {uri} "
-                              f"(version 1) into {cache}: raise the file size limit (ulimit -f)"), message
+    assert message.startswith(
+        f"lance-lightning materialize: error: no space left while materializing {uri} "
+        f"(version 1) into {cache}: raise the file size limit (ulimit -f)"
+    ), message
     assert "File too large (os error 27)" in message and message.endswith("no view was left behind"), message
     assert leftovers(cache) == [], "a view, manifest or partial copy was left behind"
 
@@ -319,26 +348,52 @@ def test_full_disk_gives_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
     pinned = pin_source(LanceSource(uri), "materialize")
     estimate = estimate_view_bytes(pinned, pinned.open(), pinned.total_rows, staged=False)
     # Room for the estimated data but not for Lance's per-commit manifests (80 commits of 50 rows).
-    env = {**os.environ, "ROOT": str(tmp_path / "mnt"), "URI": uri, "PYTHON": sys.executable,
-           "SNUG": str(estimate + 128 * 1024)}
-    result = subprocess.run(["unshare", "-rm", "sh", "-c", _TMPFS_SCRIPT], capture_output=True, text=True,
-                            timeout=200, cwd=REPO_ROOT, env=env)
+    env = {
+        **os.environ,
+        "ROOT": str(tmp_path / "mnt"),
+        "URI": uri,
+        "PYTHON": sys.executable,
+        "SNUG": str(estimate + 128 * 1024),
+    }
+    result = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", _TMPFS_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        cwd=REPO_ROOT,
+        env=env,
+    )
     if result.returncode == 99 or "unshare: " in result.stderr:
         pytest.skip(f"cannot mount a private tmpfs here: {result.stderr.strip()[:200]}")
     errors = [line for line in result.stderr.splitlines() if line.startswith("lance-lightning materialize: error:")]
     assert result.stdout.splitlines() == ["exit=1", "left=", "exit=1", "left="], (result.stdout, result.stderr)
     assert len(errors) == 2, result.stderr
     tiny, snug = errors
-    assert f"no space left while materializing {uri} (version 1) into {tmp_path / 'mnt' / 'tiny' / 'views'}: " \
-           "free " in tiny and "MB are free); no view was left behind" in tiny, tiny
+    assert (
+        f"no space left while materializing {uri} (version 1) into {tmp_path / 'mnt' / 'tiny' / 'views'}: free " in tiny
+        and "MB are free); no view was left behind" in tiny
+    ), tiny
     assert f"into {tmp_path / 'mnt' / 'snug' / 'views'}: free " in snug, snug
     assert "No space left on device (os error 28)" in snug and snug.endswith("no view was left behind"), snug
 
 
 # -- 5. the command line -----------------------------------------------------------------------------
 def test_cli_quiet_prints_only_the_path_and_reuses(tmp_path: Path, source_uri: str) -> None:
-    args = ["--uri", source_uri, "--out-dir", str(tmp_path / "views"), "--columns", "id", "x", "--filter", FILTER,
-            "--shuffle-seed", "3", "--chunk-rows", "300"]
+    args = [
+        "--uri",
+        source_uri,
+        "--out-dir",
+        str(tmp_path / "views"),
+        "--columns",
+        "id",
+        "x",
+        "--filter",
+        FILTER,
+        "--shuffle-seed",
+        "3",
+        "--chunk-rows",
+        "300",
+    ]
     code, out, err = run_materialize([*args, "--quiet"])
     assert code == 0 and err == ""
     view = out.strip()
@@ -349,19 +404,35 @@ def test_cli_quiet_prints_only_the_path_and_reuses(tmp_path: Path, source_uri: s
     assert "rows: 800" in out and err == "", "a reused view commits nothing, so no progress lines"
 
 
-@pytest.mark.parametrize(("args", "code", "text"), [
-    (["--uri", "{tmp}/nope.lance"], 1, "`materialize.uri`='{tmp}/nope.lance': no Lance dataset exists there"),
-    (["--uri", "{src}", "--columns", "id", "nope"], 1, "column(s) ['nope'] are not in the dataset"),
-    (["--uri", "{src}", "--filter", "label <"], 1, "`materialize.filter`='label <': Lance cannot run this filter"),
-    (["--uri", "{src}", "--filter", "label > 100"], 1,
-     "`materialize.filter`='label > 100': matches no rows of {src} (version 1), so the view would be empty"),
-    (["--uri", "{src}", "--version", "9"], 1, "`materialize.version`=9: that version does not exist"),
-    (["--uri", "{src}", "--chunk-rows", "0"], 1, "`materialize.chunk_rows`=0: must be an integer >= 1"),
-    (["--uri", "{src}", "--shuffle-seed", "-1"], 1, "`materialize.shuffle_seed`=-1: must be an integer >= 0"),
-    (["--uri", "{src}", "--storage-option", "region"], 2, "--storage-option 'region' must be KEY=VALUE"),
-    ([], 2, "the following arguments are required: --uri"),
-], ids=["missing-uri", "missing-column", "bad-sql", "zero-match", "no-version", "chunk-rows", "seed", "option",
-        "usage"])
+@pytest.mark.parametrize(
+    ("args", "code", "text"),
+    [
+        (["--uri", "{tmp}/nope.lance"], 1, "`materialize.uri`='{tmp}/nope.lance': no Lance dataset exists there"),
+        (["--uri", "{src}", "--columns", "id", "nope"], 1, "column(s) ['nope'] are not in the dataset"),
+        (["--uri", "{src}", "--filter", "label <"], 1, "`materialize.filter`='label <': Lance cannot run this filter"),
+        (
+            ["--uri", "{src}", "--filter", "label > 100"],
+            1,
+            "`materialize.filter`='label > 100': matches no rows of {src} (version 1), so the view would be empty",
+        ),
+        (["--uri", "{src}", "--version", "9"], 1, "`materialize.version`=9: that version does not exist"),
+        (["--uri", "{src}", "--chunk-rows", "0"], 1, "`materialize.chunk_rows`=0: must be an integer >= 1"),
+        (["--uri", "{src}", "--shuffle-seed", "-1"], 1, "`materialize.shuffle_seed`=-1: must be an integer >= 0"),
+        (["--uri", "{src}", "--storage-option", "region"], 2, "--storage-option 'region' must be KEY=VALUE"),
+        ([], 2, "the following arguments are required: --uri"),
+    ],
+    ids=[
+        "missing-uri",
+        "missing-column",
+        "bad-sql",
+        "zero-match",
+        "no-version",
+        "chunk-rows",
+        "seed",
+        "option",
+        "usage",
+    ],
+)
 def test_cli_errors_and_exit_codes(tmp_path: Path, source_uri: str, args: list[str], code: int, text: str) -> None:
     fill = {"tmp": str(tmp_path), "src": source_uri}
     got, out, err = run_materialize([a.format(**fill) for a in args] + ["--out-dir", str(tmp_path / "views")])
@@ -378,7 +449,9 @@ def test_cli_help_exits_zero() -> None:
 
 def test_cli_reads_s3_with_storage_options_and_never_prints_them(tmp_path: Path, s3: S3Server, s3_uri: str) -> None:
     options = [f"--storage-option={k}={v}" for k, v in s3.storage_options().items()]
-    code, out, err = run_materialize(["--uri", s3_uri, "--out-dir", str(tmp_path / "views"), "--filter", FILTER, *options])
+    code, out, err = run_materialize(
+        ["--uri", s3_uri, "--out-dir", str(tmp_path / "views"), "--filter", FILTER, *options]
+    )
     assert code == 0, err
     assert s3.secret_key not in out + err and s3.access_key not in out + err
     view = out.split("view: ")[1].split()[0]
@@ -389,28 +462,44 @@ def test_cli_reads_s3_with_storage_options_and_never_prints_them(tmp_path: Path,
 
 
 # -- 6. the data module ------------------------------------------------------------------------------
-def _fit(root: Path, dm: LanceDataModule, *, max_steps: int = -1, ckpt_every: int = 0,
-         ckpt_path: str | None = None) -> RecordingModel:
+def _fit(
+    root: Path, dm: LanceDataModule, *, max_steps: int = -1, ckpt_every: int = 0, ckpt_path: str | None = None
+) -> RecordingModel:
     model = RecordingModel()
     callbacks: list[Any] = [DataCursorCheckpoint()]
     if ckpt_every:
-        callbacks.append(ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=ckpt_every,
-                                         save_top_k=-1))
-    trainer = pl.Trainer(max_epochs=1, max_steps=max_steps, accelerator="cpu", logger=False,
-                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(ckpt_every),
-                         default_root_dir=root, num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks)
+        callbacks.append(
+            ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=ckpt_every, save_top_k=-1)
+        )
+    trainer = pl.Trainer(
+        max_epochs=1,
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(ckpt_every),
+        default_root_dir=root,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=callbacks,
+    )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     return model
 
 
-def test_datamodule_trains_from_the_view_and_reuses_it(tmp_path: Path, source_uri: str,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_datamodule_trains_from_the_view_and_reuses_it(
+    tmp_path: Path, source_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
     cache = tmp_path / "views"
 
     def make() -> LanceDataModule:
-        return LanceDataModule(train=LanceSource(source_uri, columns=COLUMNS, filter=FILTER),
-                               val=LanceSource(source_uri, columns=COLUMNS, filter="label >= 8"), batch_size=16,
-                               materialize=MaterializedView(cache_dir=str(cache), shuffle_seed=3, splits=["train"]))
+        return LanceDataModule(
+            train=LanceSource(source_uri, columns=COLUMNS, filter=FILTER),
+            val=LanceSource(source_uri, columns=COLUMNS, filter="label >= 8"),
+            batch_size=16,
+            materialize=MaterializedView(cache_dir=str(cache), shuffle_seed=3, splits=["train"]),
+        )
 
     caplog.set_level(logging.INFO, logger="lance_lightning.materialize.view")
     dm = make()
@@ -453,9 +542,14 @@ def test_resume_after_the_source_moved_on_reads_the_checkpoint_view(tmp_path: Pa
     Needs `LanceDataModule.restore_cursor` to re-plan train from
     ``self.materialize.reopen(cursor["plan"]["uri"])`` when that differs from the current plan's URI.
     """
+
     def make() -> LanceDataModule:
-        return LanceDataModule(train=LanceSource(source_uri, columns=COLUMNS, filter=FILTER), batch_size=16,
-                               shuffle=RowShuffle(seed=2), materialize=MaterializedView(cache_dir=str(tmp_path / "v")))
+        return LanceDataModule(
+            train=LanceSource(source_uri, columns=COLUMNS, filter=FILTER),
+            batch_size=16,
+            shuffle=RowShuffle(seed=2),
+            materialize=MaterializedView(cache_dir=str(tmp_path / "v")),
+        )
 
     k = 20
     whole = _fit(tmp_path / "whole", make())
@@ -497,7 +591,11 @@ data:
     code, printed, err = run_cli(["fit", "--config", str(config), "--print_config"])
     assert code == 0, err
     assert yaml.safe_load(printed)["data"]["materialize"] == {
-        "cache_dir": str(cache), "shuffle_seed": 5, "splits": None, "chunk_rows": 256}
+        "cache_dir": str(cache),
+        "shuffle_seed": 5,
+        "splits": None,
+        "chunk_rows": 256,
+    }
     code, _, err = run_cli(["fit", "--config", str(config)])
     assert code == 0, err
     views = list(cache.glob("*.lance"))

@@ -69,9 +69,18 @@ class LoggingModel(RecordingModel):
 def _trainer(tmp_path: Path, callbacks: list, loggers: Any = False, **kwargs: Any):
     import lightning.pytorch as pl
 
-    options = dict(accelerator="cpu", devices=1, logger=loggers, enable_progress_bar=False,
-                   enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(tmp_path),
-                   num_sanity_val_steps=0, log_every_n_steps=LOG_EVERY, max_epochs=1)
+    options = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=loggers,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(tmp_path),
+        num_sanity_val_steps=0,
+        log_every_n_steps=LOG_EVERY,
+        max_epochs=1,
+    )
     options.update(kwargs)
     return pl.Trainer(callbacks=callbacks, **options)
 
@@ -99,8 +108,14 @@ def logged_fit(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     started = time.perf_counter()
     trainer.fit(LoggingModel(), datamodule=dm)
     wall = time.perf_counter() - started
-    return {"root": root, "monitor": monitor, "trainer": trainer, "wall": wall,
-            "batches": len(dm.train_dataloader()), "csv": _read_csv(root / "csv" / "version_0" / "metrics.csv")}
+    return {
+        "root": root,
+        "monitor": monitor,
+        "trainer": trainer,
+        "wall": wall,
+        "batches": len(dm.train_dataloader()),
+        "csv": _read_csv(root / "csv" / "version_0" / "metrics.csv"),
+    }
 
 
 def test_csv_has_every_figure_at_the_trainers_logging_steps(logged_fit):
@@ -176,8 +191,13 @@ def test_report_after_fit_covers_the_whole_fit(logged_fit, capsys):
 def test_slow_transform_makes_the_report_name_decoding(tmp_path, small_uri, capsys):
     # Row shuffle: takes read groups of at most 16 batches, so the slow decode runs all epoch long (a scan
     # would read and decode this small epoch as one group, all before the first batch).
-    dm = LanceDataModule(train=LanceSource(small_uri, columns=["id", "x"]), batch_size=8, shuffle=RowShuffle(seed=0),
-                         transform=SlowTransform(0.03), reader_threads=2)
+    dm = LanceDataModule(
+        train=LanceSource(small_uri, columns=["id", "x"]),
+        batch_size=8,
+        shuffle=RowShuffle(seed=0),
+        transform=SlowTransform(0.03),
+        reader_threads=2,
+    )
     monitor = DataLoadingMonitor()
     _trainer(tmp_path, [monitor]).fit(LoggingModel(), datamodule=dm)
     printed = capsys.readouterr().out
@@ -271,19 +291,29 @@ class Doubling:
         return batch
 
 
-@pytest.mark.parametrize("columns, transform, workers", [
-    (["id", "x", "vec"], None, 0),  # all tensors: bytes per row measured once per read group
-    (["id", "name", "blob"], None, 0),  # a list of str and a Ragged: measured per batch
-    (["id", "x"], Doubling(), 0),  # the transform pipeline
-    (["id", "name", "vec"], None, 1),  # counted in a worker process, shipped with the batches
-])
+@pytest.mark.parametrize(
+    "columns, transform, workers",
+    [
+        (["id", "x", "vec"], None, 0),  # all tensors: bytes per row measured once per read group
+        (["id", "name", "blob"], None, 0),  # a list of str and a Ragged: measured per batch
+        (["id", "x"], Doubling(), 0),  # the transform pipeline
+        (["id", "name", "vec"], None, 1),  # counted in a worker process, shipped with the batches
+    ],
+)
 def test_delivered_rows_and_bytes_are_those_of_the_batches_handed_over(tmp_path, columns, transform, workers):
     names = [f"row-{i}" * (1 + i % 3) for i in range(300)]
     blobs = [bytes(i % 7) for i in range(300)]
-    uri = write_dataset(tmp_path / "ds.lance", 300, fragment_rows=100,
-                        extra={"name": names, "blob": pa.array(blobs, pa.binary())})
-    dm = LanceDataModule(train=LanceSource(uri, columns=columns), batch_size=32, shuffle=RowShuffle(seed=3),
-                         drop_last=False, num_workers=workers, transform=transform)
+    uri = write_dataset(
+        tmp_path / "ds.lance", 300, fragment_rows=100, extra={"name": names, "blob": pa.array(blobs, pa.binary())}
+    )
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=columns),
+        batch_size=32,
+        shuffle=RowShuffle(seed=3),
+        drop_last=False,
+        num_workers=workers,
+        transform=transform,
+    )
     dm.setup("fit")
     loader = LanceDataLoader(LanceIterableDataset(dm.plans["train"], transform=transform), num_workers=workers)
     try:
@@ -350,21 +380,36 @@ def _figures(**values: float) -> dict[str, float]:
     return base
 
 
-CONFIG = {"num_workers": 0, "reader_threads": 2, "prefetch_groups": 2, "batch_size": 32, "method": "scan",
-          "shuffle": {"strategy": "NoShuffle"}, "transform": "DecodeImage", "world_size": 1, "rank": 0}
+CONFIG = {
+    "num_workers": 0,
+    "reader_threads": 2,
+    "prefetch_groups": 2,
+    "batch_size": 32,
+    "method": "scan",
+    "shuffle": {"strategy": "NoShuffle"},
+    "transform": "DecodeImage",
+    "world_size": 1,
+    "rank": 0,
+}
 
 
-@pytest.mark.parametrize(("values", "config", "bottleneck", "advice"), [
-    (dict(wait_s=0.1, step_s=9.9, io_wait_s=1.0), CONFIG, "model", "speed up the training step"),
-    (dict(wait_s=6, step_s=4, io_wait_s=19, decode_s=1), CONFIG, "storage", "raise `reader_threads` (2 now)"),
-    (dict(wait_s=6, step_s=4, io_wait_s=19), {**CONFIG, "method": "take",
-                                                "shuffle": {"strategy": "RowShuffle", "clump_rows": 1}},
-     "storage", "clump_rows"),
-    (dict(wait_s=6, step_s=4, io_wait_s=1, decode_s=18), CONFIG, "decode", "raise `reader_threads` (2 now"),
-    (dict(wait_s=6, step_s=4, decode_s=40), {**CONFIG, "num_workers": 2}, "decode", "raise `num_workers` (2 now)"),
-    (dict(wait_s=6, step_s=4, io_wait_s=2, convert_s=18), CONFIG, "convert", "read fewer columns"),
-    (dict(wait_s=6, step_s=4, io_wait_s=1, convert_s=1), {**CONFIG, "num_workers": 2}, "workers", "num_workers=0"),
-])
+@pytest.mark.parametrize(
+    ("values", "config", "bottleneck", "advice"),
+    [
+        (dict(wait_s=0.1, step_s=9.9, io_wait_s=1.0), CONFIG, "model", "speed up the training step"),
+        (dict(wait_s=6, step_s=4, io_wait_s=19, decode_s=1), CONFIG, "storage", "raise `reader_threads` (2 now)"),
+        (
+            dict(wait_s=6, step_s=4, io_wait_s=19),
+            {**CONFIG, "method": "take", "shuffle": {"strategy": "RowShuffle", "clump_rows": 1}},
+            "storage",
+            "clump_rows",
+        ),
+        (dict(wait_s=6, step_s=4, io_wait_s=1, decode_s=18), CONFIG, "decode", "raise `reader_threads` (2 now"),
+        (dict(wait_s=6, step_s=4, decode_s=40), {**CONFIG, "num_workers": 2}, "decode", "raise `num_workers` (2 now)"),
+        (dict(wait_s=6, step_s=4, io_wait_s=2, convert_s=18), CONFIG, "convert", "read fewer columns"),
+        (dict(wait_s=6, step_s=4, io_wait_s=1, convert_s=1), {**CONFIG, "num_workers": 2}, "workers", "num_workers=0"),
+    ],
+)
 def test_diagnosis_names_the_largest_part(values, config, bottleneck, advice):
     diagnosis = diagnose(_figures(**values), config)
     assert diagnosis.bottleneck == bottleneck
@@ -401,8 +446,15 @@ def test_ddp_logs_figures_reduced_across_ranks(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     env.pop("LOCAL_RANK", None)
-    proc = subprocess.Popen([sys.executable, __file__, str(out), uri], cwd=REPO_ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, str(out), uri],
+        cwd=REPO_ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=DDP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -434,10 +486,20 @@ def test_ddp_logs_figures_reduced_across_ranks(tmp_path):
 def _ddp_main(out_dir: str, uri: str) -> None:
     from lightning.pytorch.loggers import CSVLogger
 
-    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "x"]), batch_size=8, shuffle=RowShuffle(seed=0),
-                         transform=SlowTransform(DDP_SLOW_DECODE_S, only_rank=1), reader_threads=1)
-    trainer = _trainer(Path(out_dir), [DataLoadingMonitor(log_every_n_steps=2)], CSVLogger(out_dir, name="csv"),
-                       devices=2, strategy="ddp")
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x"]),
+        batch_size=8,
+        shuffle=RowShuffle(seed=0),
+        transform=SlowTransform(DDP_SLOW_DECODE_S, only_rank=1),
+        reader_threads=1,
+    )
+    trainer = _trainer(
+        Path(out_dir),
+        [DataLoadingMonitor(log_every_n_steps=2)],
+        CSVLogger(out_dir, name="csv"),
+        devices=2,
+        strategy="ddp",
+    )
     trainer.fit(LoggingModel(), datamodule=dm)
 
 

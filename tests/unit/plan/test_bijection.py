@@ -86,12 +86,15 @@ def test_two_keys_give_unrelated_orders() -> None:
     _unrelated(permute(np.arange(n), n, derive_key(0, 0, 1)), permute(np.arange(n), n, derive_key(1, 0, 1)))
 
 
-@pytest.mark.parametrize(("strategy", "stride", "unit"), [
-    (RowShuffle(seed=0), 1, 1),
-    (RowShuffle(seed=0, clump_rows=8), 8, 8),  # clumps keep their rows together: compare clumps
-    (ShardShuffle(64, seed=0, shuffle_within_shard=True), 1, 1),
-    (BufferShuffle(4096, seed=0, shard_rows=64), 4096, 64),  # a window keeps its shards: compare windows
-])
+@pytest.mark.parametrize(
+    ("strategy", "stride", "unit"),
+    [
+        (RowShuffle(seed=0), 1, 1),
+        (RowShuffle(seed=0, clump_rows=8), 8, 8),  # clumps keep their rows together: compare clumps
+        (ShardShuffle(64, seed=0, shuffle_within_shard=True), 1, 1),
+        (BufferShuffle(4096, seed=0, shard_rows=64), 4096, 64),  # a window keeps its shards: compare windows
+    ],
+)
 def test_two_epochs_and_two_seeds_give_unrelated_orders(strategy, stride: int, unit: int) -> None:
     n = 400_003
     seq = np.arange(0, n, stride)
@@ -116,8 +119,12 @@ def test_subkeys_differ_per_group() -> None:
 
 
 def test_an_epoch_order_of_a_trillion_rows_is_tiny_and_seekable() -> None:
-    for strategy in (RowShuffle(seed=1), RowShuffle(seed=1, clump_rows=64), ShardShuffle(seed=1),
-                     BufferShuffle(seed=1)):
+    for strategy in (
+        RowShuffle(seed=1),
+        RowShuffle(seed=1, clump_rows=64),
+        ShardShuffle(seed=1),
+        BufferShuffle(seed=1),
+    ):
         order = EpochOrder(10**12 + 7, strategy, 3)
         assert len(pickle.dumps(order)) < 2048
         near_end = order.matched_indices(np.arange(10**12 - 4096, 10**12))

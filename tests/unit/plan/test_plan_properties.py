@@ -38,8 +38,9 @@ from lance_lightning.source import pin_source
 from tests.helpers import VEC_DIM, write_dataset
 
 PURE = settings(max_examples=150, deadline=None)
-REAL = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                        HealthCheck.too_slow])
+REAL = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 # -- strategies ------------------------------------------------------------------------------
 
@@ -93,8 +94,9 @@ def test_order_is_a_permutation(matched: int, strategy: ShuffleStrategy, epoch: 
 
 @PURE
 @given(matched=st.integers(1, 3000), strategy=shuffle_strategies(), epoch=st.integers(0, 1000), data=st.data())
-def test_order_is_deterministic_and_seekable(matched: int, strategy: ShuffleStrategy, epoch: int,
-                                             data: st.DataObject) -> None:
+def test_order_is_deterministic_and_seekable(
+    matched: int, strategy: ShuffleStrategy, epoch: int, data: st.DataObject
+) -> None:
     whole = full_order(matched, strategy, epoch)
     # A new object (as in another process) gives the same order ...
     assert np.array_equal(whole, EpochOrder(matched, strategy, epoch).matched_indices(np.arange(matched)))
@@ -122,24 +124,26 @@ def test_epochs_differ_for_shuffling_strategies(matched: int, strategy: ShuffleS
 @given(matched=st.integers(50, 3000), strategy=shuffle_strategies(), epoch=st.integers(0, 1000))
 def test_seeds_differ(matched: int, strategy: ShuffleStrategy, epoch: int) -> None:
     assume(enough_units(matched, strategy))
-    other = type(strategy)(**{**{k: v for k, v in strategy.describe().items() if k != "strategy"},
-                              "seed": strategy.seed + 1})
+    other = type(strategy)(
+        **{**{k: v for k, v in strategy.describe().items() if k != "strategy"}, "seed": strategy.seed + 1}
+    )
     assert not np.array_equal(full_order(matched, strategy, epoch), full_order(matched, other, epoch))
 
 
 @PURE
 @given(matched=st.integers(1, 2000), shard=st.integers(1, 300), seed=seeds, epoch=st.integers(0, 100))
-def test_shard_shuffle_keeps_shards_contiguous_and_the_short_shard_last(matched: int, shard: int, seed: int,
-                                                                        epoch: int) -> None:
+def test_shard_shuffle_keeps_shards_contiguous_and_the_short_shard_last(
+    matched: int, shard: int, seed: int, epoch: int
+) -> None:
     """Without shuffle_within_shard every shard is one ascending run of consecutive rows (modulo
     the row count: one shard may cross the end of the rows), and a short shard comes last, so no
     batch before it straddles two shards."""
     order = full_order(matched, ShardShuffle(shard, seed), epoch)
     unit = min(shard, matched)
     for first in range(0, matched, unit):
-        rows = order[first:first + unit]
+        rows = order[first : first + unit]
         assert np.array_equal(rows, (rows[0] + np.arange(len(rows))) % matched)
-    assert len(order[(matched // unit) * unit:]) == matched % unit  # the short shard fills the end
+    assert len(order[(matched // unit) * unit :]) == matched % unit  # the short shard fills the end
 
 
 @PURE
@@ -148,8 +152,10 @@ def test_short_shard_rows_change_from_epoch_to_epoch(matched: int, shard: int, s
     """Shard boundaries rotate per epoch, so the short shard (and the tail drop_last skips) is not
     the same rows every epoch."""
     assume(matched % shard and matched > shard)
-    short = [frozenset(full_order(matched, ShardShuffle(shard, seed), epoch)[-(matched % shard):].tolist())
-             for epoch in range(12)]
+    short = [
+        frozenset(full_order(matched, ShardShuffle(shard, seed), epoch)[-(matched % shard) :].tolist())
+        for epoch in range(12)
+    ]
     assert len(set(short)) > 1
 
 
@@ -160,8 +166,13 @@ def test_short_shard_rows_change_from_epoch_to_epoch(matched: int, shard: int, s
 def layouts(draw: st.DrawFn) -> Layout:
     world = draw(st.integers(1, 4))
     rows = draw(st.integers(world, 1500))
-    return Layout(start=draw(st.integers(0, 10_000)), rows=rows, world_size=world,
-                  batch_size=draw(st.integers(1, 64)), drop_last=draw(st.booleans()))
+    return Layout(
+        start=draw(st.integers(0, 10_000)),
+        rows=rows,
+        world_size=world,
+        batch_size=draw(st.integers(1, 64)),
+        drop_last=draw(st.booleans()),
+    )
 
 
 def global_order(layout: Layout) -> list[np.ndarray]:
@@ -199,7 +210,7 @@ def test_layout_covers_rows_once_except_documented_tail(layout: Layout) -> None:
     seen: list[int] = []
     for step in global_order(layout):
         for i in step.tolist():
-            if i not in seen[-W * B:]:
+            if i not in seen[-W * B :]:
                 seen.append(i)
     expected_len = layout.rows - layout.dropped_rows
     assert seen == list(range(layout.start, layout.start + expected_len))
@@ -297,20 +308,22 @@ class Filter:
 
 FILTERS = [
     Filter(None, lambda ids: np.ones(len(ids), bool)),
-    Filter("id % 29 = 3", lambda ids: ids % 29 == 3),                      # 3.4%: selective (auto -> take)
-    Filter("label != 3", lambda ids: ids % LABELS != 3),                   # 90%: not selective
+    Filter("id % 29 = 3", lambda ids: ids % 29 == 3),  # 3.4%: selective (auto -> take)
+    Filter("label != 3", lambda ids: ids % LABELS != 3),  # 90%: not selective
     Filter("id < 90 OR id >= 560", lambda ids: (ids < 90) | (ids >= 560)),  # two far-apart runs
 ]
 
 
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return write_dataset(tmp_path_factory.mktemp("props") / "ds.lance", ROWS, fragment_rows=FRAGMENT_ROWS,
-                         label_classes=LABELS)
+    return write_dataset(
+        tmp_path_factory.mktemp("props") / "ds.lance", ROWS, fragment_rows=FRAGMENT_ROWS, label_classes=LABELS
+    )
 
 
-def make_plan(uri: str, flt: Filter, strategy: ShuffleStrategy, method: str, batch_size: int, drop_last: bool,
-              world: int):
+def make_plan(
+    uri: str, flt: Filter, strategy: ShuffleStrategy, method: str, batch_size: int, drop_last: bool, world: int
+):
     source = pin_source(LanceSource(uri, columns=["id", "label", "x", "vec"], filter=flt.sql), "train")
     return build_plan("train", source, strategy, FilterRead(method), batch_size, drop_last, world)
 
@@ -342,8 +355,9 @@ def read_rank_as_workers(plan, world: int, rank: int, epoch: int, workers: int, 
     for w in range(workers):
         reader = PlanReader(plan, epoch, world, rank, start)
         steps = reader.layout.worker_steps(w, workers)
-        streams.append([table.column("id").to_pylist() for group in reader.groups(steps)
-                        for _, table in reader.read_group(group)])
+        streams.append(
+            [table.column("id").to_pylist() for group in reader.groups(steps) for _, table in reader.read_group(group)]
+        )
     return [b for group in itertools.zip_longest(*streams) for b in group if b is not None]
 
 
@@ -371,10 +385,18 @@ real_params = dict(
 
 @REAL
 @given(**real_params, workers=st.integers(2, 3))
-def test_real_reads_cover_the_epoch_once_on_every_topology(uri: str, flt: Filter, method: str,
-                                                           strategy: ShuffleStrategy, world: int, batch_size: int,
-                                                           drop_last: bool, epoch: int, threads: int,
-                                                           workers: int) -> None:
+def test_real_reads_cover_the_epoch_once_on_every_topology(
+    uri: str,
+    flt: Filter,
+    method: str,
+    strategy: ShuffleStrategy,
+    world: int,
+    batch_size: int,
+    drop_last: bool,
+    epoch: int,
+    threads: int,
+    workers: int,
+) -> None:
     ids = matched_ids(flt)
     M = len(ids)
     batch_size = min(batch_size, M // world)
@@ -429,10 +451,18 @@ def test_real_reads_cover_the_epoch_once_on_every_topology(uri: str, flt: Filter
 
 @REAL
 @given(**real_params, data=st.data())
-def test_real_resume_from_rows_after_k_yields_the_remaining_rows(uri: str, flt: Filter, method: str,
-                                                                 strategy: ShuffleStrategy, world: int,
-                                                                 batch_size: int, drop_last: bool, epoch: int,
-                                                                 threads: int, data: st.DataObject) -> None:
+def test_real_resume_from_rows_after_k_yields_the_remaining_rows(
+    uri: str,
+    flt: Filter,
+    method: str,
+    strategy: ShuffleStrategy,
+    world: int,
+    batch_size: int,
+    drop_last: bool,
+    epoch: int,
+    threads: int,
+    data: st.DataObject,
+) -> None:
     ids = matched_ids(flt)
     M = len(ids)
     world2 = data.draw(st.integers(1, 4), label="world2")
@@ -481,8 +511,9 @@ def test_filter_method_is_honoured(uri: str) -> None:
 
 WORKER_CASES = [
     pytest.param(FILTERS[0], RowShuffle(seed=3, clump_rows=4), 2, 2, 16, True, id="row-shuffle-W2-K2"),
-    pytest.param(FILTERS[2], ShardShuffle(48, seed=1, shuffle_within_shard=True), 3, 2, 20, False,
-                 id="shard-filtered-W3-K2-pad"),
+    pytest.param(
+        FILTERS[2], ShardShuffle(48, seed=1, shuffle_within_shard=True), 3, 2, 20, False, id="shard-filtered-W3-K2-pad"
+    ),
     pytest.param(FILTERS[3], BufferShuffle(96, seed=2, shard_rows=8), 2, 3, 12, False, id="buffer-runs-W2-K3"),
 ]
 
@@ -490,9 +521,9 @@ WORKER_CASES = [
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 @pytest.mark.parametrize(("flt", "strategy", "world", "workers", "batch_size", "drop_last"), WORKER_CASES)
-def test_real_dataloader_workers_keep_the_planned_order(uri: str, flt: Filter, strategy: ShuffleStrategy,
-                                                        world: int, workers: int, batch_size: int,
-                                                        drop_last: bool) -> None:
+def test_real_dataloader_workers_keep_the_planned_order(
+    uri: str, flt: Filter, strategy: ShuffleStrategy, world: int, workers: int, batch_size: int, drop_last: bool
+) -> None:
     plan = make_plan(uri, flt, strategy, "auto", batch_size, drop_last, world)
     ids = matched_ids(flt)
     previous: list[int] = []
@@ -504,8 +535,12 @@ def test_real_dataloader_workers_keep_the_planned_order(uri: str, flt: Filter, s
         previous = global_ids(in_process)
         for r in range(world):
             assert in_process[r] == expected_rank(plan, world, r, epoch, ids)
-    loaders = [LanceDataLoader(LanceIterableDataset(plan, world_size=world, rank=r), num_workers=workers,
-                               persistent_workers=True) for r in range(world)]
+    loaders = [
+        LanceDataLoader(
+            LanceIterableDataset(plan, world_size=world, rank=r), num_workers=workers, persistent_workers=True
+        )
+        for r in range(world)
+    ]
     try:
         for epoch in (0, 1):
             with_workers = []
@@ -534,8 +569,13 @@ def test_plain_torch_dataloader_with_forkserver_workers(uri: str) -> None:
     for r in range(2):
         dataset = LanceIterableDataset(plan, world_size=2, rank=r)
         dataset.set_epoch(7)
-        loader = DataLoader(dataset, batch_size=None, collate_fn=LanceMapDataset.collate, num_workers=2,
-                            multiprocessing_context="forkserver")
+        loader = DataLoader(
+            dataset,
+            batch_size=None,
+            collate_fn=LanceMapDataset.collate,
+            num_workers=2,
+            multiprocessing_context="forkserver",
+        )
         got.append([check_rows(b) for b in loader])
     assert got == expected
     assert sorted(set(global_ids(got))) == matched_ids(flt).tolist()
@@ -574,8 +614,9 @@ def test_read_groups_tile_large_shards(tmp_path) -> None:
 
 
 @PURE
-@given(runs=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 40)), min_size=1, max_size=6),
-       most=st.integers(1, 4))
+@given(
+    runs=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 40)), min_size=1, max_size=6), most=st.integers(1, 4)
+)
 def test_contiguous_ranges_rebuild_the_positions(runs: list[tuple[int, int]], most: int) -> None:
     positions = np.concatenate([np.arange(first, first + rows) for first, rows in runs])
     true_runs = 1 + int(np.count_nonzero(np.diff(positions) != 1))

@@ -48,8 +48,9 @@ def test_select_maps_each_match_to_its_position(uri: str, name: str, scan_rows: 
     assert matches.rows == len(want)
     assert np.array_equal(matches.select(np.arange(len(want))), want)
     shuffled = np.random.default_rng(0).permutation(len(want))
-    assert np.array_equal(matches.select(np.concatenate([shuffled, shuffled[:3]])),
-                          want[np.concatenate([shuffled, shuffled[:3]])])
+    assert np.array_equal(
+        matches.select(np.concatenate([shuffled, shuffled[:3]])), want[np.concatenate([shuffled, shuffled[:3]])]
+    )
 
 
 def test_the_smaller_structure_is_kept(uri: str) -> None:

@@ -59,8 +59,9 @@ def mean_batch_entropy(batches: list[np.ndarray]) -> float:
     return float(np.mean([batch_entropy(b) for b in batches]))
 
 
-def perfect_shuffle_entropy(labels: np.ndarray, batch_size: int, permutations: int = REFERENCE_PERMUTATIONS,
-                            seed: int = 1234) -> float:
+def perfect_shuffle_entropy(
+    labels: np.ndarray, batch_size: int, permutations: int = REFERENCE_PERMUTATIONS, seed: int = 1234
+) -> float:
     """Expected mean per-batch entropy of uniformly shuffled ``labels`` (full batches only)."""
     rng = np.random.default_rng(seed)
     full = len(labels) // batch_size * batch_size
@@ -78,13 +79,19 @@ def shuffle_score(batches: list[np.ndarray], reference: float) -> float:
 
 @pytest.fixture(scope="module")
 def sorted_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return write_dataset(tmp_path_factory.mktemp("quality") / "sorted.lance", ROWS, fragment_rows=4096,
-                         sorted_labels=True, label_classes=CLASSES)
+    return write_dataset(
+        tmp_path_factory.mktemp("quality") / "sorted.lance",
+        ROWS,
+        fragment_rows=4096,
+        sorted_labels=True,
+        label_classes=CLASSES,
+    )
 
 
 def read_label_batches(uri: str, strategy: ShuffleStrategy, epoch: int) -> list[np.ndarray]:
-    plan = build_plan("train", pin_source(LanceSource(uri, columns=["label"]), "train"), strategy, None,
-                      BATCH_SIZE, True, 1)
+    plan = build_plan(
+        "train", pin_source(LanceSource(uri, columns=["label"]), "train"), strategy, None, BATCH_SIZE, True, 1
+    )
     dataset = LanceIterableDataset(plan, reader_threads=2)
     dataset.set_epoch(epoch)
     return [batch["label"].numpy() for batch in dataset]
@@ -122,9 +129,14 @@ def test_shuffle_quality_table(sorted_uri: str) -> None:
         scores[name] = float(np.mean(epoch_scores))
         rows.append((name, scores[name], float(np.mean(distinct))))
 
-    perfect_distinct = np.mean([len(np.unique(b)) for b in
-                                np.random.default_rng(0).permutation(labels)[: ROWS // BATCH_SIZE * BATCH_SIZE]
-                                .reshape(-1, BATCH_SIZE)])
+    perfect_distinct = np.mean(
+        [
+            len(np.unique(b))
+            for b in np.random.default_rng(0)
+            .permutation(labels)[: ROWS // BATCH_SIZE * BATCH_SIZE]
+            .reshape(-1, BATCH_SIZE)
+        ]
+    )
     table = [
         "# Shuffle quality",
         "",

@@ -30,16 +30,29 @@ def uri(tmp_path: Path) -> str:
     return write_image_dataset(tmp_path / "img.lance", 160, bad=BAD, fragment_rows=64)
 
 
-def make_dm(uri: str, policy: Any = None, *, filter: str | None = None, shuffle: Any = None,
-            **kwargs: Any) -> LanceDataModule:
-    return LanceDataModule(train=LanceSource(uri, columns=["id", "x", "image"], filter=filter), batch_size=16,
-                           transform=DecodeImage(size=8, normalize=False), bad_rows=policy, shuffle=shuffle, **kwargs)
+def make_dm(
+    uri: str, policy: Any = None, *, filter: str | None = None, shuffle: Any = None, **kwargs: Any
+) -> LanceDataModule:
+    return LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x", "image"], filter=filter),
+        batch_size=16,
+        transform=DecodeImage(size=8, normalize=False),
+        bad_rows=policy,
+        shuffle=shuffle,
+        **kwargs,
+    )
 
 
 def epoch(dm: LanceDataModule, world_size: int = 1, rank: int = 0, threads: int = 2) -> tuple[list, dict]:
     dm.setup("fit")
-    dataset = LanceIterableDataset(dm.plans["train"], world_size=world_size, rank=rank, transform=dm.transform,
-                                   reader_threads=threads, bad_rows=dm.bad_rows)
+    dataset = LanceIterableDataset(
+        dm.plans["train"],
+        world_size=world_size,
+        rank=rank,
+        transform=dm.transform,
+        reader_threads=threads,
+        bad_rows=dm.bad_rows,
+    )
     return list(dataset), dataset.clock.peek()
 
 
@@ -66,8 +79,12 @@ def test_raise_in_a_worker_process_reaches_the_main_process_with_its_type(uri: s
 
 def test_other_errors_are_not_bad_rows(tmp_path: Path) -> None:
     uri = write_image_dataset(tmp_path / "sizes.lance", 32, sizes=True)
-    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "image"]), batch_size=16,
-                         transform=DecodeImage(), bad_rows=ReplaceBadRow())
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "image"]),
+        batch_size=16,
+        transform=DecodeImage(),
+        bad_rows=ReplaceBadRow(),
+    )
     with pytest.raises(ValueError, match="different shapes") as info:
         epoch(dm)
     assert not isinstance(info.value, (RowError, BadRowError))
@@ -123,8 +140,11 @@ def test_map_dataset_applies_the_policy(uri: str) -> None:
     raising = LanceMapDataset(LanceSource(uri, columns=["id", "image"]), transform=DecodeImage())
     with pytest.raises(BadRowError, match=r"dataset row 57 \(id=57\)"):
         raising.__getitems__([1, 57, 2])
-    replacing = LanceMapDataset(LanceSource(uri, columns=["id", "image"]), transform=DecodeImage(normalize=False),
-                                bad_rows=ReplaceBadRow(seed=3))
+    replacing = LanceMapDataset(
+        LanceSource(uri, columns=["id", "image"]),
+        transform=DecodeImage(normalize=False),
+        bad_rows=ReplaceBadRow(seed=3),
+    )
     first = replacing.__getitems__([1, 57, 2, 57])
     second = replacing.__getitems__([1, 57, 2, 57])
     assert first["id"][[0, 2]].tolist() == [1, 2] and first["id"][1] == first["id"][3] != 57
@@ -137,8 +157,16 @@ def test_map_dataset_applies_the_policy(uri: str) -> None:
 @pytest.mark.parametrize("shuffle", ["none", "row:2"])
 def test_resume_across_a_bad_row_is_exact(tmp_path: Path, uri: str, shuffle: str) -> None:
     k = 3  # the checkpoint lands before rows 57 and 130 are replaced
-    a, b, c = run_resume(tmp_path, uri, shuffle, None, k=k, transform=DecodeImage(size=8),
-                         bad_rows=ReplaceBadRow(seed=4), source=LanceSource(uri, columns=["id", "x", "image"]))
+    a, b, c = run_resume(
+        tmp_path,
+        uri,
+        shuffle,
+        None,
+        k=k,
+        transform=DecodeImage(size=8),
+        bad_rows=ReplaceBadRow(seed=4),
+        source=LanceSource(uri, columns=["id", "x", "image"]),
+    )
     assert_exact(a.seen, b.seen, c.seen, k)
     trained = [i for step in c.seen for i in step]
     assert len(trained) == 160 and not set(BAD) & set(trained)
@@ -157,21 +185,36 @@ class ImageSteps(RecordingModel):
         return super().training_step(batch, batch_idx)
 
 
-def fit_steps(tmp_path: Path, uri: str, policy: Any, stage: str, device: str = "cpu"
-              ) -> tuple[ImageSteps, LanceDataModule]:
+def fit_steps(
+    tmp_path: Path, uri: str, policy: Any, stage: str, device: str = "cpu"
+) -> tuple[ImageSteps, LanceDataModule]:
     decode = DecodeImage(size=8, normalize=False, device=None if device == "cpu" else device)
     where = {"transform": decode} if stage == "host" else {"device_transform": decode}
-    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "x", "image"]), batch_size=16, bad_rows=policy,
-                         shuffle=RowShuffle(seed=2, clump_rows=4), **where)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x", "image"]),
+        batch_size=16,
+        bad_rows=policy,
+        shuffle=RowShuffle(seed=2, clump_rows=4),
+        **where,
+    )
     model = ImageSteps()
     fit(tmp_path, dm, name=f"{stage}-{device}", model=model, accelerator=device)
     return model, dm
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
-def test_device_transform_replaces_bad_rows_exactly_as_the_host_transform(tmp_path: Path, uri: str,
-                                                                          device: str) -> None:
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+        ),
+    ],
+)
+def test_device_transform_replaces_bad_rows_exactly_as_the_host_transform(
+    tmp_path: Path, uri: str, device: str
+) -> None:
     host, _ = fit_steps(tmp_path, uri, ReplaceBadRow(seed=4), "host")
     on_device, dm = fit_steps(tmp_path, uri, ReplaceBadRow(seed=4), "device", device)
     assert on_device.seen == host.seen  # the same replacement rows, in the same places

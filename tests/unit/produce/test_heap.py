@@ -9,8 +9,10 @@ import pytest
 
 from lance_lightning.produce.heap import HeapTrimmer
 
-glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or HeapTrimmer()._libc is None,
-                           reason="malloc_trim is a glibc function (Linux)")
+glibc = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or HeapTrimmer()._libc is None,
+    reason="malloc_trim is a glibc function (Linux)",
+)
 
 
 @glibc

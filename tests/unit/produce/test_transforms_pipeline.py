@@ -73,7 +73,9 @@ def test_prefetch_overlaps_the_step_and_off_does_not(tmp_path: Path) -> None:
     plan = _plan(write_dataset(tmp_path / "ds.lance", 240))
     waits = {}
     for threads in (2, 0):
-        dataset = LanceIterableDataset(plan, transform=CountingTransform(0.01), reader_threads=threads, prefetch_batches=4)
+        dataset = LanceIterableDataset(
+            plan, transform=CountingTransform(0.01), reader_threads=threads, prefetch_batches=4
+        )
         waited, steps = 0.0, 0
         iterator = iter(dataset)
         next(iterator)  # the first batch always waits for the pipeline to start
@@ -113,8 +115,9 @@ def test_transform_bug_surfaces_with_its_type_and_threads_are_reused(tmp_path: P
 @pytest.mark.parametrize("with_transform", [False, True])
 def test_abandoned_epoch_then_a_full_one(tmp_path: Path, with_transform: bool) -> None:
     plan = _plan(write_dataset(tmp_path / "ds.lance", 200))
-    dataset = LanceIterableDataset(plan, transform=CountingTransform() if with_transform else None, reader_threads=2,
-                                   prefetch_batches=2)
+    dataset = LanceIterableDataset(
+        plan, transform=CountingTransform() if with_transform else None, reader_threads=2, prefetch_batches=2
+    )
     iterator = iter(dataset)
     first = [next(iterator)["id"].tolist() for _ in range(3)]
     iterator.close()  # the consumer stops early (e.g. limit_train_batches)
@@ -127,8 +130,13 @@ def test_decoding_in_worker_processes_and_threads(tmp_path: Path) -> None:
     from tests.unit.transforms.test_transforms_image import assert_images_match_ids
 
     uri = write_image_dataset(tmp_path / "img.lance", 160)
-    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "image"]), batch_size=16,
-                         transform=DecodeImage(size=8, normalize=False), num_workers=2, reader_threads=2)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "image"]),
+        batch_size=16,
+        transform=DecodeImage(size=8, normalize=False),
+        num_workers=2,
+        reader_threads=2,
+    )
     batches = list(dm.train_dataloader())
     assert [b["id"].tolist() for b in batches] == [list(range(i, i + 16)) for i in range(0, 160, 16)]
     for batch in batches:
@@ -138,9 +146,14 @@ def test_decoding_in_worker_processes_and_threads(tmp_path: Path) -> None:
 
 def test_datamodule_parameters_are_validated() -> None:
     source = LanceSource("unused")
-    for kwargs, param in (({"prefetch_batches": 0}, "prefetch_batches"), ({"reader_threads": -1}, "reader_threads"),
-                          ({"transform": 3}, "transform"), ({"device_transform": "x"}, "device_transform"),
-                          ({"bad_rows": "replace"}, "bad_rows"), ({"pin_memory": "yes"}, "pin_memory")):
+    for kwargs, param in (
+        ({"prefetch_batches": 0}, "prefetch_batches"),
+        ({"reader_threads": -1}, "reader_threads"),
+        ({"transform": 3}, "transform"),
+        ({"device_transform": "x"}, "device_transform"),
+        ({"bad_rows": "replace"}, "bad_rows"),
+        ({"pin_memory": "yes"}, "pin_memory"),
+    ):
         with pytest.raises(ConfigError) as info:
             LanceDataModule(train=source, **kwargs)
         assert info.value.param == param
@@ -154,17 +167,36 @@ def test_yaml_config_builds_the_whole_pipeline(tmp_path: Path) -> None:
     uri = write_image_dataset(tmp_path / "img.lance", 64)
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(LanceDataModule, "data")
-    config = parser.parse_object({"data": {
-        "train": {"uri": uri, "columns": ["id", "image", "label"]},
-        "batch_size": 8,
-        "prefetch_batches": 2,
-        "transform": {"class_path": "lance_lightning.transforms.Compose", "init_args": {"transforms": [
-            {"class_path": "lance_lightning.transforms.DecodeImage", "init_args": {"size": 8, "fit": "crop"}}]}},
-        "device_transform": {"class_path": "lance_lightning.transforms.DeviceAugment", "init_args": {
-            "column": "image", "transforms": [
-                {"class_path": "torchvision.transforms.v2.RandomHorizontalFlip", "init_args": {"p": 1.0}}]}},
-        "bad_rows": {"class_path": "lance_lightning.produce.badrows.ReplaceBadRow", "init_args": {"seed": 7}},
-    }})
+    config = parser.parse_object(
+        {
+            "data": {
+                "train": {"uri": uri, "columns": ["id", "image", "label"]},
+                "batch_size": 8,
+                "prefetch_batches": 2,
+                "transform": {
+                    "class_path": "lance_lightning.transforms.Compose",
+                    "init_args": {
+                        "transforms": [
+                            {
+                                "class_path": "lance_lightning.transforms.DecodeImage",
+                                "init_args": {"size": 8, "fit": "crop"},
+                            }
+                        ]
+                    },
+                },
+                "device_transform": {
+                    "class_path": "lance_lightning.transforms.DeviceAugment",
+                    "init_args": {
+                        "column": "image",
+                        "transforms": [
+                            {"class_path": "torchvision.transforms.v2.RandomHorizontalFlip", "init_args": {"p": 1.0}}
+                        ],
+                    },
+                },
+                "bad_rows": {"class_path": "lance_lightning.produce.badrows.ReplaceBadRow", "init_args": {"seed": 7}},
+            }
+        }
+    )
     dm = parser.instantiate(config).data
     assert isinstance(dm.transform, Compose) and isinstance(dm.transform.transforms[0], DecodeImage)
     assert dm.transform.transforms[0].fit == "crop"

@@ -58,8 +58,9 @@ def test_blob_columns_are_detected_at_setup(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("shuffle", [NoShuffle(), RowShuffle(seed=5, clump_rows=4)], ids=["none", "row"])
-def test_fit_decodes_every_blob_row_like_its_bytes(tmp_path: Path, shuffle: Any,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fit_decodes_every_blob_row_like_its_bytes(
+    tmp_path: Path, shuffle: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     uri, images = write_blob_dataset(tmp_path / "blobs.lance")
     calls: list[int] = []
     real = lance.LanceDataset.read_blobs
@@ -69,8 +70,13 @@ def test_fit_decodes_every_blob_row_like_its_bytes(tmp_path: Path, shuffle: Any,
         return real(self, column, *args, **kwargs)
 
     monkeypatch.setattr(lance.LanceDataset, "read_blobs", counted)
-    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "x", "image", "label"]), batch_size=16,
-                         shuffle=shuffle, transform=DecodeImage(normalize=False), reader_threads=2)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x", "image", "label"]),
+        batch_size=16,
+        shuffle=shuffle,
+        transform=DecodeImage(normalize=False),
+        reader_threads=2,
+    )
     model = fit(tmp_path, dm, name="blobs", model=BlobModel())
     want = reference(images)
     seen = [i for step in model.seen for i in step]
@@ -85,7 +91,14 @@ def test_fit_decodes_every_blob_row_like_its_bytes(tmp_path: Path, shuffle: Any,
 def test_resume_on_blob_images_is_exact(tmp_path: Path, shuffle: str) -> None:
     uri, _ = write_blob_dataset(tmp_path / "blobs.lance")
     k = 2
-    a, b, c = run_resume(tmp_path, uri, shuffle, None, k=k, transform=DecodeImage(size=8),
-                         source=LanceSource(uri, columns=["id", "x", "image"]))
+    a, b, c = run_resume(
+        tmp_path,
+        uri,
+        shuffle,
+        None,
+        k=k,
+        transform=DecodeImage(size=8),
+        source=LanceSource(uri, columns=["id", "x", "image"]),
+    )
     assert_exact(a.seen, b.seen, c.seen, k)
     assert sorted(i for step in c.seen for i in step) == list(range(ROWS))

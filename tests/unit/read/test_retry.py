@@ -72,23 +72,31 @@ def _resume(server: S3Server) -> None:
 
 
 def _delete_data_files(server: S3Server, uri: str) -> None:
-    client = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=server.access_key,
-                          aws_secret_access_key=server.secret_key, region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=server.access_key,
+        aws_secret_access_key=server.secret_key,
+        region_name="us-east-1",
+    )
     prefix = uri.removeprefix("s3://data/") + "/data/"
     for item in client.list_objects_v2(Bucket="data", Prefix=prefix)["Contents"]:
         client.delete_object(Bucket="data", Key=item["Key"])
 
 
 # -- the policy itself -------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs, param", [
-    ({"attempts": 0}, "retry.attempts"),
-    ({"attempts": True}, "retry.attempts"),
-    ({"attempts": 2.5}, "retry.attempts"),
-    ({"initial_backoff_s": -1}, "retry.initial_backoff_s"),
-    ({"deadline_s": float("inf")}, "retry.deadline_s"),
-    ({"deadline_s": float("nan")}, "retry.deadline_s"),
-    ({"initial_backoff_s": 2.0, "max_backoff_s": 1.0}, "retry.max_backoff_s"),
-])
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"attempts": 0}, "retry.attempts"),
+        ({"attempts": True}, "retry.attempts"),
+        ({"attempts": 2.5}, "retry.attempts"),
+        ({"initial_backoff_s": -1}, "retry.initial_backoff_s"),
+        ({"deadline_s": float("inf")}, "retry.deadline_s"),
+        ({"deadline_s": float("nan")}, "retry.deadline_s"),
+        ({"initial_backoff_s": 2.0, "max_backoff_s": 1.0}, "retry.max_backoff_s"),
+    ],
+)
 def test_policy_rejects_bad_settings(kwargs: dict, param: str) -> None:
     with pytest.raises(ConfigError, match=param.replace(".", r"\.")) as error:
         RetryPolicy(**kwargs)
@@ -104,22 +112,30 @@ def test_backoff_is_exponential_capped_and_deterministic() -> None:
     assert [policy.backoff(k, "other") for k in range(1, 7)] != waits, "different reads get different jitter"
 
 
-@pytest.mark.parametrize("error, transient", [
-    (OSError("LanceError(IO): Generic S3 error: Error performing GET http://127.0.0.1:5/d in 300ms - HTTP error: "
-             "error sending request"), True),
-    (OSError("Generic S3 error: Client error with status 503 Service Unavailable: <Code>SlowDown</Code>"), True),
-    (ValueError("Generic S3 error: Server error with status 500 Internal Server Error"), True),
-    (OSError("Generic S3 error: 429 Too Many Requests"), True),
-    (TimeoutError("read timed out"), True),
-    (ConnectionResetError(104, "Connection reset by peer"), True),
-    (OSError("LanceError(IO): Generic N/A error: Not found: t.lance/data/ab503c.lance"), False),
-    (OSError("Generic S3 error: Client error with status 403 Forbidden: AccessDenied"), False),
-    (OSError("Generic S3 error: NoSuchBucket after timeout"), False),  # permanent wins
-    (OSError("LanceError(IO): No space left on device (os error 28)"), False),
-    (OSError("data file 1102503.lance is corrupt"), False),  # digits inside names are not status codes
-    (RuntimeError("error sending request"), False),  # not a storage error type
-    (ConfigError("train.uri", "x", "bad", "fix"), False),
-])
+@pytest.mark.parametrize(
+    "error, transient",
+    [
+        (
+            OSError(
+                "LanceError(IO): Generic S3 error: Error performing GET http://127.0.0.1:5/d in 300ms - HTTP error: "
+                "error sending request"
+            ),
+            True,
+        ),
+        (OSError("Generic S3 error: Client error with status 503 Service Unavailable: <Code>SlowDown</Code>"), True),
+        (ValueError("Generic S3 error: Server error with status 500 Internal Server Error"), True),
+        (OSError("Generic S3 error: 429 Too Many Requests"), True),
+        (TimeoutError("read timed out"), True),
+        (ConnectionResetError(104, "Connection reset by peer"), True),
+        (OSError("LanceError(IO): Generic N/A error: Not found: t.lance/data/ab503c.lance"), False),
+        (OSError("Generic S3 error: Client error with status 403 Forbidden: AccessDenied"), False),
+        (OSError("Generic S3 error: NoSuchBucket after timeout"), False),  # permanent wins
+        (OSError("LanceError(IO): No space left on device (os error 28)"), False),
+        (OSError("data file 1102503.lance is corrupt"), False),  # digits inside names are not status codes
+        (RuntimeError("error sending request"), False),  # not a storage error type
+        (ConfigError("train.uri", "x", "bad", "fix"), False),
+    ],
+)
 def test_transient_classification(error: BaseException, transient: bool) -> None:
     assert is_transient(error) is transient
 
@@ -160,8 +176,13 @@ def test_paused_server_is_retried_and_counted(s3: S3Server, s3_uri: str) -> None
     resume.start()
     started = time.monotonic()
     try:
-        table = policy.call(lambda: dataset.take([3, 777, 1999], columns=["id"]), what="rows 3, 777, 1999 (take)",
-                            uri=s3_uri, version=1, clock=clock)
+        table = policy.call(
+            lambda: dataset.take([3, 777, 1999], columns=["id"]),
+            what="rows 3, 777, 1999 (take)",
+            uri=s3_uri,
+            version=1,
+            clock=clock,
+        )
     finally:
         resume.cancel()
         _resume(s3)
@@ -180,7 +201,11 @@ def test_scan_on_paused_server_is_retried(s3: S3Server, s3_uri: str) -> None:
     try:
         table = RetryPolicy(attempts=8, max_backoff_s=1.0).call(
             lambda: dataset.scanner(columns=["id"], offset=1200, limit=300).to_table(),
-            what=describe_rows(np.arange(1200, 1500), "scan", ["id"]), uri=s3_uri, version=1, clock=clock)
+            what=describe_rows(np.arange(1200, 1500), "scan", ["id"]),
+            uri=s3_uri,
+            version=1,
+            clock=clock,
+        )
     finally:
         resume.cancel()
         _resume(s3)
@@ -206,7 +231,11 @@ def test_dead_store_gives_up_with_a_clear_error(dead_store: tuple[str, lance.Lan
     with pytest.raises(DataReadError) as info:
         RetryPolicy(attempts=3, initial_backoff_s=0.05).call(
             lambda: dataset.scanner(columns=["id", "x"], offset=250, limit=250).to_table(),
-            what=what, uri=uri, version=1, clock=clock)
+            what=what,
+            uri=uri,
+            version=1,
+            clock=clock,
+        )
     error = info.value
     message = str(error)
     assert uri in message and "version 1" in message and "rows at positions 250..499 (scan)" in message
@@ -235,8 +264,13 @@ def test_permanent_error_is_not_retried(s3: S3Server) -> None:
     clock = StageClock()
     started = time.monotonic()
     with pytest.raises(DataReadError) as info:
-        RetryPolicy(attempts=5).call(lambda: dataset.take([10, 400], columns=["id"]), uri=uri, version=1,
-                                     what=describe_rows([10, 400], "take", ["id"]), clock=clock)
+        RetryPolicy(attempts=5).call(
+            lambda: dataset.take([10, 400], columns=["id"]),
+            uri=uri,
+            version=1,
+            what=describe_rows([10, 400], "take", ["id"]),
+            clock=clock,
+        )
     message = str(info.value)
     assert time.monotonic() - started < 5
     assert info.value.attempts == 1 and not info.value.transient and "retries" not in clock.peek()
@@ -245,7 +279,9 @@ def test_permanent_error_is_not_retried(s3: S3Server) -> None:
 
 
 # -- through the data module (read.py wraps its reads in the default policy) --------------------
-def _ids_of_epoch(dm: LanceDataModule, pause_after: int | None = None, server: S3Server | None = None) -> tuple[list[int], float]:
+def _ids_of_epoch(
+    dm: LanceDataModule, pause_after: int | None = None, server: S3Server | None = None
+) -> tuple[list[int], float]:
     dm.setup("fit")
     loader = dm.train_dataloader()
     ids: list[int] = []
@@ -265,8 +301,14 @@ def _ids_of_epoch(dm: LanceDataModule, pause_after: int | None = None, server: S
 
 
 def _module(uri: str, options: dict[str, str], num_workers: int = 0) -> LanceDataModule:
-    return LanceDataModule(train=LanceSource(uri, columns=["id", "x"], storage_options=options), batch_size=16,
-                           shuffle=RowShuffle(seed=4), num_workers=num_workers, reader_threads=1, prefetch_groups=1)
+    return LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x"], storage_options=options),
+        batch_size=16,
+        shuffle=RowShuffle(seed=4),
+        num_workers=num_workers,
+        reader_threads=1,
+        prefetch_groups=1,
+    )
 
 
 @pytest.mark.timeout(120)

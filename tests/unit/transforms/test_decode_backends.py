@@ -53,8 +53,10 @@ def test_backends_decode_to_identical_images(mode: str, kinds: str) -> None:
     if kinds == "jpeg+png":
         blobs = [jpeg(noise(3, 12, 10, i)) if i % 2 else png(noise(3, 12, 10, i)) for i in range(6)]
     elif kinds == "webp+gif":
-        blobs = [pil_bytes(noise(3, 12, 10, i), "WEBP", lossless=True) if i % 2
-                 else pil_bytes(noise(3, 12, 10, i), "GIF") for i in range(4)]
+        blobs = [
+            pil_bytes(noise(3, 12, 10, i), "WEBP", lossless=True) if i % 2 else pil_bytes(noise(3, 12, 10, i), "GIF")
+            for i in range(4)
+        ]
     else:
         blobs = [png16(i) for i in range(3)]
     if kinds == "webp+gif" and mode == "gray":  # torchvision keeps WebP in colour (it warns); TorchCodec converts
@@ -111,8 +113,13 @@ def test_formats_are_told_apart_by_their_first_bytes() -> None:
     bounds = [0]
     for blob in blobs:
         bounds.append(bounds[-1] + len(blob))
-    assert decoders.formats(joined, bounds).tolist() == [decoders.JPEG, decoders.PNG, decoders.OTHER,
-                                                         decoders.OTHER, decoders.JPEG]
+    assert decoders.formats(joined, bounds).tolist() == [
+        decoders.JPEG,
+        decoders.PNG,
+        decoders.OTHER,
+        decoders.OTHER,
+        decoders.JPEG,
+    ]
 
 
 # -- the device path, on the CPU ---------------------------------------------------------------------
@@ -144,8 +151,9 @@ def test_device_path_decodes_the_jpegs_in_one_call(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize("bad", [(6,), (2, 7)])
-def test_device_path_names_the_bad_row_when_the_batched_call_fails(monkeypatch: pytest.MonkeyPatch,
-                                                                    bad: tuple[int, ...]) -> None:
+def test_device_path_names_the_bad_row_when_the_batched_call_fails(
+    monkeypatch: pytest.MonkeyPatch, bad: tuple[int, ...]
+) -> None:
     calls = CountCalls()
     monkeypatch.setattr(decoders, "decode_jpegs", calls)
     blobs = image_blobs(10, "jpeg", bad=bad)

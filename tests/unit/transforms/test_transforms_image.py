@@ -55,11 +55,20 @@ def image_blobs(rows: int, fmt: str = "mixed", bad: tuple[int, ...] = (), sizes:
     return blobs
 
 
-def write_image_dataset(path: Path, rows: int, *, fmt: str = "mixed", bad: tuple[int, ...] = (),
-                        sizes: bool = False, fragment_rows: int | None = None) -> str:
+def write_image_dataset(
+    path: Path,
+    rows: int,
+    *,
+    fmt: str = "mixed",
+    bad: tuple[int, ...] = (),
+    sizes: bool = False,
+    fragment_rows: int | None = None,
+) -> str:
     """`tests.helpers.write_dataset` columns (id, label, x, vec) plus ``image`` (binary) and ``name``."""
-    extra = {"image": pa.array(image_blobs(rows, fmt, bad, sizes), pa.binary()),
-             "name": pa.array([f"row-{i}" for i in range(rows)])}
+    extra = {
+        "image": pa.array(image_blobs(rows, fmt, bad, sizes), pa.binary()),
+        "name": pa.array([f"row-{i}" for i in range(rows)]),
+    }
     return write_dataset(path, rows, fragment_rows=fragment_rows, extra=extra)
 
 
@@ -107,8 +116,10 @@ def test_converted_binary_column_decodes_like_bytes_and_names_an_empty_row() -> 
     blobs = image_blobs(5, "mixed")
     column = to_torch_batch(pa.table({"image": pa.array(blobs, pa.binary())}))["image"]
     assert isinstance(column, Ragged)
-    assert torch.equal(DecodeImage(normalize=False)({"image": column})["image"],
-                       DecodeImage(normalize=False)({"image": blobs})["image"])
+    assert torch.equal(
+        DecodeImage(normalize=False)({"image": column})["image"],
+        DecodeImage(normalize=False)({"image": blobs})["image"],
+    )
     blobs[2] = b""
     with pytest.raises(ImageDecodeError, match="empty") as info:
         DecodeImage()({"image": to_torch_batch(pa.table({"image": pa.array(blobs)}))["image"]})
@@ -434,13 +445,19 @@ def test_device_augment_validation() -> None:
 @pytest.mark.parametrize("threads", [0, 1, 2])
 def test_threads_keep_order_and_rows(tmp_path: Path, threads: int) -> None:
     uri = write_image_dataset(tmp_path / "img.lance", 200, fragment_rows=64)
-    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "image", "name"]), batch_size=16,
-                         shuffle=RowShuffle(seed=3, clump_rows=4), transform=DecodeImage(size=8),
-                         reader_threads=threads, prefetch_batches=3)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "image", "name"]),
+        batch_size=16,
+        shuffle=RowShuffle(seed=3, clump_rows=4),
+        transform=DecodeImage(size=8),
+        reader_threads=threads,
+        prefetch_batches=3,
+    )
     dm.setup("fit")
     reference = LanceIterableDataset(dm.plans["train"], reader_threads=0)
-    dataset = LanceIterableDataset(dm.plans["train"], transform=dm.transform, reader_threads=threads,
-                                   prefetch_batches=3)
+    dataset = LanceIterableDataset(
+        dm.plans["train"], transform=dm.transform, reader_threads=threads, prefetch_batches=3
+    )
     want = [batch["id"].tolist() for batch in reference]
     got = list(dataset)
     assert [batch["id"].tolist() for batch in got] == want

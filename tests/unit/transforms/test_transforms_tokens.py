@@ -25,8 +25,16 @@ def documents(rows: int, seed: int = 0) -> list[list[int]]:
     return [[1000 * i + j for j in range(int(rng.integers(0, 41)))] for i in range(rows)]
 
 
-def reference(docs: list[list[int]], window: int, stride: int, eos: int | None, labels: bool,
-              windows: int | None = None, pad: int = 0, ignore: int = -100) -> dict[str, list]:
+def reference(
+    docs: list[list[int]],
+    window: int,
+    stride: int,
+    eos: int | None,
+    labels: bool,
+    windows: int | None = None,
+    pad: int = 0,
+    ignore: int = -100,
+) -> dict[str, list]:
     """TokenWindows, written the slow obvious way."""
     stream: list[int] = []
     for doc in docs:
@@ -35,7 +43,7 @@ def reference(docs: list[list[int]], window: int, stride: int, eos: int | None, 
     count = windows if windows is not None else max(0, (len(stream) - span) // stride + 1)
     out: dict[str, list] = {"input_ids": [], "labels": [], "attention_mask": []}
     for w in range(count):
-        piece = stream[w * stride: w * stride + span]
+        piece = stream[w * stride : w * stride + span]
         valid = [True] * len(piece) + [False] * (span - len(piece))
         piece = piece + [pad] * (span - len(piece))
         out["input_ids"].append(piece[:window])
@@ -86,9 +94,9 @@ CASES = [
     dict(window=8, stride=None, eos=-1, labels=True),
     dict(window=5, stride=3, eos=7, labels=False),
     dict(window=16, stride=4, eos=None, labels=True),
-    dict(window=8, stride=None, eos=-1, labels=True, windows=12),   # more windows than tokens: padding
+    dict(window=8, stride=None, eos=-1, labels=True, windows=12),  # more windows than tokens: padding
     dict(window=8, stride=None, eos=None, labels=False, windows=2),  # fewer: the rest is dropped
-    dict(window=200, stride=None, eos=None, labels=True),            # no whole window: N = 0
+    dict(window=200, stride=None, eos=None, labels=True),  # no whole window: N = 0
 ]
 
 
@@ -96,8 +104,9 @@ CASES = [
 def test_windows_equal_reference(case: dict[str, Any]) -> None:
     docs = documents(6, seed=1)
     windows = case.get("windows")
-    transform = TokenWindows(window=case["window"], stride=case["stride"], eos_id=case["eos"], labels=case["labels"],
-                             windows=windows)
+    transform = TokenWindows(
+        window=case["window"], stride=case["stride"], eos_id=case["eos"], labels=case["labels"], windows=windows
+    )
     label = torch.arange(6)
     out = transform({"tokens": ragged(docs), "label": label})
     want = reference(docs, case["window"], case["stride"] or case["window"], case["eos"], case["labels"], windows)
@@ -129,8 +138,14 @@ def test_bad_inputs_and_config() -> None:
         TokenWindows(column="t", window=2)({"t": ragged([[1.5]], pa.list_(pa.float32()))})
     with pytest.raises(ValueError, match="not in the batch"):
         TokenWindows(column="t", window=2)({"x": torch.zeros(2)})
-    for kwargs in ({"window": 0}, {"stride": -1}, {"windows": 0}, {"eos_id": 1.5}, {"dtype": "float32"},
-                   {"column": ""}):
+    for kwargs in (
+        {"window": 0},
+        {"stride": -1},
+        {"windows": 0},
+        {"eos_id": 1.5},
+        {"dtype": "float32"},
+        {"column": ""},
+    ):
         with pytest.raises(ConfigError):
             TokenWindows(**kwargs)
 
@@ -138,11 +153,17 @@ def test_bad_inputs_and_config() -> None:
 # -- through Lance and the data module ----------------------------------------------------------------
 def test_token_windows_through_the_data_module(tmp_path: Path) -> None:
     docs = documents(240, seed=2)
-    uri = write_dataset(tmp_path / "tok.lance", 240, fragment_rows=80,
-                        extra={"tokens": pa.array(docs, pa.list_(pa.int32()))})
+    uri = write_dataset(
+        tmp_path / "tok.lance", 240, fragment_rows=80, extra={"tokens": pa.array(docs, pa.list_(pa.int32()))}
+    )
     transform = TokenWindows(window=16, eos_id=-1, windows=20)
-    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "tokens"]), batch_size=24,
-                         shuffle=ShardShuffle(shard_rows=48, seed=1), transform=transform, reader_threads=2)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "tokens"]),
+        batch_size=24,
+        shuffle=ShardShuffle(shard_rows=48, seed=1),
+        transform=transform,
+        reader_threads=2,
+    )
     loader = dm.train_dataloader()
     batches = list(loader)
     assert len(batches) == 10
