@@ -76,8 +76,8 @@ class ShardShuffle(ShuffleStrategy):
     shard come in storage order unless ``shuffle_within_shard`` is set. Reads run at scan speed.
     Batches are not mixed: with shards of a multiple of the batch size every batch comes from one
     shard (on label-sorted data, the per-batch label entropy of storage order: 0.145 of a perfect
-    shuffle's, benchmarks/results/shuffle_quality.md). A short last shard comes at the end of each epoch, and shard boundaries move by a
-    per-epoch offset (see `lance_lightning.plan.order`). Use `BufferShuffle` or `RowShuffle` when
+    shuffle's, benchmarks/results/shuffle_quality.md). A short last shard comes at the end of each
+    epoch, and shard boundaries move by a per-epoch offset (see `lance_lightning.plan.order`). Use `BufferShuffle` or `RowShuffle` when
     batches must mix.
 
     Args:

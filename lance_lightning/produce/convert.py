@@ -51,8 +51,8 @@ class Ragged:
     """A batch of variable-length rows: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
 
     ``offsets`` is an ``int64`` tensor of ``len(self) + 1`` non-decreasing entries starting at 0;
-    ``values`` holds every row back to back (``uint8`` for a binary column). It moves like a tensor (``to``, ``pin_memory``), so
-    Lightning's batch transfer and the DataLoader's pinning handle it.
+    ``values`` holds every row back to back (``uint8`` for a binary column). It moves like a tensor
+    (``to``, ``pin_memory``), so Lightning's batch transfer and the DataLoader's pinning handle it.
     """
 
     values: torch.Tensor
