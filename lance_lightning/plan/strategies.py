@@ -77,8 +77,8 @@ class ShardShuffle(ShuffleStrategy):
     Batches are not mixed: with shards of a multiple of the batch size every batch comes from one
     shard (on label-sorted data, the per-batch label entropy of storage order: 0.145 of a perfect
     shuffle's, benchmarks/results/shuffle_quality.md). A short last shard comes at the end of each
-    epoch, and shard boundaries move by a per-epoch offset (see `lance_lightning.plan.order`). Use `BufferShuffle` or `RowShuffle` when
-    batches must mix.
+    epoch, and shard boundaries move by a per-epoch offset (see `lance_lightning.plan.order`). Use
+    `BufferShuffle` or `RowShuffle` when batches must mix.
 
     Args:
         shard_rows: Rows per shard. The default 8192 reads at scan speed; smaller shards reorder
