@@ -1,6 +1,6 @@
 """Probe: which part of the loader's metrics costs what, on the fastest scan (the worst case).
 
-Backs the per-batch design in ``lance_lightning/metrics.py``: one `LanceDataLoader` over the
+Backs the per-batch design in ``lance_lightning/metrics/``: one `LanceDataLoader` over the
 1M-row vector table (NoShuffle, B=256, the default threads) reads whole epochs in four settings,
 interleaved epoch by epoch (the order reversed every other round): everything on, everything off
 (what ``metrics=False`` sets), only the training thread's meter, and only the reader threads'

@@ -1,6 +1,6 @@
 """Probe: what one read group of shuffled shards costs Lance, by how the group is read.
 
-Backs the read-group sizing in ``lance_lightning/read.py`` (`group_rows`): for 16,384 rows made
+Backs the read-group sizing in ``lance_lightning/read/reader.py`` (`group_rows`): for 16,384 rows made
 of shards of 1024 or 8192 rows in random order, it times the scan restricted to those rows (what
 a group spanning several shards costs), one offset/limit scanner per shard, a ``take``, and one
 offset/limit scan of a single 16,384-row range (what a group inside one shard costs); then one

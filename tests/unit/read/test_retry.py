@@ -278,7 +278,7 @@ def test_permanent_error_is_not_retried(s3: S3Server) -> None:
     assert "2 rows at positions in 10..400 (take)" in message
 
 
-# -- through the data module (read.py wraps its reads in the default policy) --------------------
+# -- through the data module (read/lance_io.py wraps its reads in the default policy) -----------
 def _ids_of_epoch(
     dm: LanceDataModule, pause_after: int | None = None, server: S3Server | None = None
 ) -> tuple[list[int], float]:
