@@ -111,10 +111,9 @@ Machine: {platform.machine()}, {__import__("os").cpu_count()} CPU(s), Python {pl
 |---|---:|---:|---|
 {chr(10).join(rows)}
 
-`profile --help` lists the options of `LanceDataModule`, read from its signature, so it imports
-the class and with it Lightning (`LanceDataModule` subclasses `LightningDataModule`): nearly all of
-its time is `import lightning.pytorch`, like `fit --help`. Meeting the target there needs the
-constructor's signature in a module that does not import Lightning (not done).
+`profile --help` lists the profiler's own options and says that the data module's are those of
+`fit --help`: listing them from `LanceDataModule`'s signature would import Lightning
+(`LanceDataModule` subclasses `LightningDataModule`), nearly all of `fit --help`'s time.
 
 `uv run` rows: with `compile-bytecode = true` in `[tool.uv]` (the project's former setting) every
 `uv run` re-checked the bytecode of all ~14,000 files of the environment before starting Python. CI

@@ -21,6 +21,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from typing import Any, Literal
@@ -131,7 +132,9 @@ class LanceDataModule(pl.LightningDataModule):
         super().__init__()
         self.sources: dict[Split, LanceSource | None] = {"train": train, "val": val, "test": test, "predict": predict}
         if val is None:  # Lightning skips validation silently only when val_dataloader is not overridden
-            self.val_dataloader = super().val_dataloader
+            # Not a bound method of self: that is a reference cycle, and a module freed only by the
+            # cyclic GC shuts its loaders' workers down slowly (10 s). Calling it raises Lightning's error.
+            self.val_dataloader = functools.partial(pl.LightningDataModule.val_dataloader, None)
         for name, value in (
             ("batch_size", batch_size),
             ("eval_batch_size", eval_batch_size or 1),

@@ -15,6 +15,8 @@ Guarantees:
   (`lance_lightning.metrics.report`) on stdout: the bottleneck among storage, decode, convert and workers,
   the numbers, and the first thing to change.
 - Worker processes it started are shut down before it returns.
+- ``--help`` lists the profiler's own options and imports no Lightning; the data module's
+  options are those of ``lance-lightning fit --help``.
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ _IGNORED_DICTS = ("trainer", "model", "optimizer", "lr_scheduler")
 _IGNORED_VALUES = ("seed_everything", "ckpt_path")
 
 
-def build_parser() -> Any:
+def build_parser(data_options: bool = True) -> Any:
+    """The profile parser; without ``data_options`` ``data:`` is one mapping (no Lightning import)."""
     from typing import Optional
 
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     from lance_lightning.cli import OneScreenParser
-    from lance_lightning.datamodule import LanceDataModule
     from lance_lightning.vocabulary import Split
 
     class ProfileParser(OneScreenParser, ArgumentParser):
@@ -51,7 +53,18 @@ def build_parser() -> Any:
     parser.add_argument("--batches", type=int, default=200, help="batches to read (epochs follow each other)")
     parser.add_argument("--split", type=Split, default="train", help="which split's loader to run")
     parser.add_argument("--progress", type=bool, default=True, help="show a progress bar on stderr")
-    parser.add_class_arguments(LanceDataModule, "data")
+    if data_options:
+        from lance_lightning.datamodule import LanceDataModule
+
+        parser.add_class_arguments(LanceDataModule, "data")
+    else:
+        parser.add_argument(
+            "--data",
+            type=Optional[dict],
+            default=None,
+            help="the LanceDataModule's arguments, as under `data:` of a fit config; "
+            "`lance-lightning fit --help` lists them",
+        )
     for key in _IGNORED_DICTS:
         parser.add_argument(f"--{key}", type=Optional[dict], default=None, help="ignored (no model is run)")
     for key in _IGNORED_VALUES:
@@ -112,7 +125,8 @@ def run_profile(
 
 def main(args: list[str]) -> int:
     """``lance-lightning profile ...``; returns the exit status."""
-    parser = build_parser()
+    # --help needs no data module: listing its options would import Lightning (seconds).
+    parser = build_parser(data_options=not {"-h", "--help"} & set(args))
     cfg = parser.parse_args(args)
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
     try:

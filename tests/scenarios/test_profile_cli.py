@@ -169,3 +169,19 @@ def test_console_script_profile(tmp_path, uri):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Loader-only profile of the train split" in result.stdout and "10 batches" in result.stdout
     assert "10/10" in result.stderr
+
+
+def test_profile_help_lists_its_options_without_importing_lightning():
+    code = (
+        "import sys\n"
+        "from lance_lightning.cli import main\n"
+        "try:\n"
+        "    main(['profile', '--help'])\n"
+        "except SystemExit as stop:\n"
+        "    assert stop.code in (0, None), stop.code\n"
+        "print('LOADED', sorted(m for m in ('lightning', 'torch') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "--batches" in result.stdout and "--split" in result.stdout and "fit --help" in result.stdout
+    assert "LOADED []" in result.stdout

@@ -333,3 +333,20 @@ def test_relative_uri_after_chdir_reads_the_dataset_it_names(tmp_path, monkeypat
         dm.setup("fit")
         assert dm.plans["train"].matched_rows == rows
         assert sum(len(batch["id"]) for batch in dm.train_dataloader()) == rows
+
+
+def test_module_without_val_is_freed_without_the_cyclic_gc(small_uri: str) -> None:
+    """No reference cycle: a module (and its loaders, whose workers shut down in ``__del__``) is freed
+    as soon as the last reference goes, not at some later cyclic collection."""
+    import gc
+    import weakref
+
+    dm = LanceDataModule(train=LanceSource(small_uri, columns=["id"]), batch_size=10)
+    dm.setup("fit")
+    freed = weakref.ref(dm.train_dataloader())
+    gc.disable()
+    try:
+        del dm
+        assert freed() is None
+    finally:
+        gc.enable()
