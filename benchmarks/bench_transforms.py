@@ -124,16 +124,11 @@ def jpeg_batches(side: int, batches: int) -> list[dict[str, Any]]:
     """``batches`` batches of BATCH JPEGs (smooth random colour fields plus noise, quality 90) of
     ``side`` x ``side``, converted as the loader converts them (one uint8 `Ragged` each)."""
     import pyarrow as pa
-    import torch.nn.functional as F
-    from torchcodec.encoders import JpegEncoder
 
     gen = torch.Generator().manual_seed(side)
     out = []
     for _ in range(batches):
-        coarse = torch.rand(BATCH, 3, 8, 8, generator=gen)
-        smooth = F.interpolate(coarse, size=(side, side), mode="bilinear", align_corners=False)
-        images = ((smooth * 0.85 + torch.rand(BATCH, 3, side, side, generator=gen) * 0.15) * 255).to(torch.uint8)
-        blobs = [JpegEncoder(image).to_tensor(quality=90).numpy().tobytes() for image in images]
+        blobs = common.synthetic_jpegs(BATCH, side, gen)
         out.append(to_torch_batch(pa.table({"image": pa.array(blobs, pa.binary())})))
     return out
 

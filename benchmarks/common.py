@@ -91,16 +91,32 @@ def vec_dataset(cache_dir: Path, rows: int, log: Callable[[str], None] = print) 
     return str(path)
 
 
+def synthetic_jpegs(count: int, side: int, gen: Any, quality: int = 90) -> list[bytes]:
+    """``count`` JPEGs of ``side`` x ``side``: smooth random colour fields plus noise (drawn from the
+    torch generator ``gen``), encoded by TorchCodec's ``JpegEncoder``, or by torchvision's
+    ``encode_jpeg`` where TorchCodec does not import (a GPU image whose torch has no matching build)."""
+    import torch
+    import torch.nn.functional as F
+
+    coarse = torch.rand(count, 3, 8, 8, generator=gen)
+    smooth = F.interpolate(coarse, size=(side, side), mode="bilinear", align_corners=False)
+    images = ((smooth * 0.85 + torch.rand(count, 3, side, side, generator=gen) * 0.15) * 255).to(torch.uint8)
+    try:
+        from torchcodec.encoders import JpegEncoder
+    except (ImportError, OSError, RuntimeError):
+        from torchvision.io import encode_jpeg
+
+        return [encode_jpeg(image, quality=quality).numpy().tobytes() for image in images]
+    return [JpegEncoder(image).to_tensor(quality=quality).numpy().tobytes() for image in images]
+
+
 def image_dataset(cache_dir: Path, rows: int, log: Callable[[str], None] = print) -> str:
     """(id int64, image binary JPEG 64x64 RGB, label int32), written once.
 
-    Images are smooth random colour fields plus noise (a few KB each as JPEG), encoded with
-    TorchCodec's ``JpegEncoder`` (the same bytes as ``torchvision.io.encode_jpeg``).
+    Images are `synthetic_jpegs` (a few KB each).
     """
     import lance
     import torch
-    import torch.nn.functional as F
-    from torchcodec.encoders import JpegEncoder
 
     path = cache_dir / f"images_{_short(rows)}.lance"
     if _ready(path, rows, None):
@@ -115,12 +131,7 @@ def image_dataset(cache_dir: Path, rows: int, log: Callable[[str], None] = print
         chunk = 1024
         for first in range(0, rows, chunk):
             n = min(chunk, rows - first)
-            coarse = torch.rand(n, 3, 8, 8, generator=gen)
-            smooth = F.interpolate(coarse, size=(IMAGE_SIDE, IMAGE_SIDE), mode="bilinear", align_corners=False)
-            noise = torch.rand(n, 3, IMAGE_SIDE, IMAGE_SIDE, generator=gen) * 0.15
-            images = ((smooth * 0.85 + noise) * 255).to(torch.uint8)
-            encoded = [JpegEncoder(image).to_tensor(quality=90) for image in images]
-            blobs = [bytes(e.numpy().tobytes()) for e in encoded]
+            blobs = synthetic_jpegs(n, IMAGE_SIDE, gen)
             labels = torch.randint(0, 10, (n,), generator=gen, dtype=torch.int32).numpy()
             yield pa.RecordBatch.from_arrays(
                 [pa.array(np.arange(first, first + n, dtype=np.int64)), pa.array(blobs, pa.binary()), pa.array(labels)],

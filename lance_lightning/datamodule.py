@@ -13,8 +13,10 @@ Guarantees:
 - Data loading does not make the step wait: batches are read, transformed (decoded) and pinned
   ahead on ``reader_threads`` threads (and/or ``num_workers`` processes), at most
   ``prefetch_batches`` finished batches per process, then copied to the device without blocking,
-  where ``device_transform`` runs (in ``on_after_batch_transfer``). If the model overrides
-  ``transfer_batch_to_device`` or ``on_after_batch_transfer`` too, its hook still runs (after ours).
+  where ``device_transform`` runs: on CUDA ``device_ahead`` batches ahead of the step in a
+  background thread (`DeviceAhead`), elsewhere in ``on_after_batch_transfer``. If the model
+  overrides ``transfer_batch_to_device`` or ``on_after_batch_transfer`` too, its hook still runs
+  (after ours; a model's own transfer hook turns the ahead preparation off).
 - A row the transform cannot decode raises naming the dataset row and column (`RaiseOnBadRow`),
   or is replaced deterministically (`ReplaceBadRow`); either way it is counted as ``bad_rows``.
 """
@@ -34,6 +36,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lance_lightning.checks import check_int
 from lance_lightning.errors import ConfigError
+from lance_lightning.load.ahead import DeviceAhead, DevicePreparation
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.device import DeviceTransfer, host_columns
 from lance_lightning.load.loader import LanceDataLoader, check_start_method
@@ -69,9 +72,10 @@ class LanceDataModule(pl.LightningDataModule):
         transform: Callable applied to each converted batch in the reader threads/workers,
             e.g. `lance_lightning.transforms.DecodeImage`; `lance_lightning.transforms.Compose`
             chains several. Columns it does not name pass through untouched.
-        device_transform: Callable applied to each batch on the training device, in
-            ``on_after_batch_transfer`` (main thread), e.g. `lance_lightning.transforms.DeviceAugment`
-            or ``DecodeImage(device="cuda")`` (GPU JPEG decode of a bytes column, which stays on host).
+        device_transform: Callable applied to each batch on the training device (on CUDA
+            ``device_ahead`` batches ahead of the step, else in ``on_after_batch_transfer``), e.g.
+            `lance_lightning.transforms.DeviceAugment` or ``DecodeImage(device="cuda")`` (GPU JPEG
+            decode of a bytes column, which stays on host).
         bad_rows: Policy for rows the transform cannot decode: `RaiseOnBadRow` (``None``, the
             default) or `ReplaceBadRow` (see `lance_lightning.produce.badrows`).
         drop_last: Drop the train tail that does not fill a whole step (eval splits never drop:
@@ -92,6 +96,10 @@ class LanceDataModule(pl.LightningDataModule):
         pin_memory: Pin batches in page-locked memory (off the training thread) so host-to-GPU
             copies are asynchronous; default: when the trainer runs on CUDA.
         copy_stream: On CUDA, copy batches on a side stream that overlaps the previous step.
+        device_ahead: On CUDA, batches copied and device-transformed (e.g. GPU-decoded) ahead of
+            the step, in a background thread on its own stream; ``0`` does this work in the
+            training loop's hooks, between steps. Off when the model overrides
+            ``transfer_batch_to_device``.
         fill_nulls: Value per column that replaces nulls; otherwise a null is an error.
         resume_data: Restore the data cursor from checkpoints; ``False`` starts the data epoch
             fresh on purpose (e.g. after changing the shuffle seed).
@@ -124,6 +132,7 @@ class LanceDataModule(pl.LightningDataModule):
         persistent_workers: bool = True,
         pin_memory: bool | None = None,
         copy_stream: bool = True,
+        device_ahead: int = 2,
         fill_nulls: dict[str, Any] | None = None,
         resume_data: bool = True,
         retry: RetryPolicy | None = None,
@@ -144,6 +153,7 @@ class LanceDataModule(pl.LightningDataModule):
         ):
             _require(name, value, 1)
         _require("num_workers", num_workers, 0)
+        _require("device_ahead", device_ahead, 0)
         if reader_threads is None:
             reader_threads = min(4, os.cpu_count() or 1)
         _require("reader_threads", reader_threads, 0)
@@ -187,6 +197,7 @@ class LanceDataModule(pl.LightningDataModule):
         self.persistent_workers = persistent_workers
         self.pin_memory = pin_memory
         self.device_transfer = DeviceTransfer(copy_stream, host_columns(device_transform))
+        self.device_ahead = device_ahead
         self.fill_nulls = dict(fill_nulls or {})
         self.resume_data = resume_data
         self.retry = retry if retry is not None else RetryPolicy()
@@ -344,9 +355,44 @@ class LanceDataModule(pl.LightningDataModule):
                 prefetch_factor=self.prefetch_factor,
                 multiprocessing_context=self.multiprocessing_context,
                 count_restored_steps=epoch_source is not None,
+                device_ahead=self._device_ahead(split, dataset),
             )
             self._loaders[split] = loader
         return loader
+
+    def _device_ahead(self, split: Split, dataset: LanceIterableDataset) -> DeviceAhead | None:
+        """Batches prepared on the GPU ahead of the step: on CUDA, unless ``device_ahead`` is 0 or
+        the model moves batches itself (its ``transfer_batch_to_device`` must see host batches)."""
+        if self.device_ahead == 0 or self.trainer is None:
+            return None
+        device = self.trainer.strategy.root_device
+        model = self.trainer.lightning_module
+        if device.type != "cuda" or (
+            model is not None and is_overridden("transfer_batch_to_device", model, pl.LightningModule)
+        ):
+            return None
+        guard = None
+        if self.device_transform is not None:
+            guard = self._row_guard(split, device, dataset)
+        prepare = DevicePreparation(self.device_transfer, device, self.device_transform, guard)
+        return DeviceAhead(prepare, device, self.device_ahead)
+
+    def _row_guard(self, split: Split, device: torch.device, dataset: LanceIterableDataset) -> DeviceRowGuard:
+        return DeviceRowGuard(
+            self.bad_rows,
+            self.plans[split],
+            self.transform,
+            self.fill_nulls,
+            self.device_transform,
+            functools.partial(self.device_transfer, device=device),
+            dataset.clock,
+        )
+
+    def _prepared_ahead(self) -> bool:
+        """Whether the running split's batches arrive already prepared on the device."""
+        split = _RUNNING_SPLITS.get(self.trainer.state.stage) if self.trainer is not None else None
+        loader = self._loaders.get(split)
+        return loader is not None and loader.device_ahead is not None
 
     def _pin(self) -> bool:
         if self.pin_memory is not None:
@@ -359,6 +405,8 @@ class LanceDataModule(pl.LightningDataModule):
         model = self.trainer.lightning_module if self.trainer is not None else None
         if model is not None and is_overridden("transfer_batch_to_device", model, pl.LightningModule):
             return model.transfer_batch_to_device(batch, device, dataloader_idx)
+        if self._prepared_ahead():
+            return batch
         if not isinstance(batch, dict):  # a transform changed the batch type: Lightning's generic transfer
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
         return self.device_transfer(batch, device)
@@ -369,21 +417,12 @@ class LanceDataModule(pl.LightningDataModule):
         positions = self._loaders[split].positions if split in self._loaders else None
         if positions is None:
             return self.device_transform(batch)
-        device = self.trainer.strategy.root_device
-        guard = DeviceRowGuard(
-            self.bad_rows,
-            self.plans[split],
-            self.transform,
-            self.fill_nulls,
-            self.device_transform,
-            lambda rows: self.device_transfer(rows, device),
-            self._loaders[split].dataset.clock,
-        )
+        guard = self._row_guard(split, self.trainer.strategy.root_device, self._loaders[split].dataset)
         return guard(batch, positions)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Runs ``device_transform`` on the device batch, then the model's hook if it has one."""
-        if self.device_transform is not None:
+        if self.device_transform is not None and not self._prepared_ahead():
             batch = self._device_transform(batch)
         model = self.trainer.lightning_module if self.trainer is not None else None
         if model is not None and is_overridden("on_after_batch_transfer", model, pl.LightningModule):

@@ -58,6 +58,7 @@ class Job:
     ckpt_every: int = 0
     ckpt_path: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more LanceDataModule arguments (plain values)
+    accelerator: str = "cpu"
 
 
 @dataclass
@@ -110,7 +111,7 @@ def _fit(root: Path, job: Job) -> dict[str, Any]:
             )
         )
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=job.accelerator,
         devices=setup.devices,
         strategy="ddp" if setup.devices > 1 else "auto",
         max_epochs=job.max_epochs,

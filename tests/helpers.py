@@ -18,10 +18,42 @@ import lance
 import lightning.pytorch as pl
 import numpy as np
 import pyarrow as pa
+import pytest
 import torch
 from torch import nn
 
 VEC_DIM = 8
+
+
+def torchcodec_imports() -> bool:
+    """Whether TorchCodec imports here (a GPU image's torch may have no matching TorchCodec build)."""
+    from lance_lightning.transforms import decoders
+
+    return decoders._torchcodec() is not None
+
+
+#: Both decoder backends as test parameters; TorchCodec's skips where it does not import.
+DECODER_BACKENDS = [
+    pytest.param(
+        "torchcodec",
+        marks=pytest.mark.skipif(not torchcodec_imports(), reason="TorchCodec does not import with this torch"),
+    ),
+    "torchvision",
+]
+
+
+def encode_image(image: torch.Tensor, fmt: str, quality: int = 95) -> bytes:
+    """``image`` (uint8 C, H, W) as PNG or JPEG bytes: TorchCodec's encoders, or torchvision's where
+    TorchCodec does not import (a GPU image whose torch has no matching TorchCodec build)."""
+    try:
+        from torchcodec.encoders import JpegEncoder, PngEncoder
+    except (ImportError, OSError, RuntimeError):
+        from torchvision.io import encode_jpeg, encode_png
+
+        data = encode_png(image) if fmt == "png" else encode_jpeg(image, quality=quality)
+    else:
+        data = PngEncoder(image).to_tensor() if fmt == "png" else JpegEncoder(image).to_tensor(quality=quality)
+    return bytes(data.numpy().tobytes())
 
 
 def make_table(

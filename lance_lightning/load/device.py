@@ -97,7 +97,7 @@ class DeviceTransfer:
         with torch.cuda.stream(self._stream):
             moved = self._move(batch, device)
         current.wait_stream(self._stream)
-        _record(moved, current)
+        record_stream(moved, current)
         return moved
 
     def _move(self, batch: Any, device: torch.device) -> Any:
@@ -109,17 +109,17 @@ class DeviceTransfer:
         return {"copy_stream": self.copy_stream, "host_columns": self.host_columns, "_stream": None, "_device": None}
 
 
-def _record(value: Any, stream: Any) -> None:
+def record_stream(value: Any, stream: Any) -> None:
     """Mark the device tensors of ``value`` as used by ``stream`` (allocator safety across streams)."""
     if isinstance(value, torch.Tensor):
         if value.is_cuda:
             value.record_stream(stream)
     elif isinstance(value, Ragged):
-        _record(value.values, stream)
-        _record(value.offsets, stream)
+        record_stream(value.values, stream)
+        record_stream(value.offsets, stream)
     elif isinstance(value, dict):
         for item in value.values():
-            _record(item, stream)
+            record_stream(item, stream)
     elif isinstance(value, (list, tuple)) and value and isinstance(value[0], (torch.Tensor, Ragged, dict)):
         for item in value:
-            _record(item, stream)
+            record_stream(item, stream)

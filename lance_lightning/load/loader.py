@@ -15,6 +15,9 @@ Guarantees:
   would), and never fork a process that has used Lance: the default start method is
   ``forkserver``; ``fork`` with workers is refused (`ConfigError`) before any worker starts.
 - ``state_dict``/``load_state_dict`` round-trip the cursor (plain types).
+- With ``device_ahead`` (the data module sets it when training on CUDA) batches arrive already
+  copied and device-transformed, prepared a few batches ahead in a background thread; the cursor
+  still advances only when a batch is yielded.
 - Without worker processes or DataLoader pinning, batches come straight from the dataset's
   reader threads: torch's single-process iterator would only add per-batch bookkeeping.
 - With ``metrics=True`` (the default) the loader measures, per process, what the consumer waited
@@ -38,6 +41,7 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.lifetime import watch_parent
+from lance_lightning.load.ahead import DeviceAhead
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.workers import guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
@@ -128,6 +132,8 @@ class LanceDataLoader(DataLoader):
         count_restored_steps: ``len`` of a restored epoch also counts the steps trained before
             the checkpoint, as Lightning's fit loop expects (it resumes ``batch_idx`` there); set
             this when a Trainer fits with this loader. Off, ``len`` is what ``iter`` yields.
+        device_ahead: Prepare batches on the accelerator ahead of the consumer (`DeviceAhead`:
+            copy and device transform in a background thread); ``None`` yields host batches.
         sampler, batch_sampler: Accepted so that Lightning can rebuild the loader; they must be
             ``None`` (the plan decides the batches).
     """
@@ -145,6 +151,7 @@ class LanceDataLoader(DataLoader):
         multiprocessing_context: str | Any = "forkserver",
         metrics: bool = True,
         count_restored_steps: bool = False,
+        device_ahead: DeviceAhead | None = None,
         sampler: Any = None,
         batch_sampler: Any = None,
     ) -> None:
@@ -187,6 +194,7 @@ class LanceDataLoader(DataLoader):
         self.epoch_source = epoch_source
         self.metrics = metrics
         self.count_restored_steps = count_restored_steps
+        self.device_ahead = device_ahead
         self._own_epoch = 0
         self.meter = LoaderMeter() if metrics else None
         #: Dataset positions of the rows of the batch yielded last (when the data module ships them),
@@ -209,7 +217,7 @@ class LanceDataLoader(DataLoader):
         layout = self.cursor.begin_epoch(epoch)
         self.dataset.set_epoch(epoch, layout.start)
         if self.meter is None:
-            for batch, _, positions in guard_workers(self._batches()):
+            for batch, _, positions in self._ahead(guard_workers(self._batches())):
                 self.positions = positions
                 self.cursor.on_yield()
                 yield batch
@@ -226,7 +234,7 @@ class LanceDataLoader(DataLoader):
         batches = guard_workers(raw)
         if queue is not None:
             batches = _polling_workers(batches, queue, meter)
-        for batch, shipped, positions in batches:
+        for batch, shipped, positions in self._ahead(batches):
             got = now()
             self.positions = positions
             if shipped:
@@ -236,6 +244,9 @@ class LanceDataLoader(DataLoader):
             yield batch
             asked = now()
         meter.end_iteration(asked)  # the epoch's last step ended when the consumer asked for more
+
+    def _ahead(self, items: Iterator[Any]) -> Iterator[Any]:
+        return items if self.device_ahead is None else self.device_ahead.iterate(items)
 
     def _batches(self) -> Iterator[Batch]:
         """The dataset's batches: through torch's iterator with workers or pinning, else straight

@@ -274,10 +274,11 @@ class DecodeImage:
     def _scale_uint8(self, images: torch.Tensor) -> torch.Tensor:
         """``(x / 255 - mean) / std`` as float32, of a uint8 (N, C, H, W) batch.
 
-        Works through the batch `_SCALE_CHUNK_BYTES` of output at a time, so that each chunk is
-        shifted while it is still in the CPU cache: two whole-batch passes would stream the
-        float32 batch through memory twice, memory-bound work that does not scale over the
-        reader threads.
+        On the CPU, works through the batch `_SCALE_CHUNK_BYTES` of output at a time, so that each
+        chunk is shifted while it is still in the CPU cache: two whole-batch passes would stream
+        the float32 batch through memory twice, memory-bound work that does not scale over the
+        reader threads. On an accelerator the whole batch is one pass: chunks there only add
+        kernel launches (512 of them for 256 images of 224x224, measured on an H100).
         """
         channels = images.shape[1]
         mean = torch.tensor(self.mean if self.mean is not None else (0.0,), dtype=torch.float64)
@@ -292,7 +293,7 @@ class DecodeImage:
         scale = (1.0 / (255.0 * std)).to(torch.float32).view(1, channels, 1, 1).to(images.device)
         shift = (-mean / std).to(torch.float32).view(1, channels, 1, 1).to(images.device)
         out = torch.empty(images.shape, dtype=torch.float32, device=images.device)
-        step = max(1, _SCALE_CHUNK_BYTES // (4 * images[0].numel()))
+        step = max(1, _SCALE_CHUNK_BYTES // (4 * images[0].numel())) if images.device.type == "cpu" else len(images)
         for start in range(0, len(images), step):
             chunk = out[start : start + step]
             torch.mul(images[start : start + step], scale, out=chunk)

@@ -48,7 +48,8 @@ def test_cpu_smoke_run_writes_every_section(tmp_path: Path) -> None:
     text = out.read_text()
     assert "device: CPU (smoke run, no GPU)" in text
     assert "| 16x16 |" in text and "| 32x32 |" in text  # decode rows, both backends measured
-    assert "| Lance (RowShuffle, decode on the device) |" in text and "| batches already on the device |" in text
+    assert "| Lance (RowShuffle, decode on the device, `device_ahead=2`) |" in text
+    assert "(`device_ahead=0`) |" in text and "| batches already on the device |" in text
     assert "Copies: skipped (they need CUDA)." in text
 
 

@@ -14,6 +14,7 @@ import pytest
 from tests.helpers import run_cli, write_dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+READERS = min(4, os.cpu_count() or 1)  # the data module's default reader_threads
 QUICKSTART = REPO_ROOT / "configs" / "quickstart.yaml"
 
 
@@ -62,7 +63,7 @@ def test_profile_runs_only_the_data_pipeline_for_n_batches(tmp_path, uri):
     assert code == 0, err[-3000:]
     lines = out.splitlines()
     assert lines[0] == (
-        "Loader-only profile of the train split (0 workers, 2 reader threads, batch_size 16): "
+        f"Loader-only profile of the train split (0 workers, {READERS} reader threads, batch_size 16): "
         f"60 batches, {60 * 16:,} rows in " + lines[0].rsplit(" in ", 1)[1]
     )
     assert "-bound: " in lines[1] and "no model" in lines[1]
@@ -84,7 +85,7 @@ def test_profile_names_decoding_for_a_slow_transform(tmp_path, uri):
     code, out, err = run_cli(["profile", "--config", cfg, "--batches", "30", "--progress", "false"])
     assert code == 0, err[-3000:]
     assert "decode-bound: " in out and "(SlowTransform)" in out, out
-    assert "raise `reader_threads` (2 now" in out
+    assert f"raise `reader_threads` ({READERS} now" in out
     assert "profiling" not in err
 
 
@@ -113,7 +114,8 @@ def test_profile_command_line_overrides_and_workers(tmp_path, uri):
     )
     assert code == 0, err[-3000:]
     assert out.startswith(
-        "Loader-only profile of the train split (1 workers, 2 reader threads, batch_size 8): 20 batches, 160 rows"
+        f"Loader-only profile of the train split (1 workers, {READERS} reader threads, batch_size 8): "
+        "20 batches, 160 rows"
     )
     assert "worker output" in out and "workers (transfer)" in out and "(per worker)" in out
 
@@ -149,7 +151,8 @@ def test_profile_the_quickstart_config(tmp_path, monkeypatch):
     )
     assert code == 0, err[-3000:]
     assert out.startswith(
-        "Loader-only profile of the train split (0 workers, 2 reader threads, batch_size 64): 30 batches, 1,920 rows"
+        f"Loader-only profile of the train split (0 workers, {READERS} reader threads, batch_size 64): "
+        "30 batches, 1,920 rows"
     )
     assert "decode/transform" in out and "batches ready when asked" in out  # DecodeImage runs per batch
 

@@ -145,6 +145,7 @@ def test_world_size_times_batch_larger_than_rows(small_uri):
         ({"num_workers": -1}, "num_workers", "=-1"),
         ({"batch_size": 0}, "batch_size", "=0"),
         ({"reader_threads": -2}, "reader_threads", "=-2"),
+        ({"device_ahead": -1}, "device_ahead", "=-1"),
         ({"prefetch_factor": 0}, "prefetch_factor", "=0"),
         ({"multiprocessing_context": "threads"}, "multiprocessing_context", "'threads'"),
     ],

@@ -20,7 +20,7 @@ from lance_lightning import LanceDataModule, LanceSource
 from lance_lightning.load.device import DeviceTransfer, move, pin_batch
 from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError
-from tests.helpers import RecordingModel
+from tests.helpers import DECODER_BACKENDS, RecordingModel
 from tests.unit.transforms.test_transforms_image import assert_images_match_ids, image_blobs, write_image_dataset
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -154,7 +154,7 @@ def test_side_stream_transfer_delivers_the_right_values() -> None:
 
 @cuda
 @pytest.mark.cuda
-@pytest.mark.parametrize("backend", ["torchcodec", "torchvision"])
+@pytest.mark.parametrize("backend", DECODER_BACKENDS)
 def test_gpu_jpeg_decode_matches_the_cpu(backend: str) -> None:
     blobs = image_blobs(12, "jpeg") + image_blobs(4, "png")
     ids = torch.arange(16) % 12
@@ -167,7 +167,7 @@ def test_gpu_jpeg_decode_matches_the_cpu(backend: str) -> None:
 
 @cuda
 @pytest.mark.cuda
-@pytest.mark.parametrize("backend", ["torchcodec", "torchvision"])
+@pytest.mark.parametrize("backend", DECODER_BACKENDS)
 def test_gpu_decode_names_a_bad_row_of_the_batch(backend: str) -> None:
     # the batched nvJPEG call fails; one call per image then names the row, as on the CPU
     blobs = image_blobs(12, "jpeg", bad=(7,))
@@ -189,4 +189,5 @@ def test_trainer_on_cuda_decodes_on_the_gpu(tmp_path: Path) -> None:
     for ids, images in zip(model.seen, model.images):
         assert_images_match_ids(images.flip(-1), torch.tensor(ids))
     assert dm._pin()  # pinned by default when training on CUDA
+    assert dm._loaders["train"].device_ahead is not None  # copied and decoded ahead of the step (once: flip)
     assert dm.device_transfer.host_columns[0] == "image"  # the encoded bytes stayed on the host

@@ -16,7 +16,6 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import torch
-from torchcodec.encoders import JpegEncoder, PngEncoder
 from torchvision.transforms import v2
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle
@@ -25,7 +24,7 @@ from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError, decoders
 from lance_lightning.transforms.image import ImageDecodeError as ImageDecodeErrorDirect
-from tests.helpers import write_dataset
+from tests.helpers import encode_image, write_dataset
 
 BAD_BYTES = b"\xff\xd8\xff\xe0 this is not a JPEG"
 
@@ -38,18 +37,13 @@ def solid(i: int, h: int = 12, w: int = 10) -> torch.Tensor:
     return torch.tensor(colour(i), dtype=torch.uint8).view(3, 1, 1).expand(3, h, w).contiguous()
 
 
-def encode(image: torch.Tensor, fmt: str) -> bytes:
-    data = PngEncoder(image).to_tensor() if fmt == "png" else JpegEncoder(image).to_tensor(quality=95)
-    return bytes(data.numpy().tobytes())
-
-
 def image_blobs(rows: int, fmt: str = "mixed", bad: tuple[int, ...] = (), sizes: bool = False) -> list[bytes]:
     """Row ``i``: the solid colour of ``i`` (PNG for even rows when mixed); ``bad`` rows are garbage."""
     blobs = []
     for i in range(rows):
         kind = fmt if fmt != "mixed" else ("png" if i % 2 == 0 else "jpeg")
         h, w = (12 + i % 3, 10 + i % 5) if sizes else (12, 10)
-        blobs.append(encode(solid(i, h, w), kind))
+        blobs.append(encode_image(solid(i, h, w), kind))
     for i in bad:
         blobs[i] = BAD_BYTES
     return blobs
@@ -138,10 +132,12 @@ def test_crop_keeps_aspect_and_takes_the_centre() -> None:
     # a 20x40 image: left half black, right half white; crop to 10x10 covers it at 10x20, centre = the edge
     image = torch.zeros(1, 20, 40, dtype=torch.uint8)
     image[:, :, 20:] = 255
-    out = DecodeImage(size=10, fit="crop", mode="gray", normalize=False)({"image": [encode(image, "png")]})["image"]
+    out = DecodeImage(size=10, fit="crop", mode="gray", normalize=False)({"image": [encode_image(image, "png")]})[
+        "image"
+    ]
     assert out.shape == (1, 1, 10, 10)
     assert out[0, 0, :, 0].float().mean() < 30 and out[0, 0, :, -1].float().mean() > 225
-    stretched = DecodeImage(size=10, mode="gray", normalize=False)({"image": [encode(image, "png")]})["image"]
+    stretched = DecodeImage(size=10, mode="gray", normalize=False)({"image": [encode_image(image, "png")]})["image"]
     assert stretched[0, 0, :, :4].float().mean() < 30 and stretched[0, 0, :, -4:].float().mean() > 225
 
 
@@ -162,11 +158,11 @@ def noise(c: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
 
 
 def png(image: torch.Tensor) -> bytes:
-    return encode(image, "png")
+    return encode_image(image, "png")
 
 
 def jpeg(image: torch.Tensor) -> bytes:
-    return encode(image, "jpeg")
+    return encode_image(image, "jpeg")
 
 
 def test_exports() -> None:

@@ -1,0 +1,168 @@
+"""Preparing batches on the accelerator ahead of the step.
+
+Guarantees:
+- `DeviceAhead` runs ``prepare`` (the copy to the device, then the device transform under the
+  bad-row policy) on up to ``depth`` batches ahead of the training loop, in one thread
+  (`AheadThread`, named ``lance-device-ahead``) that issues its work on its own CUDA stream, so a
+  GPU decode's host work and kernels overlap the step before. The training thread receives the
+  batches in order; its compute stream waits on an event recorded after each batch's work, and
+  every CUDA tensor of the batch is marked as used by the compute stream (allocator safety).
+- An exception raised while reading or preparing a batch (a `BadRowError`, a decode error, a
+  worker's failure) is raised on the training thread when that batch is due, after the batches
+  before it: nothing is lost or reordered.
+- Nothing is taken from the source more than ``depth`` batches ahead of the consumer, and the
+  loader advances its cursor when it yields a batch, so a checkpoint counts only delivered batches.
+- `AheadThread.stop` (also run when the consumer leaves the iteration early) ends the thread after
+  the batch in hand and waits for the work in flight.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from lance_lightning.load.device import DeviceTransfer, move, record_stream
+
+#: What the loader iterates: (batch, worker statistics or None, row positions or None).
+Item = tuple[Any, Any, Any]
+_END = object()
+
+
+class DevicePreparation:
+    """What `DeviceAhead` does to each batch: the copy to ``device``, then the device transform,
+    under the bad-row ``guard`` when the rows' positions came with the batch.
+
+    Holds no reference to the data module, so a data module is freed without the cyclic GC.
+    """
+
+    def __init__(
+        self,
+        transfer: DeviceTransfer,
+        device: torch.device,
+        device_transform: Callable[[Any], Any] | None,
+        guard: Callable[[Any, Any], Any] | None,
+    ) -> None:
+        self.transfer = transfer
+        self.device = torch.device(device)
+        self.device_transform = device_transform
+        self.guard = guard
+
+    def __call__(self, batch: Any, positions: Any) -> Any:
+        batch = self.transfer(batch, self.device) if isinstance(batch, dict) else move(batch, self.device)
+        if self.device_transform is None:
+            return batch
+        if self.guard is not None and positions is not None:
+            return self.guard(batch, positions)
+        return self.device_transform(batch)
+
+
+class DeviceAhead:
+    """Prepares batches on ``device`` ahead of the consumer (see the module docstring).
+
+    Args:
+        prepare: ``prepare(batch, positions)`` returns the batch ready for the step (on the device).
+        device: The device of this process (CUDA: the work runs on a side stream; elsewhere it is
+            simply done ahead, in the thread).
+        depth: Batches prepared ahead (>= 1).
+    """
+
+    def __init__(self, prepare: Callable[[Any, Any], Any], device: torch.device, depth: int = 2) -> None:
+        self.prepare = prepare
+        self.device = torch.device(device)
+        self.depth = depth
+
+    def iterate(self, items: Iterator[Item]) -> Iterator[Item]:
+        """``items`` with each batch prepared on the device, ``depth`` batches ahead."""
+        thread = AheadThread(self, items)
+        thread.start()
+        try:
+            yield from thread
+        finally:
+            thread.stop()
+
+
+class AheadThread:
+    """The thread behind `DeviceAhead.iterate`: pulls, prepares and queues; ``start``/``stop``."""
+
+    def __init__(self, ahead: DeviceAhead, items: Iterator[Item]) -> None:
+        self.ahead = ahead
+        self.items = items
+        self._ready: queue.Queue[Any] = queue.Queue(maxsize=ahead.depth)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lance-device-ahead", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop pulling after the batch in hand, drop what is queued, wait for the thread."""
+        self._stopping.set()
+        while self._thread.is_alive():
+            self._drain()
+            self._thread.join(timeout=0.05)
+        self._drain()
+        close = getattr(self.items, "close", None)
+        if close is not None:
+            close()  # the source's own cleanup (reader threads, workers) runs now, not at a later GC
+
+    def __iter__(self) -> Iterator[Item]:
+        cuda = self.ahead.device.type == "cuda"
+        compute = torch.cuda.current_stream(self.ahead.device) if cuda else None
+        while True:
+            entry = self._ready.get()
+            if entry is _END:
+                return
+            if isinstance(entry, BaseException):
+                raise entry
+            (batch, shipped, positions), done = entry
+            if compute is not None:
+                compute.wait_event(done)
+                record_stream(batch, compute)
+            yield batch, shipped, positions
+
+    def _run(self) -> None:
+        try:
+            stream = self._stream()
+            for batch, shipped, positions in self.items:
+                if stream is None:  # another device: the work is done when prepare returns
+                    ready, done = self.ahead.prepare(batch, positions), None
+                else:
+                    with torch.cuda.stream(stream):
+                        ready = self.ahead.prepare(batch, positions)
+                        done = torch.cuda.Event()
+                        done.record(stream)
+                if not self._put(((ready, shipped, positions), done)):
+                    return
+        except BaseException as error:  # noqa: BLE001 - re-raised on the training thread, in order
+            self._put(error)
+            return
+        self._put(_END)
+
+    def _stream(self) -> Any:
+        """This thread's CUDA stream on the device (``None`` off CUDA)."""
+        device = self.ahead.device
+        if device.type != "cuda":
+            return None
+        torch.cuda.set_device(device)
+        return torch.cuda.Stream(device)
+
+    def _put(self, entry: Any) -> bool:
+        """Queue ``entry`` unless stopping; False once stopping."""
+        while not self._stopping.is_set():
+            try:
+                self._ready.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._ready.get_nowait()
+            except queue.Empty:
+                return

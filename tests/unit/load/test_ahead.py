@@ -1,0 +1,156 @@
+"""`DeviceAhead`: batches prepared ahead in a thread, in order, bounded, errors in place, stoppable.
+
+The thread logic is the same on every device (on CUDA it adds a stream and an event per batch), so
+it is tested here on the CPU; the CUDA tests run it through a real Trainer on the GPU, resume included.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from lance_lightning import LanceDataModule, LanceSource, RowShuffle
+from lance_lightning.load.ahead import DeviceAhead
+from lance_lightning.load.dataset import LanceIterableDataset
+from lance_lightning.load.loader import LanceDataLoader
+from tests.harness import Job, Setup, Trained, check_resume, ckpt_file, run_jobs
+from tests.helpers import write_dataset
+
+CPU = torch.device("cpu")
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+class Source:
+    """Items ``(batch i, shipped i, positions i)``; counts pulls, fails at ``fail_at``, notes its close."""
+
+    def __init__(self, count: int, fail_at: int | None = None) -> None:
+        self.count, self.fail_at = count, fail_at
+        self.pulled = 0
+        self.closed = False
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            for i in range(self.count):
+                if i == self.fail_at:
+                    raise OSError(f"read of batch {i} failed")
+                self.pulled += 1
+                yield {"x": torch.tensor([i])}, f"stats {i}", [i]
+        finally:
+            self.closed = True
+
+
+def _ahead_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "lance-device-ahead"]
+
+
+def test_batches_arrive_prepared_in_order_with_what_travels_beside_them() -> None:
+    ahead = DeviceAhead(lambda batch, positions: {"x": batch["x"] * 10, "p": positions}, CPU, depth=3)
+    out = list(ahead.iterate(iter(Source(20))))
+    assert [int(b["x"]) for b, _, _ in out] == [10 * i for i in range(20)]
+    assert [s for _, s, _ in out] == [f"stats {i}" for i in range(20)]
+    assert [b["p"] for b, _, _ in out] == [p for _, _, p in out] == [[i] for i in range(20)]
+    assert not _ahead_threads()
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_never_more_than_depth_batches_ahead_of_the_consumer(depth: int) -> None:
+    source = Source(30)
+    taken = 0
+    for _ in DeviceAhead(lambda batch, positions: batch, CPU, depth).iterate(iter(source)):
+        taken += 1
+        # queued (depth) + the one the thread holds while the queue is full
+        assert source.pulled <= taken + depth + 1
+    assert taken == 30
+
+
+def test_a_read_error_arrives_after_the_batches_before_it() -> None:
+    got = []
+    with pytest.raises(OSError, match="read of batch 5 failed"):
+        for batch, _, _ in DeviceAhead(lambda batch, positions: batch, CPU).iterate(iter(Source(10, fail_at=5))):
+            got.append(int(batch["x"]))
+    assert got == [0, 1, 2, 3, 4]
+    assert not _ahead_threads()
+
+
+def test_a_prepare_error_arrives_at_its_batch() -> None:
+    def prepare(batch: dict[str, torch.Tensor], positions: Any) -> dict[str, torch.Tensor]:
+        if int(batch["x"]) == 3:
+            raise ValueError("row 3 does not decode")
+        return batch
+
+    got = []
+    with pytest.raises(ValueError, match="row 3 does not decode"):
+        for batch, _, _ in DeviceAhead(prepare, CPU).iterate(iter(Source(10))):
+            got.append(int(batch["x"]))
+    assert got == [0, 1, 2]
+
+
+def test_leaving_early_stops_the_thread_and_closes_the_source() -> None:
+    source = Source(1000)
+    batches = DeviceAhead(lambda batch, positions: batch, CPU, depth=2).iterate(iter(source))
+    for i, _ in enumerate(batches):
+        if i == 2:
+            break
+    batches.close()  # what dropping the iterator does
+    assert source.closed and not _ahead_threads()
+    assert source.pulled <= 3 + 2 + 1
+
+
+def test_the_loader_cursor_counts_only_delivered_batches(tmp_path: Path) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", 200)
+    dm = LanceDataModule(train=LanceSource(uri, columns=["id", "x"]), batch_size=10, shuffle=RowShuffle(seed=1))
+    dm.setup("fit")
+
+    def loader(ahead: DeviceAhead | None) -> LanceDataLoader:
+        dataset = LanceIterableDataset(dm.plans["train"], world_size=1, rank=0)
+        return LanceDataLoader(dataset, device_ahead=ahead)
+
+    plain, ahead = loader(None), loader(DeviceAhead(lambda batch, positions: batch, CPU, depth=4))
+    for reference in (plain, ahead):
+        batches = iter(reference)
+        for _ in range(5):
+            next(batches)
+        reference.state = reference.state_dict()
+        batches.close()
+    assert ahead.state == plain.state  # 5 batches delivered, however far the thread had read
+    resumed = loader(DeviceAhead(lambda batch, positions: batch, CPU))
+    resumed.load_state_dict(ahead.state)
+    rest = [i for batch in resumed for i in batch["id"].tolist()]
+    whole = [i for batch in loader(None) for i in batch["id"].tolist()]
+    assert rest == whole[50:]
+
+
+# -- CUDA: through a real Trainer -----------------------------------------------------------------
+@cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("device_ahead", [0, 2])
+def test_resume_on_cuda_is_exact_with_batches_prepared_ahead(tmp_path: Path, device_ahead: int) -> None:
+    rows, k, epochs = 300, 3, 2
+    uri = write_dataset(tmp_path / "ds.lance", rows, fragment_rows=100)
+    extra = {"device_ahead": device_ahead}
+    a, b = Setup(batch_size=16), Setup(batch_size=24)
+
+    def job(name: str, setup: Setup, **kw: Any) -> Job:
+        return Job(name, uri, "row:2", setup, epochs, extra=extra, accelerator="cuda", **kw)
+
+    runs: dict[str, Trained] = run_jobs(
+        tmp_path,
+        [job("stop", a, max_steps=k, ckpt_every=k), job("whole_a", a), job("whole_b", b)],
+    )
+    runs.update(run_jobs(tmp_path, [job("resume", b, ckpt_path=str(ckpt_file(tmp_path, "stop", k)))]))
+    check_resume(
+        rows=rows,
+        k=k,
+        setup_a=a,
+        setup_b=b,
+        stopped=runs["stop"],
+        resumed=runs["resume"],
+        whole_a=runs["whole_a"],
+        whole_b=runs["whole_b"],
+        max_epochs=epochs,
+    )
