@@ -13,6 +13,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "BadRowError": "lance_lightning.errors",
     "BufferShuffle": "lance_lightning.plan.strategies",
     "ConfigError": "lance_lightning.errors",
     "CursorMismatchError": "lance_lightning.errors",
@@ -29,7 +30,11 @@ _EXPORTS = {
     "NoShuffle": "lance_lightning.plan.strategies",
     "NullValueError": "lance_lightning.errors",
     "PinnedSource": "lance_lightning.source",
+    "Ragged": "lance_lightning.produce.convert",
+    "RaiseOnBadRow": "lance_lightning.produce.badrows",
+    "ReplaceBadRow": "lance_lightning.produce.badrows",
     "RetryPolicy": "lance_lightning.read.retry",
+    "RowError": "lance_lightning.errors",
     "RowShuffle": "lance_lightning.plan.strategies",
     "ShardShuffle": "lance_lightning.plan.strategies",
     "ShuffleStrategy": "lance_lightning.plan.strategies",
