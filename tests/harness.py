@@ -85,7 +85,118 @@ def ckpt_file(root: Path, name: str, step: int) -> Path:
     return path
 
 
-# -- running fits -----------------------------------------------------------------------------------
+# -- in-process fits -------------------------------------------------------------------------------
+def fit(
+    root: Path,
+    dm: Any,
+    *,
+    name: str,
+    ckpt_path: str | Path | None = None,
+    ckpt_every: int = 0,
+    max_steps: int = -1,
+    max_epochs: int = 1,
+    cursor_callback: bool = True,
+    model: Any = None,
+    callbacks: list[Any] | None = None,
+    **trainer_kwargs: Any,
+) -> Any:
+    """One real ``Trainer.fit`` of ``dm`` in this process; returns the `RecordingModel` (or ``model``).
+
+    Checkpoints every ``ckpt_every`` steps go to `ckpt_file` ``(root, name, step)``; ``ckpt_path``
+    resumes. `DataCursorCheckpoint` is added unless ``cursor_callback=False``.
+    """
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lance_lightning import DataCursorCheckpoint
+    from tests.helpers import RecordingModel
+
+    model = model or RecordingModel()
+    all_callbacks: list[Any] = [DataCursorCheckpoint()] if cursor_callback else []
+    all_callbacks += callbacks or []
+    if ckpt_every:
+        all_callbacks.append(
+            ModelCheckpoint(
+                dirpath=ckpt_dir(root, name), filename="{step}", every_n_train_steps=ckpt_every, save_top_k=-1
+            )
+        )
+    kwargs: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root / f"root_{name}"),
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        enable_checkpointing=bool(ckpt_every),
+        max_steps=max_steps,
+        max_epochs=max_epochs,
+        callbacks=all_callbacks,
+    )
+    kwargs.update(trainer_kwargs)
+    trainer = pl.Trainer(**kwargs)
+    trainer.fit(model, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path is not None else None)
+    return model
+
+
+def make_dm(
+    uri: str,
+    shuffle: str = "none",
+    filter: str | None = None,
+    *,
+    batch_size: int = 16,
+    num_workers: int = 0,
+    **kwargs: Any,
+) -> Any:
+    """A `LanceDataModule` reading ``uri`` (``source=`` overrides) with the shuffle named as in
+    `tests.resume_worker.make_shuffle`."""
+    from lance_lightning import LanceDataModule, LanceSource
+    from tests.resume_worker import make_shuffle
+
+    source = kwargs.pop("source", None) or LanceSource(uri, filter=filter)
+    return LanceDataModule(
+        train=source, batch_size=batch_size, shuffle=make_shuffle(shuffle), num_workers=num_workers, **kwargs
+    )
+
+
+def run_resume(
+    root: Path,
+    uri: str,
+    shuffle: str,
+    filter: str | None,
+    *,
+    k: int,
+    num_workers: int = 0,
+    max_epochs: int = 1,
+    cursor_callback: bool = True,
+    **dm_kwargs: Any,
+) -> tuple[Any, Any, Any]:
+    """Runs C (uninterrupted), A (to step k, checkpoint) and B (resumed from A); returns (A, B, C)."""
+
+    def dm() -> Any:
+        return make_dm(uri, shuffle, filter, num_workers=num_workers, **dm_kwargs)
+
+    c = fit(root, dm(), name="C", max_epochs=max_epochs, cursor_callback=cursor_callback)
+    a = fit(root, dm(), name="A", ckpt_every=k, max_steps=k, max_epochs=max_epochs, cursor_callback=cursor_callback)
+    b = fit(
+        root, dm(), name="B", ckpt_path=ckpt_file(root, "A", k), max_epochs=max_epochs, cursor_callback=cursor_callback
+    )
+    return a, b, c
+
+
+def assert_exact(a_seen: list[list[int]], b_seen: list[list[int]], c_seen: list[list[int]], k: int) -> None:
+    """A's first k batches + B's batches == C's batches (same ids, same order, each id once per epoch)."""
+    assert len(a_seen) >= k, f"run A trained {len(a_seen)} steps, expected at least {k}"
+    assert a_seen[:k] == c_seen[:k], "runs A and C disagree before the checkpoint (order not deterministic)"
+    resumed = a_seen[:k] + b_seen
+    assert len(resumed) == len(c_seen), f"resumed run trained {len(resumed)} steps, uninterrupted {len(c_seen)}"
+    for step, (got, want) in enumerate(zip(resumed, c_seen)):
+        assert got == want, f"step {step} (resumed at {k}): got ids {got}, uninterrupted run had {want}"
+
+
+# -- fits in subprocesses (DDP) -----------------------------------------------------------------------
+# -- running jobs -----------------------------------------------------------------------------------
 def _fit(root: Path, job: Job) -> dict[str, Any]:
     """Run ``job`` in this process (or in this rank of a DDP launch); return this rank's record."""
     import lightning.pytorch as pl

@@ -22,9 +22,10 @@ from typing import Any
 import lance
 import lightning.pytorch as pl
 import pytest
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 
-from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceSource, RowShuffle, WorkerDiedError
+from lance_lightning import LanceDataModule, LanceSource, RowShuffle, WorkerDiedError
+from tests.harness import ckpt_file, fit
 from tests.helpers import RecordingModel, append_rows, flat, make_table, write_dataset
 
 WORKER_DIED = r"DataLoader worker \(pid"
@@ -205,38 +206,6 @@ def _changing_module(uri: str, num_workers: int) -> LanceDataModule:
     )
 
 
-def _fit_changing(
-    root: Path,
-    dm: LanceDataModule,
-    *,
-    max_epochs: int = 1,
-    max_steps: int = -1,
-    callbacks: list[Any] | None = None,
-    ckpt_every: int = 0,
-    ckpt_path: str | None = None,
-) -> RecordingModel:
-    model = RecordingModel()
-    callbacks = [DataCursorCheckpoint(), *(callbacks or [])]
-    if ckpt_every:
-        callbacks.append(
-            ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=ckpt_every, save_top_k=-1)
-        )
-    trainer = pl.Trainer(
-        max_epochs=max_epochs,
-        max_steps=max_steps,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=bool(ckpt_every),
-        default_root_dir=root,
-        num_sanity_val_steps=0,
-        callbacks=callbacks,
-    )
-    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
-    return model
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_new_versions_during_training_do_not_change_what_the_run_reads(tmp_path: Path, num_workers: int) -> None:
@@ -252,8 +221,8 @@ def test_new_versions_during_training_do_not_change_what_the_run_reads(tmp_path:
         changing, at_steps={3: _append, 10: _delete, 40: _overwrite, 52: _append}, at_epoch_end={0: _delete}
     )
     dm = _changing_module(changing, num_workers)
-    run = _fit_changing(tmp_path / "changing", dm, max_epochs=2, callbacks=[changes])
-    baseline = _fit_changing(tmp_path / "unchanged", _changing_module(unchanged, 0), max_epochs=2)
+    run = fit(tmp_path, dm, name="changing", max_epochs=2, callbacks=[changes])
+    baseline = fit(tmp_path, _changing_module(unchanged, 0), name="unchanged", max_epochs=2)
 
     assert changes.done == ["step 3", "step 10", "end of epoch 0", "step 40", "step 52"]
     assert lance.dataset(changing).version == 6, "every change wrote a new version"
@@ -267,16 +236,15 @@ def test_new_versions_during_training_do_not_change_what_the_run_reads(tmp_path:
 def test_resume_after_the_dataset_moved_on_repins_the_checkpoint_version(tmp_path: Path) -> None:
     uri = write_dataset(tmp_path / "ds.lance", CHANGE_ROWS, fragment_rows=150)
     k = 50  # mid second epoch (steps 31..60)
-    whole = _fit_changing(tmp_path / "whole", _changing_module(uri, 0), max_epochs=2)
-    first = _fit_changing(tmp_path / "first", _changing_module(uri, 0), max_epochs=2, max_steps=k, ckpt_every=k)
+    whole = fit(tmp_path, _changing_module(uri, 0), name="whole", max_epochs=2)
+    first = fit(tmp_path, _changing_module(uri, 0), name="first", max_epochs=2, max_steps=k, ckpt_every=k)
     assert first.seen == whole.seen[:k]
     for change in (_overwrite, _append, _delete):
         change(uri)
     latest = lance.dataset(uri)
     assert latest.version == 4 and latest.count_rows() < CHANGE_ROWS
     dm = _changing_module(uri, 0)
-    checkpoint = tmp_path / "first" / "ckpt" / f"step={k}.ckpt"
-    rest = _fit_changing(tmp_path / "rest", dm, max_epochs=2, ckpt_path=str(checkpoint))
+    rest = fit(tmp_path, dm, name="rest", max_epochs=2, ckpt_path=ckpt_file(tmp_path, "first", k))
     assert dm.plans["train"].source.version == 1, "the checkpoint's version was not re-pinned"
     assert first.seen + rest.seen == whole.seen, "the resumed run did not train exactly the rest"
     assert rest.seen_epochs == whole.seen_epochs[k:]

@@ -6,13 +6,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import lance
-import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lance_lightning import ConfigError, DataCursorCheckpoint, LanceDataModule, LanceSource, RowShuffle
-from tests.helpers import RecordingModel, flat, make_table
+from lance_lightning import ConfigError, LanceDataModule, LanceSource, RowShuffle
+from tests.harness import ckpt_file, fit
+from tests.helpers import flat, make_table
 from tests.s3_server import S3Server, environment_credentials
 
 ROWS, BATCH = 240, 16
@@ -39,41 +38,18 @@ def _module(uri: str, options: dict[str, str] | None) -> LanceDataModule:
     )
 
 
-def _fit(
-    tmp_path: Path, dm: LanceDataModule, max_steps: int, ckpt_path: str | None = None, every: int | None = None
-) -> RecordingModel:
-    model = RecordingModel()
-    callbacks: list = [DataCursorCheckpoint()]
-    if every:
-        callbacks.append(ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=every, save_top_k=-1))
-    trainer = pl.Trainer(
-        max_steps=max_steps,
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=callbacks,
-        enable_checkpointing=bool(every),
-        default_root_dir=tmp_path,
-    )
-    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
-    return model
-
-
 def test_fit_checkpoint_resume_against_s3(tmp_path: Path, s3: S3Server, s3_uri: str) -> None:
-    full = flat(_fit(tmp_path / "full", _module(s3_uri, s3.storage_options()), max_steps=100).seen)
+    full = flat(fit(tmp_path, _module(s3_uri, s3.storage_options()), name="full", max_steps=100).seen)
     assert sorted(full) == list(range(ROWS // BATCH * BATCH)) or len(set(full)) == len(full) == ROWS // BATCH * BATCH
 
-    first = _fit(tmp_path / "a", _module(s3_uri, s3.storage_options()), max_steps=6, every=6)
-    checkpoint = tmp_path / "a" / "ckpt" / "epoch=0-step=6.ckpt"
-    assert checkpoint.exists()
+    first = fit(tmp_path, _module(s3_uri, s3.storage_options()), name="a", max_steps=6, ckpt_every=6)
+    checkpoint = ckpt_file(tmp_path, "a", 6)
     raw = checkpoint.read_bytes()
     assert s3.secret_key.encode() not in raw, "credentials must never be written into checkpoints"
     state = torch.load(checkpoint, weights_only=True)
     assert state["LanceDataModule"]["train_cursor"]["plan"]["uri"] == s3_uri
 
-    resumed = _fit(tmp_path / "b", _module(s3_uri, s3.storage_options()), max_steps=100, ckpt_path=str(checkpoint))
+    resumed = fit(tmp_path, _module(s3_uri, s3.storage_options()), name="b", max_steps=100, ckpt_path=checkpoint)
     assert flat(first.seen) + flat(resumed.seen) == full
 
 

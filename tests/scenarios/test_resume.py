@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import lance
-import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -30,13 +29,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lance_lightning import (
     ConfigError,
     CursorMismatchError,
-    DataCursorCheckpoint,
     LanceDataModule,
     LanceSource,
 )
 from lance_lightning.plan.cursor import STATE_KEYS
+from tests.harness import assert_exact, ckpt_file, fit, make_dm, run_resume
 from tests.helpers import RecordingModel, append_rows, flat, write_dataset
-from tests.resume_worker import make_shuffle
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER = REPO_ROOT / "tests" / "resume_worker.py"
@@ -56,82 +54,9 @@ def uri(tmp_path: Path) -> str:
     return write_dataset(tmp_path / "ds.lance", ROWS, fragment_rows=100)
 
 
-def make_dm(
-    uri: str,
-    shuffle: str = "none",
-    filter: str | None = None,
-    *,
-    batch_size: int = BATCH,
-    num_workers: int = 0,
-    **kwargs: Any,
-) -> LanceDataModule:
-    source = kwargs.pop("source", None) or LanceSource(uri, filter=filter)
-    return LanceDataModule(
-        train=source, batch_size=batch_size, shuffle=make_shuffle(shuffle), num_workers=num_workers, **kwargs
-    )
-
-
-def fit(
-    root: Path,
-    dm: LanceDataModule,
-    *,
-    name: str,
-    ckpt_path: str | Path | None = None,
-    ckpt_every: int = 0,
-    max_steps: int = -1,
-    max_epochs: int = 1,
-    cursor_callback: bool = True,
-    model: RecordingModel | None = None,
-    **trainer_kwargs: Any,
-) -> RecordingModel:
-    """One real ``Trainer.fit``; checkpoints go to ``root/ckpt_<name>/step=<k>.ckpt``."""
-    model = model or RecordingModel()
-    callbacks: list[Any] = [DataCursorCheckpoint()] if cursor_callback else []
-    if ckpt_every:
-        callbacks.append(
-            ModelCheckpoint(
-                dirpath=root / f"ckpt_{name}", filename="{step}", every_n_train_steps=ckpt_every, save_top_k=-1
-            )
-        )
-    kwargs: dict[str, Any] = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(root / f"root_{name}"),
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        enable_checkpointing=bool(ckpt_every),
-        max_steps=max_steps,
-        max_epochs=max_epochs,
-        callbacks=callbacks,
-    )
-    kwargs.update(trainer_kwargs)
-    trainer = pl.Trainer(**kwargs)
-    trainer.fit(model, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path is not None else None)
-    return model
-
-
-def ckpt_file(root: Path, name: str, step: int) -> Path:
-    path = root / f"ckpt_{name}" / f"step={step}.ckpt"
-    assert path.exists(), f"no checkpoint at step {step}: {sorted(p.name for p in path.parent.glob('*'))}"
-    return path
-
-
 def matching_ids(uri: str, filter: str | None) -> set[int]:
     table = lance.dataset(uri).to_table(columns=["id"], filter=filter)
     return set(table.column("id").to_pylist())
-
-
-def assert_exact(a_seen: list[list[int]], b_seen: list[list[int]], c_seen: list[list[int]], k: int) -> None:
-    """A's first k batches + B's batches == C's batches (same ids, same order, each id once per epoch)."""
-    assert len(a_seen) >= k, f"run A trained {len(a_seen)} steps, expected at least {k}"
-    assert a_seen[:k] == c_seen[:k], "runs A and C disagree before the checkpoint (order not deterministic)"
-    resumed = a_seen[:k] + b_seen
-    assert len(resumed) == len(c_seen), f"resumed run trained {len(resumed)} steps, uninterrupted {len(c_seen)}"
-    for step, (got, want) in enumerate(zip(resumed, c_seen)):
-        assert got == want, f"step {step} (resumed at {k}): got ids {got}, uninterrupted run had {want}"
 
 
 def assert_epoch_once(ids: list[int], uri: str, filter: str | None, world_batch: int) -> None:
@@ -141,31 +66,6 @@ def assert_epoch_once(ids: list[int], uri: str, filter: str | None, world_batch:
     assert set(ids) <= expected, f"ids outside the split: {sorted(set(ids) - expected)[:10]}"
     missing = expected - set(ids)
     assert len(missing) < world_batch, f"{len(missing)} rows never trained (tail is < {world_batch})"
-
-
-def run_resume(
-    root: Path,
-    uri: str,
-    shuffle: str,
-    filter: str | None,
-    *,
-    k: int,
-    num_workers: int = 0,
-    max_epochs: int = 1,
-    cursor_callback: bool = True,
-    **dm_kwargs: Any,
-) -> tuple[RecordingModel, RecordingModel, RecordingModel]:
-    """Runs C (uninterrupted), A (to step k, checkpoint) and B (resumed); returns (A, B, C)."""
-
-    def dm() -> LanceDataModule:
-        return make_dm(uri, shuffle, filter, num_workers=num_workers, **dm_kwargs)
-
-    c = fit(root, dm(), name="C", max_epochs=max_epochs, cursor_callback=cursor_callback)
-    a = fit(root, dm(), name="A", ckpt_every=k, max_steps=k, max_epochs=max_epochs, cursor_callback=cursor_callback)
-    b = fit(
-        root, dm(), name="B", ckpt_path=ckpt_file(root, "A", k), max_epochs=max_epochs, cursor_callback=cursor_callback
-    )
-    return a, b, c
 
 
 def epoch_batches(model: RecordingModel, epoch: int) -> list[list[int]]:
@@ -430,7 +330,7 @@ def test_resume_from_last_ckpt_after_steps_past_it(tmp_path: Path, uri: str) -> 
             tmp_path,
             make_dm(uri, shuffle, FILTER),
             name=name,
-            callbacks=[DataCursorCheckpoint(), checkpoint],
+            callbacks=[checkpoint],
             enable_checkpointing=True,
             **kwargs,
         )

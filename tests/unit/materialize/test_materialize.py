@@ -20,17 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import lance
-import lightning.pytorch as pl
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 import yaml
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lance_lightning import (
     ConfigError,
-    DataCursorCheckpoint,
     LanceDataModule,
     LanceSource,
     MaterializedView,
@@ -40,7 +37,8 @@ from lance_lightning.materialize.space import estimate_view_bytes
 from lance_lightning.materialize.view import materialize_view
 from lance_lightning.read.retry import RetryPolicy
 from lance_lightning.source import pin_source
-from tests.helpers import RecordingModel, append_rows, flat, make_table, run_cli, write_dataset
+from tests.harness import ckpt_file, fit
+from tests.helpers import append_rows, flat, make_table, run_cli, write_dataset
 from tests.s3_server import S3Server
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -462,32 +460,6 @@ def test_cli_reads_s3_with_storage_options_and_never_prints_them(tmp_path: Path,
 
 
 # -- 6. the data module ------------------------------------------------------------------------------
-def _fit(
-    root: Path, dm: LanceDataModule, *, max_steps: int = -1, ckpt_every: int = 0, ckpt_path: str | None = None
-) -> RecordingModel:
-    model = RecordingModel()
-    callbacks: list[Any] = [DataCursorCheckpoint()]
-    if ckpt_every:
-        callbacks.append(
-            ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=ckpt_every, save_top_k=-1)
-        )
-    trainer = pl.Trainer(
-        max_epochs=1,
-        max_steps=max_steps,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=bool(ckpt_every),
-        default_root_dir=root,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        callbacks=callbacks,
-    )
-    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
-    return model
-
-
 def test_datamodule_trains_from_the_view_and_reuses_it(
     tmp_path: Path, source_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -503,7 +475,7 @@ def test_datamodule_trains_from_the_view_and_reuses_it(
 
     caplog.set_level(logging.INFO, logger="lance_lightning.materialize.view")
     dm = make()
-    first = _fit(tmp_path / "a", dm)
+    first = fit(tmp_path, dm, name="a")
     views = list(cache.glob("*.lance"))
     assert len(views) == 1
     view = str(views[0])
@@ -516,7 +488,7 @@ def test_datamodule_trains_from_the_view_and_reuses_it(
 
     caplog.clear()
     dm = make()
-    second = _fit(tmp_path / "b", dm)
+    second = fit(tmp_path, dm, name="b")
     assert dm.plans["train"].source.uri == view
     assert "reused" in caplog.text and "made in" not in caplog.text
     assert json.loads(Path(view).with_suffix(".json").read_text())["created"] == created
@@ -552,13 +524,13 @@ def test_resume_after_the_source_moved_on_reads_the_checkpoint_view(tmp_path: Pa
         )
 
     k = 20
-    whole = _fit(tmp_path / "whole", make())
-    first = _fit(tmp_path / "first", make(), max_steps=k, ckpt_every=k)
+    whole = fit(tmp_path, make(), name="whole")
+    first = fit(tmp_path, make(), name="first", max_steps=k, ckpt_every=k)
     old_view = next((tmp_path / "v").glob("*.lance"))
     append_rows(source_uri, 300)
     lance.dataset(source_uri).delete("id < 50")
     dm = make()
-    rest = _fit(tmp_path / "rest", dm, ckpt_path=str(tmp_path / "first" / "ckpt" / f"step={k}.ckpt"))
+    rest = fit(tmp_path, dm, name="rest", ckpt_path=ckpt_file(tmp_path, "first", k))
     assert dm.plans["train"].source.uri == str(old_view)
     assert first.seen + rest.seen == whole.seen
 

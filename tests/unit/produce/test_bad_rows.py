@@ -17,8 +17,8 @@ from lance_lightning import LanceDataModule, LanceMapDataset, LanceSource, RowSh
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.produce.badrows import BadRowError, RaiseOnBadRow, ReplaceBadRow, RowError
 from lance_lightning.transforms import DecodeImage
+from tests.harness import assert_exact, fit, run_resume
 from tests.helpers import RecordingModel
-from tests.scenarios.test_resume import assert_exact, fit, run_resume
 from tests.unit.transforms.test_transforms_image import assert_images_match_ids, write_image_dataset
 
 BAD = (13, 14, 57, 130)

@@ -15,8 +15,8 @@ from lance.blob import blob_array, blob_field
 from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle
 from lance_lightning.source import pin_source
 from lance_lightning.transforms import DecodeImage
+from tests.harness import assert_exact, fit, run_resume
 from tests.helpers import RecordingModel, make_table
-from tests.scenarios.test_resume import assert_exact, fit, run_resume
 from tests.unit.transforms.test_transforms_image import jpeg, noise
 
 ROWS = 96
