@@ -24,7 +24,7 @@ from lance_lightning.load.device import host_columns
 from lance_lightning.produce.badrows import RaiseOnBadRow
 from lance_lightning.produce.convert import Ragged
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError, decoders
-from tests.unit.transforms.test_transforms_image import BAD_BYTES, image_blobs, jpeg, noise, png
+from tests.unit.transforms.test_image import BAD_BYTES, image_blobs, jpeg, noise, png
 
 BACKENDS = ["torchcodec", "torchvision"]
 

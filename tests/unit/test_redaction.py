@@ -176,7 +176,7 @@ trainer:
     - class_path: lance_lightning.DataLoadingMonitor
       init_args: {{log_every_n_steps: 2}}
 model:
-  class_path: tests.unit.test_secrets.OptionsModel
+  class_path: tests.unit.test_redaction.OptionsModel
   init_args: {{source: {{uri: {uri}, storage_options: {options}}}}}
 data:
   train: {{uri: {uri}, columns: [id, x], filter: "label < 5", storage_options: {options}}}
