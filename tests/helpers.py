@@ -220,6 +220,10 @@ class PackedRecordingModel(RecordingModel):
         self.tokens.append(batch["input_ids"].tolist())
         return super().training_step(batch, batch_idx)
 
+    def validation_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
+        self.val_seen.append(self._ids(batch))
+        self.log("val/loss", self._loss(batch), batch_size=len(batch["input_ids"]))
+
 
 def flat(seen: list[list[int]]) -> list[int]:
     """Concatenate per-step id lists."""
