@@ -65,8 +65,7 @@ def measure(uri: str, lengths: bool, seq_len: int, batch_size: int, batches: int
     """One case, in this process."""
     import tracemalloc
 
-    from lance_lightning import LanceDataModule, LanceIterableDataset, LanceSource, NoShuffle, RowShuffle
-    from lance_lightning import TokenPacking
+    from lance_lightning import LanceDataModule, LanceIterableDataset, LanceSource, NoShuffle, RowShuffle, TokenPacking
 
     packing = TokenPacking(seq_len=seq_len, lengths_column="n_tokens" if lengths else None)
     dm = LanceDataModule(

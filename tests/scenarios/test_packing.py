@@ -125,7 +125,8 @@ def test_cli_config_packs_the_train_split(docs, tmp_path: Path, caplog: pytest.L
     config = tmp_path / "packed.yaml"
     config.write_text(
         f"""
-trainer: {{max_steps: 2, default_root_dir: {tmp_path}, logger: false, enable_checkpointing: false, enable_progress_bar: false}}
+trainer:
+  {{max_steps: 2, default_root_dir: {tmp_path}, logger: false, enable_checkpointing: false, enable_progress_bar: false}}
 model: {{class_path: tests.helpers.PackedRecordingModel}}
 data:
   train: {{uri: {uri}, columns: [tokens, n_tokens]}}
