@@ -109,7 +109,7 @@ class LanceDataModule(pl.LightningDataModule):
         materialize: Copy each split's source once to a local view (`MaterializedView`) and
             read the view: for remote sources trained for many epochs.
         packing: `TokenPacking`: every split's documents packed into windows of ``seq_len`` tokens
-            across batches; batches, the cursor and ranks then count windows (docs/guide.md#packing).
+            across batches; batches, the cursor and ranks then count windows (docs/packing.md).
     """
 
     def __init__(

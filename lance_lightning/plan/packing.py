@@ -108,13 +108,19 @@ class DocumentIndex:
     @classmethod
     def from_counts(cls, packing: TokenPacking, counts: np.ndarray) -> DocumentIndex:
         """The index of documents with ``counts`` tokens each (``eos_id`` adds one per document)."""
-        counts = np.asarray(counts, dtype=np.int64)
+        buffer = np.empty(len(counts) + 1, dtype=np.int64)
+        buffer[1:] = counts
+        return cls.from_buffer(packing, buffer)
+
+    @classmethod
+    def from_buffer(cls, packing: TokenPacking, buffer: np.ndarray) -> DocumentIndex:
+        """`from_counts` of the counts in ``buffer[1:]`` (int64), computed in place: setup never
+        holds more than the index's 8 bytes per document."""
+        buffer[0] = 0
         if packing.eos_id is not None:
-            counts = counts + 1
-        starts = np.empty(len(counts) + 1, dtype=np.int64)
-        starts[0] = 0
-        np.cumsum(counts, out=starts[1:])
-        return cls(packing, starts)
+            buffer[1:] += 1
+        np.cumsum(buffer, out=buffer)
+        return cls(packing, buffer)
 
     @property
     def documents(self) -> int:
@@ -142,11 +148,13 @@ class DocumentIndex:
 
     def documents_of(self, windows: np.ndarray) -> np.ndarray:
         """The sorted indices of the documents (among the matching ones) that ``windows`` span."""
+        windows = np.unique(np.asarray(windows, dtype=np.int64))  # few: a group's windows
         first, _ = self.locate(windows)
-        last, _ = self.locate_token(np.asarray(windows, dtype=np.int64) * self.packing.seq_len + self.packing.span - 1)
-        counts = last - first + 1
-        spans = np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
-        return np.unique(spans)
+        last, _ = self.locate_token(windows * self.packing.seq_len + self.packing.span - 1)
+        # Both ends grow with the window: start each run after the previous run's end (no overlap).
+        first[1:] = np.maximum(first[1:], last[:-1] + 1)
+        counts = np.maximum(0, last - first + 1)
+        return np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
 
     def locate_token(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(document, index inside it)`` of stream tokens ``stream``."""
@@ -179,7 +187,7 @@ def pack_windows(
     out = {
         "input_ids": ids[:, :seq_len],
         "position_ids": inside[:, :seq_len],
-        "document_ids": (np.cumsum(new_piece[:, :seq_len], axis=1) - 1).astype(np.int32),
+        "document_ids": np.cumsum(new_piece[:, :seq_len], axis=1, dtype=np.int32) - 1,
     }
     if packing.labels is not None:
         labels = ids[:, 1:].copy()

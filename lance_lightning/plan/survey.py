@@ -5,7 +5,7 @@ Guarantees:
 - A filter that matches nothing, or a dataset without rows, raises `ConfigError` naming the split.
 - With packing, `survey_tokens` counts each matching document's tokens: from the integer
   ``lengths_column`` when given (reads only that column), else from the token lists (one scan of
-  the token column: slower). It keeps 8 bytes per document (`DocumentIndex`), 16 at its peak.
+  the token column: slower). It keeps 8 bytes per document (`DocumentIndex`), built in place: no more at its peak.
   A missing column, or one of the wrong type, raises `ConfigError` naming it.
 - `build_plan` = `survey` (+ `survey_tokens`) (I/O) + `lance_lightning.plan.planner.plan_reads` (pure).
 """
@@ -92,8 +92,8 @@ def survey_tokens(split: str, source: PinnedSource, surveyed: Survey, packing: T
                 f"column of {source.uri} has type {length_type}, not an integer type",
                 "name the integer column of token counts, or set lengths_column: null to count the tokens",
             )
-    counts = np.empty(surveyed.matched_rows, dtype=np.int64)
-    filled = 0
+    counts = np.empty(surveyed.matched_rows + 1, dtype=np.int64)  # becomes the index, in place
+    filled = 1
     for batch in dataset.scanner(columns=[counted], filter=source.filter, batch_size=1 << 16).to_batches():
         values = batch.column(0)
         if packing.lengths_column is None:
@@ -104,8 +104,7 @@ def survey_tokens(split: str, source: PinnedSource, surveyed: Survey, packing: T
             )
         counts[filled : filled + len(values)] = values.to_numpy()
         filled += len(values)
-    index = DocumentIndex.from_counts(packing, counts)
-    del counts
+    index = DocumentIndex.from_buffer(packing, counts)
     if index.windows == 0:
         raise ConfigError(
             "packing.seq_len",

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from lance_lightning.errors import DataReadError
 from lance_lightning.plan.packing import pack_windows
 from lance_lightning.read.lance_io import read_positions, read_ranges
-from lance_lightning.read.reader import MAX_RANGE_SCANS, BatchSpec, PlanReader, contiguous_ranges
+from lance_lightning.read.reader import MAX_RANGE_SCANS, BatchSpec, PlanReader, contiguous_ranges, read_batch_rows
 
 
 class PackedReader(PlanReader):
@@ -34,6 +34,8 @@ class PackedReader(PlanReader):
         super().__init__(*args, **kwargs)
         self.index = self.plan.documents
         self.tokens = replace(self.plan.source, columns=(self.index.packing.column,), blob_columns=())
+        # Arrow batches sized by documents (what is read), not windows (the plan's rows).
+        self.batch_rows = read_batch_rows(4 * max(1, self.index.tokens // max(1, self.index.documents)) + 8)
 
     def specs(self, steps: list[int]) -> list[BatchSpec]:
         seqs = [self.layout.batch_rows(self.rank, step) for step in steps]
