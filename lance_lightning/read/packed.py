@@ -1,7 +1,8 @@
 """Reading planned batches of token windows (packing, `lance_lightning.plan.packing`).
 
 Guarantees:
-- A batch spec's ``positions`` are window indices (the plan's unit). A read group reads every
+- A batch spec's ``positions`` are window indices (the plan's unit). Read groups hold about
+  `GROUP_TOKENS` tokens of windows (at least one batch). A read group reads every
   document its windows span once, with the token column only, by dataset positions
   (``ReadPlan.row_positions``): offset/limit scans when they are at most `MAX_RANGE_SCANS` runs of
   consecutive rows, else one call (a restricted scan for scan plans, a take for take plans), as
@@ -26,6 +27,9 @@ from lance_lightning.plan.packing import pack_windows
 from lance_lightning.read.lance_io import read_positions, read_ranges
 from lance_lightning.read.reader import MAX_RANGE_SCANS, BatchSpec, PlanReader, contiguous_ranges, read_batch_rows
 
+#: A read group of windows holds about this many tokens (at least one batch).
+GROUP_TOKENS = 1 << 18
+
 
 class PackedReader(PlanReader):
     """Reads one rank's batches of windows of one epoch of a packed `ReadPlan`."""
@@ -34,6 +38,9 @@ class PackedReader(PlanReader):
         super().__init__(*args, **kwargs)
         self.index = self.plan.documents
         self.tokens = replace(self.plan.source, columns=(self.index.packing.column,), blob_columns=())
+        # Groups of about GROUP_TOKENS tokens: packing's arrays then stay in the CPU caches
+        # (2048-token windows: 1023-window groups read 2,386 windows/s, 128-window ones 4,327).
+        self.group_rows = min(self.group_rows, max(self.plan.batch_size, GROUP_TOKENS // self.index.packing.span))
         # Arrow batches sized by documents (what is read), not windows (the plan's rows).
         self.batch_rows = read_batch_rows(4 * max(1, self.index.tokens // max(1, self.index.documents)) + 8)
 
