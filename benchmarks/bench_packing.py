@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -177,7 +178,8 @@ def write_results(rows: list[dict], shares: dict[str, float], args: argparse.Nam
         "`LanceDataModule.setup('fit')` (pin, count tokens, plan). Memory: the index kept "
         "(`DocumentIndex.starts`), the peak of numpy allocations during setup (tracemalloc) and the process's "
         "peak RSS (imports included). Windows/s: the first batches of an epoch read through "
-        f"`LanceIterableDataset` (2 reader threads, at most {args.batches} batches, timed from the iteration's start).",
+        f"`LanceIterableDataset` (2 reader threads, at most {args.batches} batches, timed from the iteration's start). "
+        f"The machine is shared: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end of the run.",
         "",
         "| documents | token counts from | shuffle | tokens | windows | setup s | index B/document | setup peak MB "
         "| peak RSS MB | windows/s | tokens/s |",

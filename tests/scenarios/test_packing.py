@@ -74,6 +74,14 @@ def test_fit_trains_every_token_once_but_the_tail_deterministically_per_seed_and
     assert other.seen != model.seen[: len(other.seen)]
 
 
+@pytest.mark.slow
+def test_worker_processes_read_the_same_windows_as_reader_threads(docs) -> None:
+    uri, _ = docs
+    threads = _fit(uri, seed=1, epochs=1)
+    workers = _fit(uri, seed=1, epochs=1, num_workers=2)
+    assert workers.tokens == threads.tokens
+
+
 def test_eval_splits_and_predict_are_packed_without_padding(docs) -> None:
     uri, counts = docs
     source = LanceSource(uri, columns=["tokens", "n_tokens"])
