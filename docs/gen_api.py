@@ -30,6 +30,7 @@ MODULE_ORDER = (
     "lance_lightning.datamodule",
     "lance_lightning.source",
     "lance_lightning.plan.strategies",
+    "lance_lightning.plan.packing",
     "lance_lightning.transforms.image",
     "lance_lightning.transforms.tokens",
     "lance_lightning.transforms.augment",

@@ -38,6 +38,7 @@ _EXPORTS = {
     "RowShuffle": "lance_lightning.plan.strategies",
     "ShardShuffle": "lance_lightning.plan.strategies",
     "ShuffleStrategy": "lance_lightning.plan.strategies",
+    "TokenPacking": "lance_lightning.plan.packing",
     "UnsupportedColumnError": "lance_lightning.errors",
     "WorkerDiedError": "lance_lightning.errors",
     "pin_source": "lance_lightning.source",

@@ -42,6 +42,7 @@ from lance_lightning.load.device import DeviceTransfer, host_columns
 from lance_lightning.load.loader import LanceDataLoader, check_start_method
 from lance_lightning.materialize.view import MaterializedView
 from lance_lightning.plan.cursor import CursorTracker, repin_target
+from lance_lightning.plan.packing import TokenPacking
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.schema import check_read_schema
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
@@ -107,6 +108,8 @@ class LanceDataModule(pl.LightningDataModule):
             is `RetryPolicy()`.
         materialize: Copy each split's source once to a local view (`MaterializedView`) and
             read the view: for remote sources trained for many epochs.
+        packing: `TokenPacking`: every split's documents packed into windows of ``seq_len`` tokens
+            across batches; batches, the cursor and ranks then count windows (docs/packing.md).
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class LanceDataModule(pl.LightningDataModule):
         resume_data: bool = True,
         retry: RetryPolicy | None = None,
         materialize: MaterializedView | None = None,
+        packing: TokenPacking | None = None,
     ) -> None:
         super().__init__()
         self.sources: dict[Split, LanceSource | None] = {"train": train, "val": val, "test": test, "predict": predict}
@@ -202,6 +206,7 @@ class LanceDataModule(pl.LightningDataModule):
         self.resume_data = resume_data
         self.retry = retry if retry is not None else RetryPolicy()
         self.materialize = materialize
+        self.packing = packing
         self.plans: dict[Split, ReadPlan] = {}
         self.train_cursor: CursorTracker | None = None
         self._loaders: dict[Split, LanceDataLoader] = {}
@@ -254,6 +259,7 @@ class LanceDataModule(pl.LightningDataModule):
             self.drop_last if train else False,
             self.world_size,
             pad=split != "predict",  # predict runs no collective per step: ranks may end a batch apart
+            packing=self.packing,
         )
         self._loaders.pop(split, None)
         if train:

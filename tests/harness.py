@@ -59,6 +59,9 @@ class Job:
     ckpt_path: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more LanceDataModule arguments (plain values)
     accelerator: str = "cpu"
+    #: `TokenPacking` arguments: the run packs the ``tokens`` column (`tests.helpers.write_token_dataset`)
+    #: and records each window's first token (its stream index) as its id.
+    packing: dict[str, Any] | None = None
 
 
 @dataclass
@@ -202,16 +205,18 @@ def _fit(root: Path, job: Job) -> dict[str, Any]:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceSource
-    from tests.helpers import RecordingModel
+    from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceSource, TokenPacking
+    from tests.helpers import PackedRecordingModel, RecordingModel
     from tests.resume_worker import make_shuffle
 
     setup = job.setup
+    packing = TokenPacking(**job.packing) if job.packing is not None else None
     dm = LanceDataModule(
-        train=LanceSource(job.uri, columns=["id", "x"]),
+        train=LanceSource(job.uri, columns=["tokens", "n_tokens"] if packing else ["id", "x"]),
         batch_size=setup.batch_size,
         shuffle=make_shuffle(job.shuffle),
         num_workers=setup.num_workers,
+        packing=packing,
         **job.extra,
     )
     callbacks: list[Any] = [DataCursorCheckpoint()]
@@ -236,7 +241,7 @@ def _fit(root: Path, job: Job) -> dict[str, Any]:
         default_root_dir=str(root / f"root_{job.name}"),
         callbacks=callbacks,
     )
-    model = RecordingModel()
+    model = PackedRecordingModel() if packing else RecordingModel()
     trainer.fit(model, datamodule=dm, ckpt_path=job.ckpt_path)
     return {
         "rank": trainer.global_rank,

@@ -173,6 +173,58 @@ class RecordingModel(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+def write_token_dataset(
+    path: Any, documents: int = 200, *, max_len: int = 40, seed: int = 0, fragment_rows: int | None = None
+) -> tuple[str, np.ndarray]:
+    """A Lance dataset of ``documents`` token documents; return its URI and the token counts.
+
+    Columns: ``id`` int64, ``tokens`` list<int32>, ``n_tokens`` int32, ``topic`` int64 (non-decreasing,
+    ``id * 4 // documents``). Document ``i`` holds ``n_tokens[i]`` (0..``max_len``) tokens numbered by
+    their place in the concatenation of all documents: token ``t`` of the stream has id ``t``.
+    """
+    counts = np.random.default_rng(seed).integers(0, max_len + 1, documents)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    tokens = pa.ListArray.from_arrays(pa.array(starts, pa.int32()), pa.array(np.arange(starts[-1]), pa.int32()))
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(documents, dtype=np.int64)),
+            "tokens": tokens,
+            "n_tokens": pa.array(counts.astype(np.int32)),
+            "topic": pa.array(np.arange(documents, dtype=np.int64) * 4 // documents),
+        }
+    )
+    kwargs: dict[str, Any] = {"mode": "create"}
+    if fragment_rows is not None:
+        kwargs["max_rows_per_file"] = fragment_rows
+    lance.write_dataset(table, os.fspath(path), **kwargs)
+    return os.fspath(path), counts
+
+
+class PackedRecordingModel(RecordingModel):
+    """`RecordingModel` for packed batches: records each window's first token (with
+    `write_token_dataset`, its stream index) in ``seen`` and every step's ``input_ids`` in ``tokens``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens: list[list[list[int]]] = []
+
+    @staticmethod
+    def _ids(batch: Mapping[str, Any]) -> list[int]:
+        return [int(i) for i in batch["input_ids"][:, 0].tolist()]
+
+    def _loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        x = batch["input_ids"].float().mean(dim=1, keepdim=True) / 1000
+        return (self.layer(x) - x).pow(2).mean()
+
+    def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
+        self.tokens.append(batch["input_ids"].tolist())
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
+        self.val_seen.append(self._ids(batch))
+        self.log("val/loss", self._loss(batch), batch_size=len(batch["input_ids"]))
+
+
 def flat(seen: list[list[int]]) -> list[int]:
     """Concatenate per-step id lists."""
     return [i for step in seen for i in step]

@@ -5,7 +5,10 @@ Guarantees:
   constant size whatever the dataset size::
 
       {"format": 3, "epoch": int, "rows_consumed": int, "steps": int, "finished": bool,
-       "plan": {"uri", "version", "columns", "filter", "shuffle", "rows"}, "fingerprint": str}
+       "plan": {"uri", "version", "columns", "filter", "shuffle", "rows"[, "packing"]}, "fingerprint": str}
+
+  With packing (`lance_lightning.plan.packing`) the sequence counts windows: ``rows_consumed``
+  and ``plan.rows`` are windows, and ``plan.packing`` (absent without packing) must match.
 
 - ``rows_consumed`` counts rows of the epoch sequence, not batches of one rank, so it does not
   depend on the world size, the batch size or the number of DataLoader workers: a run restored
@@ -178,7 +181,7 @@ def check_state(state: dict[str, Any], plan: ReadPlan) -> None:
     if missing:
         raise CursorMismatchError("keys", sorted(state), list(STATE_KEYS))
     saved, current = state["plan"], plan.identity()
-    for key in ("uri", "version", "filter", "columns", "shuffle", "rows"):
+    for key in ("uri", "version", "filter", "columns", "shuffle", "rows", "packing"):
         if saved.get(key) != current.get(key):
             raise CursorMismatchError(f"plan.{key}", saved.get(key), current.get(key))
     if not 0 <= state["rows_consumed"] <= plan.matched_rows:

@@ -29,6 +29,7 @@ import numpy as np
 from lance_lightning.errors import ConfigError
 from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.order import EpochOrder
+from lance_lightning.plan.packing import DocumentIndex
 from lance_lightning.plan.rowset import RowSet
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
 from lance_lightning.source import PinnedSource
@@ -43,6 +44,8 @@ class Survey:
     matched_rows: int
     matches: RowSet | None
     row_bytes: int
+    #: With packing: the matching documents' stream offsets (``matched_rows`` then counts windows).
+    documents: DocumentIndex | None = None
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,18 @@ class ReadPlan:
     row_bytes: int = field(default=1, compare=False)
     #: Pad the tail step so every rank has a batch (see `Layout`); predict plans do not pad.
     pad: bool = True
+    #: With packing (`lance_lightning.plan.packing`): the documents' index; the plan's unit is then a
+    #: window (``matched_rows`` counts windows, ``matches`` still holds the matching documents).
+    documents: DocumentIndex | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def matched_documents(self) -> int:
+        """Matching rows of the source (documents with packing, whose sequence counts windows)."""
+        return self.matched_rows if self.documents is None else self.documents.documents
 
     @property
     def selectivity(self) -> float:
-        return self.matched_rows / self.source.total_rows if self.source.total_rows else 0.0
+        return self.matched_documents / self.source.total_rows if self.source.total_rows else 0.0
 
     def order(self, epoch: int) -> EpochOrder:
         return EpochOrder(self.matched_rows, self.strategy, epoch)
@@ -80,7 +91,28 @@ class ReadPlan:
 
     def identity(self) -> dict[str, Any]:
         """Plain description of everything that determines the epoch order (no credentials)."""
-        return {**self.source.identity(), "shuffle": self.strategy.describe(), "rows": self.matched_rows}
+        identity = {**self.source.identity(), "shuffle": self.strategy.describe(), "rows": self.matched_rows}
+        if self.documents is not None:
+            identity["packing"] = self.documents.packing.describe()
+        return identity
+
+    @property
+    def unit(self) -> str:
+        """What the plan's sequence counts: rows, or windows with packing."""
+        return "row" if self.documents is None else "window"
+
+    def _packing_lines(self) -> list[str]:
+        index = self.documents
+        if index is None:
+            return []
+        packing = index.packing
+        share = index.dropped_tokens / index.tokens if index.tokens else 0.0
+        return [
+            f"  packing: {index.documents:,} document(s), {index.tokens:,} token(s) of column {packing.column!r}"
+            f" -> {self.matched_rows:,} window(s) of {packing.seq_len} (labels {packing.labels!r}, "
+            f"eos_id {packing.eos_id}); the unit shuffled is the window",
+            f"  tail: {index.dropped_tokens:,} tokens ({share:.2%}) per epoch not trained",
+        ]
 
     def fingerprint(self) -> str:
         text = json.dumps(self.identity(), sort_keys=True)
@@ -92,18 +124,22 @@ class ReadPlan:
         src = self.source
         lines = [
             f"split '{self.split}': {src.uri} @ version {src.version}, columns {list(src.columns)}",
-            f"  rows: {self.matched_rows:,} of {src.total_rows:,}"
+            f"  {'rows' if self.documents is None else 'documents'}: {self.matched_documents:,} of {src.total_rows:,}"
             + (f" match filter {src.filter!r} (selectivity {self.selectivity:.2%})" if src.filter else ""),
-            f"  strategy: {self.strategy!r} -> {order.units:,} unit(s) of {order.unit_rows:,} row(s)",
+            *self._packing_lines(),
+            f"  strategy: {self.strategy!r} -> {order.units:,} unit(s) of {order.unit_rows:,} {self.unit}(s)",
             f"  read: {self.method} ({self.reason})",
             f"  batches: {layout.steps:,} per rank x {world_size} rank(s), batch_size {self.batch_size}",
         ]
         if layout.dropped_rows:
             lines.append(
-                f"  tail: drop_last skips {layout.dropped_rows:,} row(s) per epoch (a new set each epoch when shuffled)"
+                f"  tail: drop_last skips {layout.dropped_rows:,} {self.unit}(s) per epoch (a new set each epoch "
+                "when shuffled)"
             )
         elif layout.repeated_rows:
-            lines.append(f"  tail: last step split across ranks; {layout.repeated_rows} row(s) repeated as padding")
+            lines.append(
+                f"  tail: last step split across ranks; {layout.repeated_rows} {self.unit}(s) repeated as padding"
+            )
         elif layout.rank_steps(world_size - 1) < layout.steps:
             lines.append(
                 f"  tail: last step split across ranks; ranks {layout.tail_rows}..{world_size - 1} have one "
@@ -129,7 +165,8 @@ def plan_reads(
     if source.filter is None:
         method, reason = _method_without_filter(strategy)
     else:
-        method, reason = _method_with_filter(strategy, filter_read, survey.matched_rows / source.total_rows)
+        matched = survey.matched_rows if survey.documents is None else survey.documents.documents
+        method, reason = _method_with_filter(strategy, filter_read, matched / source.total_rows)
     _check_fits(split, survey.matched_rows, batch_size, drop_last, world_size)
     return ReadPlan(
         split,
@@ -143,6 +180,7 @@ def plan_reads(
         survey.matches,
         survey.row_bytes,
         pad,
+        survey.documents,
     )
 
 

@@ -3,14 +3,24 @@
 Guarantees:
 - A filter is evaluated once, at setup, in one streaming scan (`lance_lightning.plan.rowset`).
 - A filter that matches nothing, or a dataset without rows, raises `ConfigError` naming the split.
-- `build_plan` = `survey` (I/O) + `lance_lightning.plan.planner.plan_reads` (pure).
+- With packing, `survey_tokens` counts each matching document's tokens: from the integer
+  ``lengths_column`` when given (reads only that column), else from the token lists (one scan of
+  the token column: slower). It keeps 8 bytes per document (`DocumentIndex`), built in place: no more at its peak.
+  A missing column, or one of the wrong type, raises `ConfigError` naming it.
+- `build_plan` = `survey` (+ `survey_tokens`) (I/O) + `lance_lightning.plan.planner.plan_reads` (pure).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.plan.packing import DocumentIndex, TokenPacking
 from lance_lightning.plan.planner import ReadPlan, Survey, plan_reads
 from lance_lightning.plan.rowset import RowSet, scan_matches
 from lance_lightning.plan.strategies import FilterRead, ShuffleStrategy
@@ -49,11 +59,68 @@ def build_plan(
     drop_last: bool,
     world_size: int,
     pad: bool = True,
+    packing: TokenPacking | None = None,
 ) -> ReadPlan:
-    """Survey and plan the rows of ``source``; raise `ConfigError` for plans that cannot work."""
-    return plan_reads(
-        split, source, survey(split, source), strategy, filter_read, batch_size, drop_last, world_size, pad
-    )
+    """Survey and plan the rows (or, with ``packing``, the windows) of ``source``; raise
+    `ConfigError` for plans that cannot work."""
+    surveyed = survey(split, source)
+    if packing is not None:
+        surveyed = survey_tokens(split, source, surveyed, packing)
+    return plan_reads(split, source, surveyed, strategy, filter_read, batch_size, drop_last, world_size, pad)
+
+
+def survey_tokens(split: str, source: PinnedSource, surveyed: Survey, packing: TokenPacking) -> Survey:
+    """``surveyed`` with the documents' `DocumentIndex`: its sequence counts windows."""
+    dataset = source.open()
+    token_type = _column_type(dataset, packing.column, "packing.column", split)
+    if not (pa.types.is_list(token_type) or pa.types.is_large_list(token_type)) or not pa.types.is_integer(
+        token_type.value_type
+    ):
+        raise ConfigError(
+            "packing.column",
+            packing.column,
+            f"column of {source.uri} has type {token_type}, not a list of integers (token ids)",
+            "name a list<int32> / list<int64> column of token ids",
+        )
+    counted = packing.lengths_column or packing.column
+    if packing.lengths_column is not None:
+        length_type = _column_type(dataset, counted, "packing.lengths_column", split)
+        if not pa.types.is_integer(length_type):
+            raise ConfigError(
+                "packing.lengths_column",
+                counted,
+                f"column of {source.uri} has type {length_type}, not an integer type",
+                "name the integer column of token counts, or set lengths_column: null to count the tokens",
+            )
+    counts = np.empty(surveyed.matched_rows + 1, dtype=np.int64)  # becomes the index, in place
+    filled = 1
+    for batch in dataset.scanner(columns=[counted], filter=source.filter, batch_size=1 << 16).to_batches():
+        values = batch.column(0)
+        if packing.lengths_column is None:
+            values = pc.fill_null(pc.list_value_length(values), 0)
+        elif values.null_count:
+            raise ConfigError(
+                "packing.lengths_column", counted, "column has nulls", "fill the token counts, or set it to null"
+            )
+        counts[filled : filled + len(values)] = values.to_numpy()
+        filled += len(values)
+    index = DocumentIndex.from_buffer(packing, counts)
+    if index.windows == 0:
+        raise ConfigError(
+            "packing.seq_len",
+            packing.seq_len,
+            f"split '{split}' has {index.tokens:,} token(s), less than one window of seq_len tokens",
+            f"use seq_len <= {max(1, index.tokens - (packing.span - packing.seq_len))}, or more data",
+        )
+    itemsize = max(4, token_type.value_type.bit_width // 8)
+    return replace(surveyed, matched_rows=index.windows, row_bytes=packing.span * itemsize, documents=index)
+
+
+def _column_type(dataset: lance.LanceDataset, column: str, param: str, split: str) -> pa.DataType:
+    names = dataset.schema.names
+    if column not in names:
+        raise ConfigError(param, column, f"no such column in split '{split}'", f"use one of {names}")
+    return dataset.schema.field(column).type
 
 
 def _row_bytes(dataset: lance.LanceDataset, source: PinnedSource) -> int:

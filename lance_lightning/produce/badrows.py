@@ -33,6 +33,7 @@ import torch
 from lance_lightning.checks import check_int
 from lance_lightning.errors import BadRowError, ConfigError, RowError
 from lance_lightning.metrics.clock import StageClock
+from lance_lightning.plan.packing import sequence_bounds
 from lance_lightning.plan.rowset import RowSet
 from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.read.lance_io import read_positions
@@ -102,6 +103,8 @@ class BadRowGuard:
         transform: The batch transform; ``None`` converts only.
         fill_nulls: Per-column null fill values, as for `to_torch_batch`.
         clock: Where ``convert``/``transform`` times and the ``bad_rows`` count go.
+        packed: The tables are packed windows (`lance_lightning.read.packed`): conversion adds
+            ``cu_seqlens`` and ``max_seqlen``.
     """
 
     def __init__(
@@ -113,8 +116,10 @@ class BadRowGuard:
         transform: Callable[[Batch], Any] | None,
         fill_nulls: dict[str, Any],
         clock: StageClock,
+        packed: bool = False,
     ) -> None:
         self.policy = policy
+        self.packed = packed
         self.source = source
         self.rows = rows
         self.matches = matches
@@ -148,7 +153,10 @@ class BadRowGuard:
     def convert(self, table: pa.Table) -> Batch:
         """``table`` as tensors, unmeasured: all a batch needs when there is no transform (no
         row can be bad then), so the caller may measure a whole read group at once."""
-        return to_torch_batch(table, self.fill_nulls)
+        batch = to_torch_batch(table, self.fill_nulls)
+        if self.packed:
+            batch["cu_seqlens"], batch["max_seqlen"] = sequence_bounds(batch["document_ids"])
+        return batch
 
     def _replace(self, table: pa.Table, positions: np.ndarray, error: RowError) -> tuple[pa.Table, np.ndarray]:
         index = error.index

@@ -1,0 +1,209 @@
+"""Packing benchmark: setup time and memory of `TokenPacking` on 10^7 documents, and windows/s read.
+
+Datasets (written once to ``--cache``): ``documents`` rows with a ``tokens`` list<int32> column of
+0..``--max-len`` tokens (uniform) and their count ``n_tokens`` int32. Each case runs in a fresh
+subprocess and measures:
+
+- setup: ``LanceDataModule.setup("fit")`` with packing (pin, count the tokens, plan); with
+  ``lengths_column`` (reads only ``n_tokens``) on ``--documents``, without it (counts the token
+  lists: one scan of the token column) on ``--documents`` and on ``--small`` documents;
+- memory: the `DocumentIndex` kept (bytes per document), the peak of numpy allocations during
+  setup (``tracemalloc``, which numpy reports to) and the process's peak RSS;
+- windows/s: the first ``--batches`` batches of ``--batch-size`` windows of ``--seq-len`` tokens
+  read through `LanceIterableDataset` (2 reader threads), timed from the start of the iteration
+  (read-ahead cannot hide reads made before the clock starts), NoShuffle and RowShuffle.
+
+- mixing (pure, no I/O): with the windows of the 10^7-document dataset, the share of neighbouring
+  windows of a batch that are neighbours in the stream (1.0: every batch is a run of the stream,
+  so the model sees one stretch of documents per batch), per strategy.
+
+    uv run python benchmarks/bench_packing.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import RESULTS_DIR, command_line, machine  # noqa: E402
+
+
+def dataset(cache: Path, documents: int, max_len: int) -> str:
+    """The token dataset of ``documents`` rows in ``cache`` (written once, streaming)."""
+    import lance
+    import numpy as np
+    import pyarrow as pa
+
+    path = cache / f"tokens_{documents}_{max_len}.lance"
+    if path.exists():
+        try:
+            if lance.dataset(str(path)).count_rows() == documents:
+                return str(path)
+        except Exception:  # noqa: BLE001 - half written: write again
+            pass
+    schema = pa.schema([("tokens", pa.list_(pa.int32())), ("n_tokens", pa.int32())])
+    rng = np.random.default_rng(0)
+
+    def batches():
+        for first in range(0, documents, 1 << 20):
+            counts = rng.integers(0, max_len + 1, min(1 << 20, documents - first)).astype(np.int32)
+            offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+            values = rng.integers(0, 50_000, int(offsets[-1])).astype(np.int32)
+            tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+            yield pa.record_batch([tokens, pa.array(counts)], schema=schema)
+
+    lance.write_dataset(
+        pa.RecordBatchReader.from_batches(schema, batches()), str(path), mode="overwrite", max_rows_per_file=1 << 22
+    )
+    return str(path)
+
+
+def measure(uri: str, lengths: bool, seq_len: int, batch_size: int, batches: int, shuffle: str) -> dict:
+    """One case, in this process."""
+    import tracemalloc
+
+    from lance_lightning import LanceDataModule, LanceIterableDataset, LanceSource, NoShuffle, RowShuffle, TokenPacking
+
+    packing = TokenPacking(seq_len=seq_len, lengths_column="n_tokens" if lengths else None)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["tokens", "n_tokens"]),
+        packing=packing,
+        shuffle=RowShuffle(seed=0) if shuffle == "RowShuffle" else NoShuffle(),
+        batch_size=batch_size,
+    )
+    tracemalloc.start()
+    started = time.perf_counter()
+    dm.setup("fit")
+    setup_s = time.perf_counter() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    plan = dm.plans["train"]
+    index = plan.documents
+    result = {
+        "documents": index.documents,
+        "tokens": index.tokens,
+        "windows": plan.matched_rows,
+        "setup_s": setup_s,
+        "index_bytes_per_doc": index.starts.nbytes / index.documents,
+        "setup_peak_numpy_mb": peak / 2**20,
+    }
+    if batches:
+        dataset = LanceIterableDataset(plan, reader_threads=2)
+        started = time.perf_counter()
+        read = 0
+        for count, batch in enumerate(dataset, 1):  # from the first read on: read-ahead hides nothing
+            read += len(batch["input_ids"])
+            if count == batches:
+                break
+        result["windows_per_s"] = read / (time.perf_counter() - started)
+        result["tokens_per_s"] = result["windows_per_s"] * seq_len
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents", type=float, default=1e7)
+    parser.add_argument("--small", type=float, default=1e6, help="documents of the extra case without lengths")
+    parser.add_argument("--max-len", type=int, default=16, help="tokens per document: uniform 0..max_len")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batches", type=int, default=1000)
+    parser.add_argument("--cache", default="/tmp/lance_lightning_packing")
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        spec = json.loads(args.case)
+        print(json.dumps(measure(**spec)))
+        return
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    big, small = int(args.documents), int(args.small)
+    uris = {n: dataset(cache, n, args.max_len) for n in (big, small)}
+    cases = [
+        (big, True, "NoShuffle", args.batches),
+        (big, True, "RowShuffle", args.batches),
+        (big, False, "NoShuffle", 0),
+        (small, False, "NoShuffle", 0),
+    ]
+    rows = []
+    for documents, lengths, shuffle, batches in cases:
+        spec = {
+            "uri": uris[documents],
+            "lengths": lengths,
+            "seq_len": args.seq_len,
+            "batch_size": args.batch_size,
+            "batches": batches,
+            "shuffle": shuffle,
+        }
+        out = subprocess.run(
+            [sys.executable, __file__, "--case", json.dumps(spec)], capture_output=True, text=True, check=True
+        ).stdout
+        result = json.loads(out.strip().splitlines()[-1])
+        rows.append({"lengths": lengths, "shuffle": shuffle, **result})
+        print(rows[-1], flush=True)
+    write_results(rows, mixing(rows[0]["windows"], args.batch_size), args)
+
+
+def mixing(windows: int, batch_size: int) -> dict[str, float]:
+    """Per strategy: the share of a batch's neighbouring windows that are neighbours in the stream."""
+    import numpy as np
+
+    from lance_lightning import BufferShuffle, NoShuffle, RowShuffle, ShardShuffle
+    from lance_lightning.plan.order import EpochOrder
+
+    shares = {}
+    for strategy in (NoShuffle(), ShardShuffle(seed=0), BufferShuffle(seed=0), RowShuffle(seed=0)):
+        order = EpochOrder(windows, strategy, 0).matched_indices(np.arange(windows // batch_size * batch_size))
+        batches = order.reshape(-1, batch_size)
+        shares[repr(strategy)] = float((np.abs(np.diff(batches, axis=1)) == 1).mean())
+    return shares
+
+
+def write_results(rows: list[dict], shares: dict[str, float], args: argparse.Namespace) -> None:
+    lines = [
+        "# Packing: setup time and memory on 10^7 documents, windows/s read",
+        "",
+        f"Command: `{command_line()}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).",
+        f"Machine: {machine()}. Documents of 0..{args.max_len} tokens (uniform), seq_len {args.seq_len}, "
+        f"batch {args.batch_size}; one fresh process per case, warm page cache. Setup = "
+        "`LanceDataModule.setup('fit')` (pin, count tokens, plan). Memory: the index kept "
+        "(`DocumentIndex.starts`), the peak of numpy allocations during setup (tracemalloc) and the process's "
+        "peak RSS (imports included). Windows/s: the first batches of an epoch read through "
+        f"`LanceIterableDataset` (2 reader threads, at most {args.batches} batches, timed from the iteration's start). "
+        f"The machine is shared: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end of the run.",
+        "",
+        "| documents | token counts from | shuffle | tokens | windows | setup s | index B/document | setup peak MB "
+        "| peak RSS MB | windows/s | tokens/s |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        source = "`lengths_column`" if r["lengths"] else "token lists (no lengths_column)"
+        rate = f"{r['windows_per_s']:,.0f} | {r['tokens_per_s']:,.0f}" if "windows_per_s" in r else "— | —"
+        lines.append(
+            f"| {r['documents']:,} | {source} | {r['shuffle']} | {r['tokens']:,} | {r['windows']:,} | "
+            f"{r['setup_s']:.2f} | {r['index_bytes_per_doc']:.1f} | {r['setup_peak_numpy_mb']:.0f} | "
+            f"{r['peak_rss_mb']:.0f} | {rate} |"
+        )
+    lines += [
+        "",
+        f"Mixing: share of neighbouring windows of a batch (batch {args.batch_size}) that are neighbours in the "
+        f"stream, over the {rows[0]['windows']:,} windows of the first dataset (pure: the epoch order only).",
+        "",
+        "| strategy | neighbours in the stream |",
+        "|---|---:|",
+        *(f"| `{name}` | {share:.3f} |" for name, share in shares.items()),
+    ]
+    (RESULTS_DIR / "packing.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
