@@ -58,6 +58,8 @@ class Job:
     ckpt_every: int = 0
     ckpt_path: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more LanceDataModule arguments (plain values)
+    #: Train on a `LanceMixture` instead of ``uri``: its arguments, with ``uris`` for the sources.
+    mixture: dict[str, Any] | None = None
     accelerator: str = "cpu"
 
 
@@ -91,13 +93,18 @@ def _fit(root: Path, job: Job) -> dict[str, Any]:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceSource
+    from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceMixture, LanceSource
     from tests.helpers import RecordingModel
     from tests.resume_worker import make_shuffle
 
     setup = job.setup
+    if job.mixture is None:
+        train = LanceSource(job.uri, columns=["id", "x"])
+    else:
+        spec = dict(job.mixture)
+        train = LanceMixture([LanceSource(uri, columns=["id", "x"]) for uri in spec.pop("uris")], **spec)
     dm = LanceDataModule(
-        train=LanceSource(job.uri, columns=["id", "x"]),
+        train=train,
         batch_size=setup.batch_size,
         shuffle=make_shuffle(job.shuffle),
         num_workers=setup.num_workers,
