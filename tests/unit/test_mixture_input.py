@@ -105,3 +105,11 @@ def test_unsupported_settings_are_refused(uris, tmp_path, kwargs, param):
     with pytest.raises(ConfigError) as info:
         dm.setup("fit")
     assert info.value.param == param
+
+
+def test_a_source_column_named_source_is_refused(tmp_path):
+    uris = [write_dataset(tmp_path / f"{n}.lance", 100, extra={"source": list(range(100))}) for n in "ab"]
+    dm = LanceDataModule(train=LanceMixture(_sources(uris, ["id", "source"]), [1, 1], block=10), batch_size=10)
+    with pytest.raises(ConfigError) as info:
+        dm.setup("fit")
+    assert info.value.param == "train.sources[0].columns" and "'source'" in str(info.value)
