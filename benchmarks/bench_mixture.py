@@ -11,6 +11,7 @@ a row shuffle's takes cost.
 Usage (from the repository root)::
 
     uv run python benchmarks/bench_mixture.py            # writes benchmarks/results/mixture.md
+    uv run python benchmarks/bench_mixture.py --quick    # smoke run (same file, smaller data)
 """
 
 from __future__ import annotations
@@ -98,7 +99,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4096, help="positions per map call")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 50k rows, 20 batches, 3 repeats")
     args = parser.parse_args()
+    if args.quick:
+        args.rows, args.batches, args.repeats = 50_000, 20, 3
     started = time.perf_counter()
     text = [
         "# Mixtures: the position map and reading",
