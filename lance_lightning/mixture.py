@@ -24,8 +24,8 @@ from lance_lightning.plan.planner import _check_fits
 from lance_lightning.plan.schema import read_schema
 from lance_lightning.plan.survey import build_plan
 from lance_lightning.produce.badrows import RaiseOnBadRow
-from lance_lightning.read.mixture import SOURCE_COLUMN
 from lance_lightning.source import LanceSource, pin_source
+from lance_lightning.vocabulary import MIXTURE_SOURCE
 
 
 class LanceMixture:
@@ -107,12 +107,12 @@ class LanceMixture:
                 build_plan(f"{split}/{self.names[j]}", pinned, strategy, data.filter_read, batch_size, False, 1)
             )
         first = read_schema(plans[0])
-        if SOURCE_COLUMN in first.names:
+        if MIXTURE_SOURCE in first.names:
             raise ConfigError(
                 f"{split}.sources[0].columns",
                 list(plans[0].source.columns),
-                f"a mixture adds the column {SOURCE_COLUMN!r} (each row's source index), which a source already reads",
-                f"leave {SOURCE_COLUMN!r} out of the sources' columns",
+                f"a mixture adds the column {MIXTURE_SOURCE!r} (each row's source index), which a source already reads",
+                f"leave {MIXTURE_SOURCE!r} out of the sources' columns",
             )
         for j, plan in enumerate(plans[1:], start=1):
             schema = read_schema(plan)

@@ -83,6 +83,11 @@ class MixturePlan:
         return self.plans[0].source
 
     @property
+    def sources(self) -> tuple[Any, ...]:
+        """Each source's pinned source, in ``source`` column order."""
+        return tuple(plan.source for plan in self.plans)
+
+    @property
     def row_bytes(self) -> int:
         return max(plan.row_bytes for plan in self.plans)
 

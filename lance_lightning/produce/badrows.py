@@ -37,7 +37,7 @@ from lance_lightning.plan.rowset import RowSet
 from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.source import PinnedSource
-from lance_lightning.vocabulary import Batch
+from lance_lightning.vocabulary import MIXTURE_SOURCE, Batch
 
 log = logging.getLogger("lance_lightning")
 
@@ -102,6 +102,7 @@ class BadRowGuard:
         transform: The batch transform; ``None`` converts only.
         fill_nulls: Per-column null fill values, as for `to_torch_batch`.
         clock: Where ``convert``/``transform`` times and the ``bad_rows`` count go.
+        sources: A mixture's sources, in ``source`` column order: a row is named in its own source.
     """
 
     def __init__(
@@ -113,9 +114,11 @@ class BadRowGuard:
         transform: Callable[[Batch], Any] | None,
         fill_nulls: dict[str, Any],
         clock: StageClock,
+        sources: tuple[PinnedSource, ...] = (),
     ) -> None:
         self.policy = policy
         self.source = source
+        self.sources = sources
         self.rows = rows
         self.matches = matches
         self.transform = transform
@@ -164,8 +167,11 @@ class BadRowGuard:
                 return False
             return True
 
+        source = self.source
+        if self.sources and MIXTURE_SOURCE in table.column_names:  # a mixture's row: its own source
+            source = self.sources[table.column(MIXTURE_SOURCE)[index].as_py()]
         candidate, row = replacement(
-            self.policy, self.source, self.rows, self.matches, position, row_id, error, table.column_names, transforms
+            self.policy, source, self.rows, self.matches, position, row_id, error, table.column_names, transforms
         )
         fixed = pa.concat_tables([table.slice(0, index), row.cast(table.schema), table.slice(index + 1)])
         fixed_positions = positions.copy()

@@ -68,6 +68,7 @@ class BatchProducer:
             transform,
             dict(fill_nulls),
             clock,
+            getattr(plan, "sources", ()),
         )
 
     def read(self, group: list[BatchSpec]) -> list[tuple[BatchSpec, pa.Table]]:

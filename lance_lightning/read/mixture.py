@@ -22,8 +22,7 @@ from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.read.reader import TAKE_GROUP_BATCHES, BatchSpec, PlanReader, read_batch_rows
 from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
-
-SOURCE_COLUMN = "source"
+from lance_lightning.vocabulary import MIXTURE_SOURCE
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class MixtureReader:
             index[mine] = offset + inverse
             offset += len(wanted)
         table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
-        table = table.take(pa.array(index)).append_column(SOURCE_COLUMN, pa.array(source, pa.int64()))
+        table = table.take(pa.array(index)).append_column(MIXTURE_SOURCE, pa.array(source, pa.int64()))
         bounds = np.cumsum([0, *(len(spec.positions) for spec in group)])
         return [(spec.step, table.slice(int(a), int(b - a))) for spec, a, b in zip(group, bounds[:-1], bounds[1:])]
 

@@ -240,3 +240,21 @@ def test_cli_yaml_mixture_by_class_path_and_plain_mapping(tmp_path):
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert expect in proc.stdout + proc.stderr
+
+
+def test_a_bad_row_is_named_in_its_own_source(tmp_path):
+    from lance_lightning.errors import BadRowError
+    from lance_lightning.transforms import DecodeImage
+    from tests.unit.transforms.test_transforms_image import write_image_dataset
+
+    good = write_image_dataset(tmp_path / "good.lance", 100)
+    bad = write_image_dataset(tmp_path / "bad.lance", 100, bad=(7,))
+    columns = ["id", "x", "image"]
+    dm = LanceDataModule(
+        train=LanceMixture([LanceSource(good, columns), LanceSource(bad, columns)], [0.5, 0.5], block=10),
+        batch_size=10,
+        transform=DecodeImage(size=8, normalize=False),
+    )
+    with pytest.raises(BadRowError) as info:
+        list(dm.train_dataloader())
+    assert info.value.position == 7 and f"of {bad} (version 1)" in str(info.value)
