@@ -140,12 +140,7 @@ class LanceDataModule(pl.LightningDataModule):
         materialize: MaterializedView | None = None,
     ) -> None:
         super().__init__()
-        self.sources: dict[Split, LanceSource | LanceMixture | None] = {
-            "train": train,
-            "val": val,
-            "test": test,
-            "predict": predict,
-        }
+        self.sources: dict[Split, Any] = {"train": train, "val": val, "test": test, "predict": predict}
         if val is None:  # Lightning skips validation silently only when val_dataloader is not overridden
             # Not a bound method of self: that is a reference cycle, and a module freed only by the
             # cyclic GC shuts its loaders' workers down slowly (10 s). Calling it raises Lightning's error.
