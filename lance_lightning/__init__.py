@@ -25,6 +25,7 @@ _EXPORTS = {
     "LanceDataModule": "lance_lightning.datamodule",
     "LanceIterableDataset": "lance_lightning.load.dataset",
     "LanceMapDataset": "lance_lightning.load.dataset",
+    "LanceMixture": "lance_lightning.mixture",
     "LanceSource": "lance_lightning.source",
     "MaterializedView": "lance_lightning.materialize.view",
     "NoShuffle": "lance_lightning.plan.strategies",

@@ -41,6 +41,7 @@ from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.device import DeviceTransfer, host_columns
 from lance_lightning.load.loader import LanceDataLoader, check_start_method
 from lance_lightning.materialize.view import MaterializedView
+from lance_lightning.mixture import LanceMixture
 from lance_lightning.plan.cursor import CursorTracker, repin_target
 from lance_lightning.plan.packing import TokenPacking
 from lance_lightning.plan.planner import ReadPlan
@@ -114,7 +115,7 @@ class LanceDataModule(pl.LightningDataModule):
 
     def __init__(
         self,
-        train: LanceSource | None = None,
+        train: LanceSource | LanceMixture | None = None,
         val: LanceSource | None = None,
         test: LanceSource | None = None,
         predict: LanceSource | None = None,
@@ -143,7 +144,7 @@ class LanceDataModule(pl.LightningDataModule):
         packing: TokenPacking | None = None,
     ) -> None:
         super().__init__()
-        self.sources: dict[Split, LanceSource | None] = {"train": train, "val": val, "test": test, "predict": predict}
+        self.sources: dict[Split, Any] = {"train": train, "val": val, "test": test, "predict": predict}
         if val is None:  # Lightning skips validation silently only when val_dataloader is not overridden
             # Not a bound method of self: that is a reference cycle, and a module freed only by the
             # cyclic GC shuts its loaders' workers down slowly (10 s). Calling it raises Lightning's error.
@@ -179,7 +180,9 @@ class LanceDataModule(pl.LightningDataModule):
         if pin_memory is not None and not isinstance(pin_memory, bool):
             raise ConfigError("pin_memory", pin_memory, "must be true, false or null (auto)", "set pin_memory: null")
         for split, source in self.sources.items():
-            if source is not None and not isinstance(source, LanceSource):
+            if source is not None and not isinstance(
+                source, (LanceSource, LanceMixture) if split == "train" else LanceSource
+            ):
                 raise ConfigError(
                     split, source, "is not a LanceSource", "pass LanceSource(uri=...) or a mapping in YAML"
                 )
@@ -246,21 +249,23 @@ class LanceDataModule(pl.LightningDataModule):
         """Pin and plan ``split`` from its configured source (through the view, if materializing)."""
         if source is None:
             source = self.sources[split]
-            if self.materialize is not None:
+            if self.materialize is not None and not isinstance(source, LanceMixture):
                 source = self.materialize.apply(source, split)
-        pinned = pin_source(source, split)
         train = split == "train"
-        self.plans[split] = build_plan(
-            split,
-            pinned,
-            self.shuffle if train else NoShuffle(),
-            self.filter_read,
-            self.batch_size if train else self.eval_batch_size,
-            self.drop_last if train else False,
-            self.world_size,
-            pad=split != "predict",  # predict runs no collective per step: ranks may end a batch apart
-            packing=self.packing,
-        )
+        if isinstance(source, LanceMixture):
+            self.plans[split] = source.plan(split, self)
+        else:
+            self.plans[split] = build_plan(
+                split,
+                pin_source(source, split),
+                self.shuffle if train else NoShuffle(),
+                self.filter_read,
+                self.batch_size if train else self.eval_batch_size,
+                self.drop_last if train else False,
+                self.world_size,
+                pad=split != "predict",  # predict runs no collective per step: ranks may end a batch apart
+                packing=self.packing,
+            )
         self._loaders.pop(split, None)
         if train:
             self.train_cursor = CursorTracker(
@@ -458,7 +463,7 @@ class LanceDataModule(pl.LightningDataModule):
             return
         if "train" not in self.plans:
             self.setup("fit")
-        if not self.resume_data:
+        if not self.resume_data or isinstance(self.sources["train"], LanceMixture):
             self.train_cursor.restore(cursor)
             return
         target = repin_target(cursor, self.plans["train"], self.sources["train"].version, self.materialize is not None)

@@ -30,6 +30,9 @@ STAGES: tuple[str, ...] = tuple(SPLITS_OF_STAGE)
 #: A converted batch: column name -> tensor (or `Ragged` / list for variable-length columns).
 Batch = dict[str, Any]
 
+#: The column a `LanceMixture` batch adds: each row's source index (int64).
+MIXTURE_SOURCE = "source"
+
 #: A transform takes a converted batch; it may return any type (a dict, a tuple, a tensor...).
 BatchTransform = Callable[[Batch], Any]
 

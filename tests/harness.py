@@ -58,6 +58,8 @@ class Job:
     ckpt_every: int = 0
     ckpt_path: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more LanceDataModule arguments (plain values)
+    #: Train on a `LanceMixture` instead of ``uri``: its arguments, with ``uris`` for the sources.
+    mixture: dict[str, Any] | None = None
     accelerator: str = "cpu"
     #: `TokenPacking` arguments: the run packs the ``tokens`` column (`tests.helpers.write_token_dataset`)
     #: and records each window's first token (its stream index) as its id.
@@ -205,14 +207,20 @@ def _fit(root: Path, job: Job) -> dict[str, Any]:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceSource, TokenPacking
+    from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceMixture, LanceSource, TokenPacking
     from tests.helpers import PackedRecordingModel, RecordingModel
     from tests.resume_worker import make_shuffle
 
     setup = job.setup
     packing = TokenPacking(**job.packing) if job.packing is not None else None
+    columns = ["tokens", "n_tokens"] if packing else ["id", "x"]
+    if job.mixture is None:
+        train = LanceSource(job.uri, columns=columns)
+    else:
+        spec = dict(job.mixture)
+        train = LanceMixture([LanceSource(uri, columns=columns) for uri in spec.pop("uris")], **spec)
     dm = LanceDataModule(
-        train=LanceSource(job.uri, columns=["tokens", "n_tokens"] if packing else ["id", "x"]),
+        train=train,
         batch_size=setup.batch_size,
         shuffle=make_shuffle(job.shuffle),
         num_workers=setup.num_workers,

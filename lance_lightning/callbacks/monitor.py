@@ -12,6 +12,8 @@ Guarantees:
 - At the end of fit, rank zero prints the report (`lance_lightning.metrics.report`) of the whole fit: the
   bottleneck (storage, decode, convert, workers or the model), the numbers and the first thing
   to change. ``report()`` returns it at any time (this rank's figures while fitting).
+- With a `LanceMixture` train split it also logs, at the same steps, each source's samples in the
+  epoch so far (all ranks) and their share: ``data/mixture/<name>/rows`` and ``.../share``.
 - It only reads the train `LanceDataLoader`'s measurements; with any other loader it warns once
   and does nothing.
 """
@@ -31,6 +33,7 @@ from typing_extensions import override
 from lance_lightning.metrics.figures import FIGURES, figures
 from lance_lightning.metrics.meter import Snapshot
 from lance_lightning.metrics.report import Diagnosis, diagnose, format_report
+from lance_lightning.plan.mixture import MixturePlan
 
 #: Figures logged every N steps (first-batch time and epochs only make sense per epoch).
 STEP_FIGURES = tuple(name for name in FIGURES if name not in ("epochs", "first_batch_s"))
@@ -162,7 +165,7 @@ class DataLoadingMonitor(Callback):
     ) -> None:
         per_rank = _gather(trainer, pl_module, span)  # a collective under DDP: every rank calls it
         if trainer.is_global_zero:
-            metrics = reduce_ranks(per_rank, names, prefix)
+            metrics = {**reduce_ranks(per_rank, names, prefix), **mixture_figures(self._loader, self.prefix)}
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
 
@@ -176,6 +179,21 @@ def reduce_ranks(per_rank: Sequence[Mapping[str, float]], names: Sequence[str], 
         if len(values) > 1:
             out[f"{prefix}{name}_min"] = min(values)
             out[f"{prefix}{name}_max"] = max(values)
+    return out
+
+
+def mixture_figures(loader: Any, prefix: str) -> dict[str, float]:
+    """For a mixture, each source's samples in the epoch so far (all ranks) and its share of them."""
+    plan = loader.cursor.plan
+    state = loader.cursor.state()
+    if not isinstance(plan, MixturePlan) or not state:
+        return {}
+    rows = plan.source_rows(state["epoch"], state["rows_consumed"])
+    total = max(1, sum(rows))
+    out = {}
+    for name, count in zip(plan.names, rows):
+        out[f"{prefix}mixture/{name}/rows"] = float(count)
+        out[f"{prefix}mixture/{name}/share"] = count / total
     return out
 
 

@@ -31,8 +31,7 @@ from lance_lightning.produce.heap import HEAP
 from lance_lightning.produce.producer import BatchProducer
 from lance_lightning.produce.threads import ReaderThreads
 from lance_lightning.read.lance_io import read_positions
-from lance_lightning.read.packed import PackedReader
-from lance_lightning.read.reader import PlanReader
+from lance_lightning.read.mixture import plan_reader
 from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
 from lance_lightning.vocabulary import Batch, BatchTransform
@@ -115,8 +114,7 @@ class LanceIterableDataset(IterableDataset):
         epoch, start = self.control.get()
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        kind = PlanReader if self.plan.documents is None else PackedReader  # packing reads windows
-        reader = kind(self.plan, epoch, self.world_size, self.rank, start, retry=self.retry)
+        reader = plan_reader(self.plan, epoch, self.world_size, self.rank, start, retry=self.retry)
         steps = reader.layout.worker_steps(worker, workers, self.rank)
         producer = BatchProducer(
             reader,

@@ -180,12 +180,34 @@ def check_state(state: dict[str, Any], plan: ReadPlan) -> None:
     missing = [key for key in STATE_KEYS if key not in state]
     if missing:
         raise CursorMismatchError("keys", sorted(state), list(STATE_KEYS))
-    saved, current = state["plan"], plan.identity()
-    for key in ("uri", "version", "filter", "columns", "shuffle", "rows", "packing"):
-        if saved.get(key) != current.get(key):
-            raise CursorMismatchError(f"plan.{key}", saved.get(key), current.get(key))
+    field = first_difference(state["plan"], plan.identity(), "plan")
+    if field is not None:
+        raise CursorMismatchError(*field)
     if not 0 <= state["rows_consumed"] <= plan.matched_rows:
         raise CursorMismatchError("rows_consumed", state["rows_consumed"], f"0..{plan.matched_rows}")
+
+
+#: Plan fields compared first, so that a mismatch names the most telling one.
+_FIRST_FIELDS = ("uri", "version", "filter", "columns", "sources", "names", "weights", "block", "epoch_rule", "shuffle")
+
+
+def first_difference(saved: dict[str, Any], current: dict[str, Any], path: str) -> tuple[str, Any, Any] | None:
+    """(field path, saved value, current value) of the first plan field that differs, or None.
+
+    A mixture's ``sources`` are compared source by source (``plan.sources[1].version``).
+    """
+    keys = [k for k in _FIRST_FIELDS if k in saved or k in current]
+    keys += sorted((set(saved) | set(current)) - set(keys))
+    for key in keys:
+        old, new = saved.get(key), current.get(key)
+        if key == "sources" and isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+            for j, (a, b) in enumerate(zip(old, new)):
+                found = first_difference(a, b, f"{path}.sources[{j}]")
+                if found is not None:
+                    return found
+        elif old != new:
+            return f"{path}.{key}", old, new
+    return None
 
 
 def repin_target(

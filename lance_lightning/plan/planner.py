@@ -97,6 +97,11 @@ class ReadPlan:
         return identity
 
     @property
+    def packed(self) -> bool:
+        """Whether the plan's units are packed token windows."""
+        return self.documents is not None
+
+    @property
     def unit(self) -> str:
         """What the plan's sequence counts: rows, or windows with packing."""
         return "row" if self.documents is None else "window"

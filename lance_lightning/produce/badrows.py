@@ -38,7 +38,7 @@ from lance_lightning.plan.rowset import RowSet
 from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.source import PinnedSource
-from lance_lightning.vocabulary import Batch
+from lance_lightning.vocabulary import MIXTURE_SOURCE, Batch
 
 log = logging.getLogger("lance_lightning")
 
@@ -105,6 +105,7 @@ class BadRowGuard:
         clock: Where ``convert``/``transform`` times and the ``bad_rows`` count go.
         packed: The tables are packed windows (`lance_lightning.read.packed`): conversion adds
             ``cu_seqlens`` and ``max_seqlen``.
+        sources: A mixture's sources, in ``source`` column order: a row is named in its own source.
     """
 
     def __init__(
@@ -117,10 +118,12 @@ class BadRowGuard:
         fill_nulls: dict[str, Any],
         clock: StageClock,
         packed: bool = False,
+        sources: tuple[PinnedSource, ...] = (),
     ) -> None:
         self.policy = policy
         self.packed = packed
         self.source = source
+        self.sources = sources
         self.rows = rows
         self.matches = matches
         self.transform = transform
@@ -172,8 +175,11 @@ class BadRowGuard:
                 return False
             return True
 
+        source = self.source
+        if self.sources and MIXTURE_SOURCE in table.column_names:  # a mixture's row: its own source
+            source = self.sources[table.column(MIXTURE_SOURCE)[index].as_py()]
         candidate, row = replacement(
-            self.policy, self.source, self.rows, self.matches, position, row_id, error, table.column_names, transforms
+            self.policy, source, self.rows, self.matches, position, row_id, error, table.column_names, transforms
         )
         fixed = pa.concat_tables([table.slice(0, index), row.cast(table.schema), table.slice(index + 1)])
         fixed_positions = positions.copy()

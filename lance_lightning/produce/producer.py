@@ -68,7 +68,8 @@ class BatchProducer:
             transform,
             dict(fill_nulls),
             clock,
-            packed=plan.documents is not None,
+            packed=plan.packed,
+            sources=getattr(plan, "sources", ()),
         )
 
     def read(self, group: list[BatchSpec]) -> list[tuple[BatchSpec, pa.Table]]:

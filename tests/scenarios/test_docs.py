@@ -155,7 +155,8 @@ def test_yaml_snippet_parses(block: Block, tmp_path: Path, monkeypatch: pytest.M
     )
     datamodule = cli.datamodule
     assert isinstance(datamodule, LanceDataModule)
-    uris = [source.uri for source in datamodule.sources.values() if source is not None]
+    splits = [source for source in datamodule.sources.values() if source is not None]
+    uris = [source.uri for split in splits for source in getattr(split, "sources", [split])]  # a mixture's too
     if uris and all("://" not in uri for uri in uris):
         datamodule.setup(None)  # pins and plans every configured split on the real data
         assert datamodule.plans

@@ -1,0 +1,260 @@
+"""Mixtures through the user's path: ``Trainer.fit`` on a `LanceMixture` (epoch proportions, the
+``source`` column, determinism, the monitor's per-source figures in the CSV logs), exact elastic
+resume through ``fit(ckpt_path=...)`` (2 ranks -> 1, batch size changed), YAML by ``class_path``
+in the CLI, and a checkpoint of another mixture refused naming the field."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import lance
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+
+from lance_lightning import (
+    CursorMismatchError,
+    DataLoadingMonitor,
+    LanceDataModule,
+    LanceMixture,
+    LanceSource,
+    RowShuffle,
+)
+from tests.harness import REPO_ROOT, Job, Setup, check_resume, ckpt_file, run_jobs
+from tests.helpers import RecordingModel, make_table
+
+OFFSET = 100_000  # ids of source "b" start here, so an id names its source and row
+WEIGHTS = [0.6, 0.4]
+BLOCK = 100  # 60 + 40 per block
+
+
+def _write(root: Path, rows_a: int = 600, rows_b: int = 500) -> tuple[str, str]:
+    a, b = str(root / "a.lance"), str(root / "b.lance")
+    lance.write_dataset(make_table(rows_a), a)
+    lance.write_dataset(make_table(rows_b, start=OFFSET), b)
+    return a, b
+
+
+def _mixture(a: str, b: str, **kwargs: Any) -> LanceMixture:
+    args = {"weights": WEIGHTS, "names": ["a", "b"], "block": BLOCK, **kwargs}
+    return LanceMixture([LanceSource(a, columns=["id", "x"]), LanceSource(b, columns=["id", "x"])], **args)
+
+
+class SourceRecordingModel(RecordingModel):
+    """Also records each batch's ``source`` column."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: list[list[int]] = []
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        assert batch["source"].dtype == torch.int64 and batch["source"].shape == batch["id"].shape
+        self.sources.append(batch["source"].tolist())
+        return super().training_step(batch, batch_idx)
+
+
+def _fit(root: Path, dm: LanceDataModule, epochs: int, **trainer: Any) -> SourceRecordingModel:
+    model = SourceRecordingModel()
+    pl.Trainer(
+        accelerator="cpu",
+        max_epochs=epochs,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(root),
+        **{"logger": False, **trainer},
+    ).fit(model, datamodule=dm)
+    return model
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.slow
+def test_fit_epoch_proportions_source_column_and_monitor(tmp_path):
+    a, b = _write(tmp_path)
+    dm = LanceDataModule(train=_mixture(a, b), batch_size=20, shuffle=RowShuffle(seed=5))
+    logger = CSVLogger(str(tmp_path), name="logs")
+    model = _fit(tmp_path, dm, 2, logger=logger, callbacks=[DataLoadingMonitor(log_every_n_steps=5, report=False)])
+
+    positions = 1000  # first_exhausted: a has 600 rows = 10 blocks of 60, b 500 > 10 x 40
+    steps = positions // 20
+    assert len(model.seen) == 2 * steps
+    for epoch in (0, 1):
+        ids = [i for step in model.seen[epoch * steps : (epoch + 1) * steps] for i in step]
+        src = [s for step in model.sources[epoch * steps : (epoch + 1) * steps] for s in step]
+        assert [i >= OFFSET for i in ids] == [s == 1 for s in src]  # the source column names the row's source
+        assert len(set(ids)) == positions  # no row twice in an epoch
+        assert sorted(i for i in ids if i < OFFSET) == list(range(600))  # a read through, b 400 of 500
+        share = src.count(0) / positions
+        assert abs(share - WEIGHTS[0]) < 0.01
+    assert model.seen[:steps] != model.seen[steps:]  # a new order each epoch
+
+    # The monitor's per-source figures, read back from the CSV logs, agree with what was trained.
+    rows = [r for r in _read_csv(Path(logger.log_dir) / "metrics.csv") if r.get("data/mixture/a/rows")]
+    assert rows, "no mixture figures logged"
+    logged = {int(r["step"]): (float(r["data/mixture/a/rows"]), float(r["data/mixture/b/share"])) for r in rows}
+    for step, (a_rows, b_share) in logged.items():
+        if step >= steps:  # the epoch-end log of epoch 0 lands on its last step; later ones count epoch 1
+            continue
+        trained = [s for batch in model.sources[: step + 1] for s in batch]
+        assert a_rows == trained.count(0), step
+        assert b_share == pytest.approx(trained.count(1) / len(trained))
+    assert logged[steps - 1][1] == pytest.approx(WEIGHTS[1], abs=0.01)
+
+
+@pytest.mark.slow
+def test_fits_are_deterministic_and_follow_the_seed(tmp_path):
+    a, b = _write(tmp_path)
+
+    def ids(seed: int, workers: int = 0) -> list[list[int]]:
+        dm = LanceDataModule(train=_mixture(a, b), batch_size=50, shuffle=RowShuffle(seed=seed), num_workers=workers)
+        return _fit(tmp_path, dm, 1).seen
+
+    first = ids(1)
+    assert ids(1, workers=2) == first  # worker processes read the same batches, in the same order
+    assert ids(2) != first
+
+
+def test_samples_epoch_repeats_the_smaller_source(tmp_path):
+    a, b = _write(tmp_path, rows_a=600, rows_b=50)
+    dm = LanceDataModule(train=_mixture(a, b, epoch="samples", samples=1000), batch_size=50, shuffle=RowShuffle())
+    model = _fit(tmp_path, dm, 1)
+    ids = [i for step in model.seen for i in step]
+    assert len(ids) == 1000
+    small = [i - OFFSET for i in ids if i >= OFFSET]
+    assert len(small) == 400 and sorted(set(small)) == list(range(50))  # 8 passes through b's 50 rows
+    assert np.bincount(small).tolist() == [8] * 50
+
+
+def test_checkpoint_of_another_mixture_is_refused_naming_the_field(tmp_path):
+    a, b = _write(tmp_path)
+    dm = LanceDataModule(train=_mixture(a, b), batch_size=20, shuffle=RowShuffle(seed=5))
+    loader = dm.train_dataloader()
+    for _, _ in zip(range(3), loader):
+        pass
+    state = dm.state_dict()
+    assert state["train_cursor"]["rows_consumed"] == 60
+    for change, field in (
+        ({"weights": [0.5, 0.5]}, "plan.weights"),
+        ({"block": 50}, "plan.block"),
+        ({"names": ["x", "b"]}, "plan.names"),
+    ):
+        other = LanceDataModule(train=_mixture(a, b, **change), batch_size=20, shuffle=RowShuffle(seed=5))
+        with pytest.raises(CursorMismatchError) as info:
+            other.load_state_dict(state)
+        assert info.value.field == field
+    lance.write_dataset(make_table(10, start=OFFSET + 500), b, mode="append")
+    moved = LanceDataModule(train=_mixture(a, b), batch_size=20, shuffle=RowShuffle(seed=5))
+    with pytest.raises(CursorMismatchError) as info:
+        moved.load_state_dict(state)
+    assert info.value.field == "plan.sources[1].version"
+    plain = LanceDataModule(train=LanceSource(a, columns=["id", "x"]), batch_size=20, shuffle=RowShuffle(seed=5))
+    with pytest.raises(CursorMismatchError) as info:
+        plain.load_state_dict(state)
+    assert info.value.field == "plan.uri"
+
+
+@pytest.mark.slow
+def test_elastic_resume_two_ranks_to_one_with_another_batch_size(tmp_path):
+    a, b = _write(tmp_path, rows_a=300, rows_b=250)  # 5 blocks of 60 + 40: 500 samples per epoch
+    mixture = {"uris": [a, b], "weights": WEIGHTS, "names": ["a", "b"], "block": BLOCK}
+    setup_a, setup_b, k, epochs = Setup(batch_size=16, devices=2), Setup(batch_size=12), 4, 2
+
+    def job(name: str, setup: Setup, **kwargs: Any) -> Job:
+        return Job(name, a, "row:3", setup, epochs, mixture=mixture, **kwargs)
+
+    done = run_jobs(tmp_path, [job("stop", setup_a, max_steps=k, ckpt_every=k), job("whole_a", setup_a)])
+    resumed = job("resume", setup_b, ckpt_path=str(ckpt_file(tmp_path, "stop", k)))
+    done.update(run_jobs(tmp_path, [job("whole_b", setup_b), resumed]))
+    check_resume(
+        rows=500,
+        k=k,
+        setup_a=setup_a,
+        setup_b=setup_b,
+        stopped=done["stop"],
+        resumed=done["resume"],
+        whole_a=done["whole_a"],
+        whole_b=done["whole_b"],
+        max_epochs=epochs,
+    )
+    ids = done["whole_b"].rows(0)
+    assert abs(sum(i < OFFSET for i in ids) / len(ids) - WEIGHTS[0]) < 0.01
+
+
+def _cli_config(tmp_path: Path, train: str, uri: str) -> Path:
+    text = f"""\
+seed_everything: 0
+trainer:
+  accelerator: cpu
+  devices: 1
+  max_steps: 4
+  logger: false
+  enable_progress_bar: false
+  enable_model_summary: false
+  enable_checkpointing: false
+  num_sanity_val_steps: 0
+  default_root_dir: {tmp_path / "root"}
+model:
+  class_path: tests.helpers.RecordingModel
+data:
+{train}
+  val: {{uri: {uri}, columns: [id, x]}}
+  batch_size: 10
+  shuffle: {{class_path: lance_lightning.RowShuffle, init_args: {{seed: 1}}}}
+"""
+    path = tmp_path / f"config_{len(list(tmp_path.glob('config_*')))}.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.slow
+def test_cli_yaml_mixture_by_class_path_and_plain_mapping(tmp_path):
+    a, b = _write(tmp_path)
+    mixture = f"""\
+  train:
+    class_path: lance_lightning.LanceMixture
+    init_args:
+      sources: [{{uri: {a}, columns: [id, x]}}, {{uri: {b}, columns: [id, x]}}]
+      weights: [0.6, 0.4]
+      names: [a, b]
+      block: 100"""
+    plain = f"  train: {{uri: {a}, columns: [id, x]}}"
+    for train, expect in ((mixture, "mixture of 2 sources"), (plain, f"split 'train': {a}")):
+        config = _cli_config(tmp_path, train, a)
+        proc = subprocess.run(
+            [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert expect in proc.stdout + proc.stderr
+
+
+def test_a_bad_row_is_named_in_its_own_source(tmp_path):
+    from lance_lightning.errors import BadRowError
+    from lance_lightning.transforms import DecodeImage
+    from tests.unit.transforms.test_transforms_image import write_image_dataset
+
+    good = write_image_dataset(tmp_path / "good.lance", 100)
+    bad = write_image_dataset(tmp_path / "bad.lance", 100, bad=(7,))
+    columns = ["id", "x", "image"]
+    dm = LanceDataModule(
+        train=LanceMixture([LanceSource(good, columns), LanceSource(bad, columns)], [0.5, 0.5], block=10),
+        batch_size=10,
+        transform=DecodeImage(size=8, normalize=False),
+    )
+    with pytest.raises(BadRowError) as info:
+        list(dm.train_dataloader())
+    assert info.value.position == 7 and f"of {bad} (version 1)" in str(info.value)
