@@ -104,7 +104,16 @@ class LanceMixture:
         for j, source in enumerate(self.sources):
             pinned = pin_source(source, f"{split}.sources[{j}]")
             plans.append(
-                build_plan(f"{split}/{self.names[j]}", pinned, strategy, data.filter_read, batch_size, False, 1)
+                build_plan(
+                    f"{split}/{self.names[j]}",
+                    pinned,
+                    strategy,
+                    data.filter_read,
+                    batch_size,
+                    False,
+                    1,
+                    packing=data.packing,
+                )
             )
         first = read_schema(plans[0])
         if MIXTURE_SOURCE in first.names:

@@ -174,17 +174,26 @@ class RecordingModel(pl.LightningModule):
 
 
 def write_token_dataset(
-    path: Any, documents: int = 200, *, max_len: int = 40, seed: int = 0, fragment_rows: int | None = None
+    path: Any,
+    documents: int = 200,
+    *,
+    max_len: int = 40,
+    seed: int = 0,
+    fragment_rows: int | None = None,
+    first_token: int = 0,
 ) -> tuple[str, np.ndarray]:
     """A Lance dataset of ``documents`` token documents; return its URI and the token counts.
 
     Columns: ``id`` int64, ``tokens`` list<int32>, ``n_tokens`` int32, ``topic`` int64 (non-decreasing,
     ``id * 4 // documents``). Document ``i`` holds ``n_tokens[i]`` (0..``max_len``) tokens numbered by
-    their place in the concatenation of all documents: token ``t`` of the stream has id ``t``.
+    their place in the concatenation of all documents: token ``t`` of the stream has id
+    ``first_token + t`` (distinct ``first_token`` values tell the sources of a mixture apart).
     """
     counts = np.random.default_rng(seed).integers(0, max_len + 1, documents)
     starts = np.concatenate([[0], np.cumsum(counts)])
-    tokens = pa.ListArray.from_arrays(pa.array(starts, pa.int32()), pa.array(np.arange(starts[-1]), pa.int32()))
+    tokens = pa.ListArray.from_arrays(
+        pa.array(starts, pa.int32()), pa.array(first_token + np.arange(starts[-1]), pa.int32())
+    )
     table = pa.table(
         {
             "id": pa.array(np.arange(documents, dtype=np.int64)),

@@ -91,6 +91,11 @@ class MixturePlan:
     def row_bytes(self) -> int:
         return max(plan.row_bytes for plan in self.plans)
 
+    @property
+    def packed(self) -> bool:
+        """Whether the sources' units are packed token windows (all sources share the packing)."""
+        return self.plans[0].packed
+
     def layout(self, world_size: int, start: int = 0) -> Layout:
         return Layout(start, self.matched_rows - start, world_size, self.batch_size, self.drop_last, self.pad)
 
@@ -124,7 +129,8 @@ class MixturePlan:
         return source, block * counts[source] + (slot - starts[source])
 
     def units(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(source index, dataset position in that source) of each mixture position of ``epoch``."""
+        """(source index, unit of that source) of each mixture position of ``epoch``: the row's
+        dataset position, or with packing the window's index."""
         source, draw = self.draws(epoch, positions)
         rows = np.empty_like(draw)
         for j, plan in enumerate(self.plans):
@@ -136,7 +142,8 @@ class MixturePlan:
             for pass_ in np.unique(passes):
                 here = passes == pass_
                 order = plan.order(_pass_epoch(epoch, int(pass_)))
-                out[here] = plan.row_positions(order.matched_indices(index[here]))
+                matched = order.matched_indices(index[here])
+                out[here] = matched if plan.packed else plan.row_positions(matched)
             rows[mine] = out
         return source, rows
 
@@ -158,7 +165,8 @@ class MixturePlan:
         for name, plan, weight, count in zip(self.names, self.plans, self.weights, self.counts):
             src = plan.source
             lines.append(
-                f"  {name}: {src.uri} @ version {src.version}, {plan.matched_rows:,} rows, weight {weight / total:.4f}"
+                f"  {name}: {src.uri} @ version {src.version}, {plan.matched_rows:,} {plan.unit}s, "
+                f"weight {weight / total:.4f}"
                 f" -> {count:,} per block ({count / self.block:.4f})"
             )
         if self.epoch_rule == "first_exhausted":

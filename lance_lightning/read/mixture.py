@@ -4,9 +4,11 @@ Guarantees:
 - `MixtureReader` has `PlanReader`'s interface (``layout``, ``groups``, ``read_group``), so the
   producer, the dataset and the loader treat a mixture as any plan.
 - A read group costs one Lance ``take`` per source it draws from (rows by dataset position, as
-  a take plan reads); the rows are then put back in the batches' order, and each batch gets a
-  ``source`` column (int64): the index of the source each row came from.
-- A batch spec's positions are the rows' dataset positions in their own sources.
+  a take plan reads; with packing, the documents the source's windows span, as `PackedReader`
+  reads them); the samples are then put back in the batches' order, and each batch gets a
+  ``source`` column (int64): the index of the source each sample came from.
+- A batch spec's positions are the samples' units in their own sources: dataset positions of rows,
+  or window indices with packing.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ class MixtureReader:
         self.rank = rank
         self.layout = plan.layout(world_size, start)
         self.batch_rows = read_batch_rows(plan.row_bytes)
+        #: Packed sources' window readers (the mixture's units are then windows).
+        self.windows = {
+            j: PackedReader(source, epoch, 1, 0, 0, retry=retry) for j, source in enumerate(plan.plans) if source.packed
+        }
 
     def specs(self, steps: list[int]) -> list[MixtureSpec]:
         seqs = [self.layout.batch_rows(self.rank, step) for step in steps]
@@ -75,11 +81,17 @@ class MixtureReader:
             mine = np.flatnonzero(source == j)
             if not len(mine):
                 continue
-            wanted, inverse = np.unique(positions[mine], return_inverse=True)
-            table = read_positions(plan.source, wanted, scan_mode=False, retry=self.retry, batch_rows=self.batch_rows)
+            if j in self.windows:  # packed: the units are windows, each read once per epoch
+                table = self.windows[j].read_windows(positions[mine])
+                index[mine] = offset + np.arange(len(mine))
+            else:
+                wanted, inverse = np.unique(positions[mine], return_inverse=True)
+                table = read_positions(
+                    plan.source, wanted, scan_mode=False, retry=self.retry, batch_rows=self.batch_rows
+                )
+                index[mine] = offset + inverse
             tables.append(table.replace_schema_metadata(None))
-            index[mine] = offset + inverse
-            offset += len(wanted)
+            offset += table.num_rows
         table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
         table = table.take(pa.array(index)).append_column(MIXTURE_SOURCE, pa.array(source, pa.int64()))
         bounds = np.cumsum([0, *(len(spec.positions) for spec in group)])

@@ -51,7 +51,15 @@ class PackedReader(PlanReader):
         return [BatchSpec(step, part) for step, part in zip(steps, np.split(windows, bounds))]
 
     def read_group(self, group: list[BatchSpec]) -> list[tuple[int, pa.Table]]:
-        windows = np.concatenate([spec.positions for spec in group])
+        packed = self.read_windows(np.concatenate([spec.positions for spec in group]))
+        bounds = np.cumsum([0, *(len(spec.positions) for spec in group)])
+        return [
+            (spec.step, packed.slice(int(first), int(end - first)))
+            for spec, first, end in zip(group, bounds[:-1], bounds[1:])
+        ]
+
+    def read_windows(self, windows: np.ndarray) -> pa.Table:
+        """The packed table of ``windows`` (window indices), one row per window in that order."""
         documents = self.index.documents_of(windows)
         positions = self.plan.row_positions(documents)
         ranges = contiguous_ranges(positions, MAX_RANGE_SCANS)
@@ -73,12 +81,7 @@ class PackedReader(PlanReader):
             for name in ("input_ids", "labels", "position_ids", "document_ids")
             if name in arrays
         }
-        packed = pa.table(columns)
-        bounds = np.cumsum([0, *(len(spec.positions) for spec in group)])
-        return [
-            (spec.step, packed.slice(int(first), int(end - first)))
-            for spec, first, end in zip(group, bounds[:-1], bounds[1:])
-        ]
+        return pa.table(columns)
 
     def _tokens(
         self, column: pa.ChunkedArray, documents: np.ndarray, positions: np.ndarray
