@@ -222,17 +222,25 @@ def _records(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for path in sorted(out.glob("rank*.jsonl")) for line in path.read_text().splitlines()]
 
 
-def _config(corpus: Path, tmp_path: Path, every: int) -> Path:
-    """The shipped config on the test corpus, small: 1 epoch, a checkpoint every ``every`` steps."""
-    config = yaml.safe_load(CONFIG.read_text())
-    text = json.dumps(config).replace("data/gpt/", f"{corpus.as_posix()}/")
-    config = json.loads(text)
+def _config(corpus: Path, tmp_path: Path, every: int, mixture: bool) -> Path:
+    """The shipped config on the test corpus, small: 1 epoch, a checkpoint every ``every`` steps.
+
+    Without ``mixture``, the code corpus alone, cut into windows by `TokenWindows` (no packing)."""
+    config = json.loads(json.dumps(yaml.safe_load(CONFIG.read_text())).replace("data/gpt/", f"{corpus.as_posix()}/"))
     config["trainer"].update(max_steps=-1, max_epochs=1, log_every_n_steps=1, limit_val_batches=2)
     config["trainer"].pop("val_check_interval")
     config["trainer"]["callbacks"][0]["init_args"].update(every_n_train_steps=every, save_top_k=-1)
     config["model"]["init_args"].update(vocab_size=512, d_model=32, n_heads=2, n_layers=1)
-    config["data"]["packing"]["init_args"]["seq_len"] = 64
     config["data"]["batch_size"] = 4
+    if mixture:
+        config["data"]["packing"]["init_args"]["seq_len"] = 64
+    else:
+        del config["data"]["packing"]
+        config["data"]["train"] = {"uri": f"{corpus.as_posix()}/code.lance", "columns": ["tokens"]}
+        config["data"]["batch_size"] = 1  # a step: one document's windows (the corpus has few documents)
+        config["data"]["val"]["columns"] = ["tokens"]
+        windows = {"column": "tokens", "window": 64, "eos_id": 0}
+        config["data"]["transform"] = {"class_path": "lance_lightning.transforms.TokenWindows", "init_args": windows}
     path = tmp_path / "gpt_test.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -264,22 +272,18 @@ def _finish(proc: subprocess.Popen) -> str:
     return output
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
-    not all(hasattr(lance_lightning, name) for name in ("LanceMixture", "TokenPacking")),
-    reason="needs LanceMixture and TokenPacking (issue 19, packing and mixtures)",
-)
-def test_gpt_config_killed_in_ddp_resumes_on_one_rank_without_retraining(corpus: Path, tmp_path: Path) -> None:
-    every = 4
-    config = _config(corpus, tmp_path, every)
-    ddp = ["--trainer.devices=2", "--trainer.strategy=ddp"]
-
-    # Killed: 2 ranks, SIGKILL once the step after the checkpoint at `every` has started.
-    killed = _launch(config, tmp_path / "killed", tmp_path / "rec_killed", *ddp)
+def _kill_and_resume(config: Path, tmp_path: Path, every: int) -> dict[str, Any]:
+    """Fit ``config`` in 2 DDP ranks, SIGKILL it after its checkpoint at step ``every``, resume that
+    checkpoint on 1 rank, and fit it uninterrupted on 1 rank; check that training continued at the
+    checkpoint's step and that the windows trained equal the uninterrupted run's. Returns the
+    records of each run and the resumed run's TensorBoard scalars."""
+    killed = _launch(
+        config, tmp_path / "killed", tmp_path / "rec_killed", "--trainer.devices=2", "--trainer.strategy=ddp"
+    )
     checkpoints = tmp_path / "killed" / "runs" / "gpt_mixture" / "tensorboard" / "version_0" / "checkpoints"
     deadline = time.monotonic() + TIMEOUT_S
     while killed.poll() is None and time.monotonic() < deadline:
-        if any(r["step"] > every for r in _records(tmp_path / "rec_killed")):
+        if any(r["step"] > every for r in _records(tmp_path / "rec_killed")):  # the checkpoint is written
             os.killpg(killed.pid, signal.SIGKILL)
             break
         time.sleep(0.2)
@@ -289,13 +293,11 @@ def test_gpt_config_killed_in_ddp_resumes_on_one_rank_without_retraining(corpus:
     before = [r for r in _records(tmp_path / "rec_killed") if r["step"] < every]
     assert sorted({r["step"] for r in before}) == list(range(every)) and len(before) == 2 * every
 
-    # Resumed on 1 rank from the checkpoint, to the end of the epoch.
     _finish(_launch(config, tmp_path / "resumed", tmp_path / "rec_resumed", f"--ckpt_path={checkpoint}"))
     after = _records(tmp_path / "rec_resumed")
     assert after and after[0]["step"] == every, "training did not continue at the checkpoint's step"
     assert [r["step"] for r in after] == list(range(every, every + len(after)))
 
-    # Uninterrupted on 1 rank: the same windows, none trained twice.
     _finish(_launch(config, tmp_path / "whole", tmp_path / "rec_whole"))
     whole = _records(tmp_path / "rec_whole")
     trained = Counter(w for r in before + after for w in r["windows"])
@@ -305,12 +307,27 @@ def test_gpt_config_killed_in_ddp_resumes_on_one_rank_without_retraining(corpus:
         f"more often than uninterrupted: {sum((trained - expected).values())}, "
         f"missing: {sum((expected - trained).values())}"
     )
-
-    sources = Counter(s for r in whole for s in r["source"])
-    share = sources[0] / sum(sources.values())
-    assert abs(share - 0.7) <= 0.02, f"code share {share:.3f} of the epoch, weight 0.7"
-    log_dir = tmp_path / "resumed" / "runs" / "gpt_mixture" / "tensorboard" / "version_0"
-    scalars = _scalars(log_dir)
-    for tag in ("train/loss", "train/tokens_per_s", "train/padding_fraction", "train/mixture/code", "val/loss"):
+    scalars = _scalars(tmp_path / "resumed" / "runs" / "gpt_mixture" / "tensorboard" / "version_0")
+    for tag in ("train/loss", "train/tokens_per_s", "train/padding_fraction", "val/loss"):
         assert scalars.get(tag), f"{tag} not in TensorBoard: {sorted(scalars)}"
     assert any(tag.startswith("data/") for tag in scalars), "DataLoadingMonitor logged nothing"
+    return {"before": before, "after": after, "whole": whole, "scalars": scalars}
+
+
+@pytest.mark.slow
+def test_gpt_config_on_one_source_killed_in_ddp_resumes_on_one_rank(corpus: Path, tmp_path: Path) -> None:
+    _kill_and_resume(_config(corpus, tmp_path, every=4, mixture=False), tmp_path, every=4)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not all(hasattr(lance_lightning, name) for name in ("LanceMixture", "TokenPacking")),
+    reason="needs LanceMixture and TokenPacking (issue 19, packing and mixtures)",
+)
+def test_gpt_mixture_config_killed_in_ddp_resumes_on_one_rank_without_retraining(corpus: Path, tmp_path: Path) -> None:
+    runs = _kill_and_resume(_config(corpus, tmp_path, every=4, mixture=True), tmp_path, every=4)
+    sources = Counter(s for r in runs["whole"] for s in r["source"])
+    share = sources[0] / sum(sources.values())
+    assert abs(share - 0.7) <= 0.02, f"code share {share:.3f} of the epoch, weight 0.7"
+    assert runs["scalars"].get("train/mixture/code") and runs["scalars"].get("train/mixture/prose")
+    assert max(runs["scalars"]["train/padding_fraction"]) > 0, "no label masked at a document boundary"
