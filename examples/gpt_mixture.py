@@ -243,7 +243,7 @@ class GPT(L.LightningModule):
 
     Logs ``train/loss``, ``train/tokens_per_s`` (all ranks' tokens per second of wall time
     between steps), ``train/padding_fraction`` (share of labels equal to ``ignore_index``), with
-    a ``source`` column ``train/mixture/<name>`` (share of the batch's windows from each source),
+    a ``source`` column ``train/mixture/<name>`` (share of the batch's samples from each source),
     and ``val/loss``.
 
     Args:
@@ -273,6 +273,7 @@ class GPT(L.LightningModule):
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied embeddings
+        nn.init.normal_(self.embed.weight, std=0.02)  # small logits at the start (loss near log(vocab_size))
         self._last_step_at: float | None = None
 
     def forward(
@@ -311,7 +312,8 @@ class GPT(L.LightningModule):
         self._last_step_at = now
         if "source" in batch:
             names = self.hparams.source_names or []
-            counts = torch.bincount(batch["source"].flatten(), minlength=len(names)).float() / windows
+            source = batch["source"].flatten()
+            counts = torch.bincount(source, minlength=len(names)).float() / source.numel()
             for index, share in enumerate(counts):
                 name = names[index] if index < len(names) else f"source{index}"
                 self.log(f"train/mixture/{name}", share, batch_size=windows)
