@@ -234,6 +234,7 @@ def _config(corpus: Path, tmp_path: Path, every: int, mixture: bool) -> Path:
     config["data"]["batch_size"] = 4
     if mixture:
         config["data"]["packing"]["init_args"]["seq_len"] = 64
+        config["data"]["train"]["init_args"]["block"] = 100  # the test corpus has a few hundred windows
     else:
         del config["data"]["packing"]
         config["data"]["train"] = {"uri": f"{corpus.as_posix()}/code.lance", "columns": ["tokens"]}
@@ -331,3 +332,4 @@ def test_gpt_mixture_config_killed_in_ddp_resumes_on_one_rank_without_retraining
     assert abs(share - 0.7) <= 0.02, f"code share {share:.3f} of the epoch, weight 0.7"
     assert runs["scalars"].get("train/mixture/code") and runs["scalars"].get("train/mixture/prose")
     assert max(runs["scalars"]["train/padding_fraction"]) > 0, "no label masked at a document boundary"
+    assert any(tag.startswith("data/mixture/") for tag in runs["scalars"]), "DataLoadingMonitor logged no mixture"
