@@ -6,7 +6,8 @@ Guarantees: :func:`prepare` needs no network. For one Python installation and on
 * ``code``: the ``.py`` sources of the standard library (``examples.lm_pretrain.stdlib_files``);
 * ``prose``: English text shipped with Python and the installed packages: the topic texts of
   ``pydoc_data.topics`` (the language reference ``help()`` shows) and the ``LICENSE*``,
-  ``*.md``, ``*.rst`` and ``METADATA`` (package descriptions) files under ``site-packages``.
+  ``*.md``, ``*.rst`` and ``METADATA`` (package descriptions) files under ``site-packages``
+  (except this project's own, whose description is its README).
 
 Each corpus is cut into documents (consecutive whole lines, at most ``DOC_BYTES`` bytes), thinned
 evenly to at most ``max_bytes``; every ``VAL_EVERY``-th document goes to the validation set. One
@@ -81,7 +82,14 @@ def prose_documents() -> list[Document]:
 
     files = [(f"pydoc_data/topics/{name}", topics[name].encode()) for name in sorted(topics)]
     site = Path(sysconfig.get_paths()["purelib"])
-    found = sorted({p for pattern in _PROSE_NAMES for p in site.rglob(pattern) if p.is_file()})
+    found = sorted(
+        {
+            p
+            for pattern in _PROSE_NAMES
+            for p in site.rglob(pattern)
+            if p.is_file() and not p.relative_to(site).parts[0].startswith("lance_lightning")  # our README changes
+        }
+    )
     for path in found:
         data = path.read_bytes()
         if path.name == "METADATA":  # the description follows the e-mail style headers
