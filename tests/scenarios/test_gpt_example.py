@@ -8,8 +8,7 @@
 - The shipped config through the CLI (``lance-lightning fit``) in 2 DDP CPU ranks, killed after a
   checkpoint and resumed on 1 rank with ``--ckpt_path``: training continues at the checkpoint's
   step and the killed + resumed runs trained exactly the windows of an uninterrupted run, none
-  twice. It needs `LanceMixture` and `TokenPacking` (issue 19's other parts) and is skipped
-  without them.
+  twice.
 """
 
 from __future__ import annotations
@@ -32,8 +31,6 @@ import pytest
 import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
-
-import lance_lightning
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = REPO_ROOT / "configs" / "gpt_mixture.yaml"
@@ -321,10 +318,6 @@ def test_gpt_config_on_one_source_killed_in_ddp_resumes_on_one_rank(corpus: Path
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not all(hasattr(lance_lightning, name) for name in ("LanceMixture", "TokenPacking")),
-    reason="needs LanceMixture and TokenPacking (issue 19, packing and mixtures)",
-)
 def test_gpt_mixture_config_killed_in_ddp_resumes_on_one_rank_without_retraining(corpus: Path, tmp_path: Path) -> None:
     runs = _kill_and_resume(_config(corpus, tmp_path, every=4, mixture=True), tmp_path, every=4)
     sources = Counter(s for r in runs["whole"] for s in r["source"])
