@@ -13,7 +13,8 @@ Guarantees:
 - Nothing is taken from the source more than ``depth`` batches ahead of the consumer, and the
   loader advances its cursor when it yields a batch, so a checkpoint counts only delivered batches.
 - `AheadThread.stop` (also run when the consumer leaves the iteration early) ends the thread after
-  the batch in hand and waits for the work in flight.
+  the batch in hand (and at most one more being read when it was called) and waits for the work
+  in flight.
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ class AheadThread:
         try:
             stream = self._stream()
             for batch, shipped, positions in self.items:
+                if self._stopping.is_set():  # the consumer left while this batch was read
+                    return
                 if stream is None:  # another device: the work is done when prepare returns
                     ready, done = self.ahead.prepare(batch, positions), None
                 else:

@@ -98,7 +98,8 @@ def test_leaving_early_stops_the_thread_and_closes_the_source() -> None:
             break
     batches.close()  # what dropping the iterator does
     assert source.closed and not _ahead_threads()
-    assert source.pulled <= 3 + 2 + 1
+    # taken + queued + the one in hand, + one whose read had begun when the consumer left
+    assert source.pulled <= 3 + 2 + 1 + 1
 
 
 def test_the_loader_cursor_counts_only_delivered_batches(tmp_path: Path) -> None:
