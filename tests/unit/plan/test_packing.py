@@ -298,3 +298,11 @@ def test_a_cursor_of_other_packing_settings_is_refused_naming_the_field(tokens_d
     CursorTracker(saved_plan, 1).restore(state)
     with pytest.raises(CursorMismatchError, match="plan.packing"):
         CursorTracker(other, 1).restore(state)
+
+
+def test_replacing_bad_rows_of_packed_windows_is_refused(tokens_dataset) -> None:
+    from lance_lightning.produce.badrows import ReplaceBadRow
+
+    with pytest.raises(ConfigError) as error:
+        LanceDataModule(train=LanceSource(tokens_dataset[0]), packing=TokenPacking(), bad_rows=ReplaceBadRow())
+    assert error.value.param == "bad_rows"
