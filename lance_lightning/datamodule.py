@@ -48,7 +48,7 @@ from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.schema import check_read_schema
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
 from lance_lightning.plan.survey import build_plan
-from lance_lightning.produce.badrows import BadRowPolicy, DeviceRowGuard, RaiseOnBadRow
+from lance_lightning.produce.badrows import BadRowPolicy, DeviceRowGuard, RaiseOnBadRow, check_packed_policy
 from lance_lightning.read.retry import RetryPolicy
 from lance_lightning.source import LanceSource, pin_source
 from lance_lightning.vocabulary import SPLITS_OF_STAGE, STAGE_OF_SPLIT, BatchTransform, Split
@@ -194,6 +194,7 @@ class LanceDataModule(pl.LightningDataModule):
         self.transform = transform
         self.device_transform = device_transform
         self.bad_rows = bad_rows if bad_rows is not None else RaiseOnBadRow()
+        check_packed_policy(self.bad_rows, packing)
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.reader_threads = reader_threads

@@ -31,8 +31,6 @@ import torch
 from lance_lightning.checks import check_choice, check_int
 from lance_lightning.errors import ConfigError
 
-#: The keys of a packed batch (with labels; ``labels`` is left out when ``labels=None``).
-PACKED_KEYS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens", "max_seqlen")
 LABEL_MODES = ("document", "stream", None)
 
 

@@ -11,6 +11,8 @@ Guarantees:
   again. The replacement depends only on ``(seed, position, attempt)``, so every run, rank count
   and resume picks the same one; batch sizes never change, so every rank still yields the same
   number of batches and the data cursor stays exact.
+- With packing (rows are token windows cut across documents) `ReplaceBadRow` is refused with
+  `ConfigError` when the data module is made (`check_packed_policy`).
 - Every bad row is counted once, as ``bad_rows`` in the loader's `StageClock` (and so in the
   data metrics), whatever the policy.
 - The same holds for a ``device_transform`` (e.g. ``DecodeImage(device="cuda")``), which runs after
@@ -185,6 +187,18 @@ class BadRowGuard:
         fixed_positions = positions.copy()
         fixed_positions[index] = candidate
         return fixed, fixed_positions
+
+
+def check_packed_policy(policy: BadRowPolicy, packing: Any) -> None:
+    """`ConfigError` for `ReplaceBadRow` with packing: a packed batch's rows are windows cut across
+    documents, which no replacement row can stand for."""
+    if packing is not None and isinstance(policy, ReplaceBadRow):
+        raise ConfigError(
+            "bad_rows",
+            policy,
+            "cannot replace rows of packed token windows (packing is set)",
+            "keep the default bad_rows (RaiseOnBadRow) with packing",
+        )
 
 
 def replacement(

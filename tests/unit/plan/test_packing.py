@@ -279,3 +279,30 @@ def test_a_lengths_column_that_disagrees_with_the_tokens_raises_naming_the_row(t
     dm.setup("fit")
     with pytest.raises(DataReadError, match="dataset row 1 .* holds 2 token"):
         list(LanceIterableDataset(dm.plans["train"], reader_threads=0))
+
+
+def test_a_cursor_of_other_packing_settings_is_refused_naming_the_field(tokens_dataset) -> None:
+    from lance_lightning import CursorMismatchError
+    from lance_lightning.plan.cursor import CursorTracker
+
+    uri, _ = tokens_dataset
+    saved_plan, _ = epoch_batches(uri, TokenPacking(seq_len=16, lengths_column="n_tokens"), RowShuffle(seed=1))
+    other, _ = epoch_batches(
+        uri, TokenPacking(seq_len=16, lengths_column="n_tokens", labels="stream"), RowShuffle(seed=1)
+    )
+    tracker = CursorTracker(saved_plan, 1)
+    tracker.begin_epoch(0)
+    tracker.on_yield()
+    state = tracker.state()
+    assert state["plan"]["packing"]["seq_len"] == 16 and state["rows_consumed"] == 4  # windows
+    CursorTracker(saved_plan, 1).restore(state)
+    with pytest.raises(CursorMismatchError, match="plan.packing"):
+        CursorTracker(other, 1).restore(state)
+
+
+def test_replacing_bad_rows_of_packed_windows_is_refused(tokens_dataset) -> None:
+    from lance_lightning.produce.badrows import ReplaceBadRow
+
+    with pytest.raises(ConfigError) as error:
+        LanceDataModule(train=LanceSource(tokens_dataset[0]), packing=TokenPacking(), bad_rows=ReplaceBadRow())
+    assert error.value.param == "bad_rows"
