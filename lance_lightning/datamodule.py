@@ -30,13 +30,11 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lance_lightning.checks import check_int
+from lance_lightning.device_stage import DeviceStage
 from lance_lightning.errors import ConfigError
-from lance_lightning.load.ahead import DeviceAhead, DevicePreparation
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.device import DeviceTransfer, host_columns
 from lance_lightning.load.loader import LanceDataLoader, check_start_method
@@ -48,7 +46,7 @@ from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.schema import check_read_schema
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
 from lance_lightning.plan.survey import build_plan
-from lance_lightning.produce.badrows import BadRowPolicy, DeviceRowGuard, RaiseOnBadRow, check_packed_policy
+from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow, check_packed_policy
 from lance_lightning.read.retry import RetryPolicy
 from lance_lightning.source import LanceSource, pin_source
 from lance_lightning.vocabulary import SPLITS_OF_STAGE, STAGE_OF_SPLIT, BatchTransform, Split
@@ -59,7 +57,7 @@ _STATE_KEY = "train_cursor"
 warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
 
 
-class LanceDataModule(pl.LightningDataModule):
+class LanceDataModule(DeviceStage, pl.LightningDataModule):
     """Train/val/test/predict dataloaders planned from Lance sources.
 
     Args:
@@ -372,74 +370,10 @@ class LanceDataModule(pl.LightningDataModule):
             self._loaders[split] = loader
         return loader
 
-    def _device_ahead(self, split: Split, dataset: LanceIterableDataset) -> DeviceAhead | None:
-        """Batches prepared on the GPU ahead of the step: on CUDA, unless ``device_ahead`` is 0 or
-        the model moves batches itself (its ``transfer_batch_to_device`` must see host batches)."""
-        if self.device_ahead == 0 or self.trainer is None:
-            return None
-        device = self.trainer.strategy.root_device
-        model = self.trainer.lightning_module
-        if device.type != "cuda" or (
-            model is not None and is_overridden("transfer_batch_to_device", model, pl.LightningModule)
-        ):
-            return None
-        guard = None
-        if self.device_transform is not None:
-            guard = self._row_guard(split, device, dataset)
-        prepare = DevicePreparation(self.device_transfer, device, self.device_transform, guard)
-        return DeviceAhead(prepare, device, self.device_ahead)
-
-    def _row_guard(self, split: Split, device: torch.device, dataset: LanceIterableDataset) -> DeviceRowGuard:
-        return DeviceRowGuard(
-            self.bad_rows,
-            self.plans[split],
-            self.transform,
-            self.fill_nulls,
-            self.device_transform,
-            functools.partial(self.device_transfer, device=device),
-            dataset.clock,
-        )
-
-    def _prepared_ahead(self) -> bool:
-        """Whether the running split's batches arrive already prepared on the device."""
-        split = _RUNNING_SPLITS.get(self.trainer.state.stage) if self.trainer is not None else None
-        loader = self._loaders.get(split)
-        return loader is not None and loader.device_ahead is not None
-
     def _pin(self) -> bool:
         if self.pin_memory is not None:
             return self.pin_memory and torch.cuda.is_available()
         return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
-
-    # -- batch transfer (main process, training loop thread) ----------------------------------
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Non-blocking copies of the batch's tensors (side CUDA stream); str/bytes lists stay on host."""
-        model = self.trainer.lightning_module if self.trainer is not None else None
-        if model is not None and is_overridden("transfer_batch_to_device", model, pl.LightningModule):
-            return model.transfer_batch_to_device(batch, device, dataloader_idx)
-        if self._prepared_ahead():
-            return batch
-        if not isinstance(batch, dict):  # a transform changed the batch type: Lightning's generic transfer
-            return super().transfer_batch_to_device(batch, device, dataloader_idx)
-        return self.device_transfer(batch, device)
-
-    def _device_transform(self, batch: Any) -> Any:
-        """The device transform, under the bad-row policy when the loader kept the batch's row positions."""
-        split = _RUNNING_SPLITS.get(self.trainer.state.stage) if self.trainer is not None else None
-        positions = self._loaders[split].positions if split in self._loaders else None
-        if positions is None:
-            return self.device_transform(batch)
-        guard = self._row_guard(split, self.trainer.strategy.root_device, self._loaders[split].dataset)
-        return guard(batch, positions)
-
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Runs ``device_transform`` on the device batch, then the model's hook if it has one."""
-        if self.device_transform is not None and not self._prepared_ahead():
-            batch = self._device_transform(batch)
-        model = self.trainer.lightning_module if self.trainer is not None else None
-        if model is not None and is_overridden("on_after_batch_transfer", model, pl.LightningModule):
-            batch = model.on_after_batch_transfer(batch, dataloader_idx)
-        return batch
 
     def teardown(self, stage: str) -> None:
         """Release the side copy stream and the reader threads (restarted on the next iteration)."""
@@ -486,15 +420,6 @@ class LanceDataModule(pl.LightningDataModule):
                     "restore that version, or resume with `resume_data=False` to start the data epoch fresh",
                 ) from error
         self.train_cursor.restore(cursor)
-
-
-_RUNNING_SPLITS = {
-    RunningStage.TRAINING: "train",
-    RunningStage.SANITY_CHECKING: "val",
-    RunningStage.VALIDATING: "val",
-    RunningStage.TESTING: "test",
-    RunningStage.PREDICTING: "predict",
-}
 
 
 def _require(name: str, value: Any, minimum: int) -> None:
