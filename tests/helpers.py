@@ -209,6 +209,18 @@ def write_token_dataset(
     return os.fspath(path), counts
 
 
+class ImageRecordingModel(RecordingModel):
+    """`RecordingModel` that also records each step's ``image`` tensor (on the CPU) in ``images``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[torch.Tensor] = []
+
+    def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
+        self.images.append(batch["image"].cpu())
+        return super().training_step(batch, batch_idx)
+
+
 class PackedRecordingModel(RecordingModel):
     """`RecordingModel` for packed batches: records each window's first token (with
     `write_token_dataset`, its stream index) in ``seen`` and every step's ``input_ids`` in ``tokens``."""

@@ -18,7 +18,7 @@ from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.produce.badrows import BadRowError, RaiseOnBadRow, ReplaceBadRow, RowError
 from lance_lightning.transforms import DecodeImage
 from tests.harness import assert_exact, fit, run_resume
-from tests.helpers import RecordingModel
+from tests.helpers import ImageRecordingModel
 from tests.unit.transforms.test_image import assert_images_match_ids, write_image_dataset
 
 BAD = (13, 14, 57, 130)
@@ -173,21 +173,9 @@ def test_resume_across_a_bad_row_is_exact(tmp_path: Path, uri: str, shuffle: str
 
 
 # -- the device stage: a device_transform under the same policy -------------------------------------------
-class ImageSteps(RecordingModel):
-    """Records each step's ids (as `RecordingModel`) and decoded images."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.images: list[torch.Tensor] = []
-
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        self.images.append(batch["image"].cpu())
-        return super().training_step(batch, batch_idx)
-
-
 def fit_steps(
     tmp_path: Path, uri: str, policy: Any, stage: str, device: str = "cpu"
-) -> tuple[ImageSteps, LanceDataModule]:
+) -> tuple[ImageRecordingModel, LanceDataModule]:
     decode = DecodeImage(size=8, normalize=False, device=None if device == "cpu" else device)
     where = {"transform": decode} if stage == "host" else {"device_transform": decode}
     dm = LanceDataModule(
@@ -197,7 +185,7 @@ def fit_steps(
         shuffle=RowShuffle(seed=2, clump_rows=4),
         **where,
     )
-    model = ImageSteps()
+    model = ImageRecordingModel()
     fit(tmp_path, dm, name=f"{stage}-{device}", model=model, accelerator=device)
     return model, dm
 

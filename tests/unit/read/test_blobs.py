@@ -16,7 +16,7 @@ from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle
 from lance_lightning.source import pin_source
 from lance_lightning.transforms import DecodeImage
 from tests.harness import assert_exact, fit, run_resume
-from tests.helpers import RecordingModel, make_table
+from tests.helpers import ImageRecordingModel, make_table
 from tests.unit.transforms.test_image import jpeg, noise
 
 ROWS = 96
@@ -31,18 +31,6 @@ def write_blob_dataset(path: Path, rows: int = ROWS, fragment_rows: int = 40) ->
     table = table.append_column(schema.field("image"), blob_array(images))
     lance.write_dataset(table, str(path), data_storage_version="2.2", max_rows_per_file=fragment_rows)
     return str(path), images
-
-
-class BlobModel(RecordingModel):
-    """Records each step's decoded images (and, as `RecordingModel`, its ids)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.images: list[torch.Tensor] = []
-
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        self.images.append(batch["image"].cpu())
-        return super().training_step(batch, batch_idx)
 
 
 def reference(images: list[bytes]) -> torch.Tensor:
@@ -77,7 +65,7 @@ def test_fit_decodes_every_blob_row_like_its_bytes(
         transform=DecodeImage(normalize=False),
         reader_threads=2,
     )
-    model = fit(tmp_path, dm, name="blobs", model=BlobModel())
+    model = fit(tmp_path, dm, name="blobs", model=ImageRecordingModel())
     want = reference(images)
     seen = [i for step in model.seen for i in step]
     assert sorted(seen) == list(range(ROWS))  # every row once
