@@ -6,13 +6,15 @@ RowShuffle, RowShuffle(clump_rows=64), BufferShuffle; each without a filter and 
 
 - setup: ``LanceDataModule.setup("fit")`` (pin, filter scan, plan, the rank-0 ``explain``);
 - first batch: ``train_dataloader()`` and its first batch;
-- memory: the process's RSS after the first batch, minus that of the unfiltered NoShuffle case of
-  the same size (same imports, same dataset; a fresh process each, so nothing is shared);
+- for RowShuffle: rows/s over the next ``--batches`` batches of that epoch (all of it at 10^6),
+  read groups at their full size;
 - resume at 10% and 90%: the first batch of an iterator restored from a cursor at that share of
-  the epoch (the process already read one batch, so both are warm alike; median of 5, alternated);
-- for RowShuffle: rows/s over ``--batches`` batches after the first (a partial epoch), and the
-  rows/s of hand-written ``dataset.take`` calls of as many random rows (sorted groups of 16
-  batches, as the reader asks): Lance's random access slows as rows grow sparser in the file.
+  the epoch (the process already read, so both are warm alike; median of 5, alternated);
+- memory: the process's RSS after all of that, minus that of the unfiltered NoShuffle case of
+  the same size (same imports, same dataset; a fresh process each, so nothing is shared);
+- for RowShuffle, last: the rows/s of hand-written ``dataset.take`` calls of as many random rows
+  in sorted groups of the reader's full group size: Lance's random access slows as rows grow
+  sparser in the file.
 
 Datasets are written once to ``--cache`` and reused. Results accumulate in ``scale.json`` beside
 the datasets (so sizes can be run in sections: ``--rows 1e6,1e7`` then ``--rows 1e8``) and the
@@ -93,6 +95,7 @@ def measure_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
     """One case, in this (fresh) process."""
     import lance_lightning as ll
     from lance_lightning import LanceDataModule, LanceSource
+    from lance_lightning.read.reader import group_rows
 
     name, kwargs = CASES[case]
     strategy = getattr(ll, name)(**kwargs)
@@ -103,16 +106,20 @@ def measure_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
     dm.setup("fit")
     t1 = time.perf_counter()
     loader = dm.train_dataloader()
-    next(iter(loader))
+    epoch = iter(loader)
+    next(epoch)
     t2 = time.perf_counter()
-    out = {
-        "setup_s": t1 - t0,
-        "first_s": t2 - t1,
-        "rss_mb": rss_mb(),
-        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }
-    rows = dm.plans["train"].matched_rows
+    out = {"setup_s": t1 - t0, "first_s": t2 - t1}
     state = dict(loader.state_dict())
+    if batches:  # the same epoch on from its first batch: read groups at their full size
+        batches = min(batches, len(loader) - 1)
+        started = time.perf_counter()
+        for _ in range(batches):
+            next(epoch)
+        out["timed_batches"] = batches
+        out["rows_per_s"] = batches * BATCH / (time.perf_counter() - started)
+    del epoch
+    rows = dm.plans["train"].matched_rows
     times: dict[float, list[float]] = {0.1: [], 0.9: []}
     for _ in range(RESUME_REPS):  # alternated, median of each: a few ms each, on a loaded machine
         for share in times:
@@ -123,30 +130,28 @@ def measure_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
             times[share].append(time.perf_counter() - started)
     for share, spent in times.items():
         out[f"resume{int(share * 100)}_s"] = statistics.median(spent)
-    if batches:
-        it = iter(loader)
-        next(it)
-        started = time.perf_counter()
-        for _ in range(batches):
-            next(it)
-        out["rows_per_s"] = batches * BATCH / (time.perf_counter() - started)
-        out["raw_take_rows_per_s"] = raw_take_rate(uri, rows, batches)
+    out["rss_mb"] = rss_mb()
+    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if batches:  # after the memory readings: its own dataset handle and arrays are not the loader's
+        plan = dm.plans["train"]
+        out["raw_take_rows_per_s"] = raw_take_rate(uri, plan.source.total_rows, batches * BATCH, group_rows(plan))
     return out
 
 
-def raw_take_rate(uri: str, rows: int, batches: int) -> float:
-    """Rows/s of hand-written Lance takes of as many random rows, in sorted groups of 16 batches
-    (what the reader asks Lance for): the reference for the loader's RowShuffle rows/s."""
+def raw_take_rate(uri: str, rows: int, taken: int, group: int) -> float:
+    """Rows/s of hand-written Lance takes of about ``taken`` random rows out of ``rows``, in sorted
+    groups of ``group`` rows (the reader's full read group): the reference for the loader's
+    RowShuffle rows/s."""
     import lance
     import numpy as np
 
     dataset = lance.dataset(uri)
     rng = np.random.default_rng(0)
-    group = 16 * BATCH
+    calls = max(1, round(taken / group))
     started = time.perf_counter()
-    for _ in range(max(1, batches // 16)):
+    for _ in range(calls):
         dataset.take(np.sort(rng.choice(rows, group, replace=False)), columns=["x"])
-    return max(1, batches // 16) * group / (time.perf_counter() - started)
+    return calls * group / (time.perf_counter() - started)
 
 
 def run_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
@@ -173,8 +178,8 @@ def render(results: dict) -> str:
         )
         + ".",
         f"Machine: {machine()}. One int64 column, batch {BATCH}, filter `{FILTER}` (10%), "
-        "one process per case, warm page cache. Memory: RSS after the first batch minus the "
-        "unfiltered NoShuffle case's of the same size.",
+        "one process per case, warm page cache. Memory: RSS after the reads (first batch, RowShuffle's timed "
+        "batches, resumes) minus the unfiltered NoShuffle case's of the same size.",
         f"Targets at the largest size: {TARGETS}; RowShuffle rows/s at 10^8 within 10% of 10^6.",
         "",
         "| rows | case | filter | setup s | first batch s | setup + first s | memory over NoShuffle MB "
@@ -204,7 +209,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1e6,1e7", help="comma-separated sizes, e.g. 1e6,1e7,1e8")
     parser.add_argument("--cache", default="/tmp/lance_lightning_scale", help="where datasets are written once")
-    parser.add_argument("--batches", type=int, default=400, help="RowShuffle batches timed for rows/s")
+    parser.add_argument("--batches", type=int, default=12000, help="RowShuffle batches timed for rows/s")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
     parser.add_argument("--quick", action="store_true", help="smoke run: 10^6 rows, printed, scale.md untouched")
     parser.add_argument("--results", help="results file (default: scale.json in --cache)")

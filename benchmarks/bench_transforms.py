@@ -73,6 +73,7 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle, to_torch_batch  # noqa: E402
+from lance_lightning.read.reader import group_rows  # noqa: E402
 from lance_lightning.transforms import DecodeImage  # noqa: E402
 
 RESULTS = common.RESULTS_DIR / "transforms.md"
@@ -474,9 +475,8 @@ def memory_child(uri: str, depth: int, epochs: int) -> dict[str, Any]:
     stop.set()
     sampler.join()
     plan = dm.plans["train"]
-    group_rows = min(16384, 4 * BATCH) if plan.method == "take" else 16384
     raw_row = lance.dataset(uri).to_table(columns=["image", "label"], limit=1000).nbytes / 1000
-    bound = depth * DECODED_BATCH_BYTES + dm.prefetch_groups * group_rows * raw_row
+    bound = depth * DECODED_BATCH_BYTES + dm.prefetch_groups * group_rows(plan) * raw_row
     return {"idle": idle, "peaks": peaks, "bound": bound}
 
 

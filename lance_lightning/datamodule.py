@@ -84,8 +84,8 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
             threads, the fastest choice unless the transform is heavy Python.
         reader_threads: Threads per process reading, converting and transforming batches; 0 does it
             all on the training loop's thread (no prefetch). Default ``min(4, os.cpu_count())``.
-        prefetch_groups: Read groups prepared ahead (about 8 MiB and at most 16k rows each; at most
-            16 batches for takes).
+        prefetch_groups: Read groups prepared ahead (scans: about 8 MiB and at most 16k rows each;
+            takes: 16 batches at first, then doubling up to about 1 MiB).
         prefetch_batches: Transformed batches prepared ahead, per process. Memory bound per
             process: ``prefetch_groups`` groups of raw rows + ``prefetch_batches`` finished batches
             (+ ``prefetch_factor`` batches per worker process in the DataLoader queue).

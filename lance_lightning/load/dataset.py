@@ -24,8 +24,9 @@ import pyarrow as pa
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from lance_lightning.metrics.clock import StageClock
+from lance_lightning.plan.filter_scan import find_matches
 from lance_lightning.plan.planner import ReadPlan
-from lance_lightning.plan.rowset import RowSet, scan_matches
+from lance_lightning.plan.rowset import RowSet
 from lance_lightning.produce.badrows import BadRowGuard, BadRowPolicy, RaiseOnBadRow
 from lance_lightning.produce.heap import HEAP
 from lance_lightning.produce.producer import BatchProducer
@@ -162,7 +163,7 @@ class LanceMapDataset(Dataset):
         self.matches: RowSet | None = None
         self._rows = self.source.total_rows
         if self.source.filter is not None:
-            self.matches = scan_matches(self.source.open(), self.source.filter, self.source.total_rows)
+            self.matches = find_matches(self.source)
             self._rows = self.matches.rows
         self.clock = StageClock()
         self.guard = BadRowGuard(

@@ -40,6 +40,10 @@ class RangeRuns:
     def nbytes(self) -> int:
         return self.starts.nbytes + self.before.nbytes
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What rebuilds it (`rowset_from_arrays`)."""
+        return {"starts": self.starts, "lengths": np.diff(self.before)}
+
     def select(self, index: np.ndarray) -> np.ndarray:
         run = np.searchsorted(self.before, index, side="right") - 1
         return self.starts[run] + (index - self.before[run])
@@ -58,6 +62,10 @@ class MatchBitmap:
     def nbytes(self) -> int:
         return self.words.nbytes + self.before.nbytes
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What rebuilds it (`rowset_from_arrays`)."""
+        return {"words": self.words}
+
     def select(self, index: np.ndarray) -> np.ndarray:
         index = np.asarray(index, dtype=np.int64)
         block = np.searchsorted(self.before, index, side="right") - 1
@@ -73,6 +81,13 @@ class MatchBitmap:
 
 
 RowSet = RangeRuns | MatchBitmap
+
+
+def rowset_from_arrays(arrays: dict[str, np.ndarray]) -> RowSet:
+    """The `RowSet` whose ``arrays()`` these are."""
+    if "words" in arrays:
+        return MatchBitmap(np.asarray(arrays["words"], dtype=np.uint64))
+    return RangeRuns(arrays["starts"], arrays["lengths"])
 
 
 def scan_matches(dataset: lance.LanceDataset, filter: str, total_rows: int) -> RowSet:

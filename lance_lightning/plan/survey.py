@@ -1,7 +1,7 @@
 """Setup I/O of a plan, and only here: count the rows, evaluate the filter, sample the row size.
 
 Guarantees:
-- A filter is evaluated once, at setup, in one streaming scan (`lance_lightning.plan.rowset`).
+- A filter is evaluated once, at setup, in one streaming scan (`lance_lightning.plan.filter_scan`).
 - A filter that matches nothing, or a dataset without rows, raises `ConfigError` naming the split.
 - With packing, `survey_tokens` counts each matching document's tokens: from the integer
   ``lengths_column`` when given (reads only that column), else from the token lists (one scan of
@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.plan.filter_scan import find_matches
 from lance_lightning.plan.packing import DocumentIndex, TokenPacking
 from lance_lightning.plan.planner import ReadPlan, Survey, plan_reads
-from lance_lightning.plan.rowset import RowSet, scan_matches
+from lance_lightning.plan.rowset import RowSet
 from lance_lightning.plan.strategies import FilterRead, ShuffleStrategy
 from lance_lightning.source import PinnedSource
 
@@ -36,7 +37,7 @@ def survey(split: str, source: PinnedSource) -> Survey:
     matches: RowSet | None = None
     matched = source.total_rows
     if source.filter is not None:
-        matches = scan_matches(dataset, source.filter, source.total_rows)
+        matches = find_matches(source)
         matched = matches.rows
         if matched == 0:
             raise ConfigError(

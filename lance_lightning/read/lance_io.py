@@ -24,6 +24,10 @@ from lance_lightning.source import PinnedSource
 #: Rows per Arrow batch of a read that does not know its rows' size (the map-style dataset, a
 #: bad-row replacement): small enough for wide binary columns.
 UNSIZED_BATCH_ROWS = 1024
+#: A take of more sorted rows is made of calls of this many: Lance's memory for a call grows with
+#: its rows, its speed barely (10^8 int64 rows in 1 MiB groups: 2,048-row calls 729k rows/s and
+#: 62 MB of RSS growth, 8,192-row calls 797k and 83 MB; benchmarks/results/take_groups.md).
+TAKE_CALL_ROWS = 2048
 
 
 def read_ranges(
@@ -55,8 +59,8 @@ def read_positions(
 ) -> pa.Table:
     """Rows at the sorted, unique ``positions`` of the pinned version, in that order (retried).
 
-    One Lance call: with ``scan_mode``, a scan restricted to those rows (it reads many ranges at
-    scan speed); otherwise a ``take`` (cheapest for scattered rows).
+    With ``scan_mode``, one scan restricted to those rows (it reads many ranges at scan speed);
+    otherwise ``take`` calls of at most `TAKE_CALL_ROWS` rows (cheapest for scattered rows).
     """
     what = describe_rows(positions, "scan" if scan_mode else "take", source.columns)
     return retry.call(
@@ -96,7 +100,11 @@ def _read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool
             columns=columns, row_addr_allowlist=allow, batch_size=batch_rows, scan_in_order=True
         ).to_table()
     elif columns:
-        table = dataset.take(positions, columns=columns)
+        parts = [
+            dataset.take(positions[first : first + TAKE_CALL_ROWS], columns=columns)
+            for first in range(0, len(positions), TAKE_CALL_ROWS)
+        ]
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
     if source.blob_columns:  # the bytes of blob columns: one planned read_blobs call per column
         table = with_blobs(dataset, table, positions, source.columns, source.blob_columns)
     record_io(dataset)

@@ -40,7 +40,8 @@ class PackedReader(PlanReader):
         self.tokens = replace(self.plan.source, columns=(self.index.packing.column,), blob_columns=())
         # Groups of about GROUP_TOKENS tokens: packing's arrays then stay in the CPU caches
         # (2048-token windows: 1023-window groups read 2,386 windows/s, 128-window ones 4,327).
-        self.group_rows = min(self.group_rows, max(self.plan.batch_size, GROUP_TOKENS // self.index.packing.span))
+        windows = max(self.plan.batch_size, GROUP_TOKENS // self.index.packing.span)
+        self.group_rows = self.first_group_rows = min(self.first_group_rows, windows)
         # Arrow batches sized by documents (what is read), not windows (the plan's rows).
         self.batch_rows = read_batch_rows(4 * max(1, self.index.tokens // max(1, self.index.documents)) + 8)
 

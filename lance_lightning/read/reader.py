@@ -6,10 +6,12 @@ Guarantees:
 - Consecutive batches are read together in groups (``PlanReader.groups``): about
   ``GROUP_BYTES`` of rows for scan plans (never fewer rows than one batch or, for a buffer
   shuffle, than one buffer window; a whole number of groups per shard when shards are large),
-  at most 16 batches for take plans. A scan group of one or two ranges of consecutive rows is one
-  offset/limit scan per range, read in the group's order; a group of more ranges is one call
-  whatever its positions, a scan restricted to the wanted rows (``row_addr_allowlist``), so a
-  group of many short ranges (small shards) costs one call, not one per range.
+  for take plans, a first group of at most 16 batches (a quick first batch, after a resume too),
+  then each group twice the last, up to ``TAKE_GROUP_BYTES`` of rows. A scan group of one or two
+  ranges of consecutive rows is one offset/limit scan per range, read in the group's order; a
+  group of more ranges is one call whatever its positions, a scan restricted to the wanted rows
+  (``row_addr_allowlist``), so a group of many short ranges (small shards) costs one call, not
+  one per range.
 - Reads only touch the pinned dataset version, with only the planned columns. Blob columns
   (`lance_lightning.read.blobs`) are read as bytes with ``read_blobs``, one call per column per read.
 - Each read is retried through transient storage errors (`lance_lightning.read.retry.RetryPolicy`);
@@ -36,10 +38,16 @@ from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
 GROUP_BYTES = 8 << 20
 #: ... and at most this many rows (unless a buffer window is larger).
 MAX_GROUP_ROWS = 16384
-#: A take plan's read group holds this many batches (and at most ``GROUP_BYTES``): a Lance call
-#: has a fixed cost, which 4-batch groups of 64-row clumps paid every 1024 rows (the
-#: RowShuffle(clump_rows=64) row of benchmarks/results/read.md, see benchmarks/README.md).
+#: A take plan's first read group of an iteration holds this many batches (and at most
+#: ``GROUP_BYTES``): a Lance call has a fixed cost, which 4-batch groups of 64-row clumps paid every
+#: 1024 rows (the RowShuffle(clump_rows=64) row of benchmarks/results/read.md).
 TAKE_GROUP_BATCHES = 16
+#: Each next take group doubles, up to this many bytes of rows, sorted before the take: Lance
+#: decodes about one chunk per row taken when rows are sparse in the file, and neighbours in a
+#: large sorted group share chunks. Memory grows with it (10^8 int64 rows: 16-batch groups read
+#: 124k rows/s and grow RSS 23 MB, 1 MiB groups 729k and 62 MB, 2 MiB 1.0M and 100 MB;
+#: benchmarks/results/take_groups.md).
+TAKE_GROUP_BYTES = 1 << 20
 #: Arrow batches inside a read hold about this many bytes (a power of two of rows, see
 #: `read_batch_rows`): Lance decodes wide binary columns several times slower per row in its
 #: default 8192-row batches, and narrow rows (a 128-float vector) slower in 1024-row ones
@@ -72,6 +80,7 @@ class PlanReader:
         self.layout = plan.layout(world_size, start)
         self.order = plan.order(epoch)
         self.group_rows = group_rows(plan)
+        self.first_group_rows = first_group_rows(plan, self.group_rows)
         self.batch_rows = read_batch_rows(plan.row_bytes)
         if active_clock() is None:  # not inside a measured read: drop I/O done before this epoch
             try:
@@ -83,22 +92,28 @@ class PlanReader:
         return self.specs([step])[0]
 
     def specs(self, steps: list[int]) -> list[BatchSpec]:
-        """The batches at ``steps``, their positions computed together (one pass over the order)."""
-        seqs = [self.layout.batch_rows(self.rank, step) for step in steps]
-        positions = self.plan.row_positions(self.order.matched_indices(np.concatenate(seqs)))
-        bounds = np.cumsum([len(seq) for seq in seqs])[:-1]
-        return [BatchSpec(step, part) for step, part in zip(steps, np.split(positions, bounds))]
+        """The batches at ``steps``, their positions computed together `TAKE_GROUP_BATCHES` at a
+        time (one pass over the order each: its temporaries stay small in a large group)."""
+        specs: list[BatchSpec] = []
+        for first in range(0, len(steps), TAKE_GROUP_BATCHES):
+            block = steps[first : first + TAKE_GROUP_BATCHES]
+            seqs = [self.layout.batch_rows(self.rank, step) for step in block]
+            positions = self.plan.row_positions(self.order.matched_indices(np.concatenate(seqs)))
+            bounds = np.cumsum([len(seq) for seq in seqs])[:-1]
+            specs.extend(BatchSpec(step, part) for step, part in zip(block, np.split(positions, bounds)))
+        return specs
 
     def groups(self, steps: Iterable[int]) -> Iterator[list[BatchSpec]]:
-        """Consecutive batches bundled into read groups of about ``group_rows`` rows."""
+        """Consecutive batches bundled into read groups of about ``first_group_rows`` rows, each
+        next group twice the last up to ``group_rows`` rows."""
         group: list[int] = []
-        rows = 0
+        rows, limit = 0, self.first_group_rows
         for step in steps:
             group.append(step)
             rows += self.layout.batch_len(self.rank, step)
-            if rows >= self.group_rows:
+            if rows >= limit:
                 yield self.specs(group)
-                group, rows = [], 0
+                group, rows, limit = [], 0, min(2 * limit, self.group_rows)
         if group:
             yield self.specs(group)
 
@@ -130,9 +145,9 @@ class PlanReader:
 
 def group_rows(plan: ReadPlan) -> int:
     """Rows per read group of ``plan`` (see the module docstring)."""
-    rows = min(MAX_GROUP_ROWS, max(plan.batch_size, GROUP_BYTES // max(1, plan.row_bytes)))
     if plan.method == "take":
-        return min(rows, TAKE_GROUP_BATCHES * plan.batch_size)
+        return max(plan.batch_size, TAKE_GROUP_BYTES // max(1, plan.row_bytes))
+    rows = min(MAX_GROUP_ROWS, max(plan.batch_size, GROUP_BYTES // max(1, plan.row_bytes)))
     strategy = plan.strategy
     if strategy.window_rows:
         return max(rows, strategy.window_rows)
@@ -144,6 +159,13 @@ def group_rows(plan: ReadPlan) -> int:
         pieces = next(p for p in range(-(-unit // rows), batches + 1) if batches % p == 0)
         return unit // pieces
     return rows
+
+
+def first_group_rows(plan: ReadPlan, most: int) -> int:
+    """Rows of the first read group of an iteration of ``plan`` (see the module docstring)."""
+    if plan.method != "take":
+        return most
+    return min(most, TAKE_GROUP_BATCHES * plan.batch_size, max(plan.batch_size, GROUP_BYTES // max(1, plan.row_bytes)))
 
 
 def read_batch_rows(row_bytes: int) -> int:

@@ -33,7 +33,14 @@ from lance_lightning import (
     ShuffleStrategy,
 )
 from lance_lightning.plan import EpochOrder, Layout, build_plan
-from lance_lightning.read.reader import MAX_RANGE_SCANS, PlanReader, contiguous_ranges, read_batch_rows
+from lance_lightning.read import lance_io
+from lance_lightning.read.reader import (
+    MAX_RANGE_SCANS,
+    TAKE_GROUP_BYTES,
+    PlanReader,
+    contiguous_ranges,
+    read_batch_rows,
+)
 from lance_lightning.source import pin_source
 from tests.helpers import VEC_DIM, write_dataset
 
@@ -611,6 +618,29 @@ def test_read_groups_tile_large_shards(tmp_path) -> None:
             ids = [i for _, table in reader.read_group(group) for i in table.column("id").to_pylist()]
             assert ids == positions.tolist()
         assert wrapping <= 2  # the short shard, and the shard that crosses the end of the rows
+
+
+def test_take_groups_double_and_sorted_calls_keep_the_planned_order(tmp_path, monkeypatch) -> None:
+    """A take plan's read groups start at 16 batches and double up to `TAKE_GROUP_BYTES` of rows;
+    a group taken in many `TAKE_CALL_ROWS`-row calls still yields each batch's rows in planned order."""
+    monkeypatch.setattr(lance_io, "TAKE_CALL_ROWS", 7)
+    uri = write_dataset(tmp_path / "take.lance", 6000, fragment_rows=1000, label_classes=LABELS)
+    source = pin_source(LanceSource(uri, columns=["id", "label", "x", "vec"]), "train")
+    plan = build_plan("train", source, RowShuffle(seed=5), FilterRead(), 8, False, 1)
+    assert plan.method == "take"
+    reader = PlanReader(plan, epoch=2, world_size=1, rank=0, start=0)
+    most = max(8, TAKE_GROUP_BYTES // plan.row_bytes)
+    sizes = []
+    order = plan.order(2)
+    for group in reader.groups(range(reader.layout.steps)):
+        sizes.append(sum(len(spec.positions) for spec in group))
+        for spec, (step, table) in zip(group, reader.read_group(group)):
+            assert step == spec.step
+            expected = order.matched_indices(reader.layout.batch_rows(0, step))
+            assert table.column("id").to_pylist() == expected.tolist()
+    assert sizes[:3] == [128, 256, 512]
+    assert all(b == min(2 * a, most) or b == sizes[-1] for a, b in zip(sizes, sizes[1:]))
+    assert sum(sizes) == 6000
 
 
 @PURE
