@@ -50,7 +50,10 @@ CASES = {  # name: (strategy class, arguments)
     "RowShuffle(64)": ("RowShuffle", {"seed": 0, "clump_rows": 64}),
     "BufferShuffle": ("BufferShuffle", {"seed": 0}),
 }
-TARGETS = "setup + first batch <= 1 s (no filter); RowShuffle memory <= 64 MB; resume90/resume10 <= 1.2"
+TARGETS = (
+    "setup + first batch <= 1 s (no filter); RowShuffle memory <= 64 MB; resume90/resume10 <= 1.2; "
+    "memory with the filter <= 256 MB"
+)
 
 
 def dataset(cache: Path, rows: int) -> str:
@@ -167,15 +170,16 @@ def load_average() -> str:
 
 
 def render(results: dict) -> str:
+    commands: dict[str, str] = {}  # each command once, with when it started
+    for size in sorted(results, key=int):
+        run = results[size].get("_run")
+        if run:
+            commands.setdefault(run["command"], run["when"])
     lines = [
         "# Scale: setup, first batch, memory and resume from 10^6 rows up",
         "",
         "Commands (sizes run in sections; results accumulate): "
-        + "; ".join(
-            f"`{run['command']}` ({run['when']})"
-            for run in (results[size].get("_run") for size in sorted(results, key=int))
-            if run
-        )
+        + "; ".join(f"`{command}` ({when})" for command, when in commands.items())
         + ".",
         f"Machine: {machine()}. One int64 column, batch {BATCH}, filter `{FILTER}` (10%), "
         "one process per case, warm page cache. Memory: RSS after the reads (first batch, RowShuffle's timed "
@@ -202,7 +206,52 @@ def render(results: dict) -> str:
                 f"{r['resume10_s']:.4f} | {r['resume90_s']:.4f} | {r['resume90_s'] / r['resume10_s']:.2f} | "
                 f"{rate} | {raw} | {r['load']} |"
             )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + verdicts(results)) + "\n"
+
+
+def verdicts(results: dict) -> list[str]:
+    """Each target against the figures above: the largest size measured, and 10^8 vs 10^6 rows/s."""
+    largest = results[max(results, key=int)]
+    base = largest["NoShuffle|0"]["rss_mb"]
+    cases = {key: r for key, r in largest.items() if not key.startswith("_")}
+    checks = [
+        (
+            "setup + first batch, no filter, slowest strategy (s)",
+            max(r["setup_s"] + r["first_s"] for k, r in cases.items() if k.endswith("|0")),
+            "<=",
+            1.0,
+        ),
+        ("RowShuffle memory over NoShuffle (MB)", cases["RowShuffle|0"]["rss_mb"] - base, "<=", 64),
+        (
+            "resume 90% / resume 10%, highest case",
+            max(r["resume90_s"] / r["resume10_s"] for r in cases.values()),
+            "<=",
+            1.2,
+        ),
+        (
+            "memory over NoShuffle with the filter, highest strategy (MB)",
+            max(r["rss_mb"] - base for k, r in cases.items() if k.endswith("|1")),
+            "<=",
+            256,
+        ),
+    ]
+    small, big = (
+        results.get("1000000", {}).get("RowShuffle|0", {}),
+        results.get("100000000", {}).get("RowShuffle|0", {}),
+    )
+    if "rows_per_s" in small and "rows_per_s" in big:
+        checks.append(("RowShuffle rows/s at 10^8 / at 10^6", big["rows_per_s"] / small["rows_per_s"], ">=", 0.9))
+    lines = [
+        "",
+        f"## Targets at 10^{len(max(results, key=int)) - 1} rows",
+        "",
+        "| target | measured | bound | verdict |",
+        "|---|---:|---:|---|",
+    ]
+    for name, value, sense, bound in checks:
+        ok = value <= bound if sense == "<=" else value >= bound
+        lines.append(f"| {name} | {value:.2f} | {sense} {bound} | {'PASS' if ok else 'FAIL'} |")
+    return lines
 
 
 def main() -> None:

@@ -7,11 +7,11 @@ Guarantees:
   ``GROUP_BYTES`` of rows for scan plans (never fewer rows than one batch or, for a buffer
   shuffle, than one buffer window; a whole number of groups per shard when shards are large),
   for take plans, a first group of at most 16 batches (a quick first batch, after a resume too),
-  then each group twice the last, up to ``TAKE_GROUP_BYTES`` of rows. A scan group of one or two
-  ranges of consecutive rows is one offset/limit scan per range, read in the group's order; a
-  group of more ranges is one call whatever its positions, a scan restricted to the wanted rows
-  (``row_addr_allowlist``), so a group of many short ranges (small shards) costs one call, not
-  one per range.
+  then each group twice the last, up to ``TAKE_GROUP_BYTES`` of rows (never fewer than the
+  first). A scan group of one or two ranges of consecutive rows is one offset/limit scan per
+  range, read in the group's order; a group of more ranges is one call whatever its positions, a
+  scan restricted to the wanted rows (``row_addr_allowlist``), so a group of many short ranges
+  (small shards) costs one call, not one per range.
 - Reads only touch the pinned dataset version, with only the planned columns. Blob columns
   (`lance_lightning.read.blobs`) are read as bytes with ``read_blobs``, one call per column per read.
 - Each read is retried through transient storage errors (`lance_lightning.read.retry.RetryPolicy`);
@@ -80,7 +80,7 @@ class PlanReader:
         self.layout = plan.layout(world_size, start)
         self.order = plan.order(epoch)
         self.group_rows = group_rows(plan)
-        self.first_group_rows = first_group_rows(plan, self.group_rows)
+        self.first_group_rows = first_group_rows(plan) if plan.method == "take" else self.group_rows
         self.batch_rows = read_batch_rows(plan.row_bytes)
         if active_clock() is None:  # not inside a measured read: drop I/O done before this epoch
             try:
@@ -146,7 +146,7 @@ class PlanReader:
 def group_rows(plan: ReadPlan) -> int:
     """Rows per read group of ``plan`` (see the module docstring)."""
     if plan.method == "take":
-        return max(plan.batch_size, TAKE_GROUP_BYTES // max(1, plan.row_bytes))
+        return max(first_group_rows(plan), TAKE_GROUP_BYTES // max(1, plan.row_bytes))
     rows = min(MAX_GROUP_ROWS, max(plan.batch_size, GROUP_BYTES // max(1, plan.row_bytes)))
     strategy = plan.strategy
     if strategy.window_rows:
@@ -161,11 +161,11 @@ def group_rows(plan: ReadPlan) -> int:
     return rows
 
 
-def first_group_rows(plan: ReadPlan, most: int) -> int:
-    """Rows of the first read group of an iteration of ``plan`` (see the module docstring)."""
-    if plan.method != "take":
-        return most
-    return min(most, TAKE_GROUP_BATCHES * plan.batch_size, max(plan.batch_size, GROUP_BYTES // max(1, plan.row_bytes)))
+def first_group_rows(plan: ReadPlan) -> int:
+    """Rows of the first read group of an iteration of a take ``plan``: `TAKE_GROUP_BATCHES`
+    batches, at most ``GROUP_BYTES`` (see the module docstring)."""
+    rows = min(MAX_GROUP_ROWS, max(plan.batch_size, GROUP_BYTES // max(1, plan.row_bytes)))
+    return min(rows, TAKE_GROUP_BATCHES * plan.batch_size)
 
 
 def read_batch_rows(row_bytes: int) -> int:
