@@ -1,25 +1,6 @@
-"""Pure read planning: epoch order, batch layout and the plan that ties them to a source.
+"""Read planning: epoch order (`order`, `bijection`), batch layout (`layout`), the plan that ties
+them to a source (`planner`), and the setup I/O that surveys it (`survey`, `filter_scan`).
 
-Names are imported on first use, so a process that needs one light module of the plan (the
-filter-scan child reads `lance_lightning.plan.rowset`) does not import torch.
+Modules are imported by their own names: importing this package imports nothing, so the
+filter-scan child process (`lance_lightning.plan.filter_scan`) does not import torch.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-_EXPORTS = {
-    "EpochOrder": "lance_lightning.plan.order",
-    "Layout": "lance_lightning.plan.layout",
-    "ReadPlan": "lance_lightning.plan.planner",
-    "build_plan": "lance_lightning.plan.survey",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -9,7 +9,8 @@ Guarantees:
   after scanning (glibc keeps it in per-thread arenas: 55 of the 80 MB left after a 10^8-row scan)
   leaves with the child; only the result's arrays come back, through one temporary file that is
   read once and removed. Smaller datasets scan in process (a child costs about half a second).
-- The child imports neither torch nor Lightning, dies with its parent
+- The child imports lance_lightning from where this process did, imports neither torch nor
+  Lightning, dies with its parent
   (`lance_lightning.lifetime.ParentWatch`), and reads the source, storage options (credentials)
   included, from its stdin: never from its command line.
 - A child that fails raises `DataReadError` naming the URI, version and filter, with the child's
@@ -23,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -56,6 +58,7 @@ def find_matches(source: PinnedSource, child_from_rows: int | None = None) -> Ro
             capture_output=True,
             text=True,
             check=False,
+            env=_child_env(),
         )
         if done.returncode != 0:
             last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no output")
@@ -70,6 +73,13 @@ def find_matches(source: PinnedSource, child_from_rows: int | None = None) -> Ro
             )
         with np.load(out) as arrays:
             return rowset_from_arrays({name: arrays[name] for name in arrays.files})
+
+
+def _child_env() -> dict[str, str]:
+    """This environment, with the folder this package was imported from first on the child's path."""
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [root, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def _child() -> None:

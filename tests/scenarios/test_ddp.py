@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from lance_lightning import NoShuffle
-from lance_lightning.plan import build_plan
+from lance_lightning.plan.survey import build_plan
 from lance_lightning.source import pin_source
 from tests import ddp_worker
 from tests.helpers import write_dataset

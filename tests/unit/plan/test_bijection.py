@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from lance_lightning import BufferShuffle, RowShuffle, ShardShuffle
-from lance_lightning.plan import EpochOrder
 from lance_lightning.plan.bijection import derive_key, permute, subkeys
+from lance_lightning.plan.order import EpochOrder
 
 REJECT = 1e-6
 KEYS = 20000

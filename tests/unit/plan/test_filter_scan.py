@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import lance
 import numpy as np
@@ -67,3 +69,10 @@ def test_fit_with_a_filter_scanned_in_a_child_trains_on_exactly_the_matching_row
     for epoch in (0, 1):
         ids = [i for batch, e in zip(model.seen, model.seen_epochs) if e == epoch for i in batch]
         assert sorted(ids) == expected
+
+
+def test_the_child_imports_this_package_from_where_the_parent_did() -> None:
+    import lance_lightning
+
+    first = filter_scan._child_env()["PYTHONPATH"].split(os.pathsep)[0]
+    assert first == str(Path(lance_lightning.__file__).resolve().parent.parent)

@@ -32,7 +32,9 @@ from lance_lightning import (
     ShardShuffle,
     ShuffleStrategy,
 )
-from lance_lightning.plan import EpochOrder, Layout, build_plan
+from lance_lightning.plan.layout import Layout
+from lance_lightning.plan.order import EpochOrder
+from lance_lightning.plan.survey import build_plan
 from lance_lightning.read import lance_io
 from lance_lightning.read.reader import (
     MAX_RANGE_SCANS,

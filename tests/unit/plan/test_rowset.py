@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lance_lightning import LanceSource, RowShuffle
-from lance_lightning.plan import build_plan, rowset
+from lance_lightning.plan import rowset
 from lance_lightning.plan.rowset import MatchBitmap, RangeRuns, scan_matches
+from lance_lightning.plan.survey import build_plan
 from lance_lightning.source import pin_source
 from tests.helpers import write_dataset
 

@@ -24,7 +24,7 @@ from lance_lightning import (
     ShardShuffle,
     ShuffleStrategy,
 )
-from lance_lightning.plan import build_plan
+from lance_lightning.plan.survey import build_plan
 from lance_lightning.source import pin_source
 from tests.helpers import write_dataset
 
