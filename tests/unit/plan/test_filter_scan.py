@@ -15,7 +15,7 @@ import pytest
 from lance_lightning import DataReadError, LanceSource
 from lance_lightning.plan import filter_scan
 from lance_lightning.plan.filter_scan import find_matches
-from lance_lightning.plan.rowset import MatchBitmap, RangeRuns
+from lance_lightning.plan.rowset import EliasFano, MatchBitmap, RangeRuns
 from lance_lightning.source import pin_source
 from tests.harness import fit, make_dm
 from tests.helpers import write_dataset
@@ -29,7 +29,9 @@ def uri(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize(
-    ("flt", "kind"), [("id % 10 = 3", MatchBitmap), ("id < 700 OR id >= 5990", RangeRuns)], ids=["bitmap", "runs"]
+    ("flt", "kind"),
+    [("id % 10 = 3", EliasFano), ("id % 2 = 0", MatchBitmap), ("id < 700 OR id >= 5990", RangeRuns)],
+    ids=["elias-fano", "bitmap", "runs"],
 )
 def test_child_scan_finds_the_rows_the_in_process_scan_finds(uri: str, flt: str, kind: type) -> None:
     source = pin_source(LanceSource(uri, filter=flt), "train")

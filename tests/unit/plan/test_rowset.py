@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from lance_lightning import LanceSource, RowShuffle
 from lance_lightning.plan import rowset
-from lance_lightning.plan.rowset import MatchBitmap, RangeRuns, scan_matches
+from lance_lightning.plan.rowset import EliasFano, MatchBitmap, RangeRuns, rowset_from_arrays, scan_matches
 from lance_lightning.plan.survey import build_plan
 from lance_lightning.source import pin_source
 from tests.helpers import write_dataset
@@ -57,9 +57,12 @@ def test_select_maps_each_match_to_its_position(uri: str, name: str, scan_rows: 
 def test_the_smaller_structure_is_kept(uri: str) -> None:
     dataset = lance.dataset(uri)
     total = dataset.count_rows()
-    scattered = scan_matches(dataset, FILTERS["scattered"], total)
-    assert isinstance(scattered, MatchBitmap)
-    assert scattered.nbytes <= total // 8 + total // 64 + 256  # 8 bytes a match would be ~16 KB here
+    scattered = scan_matches(dataset, FILTERS["scattered"], total)  # 1 row in 10: Elias-Fano
+    assert isinstance(scattered, EliasFano)
+    assert scattered.nbytes <= total // 8 * 0.7  # 8 bytes a match would be ~16 KB here, a bitmap ~2.5 KB
+    dense = scan_matches(dataset, "id % 2 = 0", total)  # 1 row in 2: the bitmap
+    assert isinstance(dense, MatchBitmap)
+    assert dense.nbytes <= total // 8 + total // 64 + 256
     clustered = scan_matches(dataset, FILTERS["clustered"], total)
     assert isinstance(clustered, RangeRuns)
     runs = 1 + np.count_nonzero(np.diff(expected(uri, FILTERS["clustered"])) != 1)
@@ -97,3 +100,28 @@ def test_bitmap_select_is_the_position_of_the_ith_set_bit(bits: list[bool], data
     if len(positions):
         index = np.array(data.draw(st.lists(st.integers(0, len(positions) - 1), min_size=1, max_size=50)))
         assert np.array_equal(bitmap.select(index), positions[index])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    total=st.integers(1, 20_000),
+    density=st.sampled_from([0.0005, 0.01, 0.1, 0.3, 0.6, 1.0]),
+    seed=st.integers(0, 2**32 - 1),
+    data=st.data(),
+)
+def test_elias_fano_select_is_the_position_of_the_ith_match(
+    total: int, density: float, seed: int, data: st.DataObject
+) -> None:
+    flags = np.random.default_rng(seed).random(total) < density
+    padded = np.zeros(-(-total // 512) * 512, dtype=bool)
+    padded[:total] = flags
+    bitmap = MatchBitmap(np.packbits(padded, bitorder="little").view(np.uint64))
+    coded = EliasFano.from_bitmap(bitmap, total)
+    rebuilt = rowset_from_arrays(coded.arrays())
+    positions = np.flatnonzero(flags)
+    assert coded.rows == rebuilt.rows == len(positions)
+    if len(positions):
+        index = np.array(data.draw(st.lists(st.integers(0, len(positions) - 1), min_size=1, max_size=60)))
+        assert np.array_equal(coded.select(index), positions[index])
+        assert np.array_equal(rebuilt.select(index), positions[index])
+        assert np.array_equal(coded.select(np.arange(len(positions))), positions)
