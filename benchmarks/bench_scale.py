@@ -9,7 +9,7 @@ RowShuffle, RowShuffle(clump_rows=64), BufferShuffle; each without a filter and 
 - for RowShuffle: rows/s over the next ``--batches`` batches of that epoch (all of it at 10^6),
   read groups at their full size;
 - resume at 10% and 90%: the first batch of an iterator restored from a cursor at that share of
-  the epoch (the process already read, so both are warm alike; median of 5, alternated);
+  the epoch (the process already read, so both are warm alike; median of 21, alternated);
 - memory: the process's RSS after all of that, minus that of the unfiltered NoShuffle case of
   the same size (same imports, same dataset; a fresh process each, so nothing is shared);
 - for RowShuffle, last: the rows/s of hand-written ``dataset.take`` calls of as many random rows
@@ -42,7 +42,7 @@ from benchmarks.common import RESULTS_DIR, command_line, machine  # noqa: E402
 BATCH = 256
 FILTER = "x % 10 = 0"
 FRAGMENT_ROWS = 1 << 22
-RESUME_REPS = 5
+RESUME_REPS = 21  # a resume takes a few ms: the median of 5 moved by a quarter between runs
 CASES = {  # name: (strategy class, arguments)
     "NoShuffle": ("NoShuffle", {}),
     "ShardShuffle": ("ShardShuffle", {"seed": 0}),
