@@ -6,7 +6,7 @@ Guarantees:
 - The result is one of three exact structures, chosen per dataset: `RangeRuns` (runs of
   consecutive matches: 16 bytes per run) while they take at most 1/8 of a bitmap, else the
   smaller of `MatchBitmap` (one bit per dataset row plus 8 bytes per 512 rows for rank/select:
-  134 MiB at 10^9 rows) and `EliasFano` (about ``2 + log2(rows / matches)`` bits per match: 71 MB
+  134 MiB at 10^9 rows) and `EliasFano` (about ``2 + log2(rows / matches)`` bits per match: 71 MiB
   for a 10% filter of 10^9 rows). Planning holds the bitmap plus at most 1/8 of it in runs, then
   the bitmap and the codes built from it 2^22 rows at a time, and returns the scan's freed heap
   to the OS afterwards.
@@ -87,7 +87,7 @@ class EliasFano:
     """Matches as Elias-Fano codes: each position's low ``width`` bits packed into words (``width``
     a power of two, so no value straddles two words), its high bits unary-coded in a
     `MatchBitmap` whose ``select(i) - i`` gives them back. About ``2 + log2(rows / matches)`` bits
-    per match: 70 MB for 10^8 matches among 10^9 rows, where the bitmap takes 134 MiB."""
+    per match: 71 MiB for 10^8 matches among 10^9 rows, where the bitmap takes 134 MiB."""
 
     def __init__(self, upper: MatchBitmap, low: np.ndarray, width: int) -> None:
         self.upper = upper
