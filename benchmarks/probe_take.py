@@ -1,6 +1,6 @@
 """Probe: RowShuffle's rows/s and memory by take-group size and rows per Lance ``take`` call.
 
-Backs `TAKE_GROUP_BYTES` (``lance_lightning/read/reader.py``) and `TAKE_CALL_ROWS`
+Backs the default ``take_group_bytes`` (`TAKE_GROUP_BYTES`, ``lance_lightning/read/reader.py``) and `TAKE_CALL_ROWS`
 (``lance_lightning/read/lance_io.py``). Lance decodes about one chunk per row it takes when the
 rows are sparse in the file, so the reader sorts a large group of the epoch's rows before taking
 them (neighbours then share chunks), and takes them in calls of bounded rows (Lance's memory for
@@ -33,15 +33,20 @@ def one(uri: str, group_bytes: int, call_rows: int, batches: int) -> dict:
     """One measurement, in this (fresh) process."""
     import lance_lightning as ll
     from lance_lightning import LanceDataModule, LanceSource
-    from lance_lightning.read import lance_io, reader
+    from lance_lightning.read import lance_io
 
-    reader.TAKE_GROUP_BYTES, lance_io.TAKE_CALL_ROWS = group_bytes, call_rows
+    lance_io.TAKE_CALL_ROWS = call_rows
 
     def rss_mb() -> float:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * 4096 / 2**20
 
-    dm = LanceDataModule(train=LanceSource(uri, columns=["x"]), shuffle=ll.RowShuffle(seed=0), batch_size=BATCH)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["x"]),
+        shuffle=ll.RowShuffle(seed=0),
+        batch_size=BATCH,
+        take_group_bytes=group_bytes,
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
     base = rss_mb()

@@ -47,6 +47,7 @@ from lance_lightning.plan.schema import check_read_schema
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
 from lance_lightning.plan.survey import build_plan
 from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow, check_packed_policy
+from lance_lightning.read.reader import TAKE_GROUP_BYTES
 from lance_lightning.read.retry import RetryPolicy
 from lance_lightning.source import LanceSource, pin_source
 from lance_lightning.vocabulary import SPLITS_OF_STAGE, STAGE_OF_SPLIT, BatchTransform, Split
@@ -85,10 +86,15 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         reader_threads: Threads per process reading, converting and transforming batches; 0 does it
             all on the training loop's thread (no prefetch). Default ``min(4, os.cpu_count())``.
         prefetch_groups: Read groups prepared ahead (scans: about 8 MiB and at most 16k rows each;
-            takes: 16 batches at first, then doubling up to about 1 MiB).
+            takes: 16 batches at first, then doubling up to about ``take_group_bytes``).
         prefetch_batches: Transformed batches prepared ahead, per process. Memory bound per
             process: ``prefetch_groups`` groups of raw rows + ``prefetch_batches`` finished batches
             (+ ``prefetch_factor`` batches per worker process in the DataLoader queue).
+        take_group_bytes: A take plan's read groups (RowShuffle, selective filters) grow to about
+            this many bytes of rows, sorted before the take. On tables of 10^8 rows and more,
+            larger groups read sparse rows faster (more of them share a Lance chunk) and hold more
+            memory: at 10^8 int64 rows 1 MiB read 728,857 rows/s with 62 MB of RSS growth, 2 MiB
+            1,017,529 rows/s with 100 MB (benchmarks/results/take_groups.md). Default 1 MiB.
         prefetch_factor: Batches each worker process prepares ahead (``num_workers > 0``).
         multiprocessing_context: Worker start method; Lance is not fork-safe, so ``"fork"`` with
             workers is refused.
@@ -129,6 +135,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         reader_threads: int | None = None,
         prefetch_groups: int = 2,
         prefetch_batches: int = 4,
+        take_group_bytes: int = TAKE_GROUP_BYTES,
         prefetch_factor: int = 2,
         multiprocessing_context: Literal["forkserver", "spawn", "fork"] = "forkserver",
         persistent_workers: bool = True,
@@ -152,6 +159,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
             ("eval_batch_size", eval_batch_size or 1),
             ("prefetch_groups", prefetch_groups),
             ("prefetch_batches", prefetch_batches),
+            ("take_group_bytes", take_group_bytes),
             ("prefetch_factor", prefetch_factor),
         ):
             _require(name, value, 1)
@@ -198,6 +206,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         self.reader_threads = reader_threads
         self.prefetch_groups = prefetch_groups
         self.prefetch_batches = prefetch_batches
+        self.take_group_bytes = take_group_bytes
         self.prefetch_factor = prefetch_factor
         self.multiprocessing_context = multiprocessing_context
         self.persistent_workers = persistent_workers
@@ -345,6 +354,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
                 reader_threads=self.reader_threads,
                 prefetch_groups=self.prefetch_groups,
                 prefetch_batches=self.prefetch_batches,
+                take_group_bytes=self.take_group_bytes,
                 bad_rows=self.bad_rows,
                 retry=self.retry,
                 pin_memory=pin and self.num_workers == 0,  # worker batches are pinned by the DataLoader's thread

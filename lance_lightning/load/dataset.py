@@ -33,6 +33,7 @@ from lance_lightning.produce.producer import BatchProducer
 from lance_lightning.produce.threads import ReaderThreads
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.read.mixture import plan_reader
+from lance_lightning.read.reader import TAKE_GROUP_BYTES
 from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
 from lance_lightning.vocabulary import Batch, BatchTransform
@@ -62,6 +63,7 @@ class LanceIterableDataset(IterableDataset):
         reader_threads: Reader threads per process (0 reads on the iterating thread: no prefetch).
         prefetch_groups: Read groups kept ready ahead of the consumer, per process.
         prefetch_batches: Finished (transformed) batches in flight or ready, per process.
+        take_group_bytes: A take plan's read groups grow to about this many bytes of rows.
         bad_rows: What to do with rows the transform rejects (default `RaiseOnBadRow`).
         pin_memory: Pin finished batches in page-locked memory, on the reader threads.
         retry: How reads ride out transient storage errors.
@@ -78,6 +80,7 @@ class LanceIterableDataset(IterableDataset):
         reader_threads: int = 2,
         prefetch_groups: int = 2,
         prefetch_batches: int = 4,
+        take_group_bytes: int = TAKE_GROUP_BYTES,
         bad_rows: BadRowPolicy | None = None,
         pin_memory: bool = False,
         retry: RetryPolicy = DEFAULT_POLICY,
@@ -92,6 +95,7 @@ class LanceIterableDataset(IterableDataset):
         self.reader_threads = reader_threads
         self.prefetch_groups = prefetch_groups
         self.prefetch_batches = prefetch_batches
+        self.take_group_bytes = take_group_bytes
         self.bad_rows = bad_rows or RaiseOnBadRow()
         self.pin_memory = pin_memory
         self.retry = retry
@@ -115,7 +119,15 @@ class LanceIterableDataset(IterableDataset):
         epoch, start = self.control.get()
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        reader = plan_reader(self.plan, epoch, self.world_size, self.rank, start, retry=self.retry)
+        reader = plan_reader(
+            self.plan,
+            epoch,
+            self.world_size,
+            self.rank,
+            start,
+            retry=self.retry,
+            take_group_bytes=self.take_group_bytes,
+        )
         steps = reader.layout.worker_steps(worker, workers, self.rank)
         producer = BatchProducer(
             reader,

@@ -274,6 +274,7 @@ class LanceDataLoader(DataLoader):
             "reader_threads": dataset.reader_threads,
             "prefetch_groups": dataset.prefetch_groups,
             "prefetch_batches": getattr(dataset, "prefetch_batches", None),
+            "take_group_bytes": getattr(dataset, "take_group_bytes", None),
             "batch_size": dataset.plan.batch_size,
             "method": dataset.plan.method,
             "shuffle": dataset.plan.strategy.describe(),

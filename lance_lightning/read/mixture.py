@@ -23,7 +23,13 @@ from lance_lightning.plan.mixture import MixturePlan
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.read.packed import PackedReader
-from lance_lightning.read.reader import TAKE_GROUP_BATCHES, BatchSpec, PlanReader, read_batch_rows
+from lance_lightning.read.reader import (
+    TAKE_GROUP_BATCHES,
+    TAKE_GROUP_BYTES,
+    BatchSpec,
+    PlanReader,
+    read_batch_rows,
+)
 from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
 from lance_lightning.vocabulary import MIXTURE_SOURCE
 
@@ -105,11 +111,11 @@ def plan_reader(
     rank: int,
     start: int,
     retry: RetryPolicy = DEFAULT_POLICY,
+    take_group_bytes: int = TAKE_GROUP_BYTES,
 ) -> PlanReader | PackedReader | MixtureReader:
     """The reader of ``plan``: a `MixtureReader` for a mixture, a `PackedReader` for packed
     windows, else a `PlanReader`."""
     if isinstance(plan, MixturePlan):
-        kind = MixtureReader
-    else:
-        kind = PackedReader if plan.packed else PlanReader
-    return kind(plan, epoch, world_size, rank, start, retry=retry)
+        return MixtureReader(plan, epoch, world_size, rank, start, retry=retry)
+    kind = PackedReader if plan.packed else PlanReader
+    return kind(plan, epoch, world_size, rank, start, retry=retry, take_group_bytes=take_group_bytes)

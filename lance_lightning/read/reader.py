@@ -42,7 +42,8 @@ MAX_GROUP_ROWS = 16384
 #: ``GROUP_BYTES``): a Lance call has a fixed cost, which 4-batch groups of 64-row clumps paid every
 #: 1024 rows (the RowShuffle(clump_rows=64) row of benchmarks/results/read.md).
 TAKE_GROUP_BATCHES = 16
-#: Each next take group doubles, up to this many bytes of rows, sorted before the take: Lance
+#: Each next take group doubles, up to this many bytes of rows by default (the data module's
+#: ``take_group_bytes``), sorted before the take: Lance
 #: decodes about one chunk per row taken when rows are sparse in the file, and neighbours in a
 #: large sorted group share chunks. Memory grows with it (10^8 int64 rows: 16-batch groups read
 #: 124k rows/s and grow RSS 23 MB, 1 MiB groups 729k and 62 MB, 2 MiB 1.0M and 100 MB;
@@ -72,14 +73,21 @@ class PlanReader:
     """Reads one rank's batches of one epoch of a `ReadPlan`."""
 
     def __init__(
-        self, plan: ReadPlan, epoch: int, world_size: int, rank: int, start: int, retry: RetryPolicy = DEFAULT_POLICY
+        self,
+        plan: ReadPlan,
+        epoch: int,
+        world_size: int,
+        rank: int,
+        start: int,
+        retry: RetryPolicy = DEFAULT_POLICY,
+        take_group_bytes: int = TAKE_GROUP_BYTES,
     ) -> None:
         self.plan = plan
         self.retry = retry
         self.rank = rank
         self.layout = plan.layout(world_size, start)
         self.order = plan.order(epoch)
-        self.group_rows = group_rows(plan)
+        self.group_rows = group_rows(plan, take_group_bytes)
         self.first_group_rows = first_group_rows(plan) if plan.method == "take" else self.group_rows
         self.batch_rows = read_batch_rows(plan.row_bytes)
         if active_clock() is None:  # not inside a measured read: drop I/O done before this epoch
@@ -143,10 +151,11 @@ class PlanReader:
         ]
 
 
-def group_rows(plan: ReadPlan) -> int:
-    """Rows per read group of ``plan`` (see the module docstring)."""
+def group_rows(plan: ReadPlan, take_group_bytes: int = TAKE_GROUP_BYTES) -> int:
+    """Rows per read group of ``plan`` (see the module docstring); a take plan's groups grow to
+    ``take_group_bytes`` of rows."""
     if plan.method == "take":
-        return max(first_group_rows(plan), TAKE_GROUP_BYTES // max(1, plan.row_bytes))
+        return max(first_group_rows(plan), take_group_bytes // max(1, plan.row_bytes))
     rows = min(MAX_GROUP_ROWS, max(plan.batch_size, GROUP_BYTES // max(1, plan.row_bytes)))
     strategy = plan.strategy
     if strategy.window_rows:

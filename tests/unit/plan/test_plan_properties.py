@@ -44,6 +44,7 @@ from lance_lightning.read.reader import (
     read_batch_rows,
 )
 from lance_lightning.source import pin_source
+from tests.harness import fit, make_dm
 from tests.helpers import VEC_DIM, write_dataset
 
 PURE = settings(max_examples=150, deadline=None)
@@ -643,6 +644,25 @@ def test_take_groups_double_and_sorted_calls_keep_the_planned_order(tmp_path, mo
     assert sizes[:3] == [128, 256, 512]
     assert all(b == min(2 * a, most) or b == sizes[-1] for a, b in zip(sizes, sizes[1:]))
     assert sum(sizes) == 6000
+    sized = {
+        group_bytes: [
+            sum(len(spec.positions) for spec in group)
+            for group in PlanReader(plan, 2, 1, 0, 0, take_group_bytes=group_bytes).groups(range(100))
+        ]
+        for group_bytes in (1, 300 * plan.row_bytes)
+    }
+    assert sized[1][:6] == [128] * 6  # never below 16 batches
+    assert sized[300 * plan.row_bytes][:3] == [128, 256, 304]  # 38 batches of 8: the first with 300 rows
+
+
+def test_fit_with_another_take_group_size_trains_on_the_same_batches(tmp_path) -> None:
+    """``take_group_bytes`` changes how rows are read, never which rows come in which batch."""
+    uri = write_dataset(tmp_path / "groups.lance", 3000, fragment_rows=500, label_classes=LABELS)
+    seen = [
+        fit(tmp_path, make_dm(uri, "row:9", batch_size=16, take_group_bytes=size), name=f"g{size}", max_epochs=2).seen
+        for size in (1, 1 << 20)
+    ]
+    assert seen[0] == seen[1] and len(seen[0]) == 2 * (3000 // 16)
 
 
 @PURE

@@ -148,6 +148,7 @@ def test_datamodule_parameters_are_validated() -> None:
     source = LanceSource("unused")
     for kwargs, param in (
         ({"prefetch_batches": 0}, "prefetch_batches"),
+        ({"take_group_bytes": 0}, "take_group_bytes"),
         ({"reader_threads": -1}, "reader_threads"),
         ({"transform": 3}, "transform"),
         ({"device_transform": "x"}, "device_transform"),
