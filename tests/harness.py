@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -375,6 +376,30 @@ def check_resume(
         assert len(got) == full_steps, f"epoch {epoch} after the resume ran {len(got)} of {full_steps} steps"
         assert got == want, f"epoch {epoch} after the resume differs from the uninterrupted run"
     assert max(resumed.epochs) == max_epochs - 1
+
+
+def run_and_check_resume(
+    root: Path, job: Callable[..., Job], *, rows: int, k: int, setup_a: Setup, setup_b: Setup, max_epochs: int
+) -> dict[str, Trained]:
+    """Run ``job(name, setup, **kw)`` stopped at step ``k`` with ``setup_a`` and resumed with
+    ``setup_b`` through ``fit(ckpt_path=...)``, plus both uninterrupted runs; `check_resume` them and
+    return the runs by name (``stop``, ``resume``, ``whole_a``, ``whole_b``)."""
+    runs = run_jobs(
+        root, [job("stop", setup_a, max_steps=k, ckpt_every=k), job("whole_a", setup_a), job("whole_b", setup_b)]
+    )
+    runs.update(run_jobs(root, [job("resume", setup_b, ckpt_path=str(ckpt_file(root, "stop", k)))]))
+    check_resume(
+        rows=rows,
+        k=k,
+        setup_a=setup_a,
+        setup_b=setup_b,
+        stopped=runs["stop"],
+        resumed=runs["resume"],
+        whole_a=runs["whole_a"],
+        whole_b=runs["whole_b"],
+        max_epochs=max_epochs,
+    )
+    return runs
 
 
 def _main(spec_path: str) -> None:

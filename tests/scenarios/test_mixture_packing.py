@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lance_lightning import LanceDataModule, LanceMixture, LanceSource, RowShuffle, TokenPacking
-from tests.harness import Job, Setup, check_resume, ckpt_file, run_jobs
+from tests.harness import Job, Setup, run_and_check_resume, run_jobs
 from tests.helpers import write_token_dataset
 
 SECOND = 1_000_000  # the second source's first token
@@ -71,16 +71,4 @@ def test_resume_of_a_packed_mixture_is_exact_and_elastic(tmp_path: Path, uris: l
     def job(name: str, setup: Setup, **kw) -> Job:
         return Job(name, uris[0], "row:2", setup, epochs, mixture=_mixture(uris), packing=PACKING, **kw)
 
-    runs = run_jobs(tmp_path, [job("stop", a, max_steps=k, ckpt_every=k), job("whole_a", a), job("whole_b", b)])
-    runs.update(run_jobs(tmp_path, [job("resume", b, ckpt_path=str(ckpt_file(tmp_path, "stop", k)))]))
-    check_resume(
-        rows=_positions(uris),
-        k=k,
-        setup_a=a,
-        setup_b=b,
-        stopped=runs["stop"],
-        resumed=runs["resume"],
-        whole_a=runs["whole_a"],
-        whole_b=runs["whole_b"],
-        max_epochs=epochs,
-    )
+    run_and_check_resume(tmp_path, job, rows=_positions(uris), k=k, setup_a=a, setup_b=b, max_epochs=epochs)

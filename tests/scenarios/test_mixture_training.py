@@ -26,7 +26,7 @@ from lance_lightning import (
     LanceSource,
     RowShuffle,
 )
-from tests.harness import REPO_ROOT, Job, Setup, check_resume, ckpt_file, run_jobs
+from tests.harness import REPO_ROOT, Job, Setup, run_and_check_resume
 from tests.helpers import RecordingModel, make_table
 
 OFFSET = 100_000  # ids of source "b" start here, so an id names its source and row
@@ -173,20 +173,7 @@ def test_elastic_resume_two_ranks_to_one_with_another_batch_size(tmp_path):
     def job(name: str, setup: Setup, **kwargs: Any) -> Job:
         return Job(name, a, "row:3", setup, epochs, mixture=mixture, **kwargs)
 
-    done = run_jobs(tmp_path, [job("stop", setup_a, max_steps=k, ckpt_every=k), job("whole_a", setup_a)])
-    resumed = job("resume", setup_b, ckpt_path=str(ckpt_file(tmp_path, "stop", k)))
-    done.update(run_jobs(tmp_path, [job("whole_b", setup_b), resumed]))
-    check_resume(
-        rows=500,
-        k=k,
-        setup_a=setup_a,
-        setup_b=setup_b,
-        stopped=done["stop"],
-        resumed=done["resume"],
-        whole_a=done["whole_a"],
-        whole_b=done["whole_b"],
-        max_epochs=epochs,
-    )
+    done = run_and_check_resume(tmp_path, job, rows=500, k=k, setup_a=setup_a, setup_b=setup_b, max_epochs=epochs)
     ids = done["whole_b"].rows(0)
     assert abs(sum(i < OFFSET for i in ids) / len(ids) - WEIGHTS[0]) < 0.01
 

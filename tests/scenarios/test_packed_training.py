@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, TokenPacking
-from tests.harness import Job, Setup, check_resume, ckpt_file, run_jobs
+from tests.harness import Job, Setup, run_and_check_resume
 from tests.helpers import PackedRecordingModel, run_cli, write_token_dataset
 
 SEQ_LEN = 16
@@ -109,22 +109,7 @@ def test_resume_at_a_window_mid_epoch_with_batch_size_and_world_size_changed(tmp
     def job(name: str, setup: Setup, **kwargs) -> Job:
         return Job(name, uri, "row:7", setup, epochs, packing=PACKING, **kwargs)
 
-    fits = run_jobs(
-        tmp_path,
-        [job("stop", ddp, max_steps=k, ckpt_every=k), job("whole_a", ddp), job("whole_b", single)],
-    )
-    fits |= run_jobs(tmp_path, [job("resume", single, ckpt_path=str(ckpt_file(tmp_path, "stop", k)))])
-    check_resume(
-        rows=windows,
-        k=k,
-        setup_a=ddp,
-        setup_b=single,
-        stopped=fits["stop"],
-        resumed=fits["resume"],
-        whole_a=fits["whole_a"],
-        whole_b=fits["whole_b"],
-        max_epochs=epochs,
-    )
+    fits = run_and_check_resume(tmp_path, job, rows=windows, k=k, setup_a=ddp, setup_b=single, max_epochs=epochs)
     assert all(w % SEQ_LEN == 0 for ids in fits["resume"].steps for w in ids)
 
 

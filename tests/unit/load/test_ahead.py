@@ -18,7 +18,7 @@ from lance_lightning import LanceDataModule, LanceSource, RowShuffle
 from lance_lightning.load.ahead import DeviceAhead
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.loader import LanceDataLoader
-from tests.harness import Job, Setup, Trained, check_resume, ckpt_file, run_jobs
+from tests.harness import Job, Setup, run_and_check_resume
 from tests.helpers import write_dataset
 
 CPU = torch.device("cpu")
@@ -139,19 +139,4 @@ def test_resume_on_cuda_is_exact_with_batches_prepared_ahead(tmp_path: Path, dev
     def job(name: str, setup: Setup, **kw: Any) -> Job:
         return Job(name, uri, "row:2", setup, epochs, extra=extra, accelerator="cuda", **kw)
 
-    runs: dict[str, Trained] = run_jobs(
-        tmp_path,
-        [job("stop", a, max_steps=k, ckpt_every=k), job("whole_a", a), job("whole_b", b)],
-    )
-    runs.update(run_jobs(tmp_path, [job("resume", b, ckpt_path=str(ckpt_file(tmp_path, "stop", k)))]))
-    check_resume(
-        rows=rows,
-        k=k,
-        setup_a=a,
-        setup_b=b,
-        stopped=runs["stop"],
-        resumed=runs["resume"],
-        whole_a=runs["whole_a"],
-        whole_b=runs["whole_b"],
-        max_epochs=epochs,
-    )
+    run_and_check_resume(tmp_path, job, rows=rows, k=k, setup_a=a, setup_b=b, max_epochs=epochs)
