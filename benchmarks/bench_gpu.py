@@ -221,17 +221,7 @@ def fit_rates(
     uri: str, device: torch.device, size: int, batch: int, steps: int, warmup: int, threads: int
 ) -> dict[str, Any]:
     decode = DecodeImage(size=size, mean=MEAN, std=STD, device=str(device) if device.type == "cuda" else None)
-    kwargs = dict(
-        accelerator=device.type,
-        devices=1,
-        max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        precision="bf16-mixed",
-    )
+    kwargs = fit_trainer_kwargs(device.type, steps)
 
     def module(device_ahead: int) -> LanceDataModule:
         return LanceDataModule(
@@ -257,6 +247,21 @@ def fit_rates(
     pl.Trainer(callbacks=[ready_clock], **kwargs).fit(ResNet(), train_dataloaders=DeviceBatches(ready, steps))
     out["ready"] = ready_clock.result()
     return out
+
+
+def fit_trainer_kwargs(accelerator: str, steps: int) -> dict[str, Any]:
+    """The timed fits' Trainer arguments: one device, bf16 mixed precision, nothing but the steps."""
+    return dict(
+        accelerator=accelerator,
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        precision="bf16-mixed",
+    )
 
 
 def read_rate(dm: LanceDataModule, steps: int) -> float:

@@ -476,7 +476,7 @@ def memory_child(uri: str, depth: int, epochs: int) -> dict[str, Any]:
     sampler.join()
     plan = dm.plans["train"]
     raw_row = lance.dataset(uri).to_table(columns=["image", "label"], limit=1000).nbytes / 1000
-    bound = depth * DECODED_BATCH_BYTES + dm.prefetch_groups * group_rows(plan) * raw_row
+    bound = depth * DECODED_BATCH_BYTES + dm.prefetch_groups * group_rows(plan, dm.take_group_bytes) * raw_row
     return {"idle": idle, "peaks": peaks, "bound": bound}
 
 

@@ -90,18 +90,7 @@ def fit(uri: str, name: str, **data: Any) -> None:
         **data,
     )
     clock = B.StepClock(10)
-    trainer = pl.Trainer(
-        accelerator="cuda",
-        devices=1,
-        max_steps=60,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        precision="bf16-mixed",
-        callbacks=[clock],
-    )
+    trainer = pl.Trainer(callbacks=[clock], **B.fit_trainer_kwargs("cuda", 60))
     trainer.fit(B.ResNet(), datamodule=dm)
     result = clock.result()
     print(f"fit {name}: {result['step_ms']:.1f} ms/step, between {100 * result['wait_share']:.1f}%", flush=True)

@@ -95,6 +95,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
             larger groups read sparse rows faster (more of them share a Lance chunk) and hold more
             memory: at 10^8 int64 rows 1 MiB read 728,857 rows/s with 62 MB of RSS growth, 2 MiB
             1,017,529 rows/s with 100 MB (benchmarks/results/take_groups.md). Default 1 MiB.
+            A mixture's reads keep groups of 16 batches.
         prefetch_factor: Batches each worker process prepares ahead (``num_workers > 0``).
         multiprocessing_context: Worker start method; Lance is not fork-safe, so ``"fork"`` with
             workers is refused.
