@@ -1,0 +1,74 @@
+"""Probe: what evaluating a filter leaves in the training process, scanned in process or in a child.
+
+Backs `CHILD_SCAN_ROWS` (``lance_lightning/plan/filter_scan.py``) and the row-set sizes of
+``lance_lightning/plan/rowset.py``. For each size of the scale benchmark's int64 datasets
+(``benchmarks/bench_scale.py`` writes them) and the 10% filter ``x % 10 = 0``, a fresh process
+pins the source, runs one tiny scan (so Lance's runtime exists in both cases), then calls
+`find_matches` in process or in a child, and prints the seconds, the structure kept and its size,
+and the RSS growth and peak growth over the call. Not part of ``run_all.py``.
+
+    uv run python benchmarks/probe_filter_scan.py --rows 1e8,1e9
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+FILTER = "x % 10 = 0"
+
+
+def one(uri: str, child: bool) -> dict:
+    """One measurement, in this (fresh) process."""
+    from lance_lightning import LanceSource, pin_source
+    from lance_lightning.plan.filter_scan import find_matches
+
+    def rss_mb() -> float:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * 4096 / 2**20
+
+    source = pin_source(LanceSource(uri, columns=["x"], filter=FILTER), "train")
+    source.open().scanner(columns=["x"], limit=10).to_table()
+    base, peak_before = rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    started = time.perf_counter()
+    found = find_matches(source, child_from_rows=0 if child else 1 << 62)
+    return {
+        "seconds": time.perf_counter() - started,
+        "kept": type(found).__name__,
+        "kept_mib": found.nbytes / 2**20,
+        "rss_growth_mb": rss_mb() - base,
+        "peak_growth_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - peak_before,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1e8")
+    parser.add_argument("--cache", default="/tmp/lance_lightning_scale")
+    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one[0], args.one[1] == "child")))
+        return
+    print("| rows | scanned | seconds | kept | kept MiB | RSS growth MB | peak growth MB |")
+    print("|---:|---|---:|---|---:|---:|---:|")
+    for rows in (int(float(r)) for r in args.rows.split(",")):
+        uri = str(Path(args.cache) / f"x_{rows}.lance")
+        for where in ("process", "child"):
+            done = subprocess.run(
+                [sys.executable, __file__, "--one", uri, where], capture_output=True, text=True, check=True
+            )
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            print(
+                f"| 10^{len(str(rows)) - 1} | in {where} | {r['seconds']:.2f} | {r['kept']} | {r['kept_mib']:.0f} "
+                f"| {r['rss_growth_mb']:.0f} | {r['peak_growth_mb']:.0f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
