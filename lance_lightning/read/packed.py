@@ -45,11 +45,9 @@ class PackedReader(PlanReader):
         # Arrow batches sized by documents (what is read), not windows (the plan's rows).
         self.batch_rows = read_batch_rows(4 * max(1, self.index.tokens // max(1, self.index.documents)) + 8)
 
-    def specs(self, steps: list[int]) -> list[BatchSpec]:
-        seqs = [self.layout.batch_rows(self.rank, step) for step in steps]
-        windows = self.order.matched_indices(np.concatenate(seqs))
-        bounds = np.cumsum([len(seq) for seq in seqs])[:-1]
-        return [BatchSpec(step, part) for step, part in zip(steps, np.split(windows, bounds))]
+    def positions(self, matched: np.ndarray) -> np.ndarray:
+        """A batch spec's positions are window indices: the plan's units, read by `read_windows`."""
+        return matched
 
     def read_group(self, group: list[BatchSpec]) -> list[tuple[int, pa.Table]]:
         packed = self.read_windows(np.concatenate([spec.positions for spec in group]))

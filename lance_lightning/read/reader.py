@@ -106,10 +106,14 @@ class PlanReader:
         for first in range(0, len(steps), TAKE_GROUP_BATCHES):
             block = steps[first : first + TAKE_GROUP_BATCHES]
             seqs = [self.layout.batch_rows(self.rank, step) for step in block]
-            positions = self.plan.row_positions(self.order.matched_indices(np.concatenate(seqs)))
+            positions = self.positions(self.order.matched_indices(np.concatenate(seqs)))
             bounds = np.cumsum([len(seq) for seq in seqs])[:-1]
             specs.extend(BatchSpec(step, part) for step, part in zip(block, np.split(positions, bounds)))
         return specs
+
+    def positions(self, matched: np.ndarray) -> np.ndarray:
+        """What a batch spec holds for the matching-row indices ``matched``: dataset positions."""
+        return self.plan.row_positions(matched)
 
     def groups(self, steps: Iterable[int]) -> Iterator[list[BatchSpec]]:
         """Consecutive batches bundled into read groups of about ``first_group_rows`` rows, each
