@@ -3,7 +3,8 @@
 Run by ``tests/scenarios/test_ddp.py`` as ``python tests/ddp_worker.py OUT_DIR URI [NAME ...]``. Lightning's
 ``ddp`` strategy re-runs this same command for rank 1, so both ranks loop over the same
 configurations in the same order (later Trainers reuse the process group). Each rank writes
-``OUT_DIR/<name>.rank<r>.json`` with the ids it trained on, per step, and the epoch of each step.
+``OUT_DIR/<name>.rank<r>.json`` with the ids it trained on, per step, the epoch of each step, and
+how many filter-scan child processes it started (`FILTER_IN_CHILD` configurations scan there).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     ),
     "row-clump-selective": dict(shuffle=RowShuffle(seed=5, clump_rows=4), drop_last=True, filter="id % 3 = 2"),
 }
+#: Configurations whose filter each rank evaluates in a child process, as it does from
+#: `filter_scan.CHILD_SCAN_ROWS` rows up (test datasets are far smaller).
+FILTER_IN_CHILD = {"row-clump-selective"}
 
 
 def make_datamodule(uri: str, name: str) -> LanceDataModule:
@@ -54,11 +58,24 @@ def make_datamodule(uri: str, name: str) -> LanceDataModule:
 def main(out_dir: str, uri: str, names: list[str]) -> None:
     import lightning.pytorch as pl
 
+    from lance_lightning.plan import filter_scan
     from tests.helpers import RecordingModel
 
+    child_scans = 0
+    child_env = filter_scan._child_env
+
+    def counted_child_env() -> dict[str, str]:  # called once per child it starts
+        nonlocal child_scans
+        child_scans += 1
+        return child_env()
+
+    filter_scan._child_env = counted_child_env
+    default_child_rows = filter_scan.CHILD_SCAN_ROWS
     out = Path(out_dir)
     for name in names:
         started = time.perf_counter()
+        child_scans = 0
+        filter_scan.CHILD_SCAN_ROWS = 0 if name in FILTER_IN_CHILD else default_child_rows
         datamodule = make_datamodule(uri, name)
         explained: list[str] = []  # splits whose plan text this rank built
         explain = datamodule.explain
@@ -86,6 +103,7 @@ def main(out_dir: str, uri: str, names: list[str]) -> None:
             "num_training_batches": trainer.num_training_batches,
             "global_step": trainer.global_step,
             "explained": explained,
+            "child_scans": child_scans,
             "seconds": time.perf_counter() - started,
         }
         path = out / f"{name}.rank{trainer.global_rank}.json"

@@ -73,6 +73,12 @@ class S3Server:
         self.stop()
         raise RuntimeError(f"moto_server did not answer on {self.endpoint} within {timeout} s")
 
+    @property
+    def pid(self) -> int:
+        """The server's process id (a test can pause the server with SIGSTOP)."""
+        assert self._process is not None, "the server is not running"
+        return self._process.pid
+
     def stop(self) -> None:
         if self._process is not None:
             self._process.terminate()

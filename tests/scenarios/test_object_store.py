@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,3 +84,85 @@ def test_missing_dataset_on_s3_names_the_uri(s3: S3Server) -> None:
     dm = _module("s3://data/missing.lance", s3.storage_options())
     with pytest.raises(ConfigError, match="missing.lance"):
         dm.setup("fit")
+
+
+#: The parent of a filter-scan child: pins the source, waits for a line on stdin, then scans the
+#: filter in a child process. Credentials come over stdin, as the child's do.
+_SCANNING_PARENT = """
+import json, sys
+from lance_lightning import LanceSource
+from lance_lightning.plan.filter_scan import find_matches
+from lance_lightning.source import pin_source
+uri, options = sys.argv[1], json.loads(sys.stdin.readline())
+source = pin_source(LanceSource(uri, filter="id % 3 = 1", storage_options=options), "train")
+print("pinned", flush=True)
+sys.stdin.readline()
+print(find_matches(source, child_from_rows=0).rows, flush=True)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (an unreaped zombie, whose parent is gone, counts as dead)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads child processes from Linux's /proc")
+def test_filter_scan_child_gets_credentials_only_on_stdin_and_dies_with_its_parent(s3: S3Server, s3_uri: str) -> None:
+    """The child is caught mid-scan (the server paused): the secret is in neither its command line
+    nor its environment, and it dies when its parent is killed (SIGKILL), while still waiting on
+    the store."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _SCANNING_PARENT, s3_uri],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    server = s3.pid
+    child = None
+    try:
+        parent.stdin.write(json.dumps(s3.storage_options()) + "\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "pinned"
+        os.kill(server, signal.SIGSTOP)
+        parent.stdin.write("scan\n")
+        parent.stdin.flush()
+        deadline = time.monotonic() + 120
+        while child is None and time.monotonic() < deadline:
+            child = next(
+                (
+                    pid
+                    for pid in _children(parent.pid)
+                    if b"lance_lightning.plan.filter_scan" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                ),
+                None,
+            )
+            time.sleep(0.05)
+        assert child is not None, "the parent started no filter-scan child"
+        secret = s3.secret_key.encode()
+        assert secret not in Path(f"/proc/{child}/cmdline").read_bytes()
+        assert secret not in Path(f"/proc/{child}/environ").read_bytes()
+        time.sleep(1)  # let it reach the paused store
+        assert _alive(child), "the child ended while the store was paused"
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 60
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), "the filter-scan child outlived its killed parent"
+    finally:
+        os.kill(server, signal.SIGCONT)
+        if parent.poll() is None:
+            parent.kill()
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)
