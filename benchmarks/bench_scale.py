@@ -251,6 +251,13 @@ def verdicts(results: dict) -> list[str]:
     for name, value, sense, bound in checks:
         ok = value <= bound if sense == "<=" else value >= bound
         lines.append(f"| {name} | {value:.2f} | {sense} {bound} | {'PASS' if ok else 'FAIL'} |")
+    if "rows_per_s" in small and "rows_per_s" in big:
+        lines += [
+            "",
+            "RowShuffle's rows/s follow Lance's own take at the share of the rows a read group takes "
+            "(`raw take` above, and `benchmarks/probe_take_density.py` -> `take_density.md`): a group of "
+            "bounded memory takes a smaller share of a larger table.",
+        ]
     return lines
 
 
