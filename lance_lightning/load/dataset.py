@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from lance_lightning.load import shared  # noqa: F401 - shares row sets with worker processes
 from lance_lightning.metrics.clock import StageClock
 from lance_lightning.plan.filter_scan import find_matches
 from lance_lightning.plan.planner import ReadPlan

@@ -9,7 +9,8 @@ Guarantees:
   then shards the same exact row set, so batch counts are equal by construction.
 - One plan per process and O(1) orders: the epoch order is a keyed bijection computed per batch
   (`lance_lightning.plan.order`), so neither ``explain`` nor a reader nor a worker builds
-  anything of the dataset's size; workers receive the row set inside the pickled plan.
+  anything of the dataset's size; workers receive the row set inside the pickled plan (in shared
+  memory: `lance_lightning.load.shared`).
 - The read method follows the table in the docs: scans for storage-ordered, shard and buffer
   plans; ``take`` for row shuffles and for filters that match less than ``take_below`` of rows.
 - A `ReadPlan` is picklable and holds plain data (and the row set's few arrays): it is what

@@ -12,7 +12,7 @@ Guarantees:
   to the OS afterwards.
 - ``select(index)`` maps match indices to sorted-order dataset positions in O(len(index) * log)
   work; every structure pickles as a few numpy arrays (DataLoader workers receive them, never
-  rescan).
+  rescan; `lance_lightning.load.shared` sends them as shared memory).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class RangeRuns:
     """Matches as runs of consecutive positions: ``starts`` and the cumulative run lengths."""
 
     def __init__(self, starts: np.ndarray, lengths: np.ndarray) -> None:
-        self.starts = starts.astype(np.int64)
+        self.starts = np.asarray(starts, dtype=np.int64)
         self.before = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])  # matches before run i
         self.rows = int(self.before[-1])
 

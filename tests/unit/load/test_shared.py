@@ -1,0 +1,121 @@
+"""Row sets and document indexes reach worker processes as shared memory, not as copies."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import pickle
+import subprocess
+import sys
+from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
+
+import lance
+import numpy as np
+import pytest
+
+from lance_lightning import LanceSource
+from lance_lightning.load.shared import in_shared_memory
+from lance_lightning.plan.filter_scan import find_matches
+from lance_lightning.plan.packing import DocumentIndex, TokenPacking
+from lance_lightning.plan.rowset import EliasFano, MatchBitmap, RangeRuns
+from lance_lightning.source import pin_source
+from tests.harness import make_dm
+from tests.helpers import write_dataset
+
+ROWS = 20_000
+FILTERS = {EliasFano: "id % 10 = 3", MatchBitmap: "id % 2 = 0", RangeRuns: "id < 700 OR id >= 19000"}
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_dataset(tmp_path_factory.mktemp("shared") / "ds.lance", ROWS, fragment_rows=5000)
+
+
+def structures(uri: str) -> list:
+    found = [find_matches(pin_source(LanceSource(uri, filter=flt), "train")) for flt in FILTERS.values()]
+    assert [type(rowset) for rowset in found] == list(FILTERS)
+    counts = np.random.default_rng(0).integers(0, 50, 5000)
+    return [*found, DocumentIndex.from_counts(TokenPacking(seq_len=16), counts)]
+
+
+def contents(structure) -> np.ndarray:
+    if isinstance(structure, DocumentIndex):
+        return np.asarray(structure.starts)
+    return structure.select(np.arange(structure.rows))
+
+
+def primary_arrays(structure) -> list[np.ndarray]:
+    """The arrays a structure is made of (not the counts derived from them)."""
+    if isinstance(structure, DocumentIndex):
+        return [structure.starts]
+    if isinstance(structure, EliasFano):
+        return [structure.upper.words, structure.low]
+    if isinstance(structure, MatchBitmap):
+        return [structure.words]
+    return [structure.starts]
+
+
+def _inspect(structure, pipe) -> None:
+    """In the worker: what it received, and whether its arrays map shared memory."""
+    maps = Path("/proc/self/maps").read_text() if Path("/proc/self/maps").exists() else ""
+    pipe.send(
+        {
+            "contents": contents(structure),
+            "shared": all(in_shared_memory(array) for array in primary_arrays(structure)),
+            "mapped": "torch_" in maps,
+        }
+    )
+
+
+def test_a_worker_maps_the_structures_the_training_process_holds(uri: str) -> None:
+    context = multiprocessing.get_context("forkserver")
+    for structure in structures(uri):
+        expected = contents(structure).copy()
+        receive, send = context.Pipe(duplex=False)
+        worker = context.Process(target=_inspect, args=(structure, send))
+        worker.start()  # pickles `structure` with multiprocessing's ForkingPickler, as DataLoader does
+        assert receive.poll(120), f"{type(structure).__name__}: the worker sent nothing (exit {worker.exitcode})"
+        report = receive.recv()
+        worker.join(60)
+        name = type(structure).__name__
+        assert np.array_equal(report["contents"], expected), name
+        assert report["shared"], f"{name} reached the worker as a copy"
+        if sys.platform.startswith("linux"):
+            assert report["mapped"], f"{name}: no shared-memory mapping in the worker"
+        # The training process now reads the shared copy: the same values.
+        assert all(in_shared_memory(array) for array in primary_arrays(structure)), name
+        assert np.array_equal(contents(structure), expected), name
+
+
+def test_sharing_sends_handles_and_plain_pickling_still_sends_values(uri: str) -> None:
+    words = np.random.default_rng(1).integers(0, 2**63, 1 << 16, dtype=np.uint64)  # 512 KiB of bits
+    bitmap = MatchBitmap(words)
+    expected = contents(bitmap).copy()
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump(bitmap)
+    assert len(buffer.getvalue()) < words.nbytes // 100
+    plain = pickle.dumps(bitmap)
+    assert len(plain) > words.nbytes
+    copy = pickle.loads(plain)
+    assert not in_shared_memory(copy.words) and np.array_equal(contents(copy), expected)
+
+
+def test_a_loader_with_workers_trains_on_the_filtered_rows_from_one_shared_row_set(uri: str) -> None:
+    flt = FILTERS[EliasFano]
+    dm = make_dm(uri, "row:4", filter=flt, batch_size=32, num_workers=2, drop_last=False)
+    dm.setup("fit")
+    ids = sorted(i for batch in dm.train_dataloader() for i in batch["id"].tolist())
+    expected = sorted(lance.dataset(uri).to_table(columns=["id"], filter=flt).column(0).to_pylist())
+    assert ids == expected
+    matches = dm.plans["train"].matches
+    assert all(in_shared_memory(a) for a in primary_arrays(matches)), "the workers received a copy of the row set"
+
+
+def test_sharing_imports_torch_never_lightning() -> None:
+    code = (
+        "import sys, lance_lightning.load.shared; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
