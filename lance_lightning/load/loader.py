@@ -43,7 +43,7 @@ from lance_lightning.errors import ConfigError
 from lance_lightning.lifetime import watch_parent
 from lance_lightning.load.ahead import DeviceAhead
 from lance_lightning.load.dataset import LanceIterableDataset
-from lance_lightning.load.workers import guard_workers
+from lance_lightning.load.workers import STARTING_HINT, guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
 from lance_lightning.plan.cursor import CursorTracker
 from lance_lightning.vocabulary import Batch
@@ -254,7 +254,15 @@ class LanceDataLoader(DataLoader):
         per-batch bookkeeping on the training thread)."""
         if self.num_workers == 0 and not self.pin_memory:
             return iter(self.dataset)
-        return super().__iter__()
+        try:
+            return super().__iter__()
+        except (BrokenPipeError, ConnectionError, EOFError) as error:  # a worker died while starting
+            raise ConfigError(
+                "num_workers",
+                self.num_workers,
+                f"a worker process failed while starting ({type(error).__name__}; its traceback is printed above)",
+                STARTING_HINT,
+            ) from error
 
     def metrics_snapshot(self) -> Snapshot:
         """Cumulative totals of this process: the consumer's side and every pipeline stage.

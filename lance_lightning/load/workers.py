@@ -9,6 +9,9 @@ Guarantees:
   latter raised by PyTorch's SIGCHLD handler wherever the main thread is, e.g. in a training
   step: that handler is wrapped so that it raises `WorkerDiedError` too). The loader raises
   within seconds and never hangs.
+- A worker that exits with an error code failed in Python before it could report the error
+  (usually while starting, e.g. a script without ``if __name__ == "__main__":``): its
+  `WorkerDiedError` says so and gives the fix (`STARTING_HINT`), not advice about memory.
 """
 
 from __future__ import annotations
@@ -23,6 +26,13 @@ from typing import Any, TypeVar
 from lance_lightning.errors import WorkerDiedError
 
 T = TypeVar("T")
+
+#: What usually stops a worker process as it starts, and the fix.
+STARTING_HINT = (
+    "Each worker imports the main script: a script that runs its training code on import makes every "
+    'worker try to start workers of its own. Put that code under `if __name__ == "__main__":`, or set '
+    "num_workers=0 (reader threads need no worker processes)"
+)
 
 #: DataLoader iterators with worker processes, for the SIGCHLD handler to name a dead worker.
 _WATCHED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -58,6 +68,13 @@ def worker_died_error(workers: Sequence[Any], error: BaseException) -> WorkerDie
         return None
     pids = [int(w.pid) for w in dead]
     what = "; ".join(f"pid {w.pid} {_how(w.exitcode)}" for w in dead)
+    if any(w.exitcode is not None and w.exitcode > 0 for w in dead):
+        return WorkerDiedError(
+            f"DataLoader worker (pid {', '.join(map(str, pids))}) died: {what} ({type(error).__name__}: {error}). "
+            f"A worker that exits with an error failed before it could report it here, usually while "
+            f"starting: its traceback is printed above. {STARTING_HINT}",
+            pids,
+        )
     return WorkerDiedError(
         f"DataLoader worker (pid {', '.join(map(str, pids))}) died mid-epoch: {what}. The batch it was handing "
         f"over was lost ({type(error).__name__}: {error}). Resume from the last checkpoint: the data cursor "

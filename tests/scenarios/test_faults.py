@@ -4,6 +4,9 @@
   processes (forkserver) reading a real Lance dataset; they are killed with SIGKILL, as the
   kernel's OOM killer would. The DataLoader must notice within seconds (its SIGCHLD handler, or
   its worker status check every 5 s) and raise `WorkerDiedError` naming the worker and signal.
+- Workers that cannot start (a script without ``if __name__ == "__main__":``, which every worker
+  runs again on import) end the run with an error that names the fix, never a hang or a bare
+  ``BrokenPipeError``.
 - A dataset that gets new versions during training (rows appended, overwritten, deleted, mid-epoch
   and between epochs) does not change what the run reads: it reads the version pinned at setup,
   exactly as a run on an unchanged copy does; resuming from a checkpoint after the dataset moved on
@@ -14,6 +17,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -69,6 +74,42 @@ def _shutdown(loader: Any) -> None:
 @pytest.fixture
 def uri(tmp_path: Path) -> str:
     return write_dataset(tmp_path / "ds.lance", 4000, fragment_rows=500)
+
+
+#: A user's script with no ``if __name__ == "__main__":`` guard; its transform optionally carries
+#: ``big`` bytes, so that the parent is still writing a worker's start-up data when the worker dies.
+_UNGUARDED_SCRIPT = """
+import sys
+import numpy as np
+from lance_lightning import LanceDataModule, LanceSource
+
+class Carry:
+    def __init__(self, size):
+        self.table = np.ones(size, dtype=np.uint8)
+
+    def __call__(self, batch):
+        return batch
+
+dm = LanceDataModule(train=LanceSource(sys.argv[1]), batch_size=16, num_workers=2, transform=Carry(int(sys.argv[2])))
+dm.setup("fit")
+print(sum(1 for _ in dm.train_dataloader()))
+"""
+
+
+@pytest.mark.slow  # forkserver workers in a subprocess
+@pytest.mark.parametrize("carried", [1, 1 << 27], ids=["small", "large"])
+def test_workers_of_a_script_without_a_main_guard_fail_naming_the_fix(uri: str, tmp_path: Path, carried: int) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_UNGUARDED_SCRIPT)
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run(
+        [sys.executable, str(script), uri, str(carried)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(("lance_lightning.errors.ConfigError", "lance_lightning.errors.WorkerDiedError")), last
+    assert 'if __name__ == "__main__":' in last and "num_workers=0" in last, last
 
 
 @pytest.mark.slow  # forkserver workers: 10-20 s on 2 busy cores
