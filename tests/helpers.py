@@ -266,3 +266,16 @@ def run_cli(args: list[str]) -> tuple[int, str, str]:
         finally:
             sys.argv = argv
     return code, out.getvalue(), err.getvalue()
+
+
+def packages_imported_by(modules: list[str], packages: tuple[str, ...]) -> list[str]:
+    """Which of ``packages`` a fresh interpreter has imported after importing ``modules``, sorted."""
+    import json
+    import subprocess
+
+    code = (
+        f"import json, sys, {', '.join(modules)}; "
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & {set(packages)!r})))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
