@@ -81,9 +81,9 @@ def _rebuild_rowset(tensors: dict[str, Any]) -> RowSet:
 
 
 def _reduce_documents(index: DocumentIndex) -> tuple[Any, tuple[Any, dict[str, Any]]]:
-    # The index's own ``starts`` keeps the shared memory (and its descriptor) alive.
-    tensors = {"starts": _shared(index.starts)}
-    object.__setattr__(index, "starts", _views(tensors)["starts"])  # read the shared copy from now on
+    with _LOCK:  # the index's own ``starts`` keeps the shared memory (and its descriptor) alive
+        tensors = {"starts": _shared(index.starts)}
+        object.__setattr__(index, "starts", _views(tensors)["starts"])  # read the shared copy from now on
     return _rebuild_documents, (index.packing, tensors)
 
 
