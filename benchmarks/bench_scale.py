@@ -6,8 +6,8 @@ RowShuffle, RowShuffle(clump_rows=64), BufferShuffle; each without a filter and 
 
 - setup: ``LanceDataModule.setup("fit")`` (pin, filter scan, plan, the rank-0 ``explain``);
 - first batch: ``train_dataloader()`` and its first batch;
-- for RowShuffle: rows/s over the next ``--batches`` batches of that epoch (all of it at 10^6),
-  read groups at their full size;
+- without the filter: rows/s over the next ``--batches`` batches of that epoch (all of it at
+  10^6), read groups at their full size;
 - resume at 10% and 90%: the first batch of an iterator restored from a cursor at that share of
   the epoch (the process already read, so both are warm alike; median of 21, alternated);
 - memory: the process's RSS after all of that, minus that of the unfiltered NoShuffle case of
@@ -135,7 +135,7 @@ def measure_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
         out[f"resume{int(share * 100)}_s"] = statistics.median(spent)
     out["rss_mb"] = rss_mb()
     out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    if batches:  # after the memory readings: its own dataset handle and arrays are not the loader's
+    if batches and case == "RowShuffle":  # after the memory readings: its own handle and arrays
         plan = dm.plans["train"]
         out["raw_take_rows_per_s"] = raw_take_rate(uri, plan.source.total_rows, batches * BATCH, group_rows(plan))
     return out
@@ -182,7 +182,7 @@ def render(results: dict) -> str:
         + "; ".join(f"`{command}` ({when})" for command, when in commands.items())
         + ".",
         f"Machine: {machine()}. One int64 column, batch {BATCH}, filter `{FILTER}` (10%), "
-        "one process per case, warm page cache. Memory: RSS after the reads (first batch, RowShuffle's timed "
+        "one process per case, warm page cache. Memory: RSS after the reads (first batch, the timed "
         "batches, resumes) minus the unfiltered NoShuffle case's of the same size.",
         f"Targets at the largest size: {TARGETS}; RowShuffle rows/s at 10^8 within 10% of 10^6.",
         "",
@@ -258,6 +258,27 @@ def verdicts(results: dict) -> list[str]:
             "(`raw take` above, and `benchmarks/probe_take_density.py` -> `take_density.md`): a group of "
             "bounded memory takes a smaller share of a larger table.",
         ]
+    lines += ["", *rates_by_size(results)]
+    return lines
+
+
+def rates_by_size(results: dict) -> list[str]:
+    """Each strategy's rows/s without the filter at every size, and as a share of its rows/s at the
+    smallest size (not a target: how each strategy's reads scale)."""
+    sizes = sorted(results, key=int)
+    header = " | ".join(f"10^{len(size) - 1}" for size in sizes)
+    lines = [
+        "## Rows/s without a filter, by size (share of the smallest size)",
+        "",
+        f"| case | {header} |",
+        f"|---|{'---:|' * len(sizes)}",
+    ]
+    for case in CASES:
+        rates = [results[size].get(f"{case}|0", {}).get("rows_per_s") for size in sizes]
+        if rates[0] is None:
+            continue
+        cells = [f"{rate:,.0f} ({rate / rates[0]:.2f})" if rate else "" for rate in rates]
+        lines.append(f"| {case} | {' | '.join(cells)} |")
     return lines
 
 
@@ -265,7 +286,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1e6,1e7", help="comma-separated sizes, e.g. 1e6,1e7,1e8")
     parser.add_argument("--cache", default="/tmp/lance_lightning_scale", help="where datasets are written once")
-    parser.add_argument("--batches", type=int, default=12000, help="RowShuffle batches timed for rows/s")
+    parser.add_argument("--batches", type=int, default=12000, help="batches timed for rows/s in each unfiltered case")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
     parser.add_argument("--quick", action="store_true", help="smoke run: 10^6 rows, printed, scale.md untouched")
     parser.add_argument("--results", help="results file (default: scale.json in --cache)")
@@ -289,7 +310,7 @@ def main() -> None:
         for case in ["NoShuffle", *(c for c in args.cases.split(",") if c != "NoShuffle")]:
             for filtered in (False, True):
                 load = load_average()
-                r = run_case(uri, case, filtered, args.batches if case == "RowShuffle" and not filtered else 0)
+                r = run_case(uri, case, filtered, 0 if filtered else args.batches)
                 r["load"] = load
                 cases[f"{case}|{int(filtered)}"] = r
                 print(
