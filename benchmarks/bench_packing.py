@@ -25,15 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS_DIR, command_line, machine  # noqa: E402
+from benchmarks.common import RESULTS_DIR, command_line, machine, peak_rss_mb, run_child  # noqa: E402
 
 
 def dataset(cache: Path, documents: int, max_len: int) -> str:
@@ -105,7 +103,7 @@ def measure(uri: str, lengths: bool, seq_len: int, batch_size: int, batches: int
                 break
         result["windows_per_s"] = read / (time.perf_counter() - started)
         result["tokens_per_s"] = result["windows_per_s"] * seq_len
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["peak_rss_mb"] = peak_rss_mb()
     return result
 
 
@@ -144,10 +142,7 @@ def main() -> None:
             "batches": batches,
             "shuffle": shuffle,
         }
-        out = subprocess.run(
-            [sys.executable, __file__, "--case", json.dumps(spec)], capture_output=True, text=True, check=True
-        ).stdout
-        result = json.loads(out.strip().splitlines()[-1])
+        result = run_child([__file__, "--case", json.dumps(spec)])
         rows.append({"lengths": lengths, "shuffle": shuffle, **result})
         print(rows[-1], flush=True)
     write_results(rows, mixing(rows[0]["windows"], args.batch_size), args)

@@ -27,17 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS_DIR, command_line, machine  # noqa: E402
+from benchmarks.common import RESULTS_DIR, command_line, machine, peak_rss_mb, rss_mb, run_child  # noqa: E402
 
 BATCH = 256
 FILTER = "x % 10 = 0"
@@ -89,11 +86,6 @@ def dataset(cache: Path, rows: int) -> str:
     return str(path)
 
 
-def rss_mb() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def measure_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
     """One case, in this (fresh) process."""
     import lance_lightning as ll
@@ -134,7 +126,7 @@ def measure_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
     for share, spent in times.items():
         out[f"resume{int(share * 100)}_s"] = statistics.median(spent)
     out["rss_mb"] = rss_mb()
-    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_mb"] = peak_rss_mb()
     if batches and case == "RowShuffle":  # after the memory readings: its own handle and arrays
         plan = dm.plans["train"]
         out["raw_take_rows_per_s"] = raw_take_rate(uri, plan.source.total_rows, batches * BATCH, group_rows(plan))
@@ -158,11 +150,7 @@ def raw_take_rate(uri: str, rows: int, taken: int, group: int) -> float:
 
 
 def run_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
-    cmd = [sys.executable, __file__, "--one", uri, case, str(int(filtered)), str(batches)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{case} filtered={filtered} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child([__file__, "--one", uri, case, str(int(filtered)), str(batches)])
 
 
 def load_average() -> str:

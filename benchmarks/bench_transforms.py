@@ -51,7 +51,6 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -483,13 +482,7 @@ def memory_child(uri: str, depth: int, epochs: int) -> dict[str, Any]:
 def memory(uri: str, epochs: int) -> dict[int, dict[str, Any]]:
     out = {}
     for depth in (2, 16):
-        code = subprocess.run(
-            [sys.executable, __file__, "--memory-child", uri, str(depth), str(epochs)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        out[depth] = json.loads(code.stdout.strip().splitlines()[-1])
+        out[depth] = common.run_child([__file__, "--memory-child", uri, str(depth), str(epochs)])
     return out
 
 

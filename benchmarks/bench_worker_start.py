@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -80,16 +79,14 @@ def main() -> None:
         _one(args.one)
         return
     sys.path.insert(0, str(REPO_ROOT))
+    from benchmarks.common import run_child
     from tests.helpers import write_dataset
 
     uri = write_dataset(Path(tempfile.mkdtemp(prefix="bench_worker_start_")) / "ds.lance", ROWS, fragment_rows=5000)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     runs, loads = [], [_load()]
     for _ in range(args.repeats):
-        out = subprocess.run(
-            [sys.executable, __file__, "--one", uri], env=env, capture_output=True, text=True, check=True, cwd=REPO_ROOT
-        )
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        runs.append(run_child([__file__, "--one", uri], env=env, cwd=REPO_ROOT))
         loads.append(_load())
     keys = ("workers0_s", "workers2_first_s", "workers2_again_s")
     med = {key: statistics.median(r[key] for r in runs) for key in keys}

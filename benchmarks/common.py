@@ -14,9 +14,12 @@ per-repetition ratios.
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -239,6 +242,27 @@ def paired(
         ratio=statistics.median(c / b for c, b in raw),
         raw=raw,
     )
+
+
+# -- child processes -------------------------------------------------------------------------
+def run_child(args: list[str], **kwargs: Any) -> dict[str, Any]:
+    """Run ``python ARGS`` (one measurement in a fresh process) and return the JSON object printed on
+    its last line of stdout; a child that fails raises with the end of its stderr."""
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, check=False, **kwargs)
+    if done.returncode != 0:
+        raise RuntimeError(f"{shlex.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def rss_mb() -> float:
+    """This process's resident memory now, in MB (Linux's /proc/self/statm)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mb() -> float:
+    """This process's highest resident memory so far, in MB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # -- machine load ----------------------------------------------------------------------------

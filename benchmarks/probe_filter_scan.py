@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import peak_rss_mb, rss_mb, run_child  # noqa: E402
 
 FILTER = "x % 10 = 0"
 
@@ -28,13 +30,9 @@ def one(uri: str, child: bool) -> dict:
     from lance_lightning import LanceSource, pin_source
     from lance_lightning.plan.filter_scan import find_matches
 
-    def rss_mb() -> float:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * 4096 / 2**20
-
     source = pin_source(LanceSource(uri, columns=["x"], filter=FILTER), "train")
     source.open().scanner(columns=["x"], limit=10).to_table()
-    base, peak_before = rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    base, peak_before = rss_mb(), peak_rss_mb()
     started = time.perf_counter()
     found = find_matches(source, child_from_rows=0 if child else 1 << 62)
     return {
@@ -42,7 +40,7 @@ def one(uri: str, child: bool) -> dict:
         "kept": type(found).__name__,
         "kept_mib": found.nbytes / 2**20,
         "rss_growth_mb": rss_mb() - base,
-        "peak_growth_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - peak_before,
+        "peak_growth_mb": peak_rss_mb() - peak_before,
     }
 
 
@@ -60,10 +58,7 @@ def main() -> None:
     for rows in (int(float(r)) for r in args.rows.split(",")):
         uri = str(Path(args.cache) / f"x_{rows}.lance")
         for where in ("process", "child"):
-            done = subprocess.run(
-                [sys.executable, __file__, "--one", uri, where], capture_output=True, text=True, check=True
-            )
-            r = json.loads(done.stdout.strip().splitlines()[-1])
+            r = run_child([__file__, "--one", uri, where])
             print(
                 f"| 10^{len(str(rows)) - 1} | in {where} | {r['seconds']:.2f} | {r['kept']} | {r['kept_mib']:.0f} "
                 f"| {r['rss_growth_mb']:.0f} | {r['peak_growth_mb']:.0f} |"

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import rss_mb, run_child  # noqa: E402
 
 BATCH = 256
 
@@ -36,10 +39,6 @@ def one(uri: str, group_bytes: int, call_rows: int, batches: int) -> dict:
     from lance_lightning.read import lance_io
 
     lance_io.TAKE_CALL_ROWS = call_rows
-
-    def rss_mb() -> float:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * 4096 / 2**20
 
     dm = LanceDataModule(
         train=LanceSource(uri, columns=["x"]),
@@ -77,9 +76,7 @@ def main() -> None:
         uri = str(Path(args.cache) / f"x_{rows}.lance")
         for group in args.groups.split(","):
             for call in args.calls.split(","):
-                cmd = [sys.executable, __file__, "--one", uri, str(size(group)), call, str(args.batches)]
-                done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-                r = json.loads(done.stdout.strip().splitlines()[-1])
+                r = run_child([__file__, "--one", uri, str(size(group)), call, str(args.batches)])
                 print(
                     f"| 10^{len(str(rows)) - 1} | {group} | {call} | {r['rows_per_s']:,.0f} | {r['rss_growth_mb']:.0f} |"
                 )

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS_DIR, command_line, machine  # noqa: E402
+from benchmarks.common import RESULTS_DIR, command_line, machine, run_child  # noqa: E402
 
 FILTER = "x % 10 = 0"
 BATCHES = 400
@@ -93,12 +92,7 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for case in CASES:
-        done = subprocess.run(
-            [sys.executable, __file__, "--one", uri, case, str(args.workers)], capture_output=True, text=True
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{case} failed:\n{done.stderr[-3000:]}")
-        r = json.loads(done.stdout.strip().splitlines()[-1])
+        r = run_child([__file__, "--one", uri, case, str(args.workers)])
         lines.append(
             f"| {case} | {r['main_uss']:,.0f} | {', '.join(f'{v:,.0f}' for v in r['worker_uss'])} | "
             f"{r['main_pss']:,.0f} | {', '.join(f'{v:,.0f}' for v in r['worker_pss'])} | {r['total_pss']:,.0f} |"
