@@ -256,7 +256,7 @@ class LanceDataLoader(DataLoader):
             return iter(self.dataset)
         try:
             return super().__iter__()
-        except (BrokenPipeError, ConnectionError, EOFError) as error:  # a worker died while starting
+        except (ConnectionError, EOFError) as error:  # a worker died while starting (BrokenPipeError, ...)
             raise ConfigError(
                 "num_workers",
                 self.num_workers,
