@@ -48,13 +48,13 @@ class LanceLightningCLI(LightningCLI):
 
     def before_fit(self) -> None:
         if self.config_init[self.subcommand].get("ckpt_path") is None:
-            for callback in self.trainer.checkpoint_callbacks:
+            for callback in _model_checkpoints(self.trainer):
                 _refuse_overwriting(callback)
 
     def after_fit(self) -> None:
         trainer = self.trainer
         log_dir = trainer.log_dir  # a collective: every rank must call it
-        callback = trainer.checkpoint_callback
+        callback = next(iter(_model_checkpoints(trainer)), None)
         if callback is not None and callback.save_last is True and not trainer.interrupted:
             last = callback.last_model_path or callback.format_checkpoint_name({}, callback.CHECKPOINT_NAME_LAST)
             trainer.save_checkpoint(last)  # the final state: also a collective
@@ -89,6 +89,11 @@ def resume_command(argv: list[str] | None, checkpoint: str) -> str:
         elif not arg.startswith("--ckpt_path="):
             kept.append(arg)
     return shlex.join(["lance-lightning", *kept, "--ckpt_path", os.path.abspath(checkpoint)])
+
+
+def _model_checkpoints(trainer: Any) -> list[ModelCheckpoint]:
+    """The trainer's ``ModelCheckpoint``s (not other `Checkpoint`s, e.g. ``OnExceptionCheckpoint``)."""
+    return [callback for callback in trainer.checkpoint_callbacks if isinstance(callback, ModelCheckpoint)]
 
 
 def _refuse_overwriting(callback: ModelCheckpoint) -> None:

@@ -5,8 +5,12 @@ Guarantees:
   shows them; strategies and transforms are given by ``class_path``.
 - ``setup()`` pins each needed source to one dataset version and validates it in the main
   process, before any worker starts; bad input raises `ConfigError` naming parameter, value, fix.
-- Rank and world size come from the trainer (rank 0 of 1 without one); every rank yields the
-  same number of batches; the train order depends on (version, filter, strategy, seed, epoch).
+- Rank and world size come from the trainer (rank 0 of 1 without one), read when a loader is
+  built: a loader built before the trainer attached (``train_dataloader()``, ``explain()`` or
+  ``setup()`` called before ``fit``) is rebuilt for the trainer's topology, and the plan's fit
+  to it is checked at every ``setup``. Plans do not depend on the topology, so planning before
+  ``fit`` costs nothing twice. Every rank yields the same number of batches; the train order
+  depends on (version, filter, strategy, seed, epoch).
 - The train cursor is saved in the data module's own checkpoint state and, with
   `DataCursorCheckpoint`, in the callback's: resume is exact even when Lightning skips
   ``loader.load_state_dict`` (#20550). A checkpoint of another plan is refused with the field.
@@ -42,7 +46,7 @@ from lance_lightning.materialize.view import MaterializedView
 from lance_lightning.mixture import LanceMixture
 from lance_lightning.plan.cursor import CursorTracker, repin_target
 from lance_lightning.plan.packing import TokenPacking
-from lance_lightning.plan.planner import ReadPlan
+from lance_lightning.plan.planner import ReadPlan, check_fits
 from lance_lightning.plan.schema import check_read_schema
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
 from lance_lightning.plan.survey import build_plan
@@ -221,7 +225,8 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         self.packing = packing
         self.plans: dict[Split, ReadPlan] = {}
         self.train_cursor: CursorTracker | None = None
-        self._loaders: dict[Split, LanceDataLoader] = {}
+        #: Each split's loader and the (trainer attached, world size, rank, pinned) it was built for.
+        self._loaders: dict[Split, tuple[tuple[Any, ...], LanceDataLoader]] = {}
         self._user_reload_every: int | None = None  # the trainer's setting while a re-read is pending
 
     # -- topology ---------------------------------------------------------------------------
@@ -232,9 +237,6 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
     @property
     def global_rank(self) -> int:
         return self.trainer.global_rank if self.trainer is not None else 0
-
-    def _trainer_epoch(self) -> int:
-        return self.trainer.current_epoch
 
     # -- setup ------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -251,6 +253,8 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         for split in needed:
             if self.sources[split] is not None and split not in self.plans:
                 self._plan(split)
+            if split in self.plans:
+                check_fits(self.plans[split], self.world_size)
         self._check_fill_nulls()
         check_read_schema(self.plans, self.fill_nulls, self.transform)
 
@@ -271,15 +275,12 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
                 self.filter_read,
                 self.batch_size if train else self.eval_batch_size,
                 self.drop_last if train else False,
-                self.world_size,
                 pad=split != "predict",  # predict runs no collective per step: ranks may end a batch apart
                 packing=self.packing,
             )
-        self._loaders.pop(split, None)
+        self._drop_loader(split)
         if train:
-            self.train_cursor = CursorTracker(
-                self.plans["train"], self.world_size, self.global_rank, resume=self.resume_data
-            )
+            self.train_cursor = CursorTracker(self.plans["train"], resume=self.resume_data)
 
     def _check_fill_nulls(self) -> None:
         columns = {c for plan in self.plans.values() for c in plan.source.columns}
@@ -304,11 +305,11 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
     def train_dataloader(self) -> LanceDataLoader:
         """The train loader; under a Trainer, the plan it reads (and where it resumes) is printed
         when the loader is built, after a checkpoint re-pinned the version it was read at."""
-        built = "train" in self._loaders
+        built = self._loaders.get("train", (None,))[0] == self._loader_key()
         loader = self._loader("train")
         if self.trainer is not None:
             if not built and self.global_rank == 0:  # only rank 0 prints: other ranks build no text
-                resume = self.train_cursor.describe_resume()
+                resume = self.train_cursor.describe_resume(self.world_size)
                 rank_zero_info(self.explain("train") + (f"\n{resume}" if resume else ""))
             self._reread_length_next_epoch()
         return loader
@@ -316,14 +317,15 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
     def _reread_length_next_epoch(self) -> None:
         """Make the trainer read the train loader's length again at the next epoch start.
 
-        Lightning reads ``len(train loader)`` once per fit and caps every epoch with it. A restored
-        epoch whose steps differ from a whole epoch's (batch size or world size changed since the
-        checkpoint) would cap every later epoch at its own count. Setting the trainer's
-        ``reload_dataloaders_every_n_epochs`` to 1 until the next epoch's reload makes Lightning
-        read the length again then; the user's setting is put back at that reload.
+        Lightning reads ``len(train loader)`` once per fit and caps every epoch with it, and reads
+        it before deciding which epoch a checkpoint resumes (the saved one, or the next when the
+        saved one had ended). While a restored cursor is pending, or the epoch read began from
+        one, the trainer's ``reload_dataloaders_every_n_epochs`` is 1: Lightning reads the length
+        again at the next epoch start (the epoch it actually runs, whole); the user's setting is
+        put back at the reload after that.
         """
         trainer = self.trainer
-        if self.train_cursor is not None and self.train_cursor.restored_epoch_differs():
+        if self.train_cursor is not None and self.train_cursor.restoring(trainer.current_epoch):
             if self._user_reload_every is None:
                 self._user_reload_every = trainer.reload_dataloaders_every_n_epochs
             trainer.reload_dataloaders_every_n_epochs = 1
@@ -340,11 +342,23 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
     def predict_dataloader(self) -> LanceDataLoader:
         return self._loader("predict")
 
+    def _loader_key(self) -> tuple[Any, ...]:
+        """What a loader is built for: a trainer or none, the world size and rank, pinning."""
+        return (self.trainer is not None, self.world_size, self.global_rank, self._pin())
+
+    def _drop_loader(self, split: Split) -> None:
+        _, loader = self._loaders.pop(split, (None, None))
+        if loader is not None:
+            loader.dataset.pools.stop()
+
     def _loader(self, split: Split) -> LanceDataLoader:
+        """The split's loader for the current trainer and topology (rebuilt when they changed)."""
         if split not in self.plans:
             self.setup(STAGE_OF_SPLIT[split])
-        loader = self._loaders.get(split)
-        if loader is None:
+        key = self._loader_key()
+        cached_key, loader = self._loaders.get(split, (None, None))
+        if cached_key != key:
+            self._drop_loader(split)
             pin = self._pin()
             dataset = LanceIterableDataset(
                 self.plans[split],
@@ -358,27 +372,23 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
                 take_group_bytes=self.take_group_bytes,
                 bad_rows=self.bad_rows,
                 retry=self.retry,
-                pin_memory=pin and self.num_workers == 0,  # worker batches are pinned by the DataLoader's thread
             )
-            dataset.ship_positions = self.device_transform is not None  # for the bad-row policy on the device
-            cursor = self.train_cursor if split == "train" else None
-            if self.trainer is not None and split == "train":
-                epoch_source = self._trainer_epoch
-            else:
-                epoch_source = None  # the loader counts its own iterations (eval splits read epoch order 0)
+            train = split == "train"
             loader = LanceDataLoader(
                 dataset,
-                cursor=cursor,
-                epoch_source=epoch_source,
+                cursor=self.train_cursor if train else None,
+                # Without a trainer the loader counts its own iterations (eval splits read epoch order 0).
+                trainer=self.trainer if train else None,
                 num_workers=self.num_workers,
                 persistent_workers=self.persistent_workers,
-                pin_memory=pin and self.num_workers > 0,
+                pin_memory=pin,
                 prefetch_factor=self.prefetch_factor,
                 multiprocessing_context=self.multiprocessing_context,
-                count_restored_steps=epoch_source is not None,
-                device_ahead=self._device_ahead(split, dataset),
+                ship_positions=self.device_transform is not None,  # for the bad-row policy on the device
             )
-            self._loaders[split] = loader
+            # Bad rows found on the device count in the clock the loader's own dataset copy measures with.
+            loader.device_ahead = self._device_ahead(split, loader.dataset)
+            self._loaders[split] = (key, loader)
         return loader
 
     def _pin(self) -> bool:
@@ -389,7 +399,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
     def teardown(self, stage: str) -> None:
         """Release the side copy stream and the reader threads (restarted on the next iteration)."""
         self.device_transfer.stop()
-        for loader in self._loaders.values():
+        for _, loader in self._loaders.values():
             loader.dataset.pools.stop()
 
     # -- checkpoint state -------------------------------------------------------------------

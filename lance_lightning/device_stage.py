@@ -60,7 +60,7 @@ class DeviceStage:
     def _prepared_ahead(self) -> bool:
         """Whether the running split's batches arrive already prepared on the device."""
         split = _RUNNING_SPLITS.get(self.trainer.state.stage) if self.trainer is not None else None
-        loader = self._loaders.get(split)
+        _, loader = self._loaders.get(split, (None, None))
         return loader is not None and loader.device_ahead is not None
 
     # -- batch transfer (main process, training loop thread) ----------------------------------
@@ -78,11 +78,11 @@ class DeviceStage:
     def _device_transform(self, batch: Any) -> Any:
         """The device transform, under the bad-row policy when the loader kept the batch's row positions."""
         split = _RUNNING_SPLITS.get(self.trainer.state.stage) if self.trainer is not None else None
-        positions = self._loaders[split].positions if split in self._loaders else None
-        if positions is None:
+        _, loader = self._loaders.get(split, (None, None))
+        if loader is None or loader.positions is None:
             return self.device_transform(batch)
-        guard = self._row_guard(split, self.trainer.strategy.root_device, self._loaders[split].dataset)
-        return guard(batch, positions)
+        guard = self._row_guard(split, self.trainer.strategy.root_device, loader.dataset)
+        return guard(batch, loader.positions)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Runs ``device_transform`` on the device batch, then the model's hook if it has one."""

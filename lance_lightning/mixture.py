@@ -20,7 +20,6 @@ import pyarrow as pa
 from lance_lightning.checks import check_choice, check_int
 from lance_lightning.errors import ConfigError
 from lance_lightning.plan.mixture import MixturePlan, block_counts, epoch_positions
-from lance_lightning.plan.planner import _check_fits
 from lance_lightning.plan.schema import read_schema
 from lance_lightning.plan.survey import build_plan
 from lance_lightning.produce.badrows import RaiseOnBadRow
@@ -99,7 +98,7 @@ class LanceMixture:
     def plan(self, split: str, data: Any) -> MixturePlan:
         """Pin and plan every source, check their columns agree, and lay out the mixture (main process)."""
         _check_settings(data)
-        strategy, batch_size, world_size = data.shuffle, data.batch_size, data.world_size
+        strategy, batch_size = data.shuffle, data.batch_size
         plans = []
         for j, source in enumerate(self.sources):
             pinned = pin_source(source, f"{split}.sources[{j}]")
@@ -111,7 +110,6 @@ class LanceMixture:
                     data.filter_read,
                     batch_size,
                     False,
-                    1,
                     packing=data.packing,
                 )
             )
@@ -143,7 +141,6 @@ class LanceMixture:
                 "block, so epoch='first_exhausted' has no whole block",
                 f"use block <= {max(1, rows[short] * self.block // self.counts[short])}, or epoch='samples'",
             )
-        _check_fits(split, positions, batch_size, data.drop_last, world_size)
         return MixturePlan(
             split,
             tuple(plans),

@@ -5,6 +5,11 @@ Guarantees:
   the epoch and start row set with ``set_epoch``. DataLoader worker ``w`` of ``K`` yields the
   rank's batches ``w, w+K, ...`` so the round-robin DataLoader keeps the planned order. The epoch
   lives in shared memory, so persistent workers see each new epoch.
+- Iterated directly, or by any DataLoader, it yields batches. Only a `LanceDataLoader` receives
+  `Shipment`s (a batch with its worker's stage totals and its rows' positions beside it): from
+  ``produce`` in its own process, and from the copies its worker processes hold
+  (`ship_from_worker`). A loader reads its own copy (``for_loader``); the dataset a user built is
+  never changed.
 - Batches are prepared ahead on background threads (`lance_lightning.produce.producer`). The same
   threads serve every epoch (`lance_lightning.produce.threads`) and finished epochs return the
   heap's free pages to the OS (`lance_lightning.produce.heap`), so RSS stays flat.
@@ -15,8 +20,10 @@ Guarantees:
 
 from __future__ import annotations
 
+import copy as _copy
 import multiprocessing
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,6 +58,21 @@ class EpochControl:
 
     def get(self) -> tuple[int, int]:
         return int(self._values[0]), int(self._values[1])
+
+
+@dataclass(frozen=True)
+class Shipping:
+    """What a dataset's batches carry beside them to a `LanceDataLoader`, as `Shipment`s: the stage
+    totals a worker process measured since its previous batch, the dataset positions of the rows."""
+
+    stats: bool
+    positions: bool
+
+
+def ship_from_worker(shipping: Shipping) -> None:
+    """In a `LanceDataLoader`'s worker process: its copy of the dataset yields `Shipment`s."""
+    info = get_worker_info()
+    info.dataset._worker_shipping = shipping
 
 
 class LanceIterableDataset(IterableDataset):
@@ -103,20 +125,32 @@ class LanceIterableDataset(IterableDataset):
         self.pools = ReaderThreads(reader_threads)
         self.control = EpochControl()
         self.clock = StageClock()
-        self.shipments = False  # set by LanceDataLoader: yield `Shipment`s, which it unpacks
-        self.ship_positions = False  # set by LanceDataModule when a device_transform applies the bad-row policy
+        #: Set only on a `LanceDataLoader` worker process's own copy (`ship_from_worker`).
+        self._worker_shipping: Shipping | None = None
 
-    def use_context(self, context: Any) -> None:
-        """Put the epoch control in memory that workers of ``context`` share."""
-        epoch, start = self.control.get()
-        self.control = EpochControl(context)
-        self.control.set(epoch, start)
+    def for_loader(self, context: Any | None, metrics: bool, pin_memory: bool) -> LanceIterableDataset:
+        """A copy for a loader: its epoch control in memory that workers of ``context`` share, its
+        own clock (off without ``metrics``), pinning its batches itself when ``pin_memory``.
+        ``self`` is left as it is."""
+        copy = _copy.copy(self)
+        copy.control = EpochControl(context)
+        copy.control.set(*self.control.get())
+        copy.clock = StageClock()
+        copy.clock.enabled = metrics
+        copy.pin_memory = self.pin_memory or pin_memory
+        return copy
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Read epoch ``epoch`` from sequence row ``start`` (a resumed cursor) on the next iteration."""
         self.control.set(epoch, start)
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Any]:
+        """This rank's (and DataLoader worker's) batches of the epoch set with ``set_epoch``."""
+        return self.produce(self._worker_shipping)
+
+    def produce(self, shipping: Shipping | None = None) -> Iterator[Any]:
+        """As ``iter``, each batch as a `Shipment` carrying what ``shipping`` names (a loader's
+        own path; ``None``: plain batches)."""
         epoch, start = self.control.get()
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
@@ -135,11 +169,11 @@ class LanceIterableDataset(IterableDataset):
             self.transform,
             self.fill_nulls,
             self.clock,
-            ship_stats=info is not None and self.shipments,
+            ship_stats=shipping is not None and shipping.stats,
             bad_rows=self.bad_rows,
             pin_memory=self.pin_memory,
-            ship_positions=self.shipments and self.ship_positions,
-            shipments=self.shipments,
+            ship_positions=shipping is not None and shipping.positions,
+            shipments=shipping is not None,
         )
         yield from producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
         HEAP.after_epoch()

@@ -3,14 +3,17 @@
 Guarantees:
 - ``len(loader)`` is the exact number of batches the next (or current) ``iter`` of this rank
   yields, equal on every rank (predict may end one batch earlier on some ranks: it does not pad).
-  After a restore it is the rest of the epoch; with ``count_restored_steps`` (the data module's
-  train loader under a Trainer) it also counts the steps trained before, as Lightning resumes its
-  batch index there. Because the length is known, Lightning does not fetch a batch ahead, so the
-  cursor counts only batches handed to the training loop.
+  After a restore it is the rest of the epoch. With a ``trainer`` (the data module's train loader)
+  it is the batch index Lightning gives the epoch's first batch plus those batches, so Lightning
+  stops the epoch exactly at its last batch, also after a restart (`lance_lightning.load.progress`).
+  Because the length is known, Lightning does not fetch a batch ahead, so the cursor counts only
+  batches handed to the training loop.
 - Lightning may rebuild the loader from its constructor arguments (``Trainer.predict`` does, to
   inject ``sampler``/``batch_sampler``): the rebuilt loader reads the same dataset and cursor.
-- Each ``iter(loader)`` reads the epoch given by ``epoch_source`` (the trainer's current epoch),
-  starting where a restored cursor left off, then continues normally.
+- Each ``iter(loader)`` reads the trainer's current epoch (without a trainer: the loader counts its
+  own iterations), starting where a restored cursor left off, then continues normally. The data epoch it reads is
+  the cursor's: the same epoch, unless a restore continues a data epoch that a stop cut short
+  (see `lance_lightning.plan.cursor`).
 - Worker processes never import Lightning (their ``worker_init_fn`` seeds them as Lightning's
   would), and never fork a process that has used Lance: the default start method is
   ``forkserver``; ``fork`` with workers is refused (`ConfigError`) before any worker starts.
@@ -18,8 +21,10 @@ Guarantees:
 - With ``device_ahead`` (the data module sets it when training on CUDA) batches arrive already
   copied and device-transformed, prepared a few batches ahead in a background thread; the cursor
   still advances only when a batch is yielded.
-- Without worker processes or DataLoader pinning, batches come straight from the dataset's
-  reader threads: torch's single-process iterator would only add per-batch bookkeeping.
+- Without worker processes, batches come straight from the dataset's reader threads (pinned
+  there with ``pin_memory``): torch's single-process iterator would only add per-batch bookkeeping.
+- The loader reads its own copy of the dataset (`LanceIterableDataset.for_loader`): the dataset
+  passed in is never changed, and iterating ``loader.dataset`` yields batches, never `Shipment`s.
 - With ``metrics=True`` (the default) the loader measures, per process, what the consumer waited
   for and what each pipeline stage cost (`lance_lightning.metrics`); figures measured in worker
   processes arrive beside the batches (a `Shipment` from the dataset, unpacked here), never inside
@@ -29,10 +34,11 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -42,10 +48,11 @@ from torch.utils.data import DataLoader, get_worker_info
 from lance_lightning.errors import ConfigError
 from lance_lightning.lifetime import watch_parent
 from lance_lightning.load.ahead import DeviceAhead
-from lance_lightning.load.dataset import LanceIterableDataset
+from lance_lightning.load.dataset import LanceIterableDataset, Shipping, ship_from_worker
+from lance_lightning.load.progress import TrainerProgress
 from lance_lightning.load.workers import STARTING_HINT, guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
-from lance_lightning.plan.cursor import CursorTracker
+from lance_lightning.plan.cursor import CursorTracker, finished
 from lance_lightning.vocabulary import Batch
 
 
@@ -86,9 +93,11 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(np.random.SeedSequence(numpy_seed).generate_state(4))
 
 
-def init_worker(worker_id: int) -> None:
-    """A worker's start: it dies with its parent (`watch_parent`), then is seeded (`seed_worker`)."""
+def init_worker(worker_id: int, shipping: Shipping) -> None:
+    """A worker's start: it dies with its parent (`watch_parent`), its copy of the dataset ships
+    what the loader unpacks (``shipping``), then it is seeded (`seed_worker`)."""
     watch_parent(worker_id)
+    ship_from_worker(shipping)
     seed_worker(worker_id)
 
 
@@ -121,17 +130,17 @@ class LanceDataLoader(DataLoader):
     Args:
         dataset: The rank's planned batches.
         cursor: Tracks the epoch position (created from the dataset's plan if not given).
-        epoch_source: Returns the epoch to read at each ``iter``; by default the loader counts
-            its own completed iterations (``set_epoch`` overrides).
+        trainer: The Lightning Trainer that trains on this loader: its epoch is read at each
+            ``iter``, and ``len`` follows its batch indices (see the module docstring). Without
+            one the loader counts its own completed iterations (``set_epoch`` overrides).
         num_workers, persistent_workers, pin_memory, prefetch_factor: As for DataLoader.
         multiprocessing_context: Start method for workers: "forkserver" (default) or "spawn"
             (or such a context); "fork" with workers is refused (`ConfigError`).
         metrics: Measure waits, stages and I/O (a wait and a time stamp per batch on the training
             thread, the rest on the reader threads). ``False`` turns every measurement off, in
             the workers too.
-        count_restored_steps: ``len`` of a restored epoch also counts the steps trained before
-            the checkpoint, as Lightning's fit loop expects (it resumes ``batch_idx`` there); set
-            this when a Trainer fits with this loader. Off, ``len`` is what ``iter`` yields.
+        ship_positions: Hand each batch's dataset positions to ``positions`` (a device transform's
+            bad-row policy needs them).
         device_ahead: Prepare batches on the accelerator ahead of the consumer (`DeviceAhead`:
             copy and device transform in a background thread); ``None`` yields host batches.
         sampler, batch_sampler: Accepted so that Lightning can rebuild the loader; they must be
@@ -143,14 +152,14 @@ class LanceDataLoader(DataLoader):
         dataset: LanceIterableDataset,
         *,
         cursor: CursorTracker | None = None,
-        epoch_source: Callable[[], int] | None = None,
+        trainer: Any = None,
         num_workers: int = 0,
         persistent_workers: bool = True,
         pin_memory: bool = False,
         prefetch_factor: int | None = None,
         multiprocessing_context: str | Any = "forkserver",
         metrics: bool = True,
-        count_restored_steps: bool = False,
+        ship_positions: bool = False,
         device_ahead: DeviceAhead | None = None,
         sampler: Any = None,
         batch_sampler: Any = None,
@@ -165,7 +174,6 @@ class LanceDataLoader(DataLoader):
                 )
         method = _start_method(multiprocessing_context)
         check_start_method(method, num_workers)
-        dataset.clock.enabled = metrics
         context = None
         if num_workers > 0:
             context = multiprocessing.get_context(method)
@@ -176,24 +184,29 @@ class LanceDataLoader(DataLoader):
                 if dataset.transform is not None:
                     modules.append(type(dataset.transform).__module__)
                 context.set_forkserver_preload(modules)
-            dataset.use_context(context)
-        dataset.shipments = True  # batches come with their stats and positions beside them
+        # In this process the dataset pins its own batches; with workers the DataLoader pins them.
+        dataset = dataset.for_loader(context, metrics, pin_memory and num_workers == 0)
         super().__init__(
             dataset,
             batch_size=None,
             collate_fn=_passthrough,
             num_workers=num_workers,
             persistent_workers=persistent_workers and num_workers > 0,
-            pin_memory=pin_memory,
+            pin_memory=pin_memory and num_workers > 0,
             prefetch_factor=prefetch_factor if num_workers > 0 else None,
             multiprocessing_context=context,
-            worker_init_fn=init_worker if num_workers > 0 else None,
+            worker_init_fn=functools.partial(init_worker, shipping=Shipping(True, ship_positions))
+            if num_workers > 0
+            else None,
         )
-        self.cursor = cursor or CursorTracker(dataset.plan, dataset.world_size, dataset.rank)
+        self.cursor = cursor or CursorTracker(dataset.plan)
         # Public under the constructor's names: Lightning rebuilds a loader from its attributes.
-        self.epoch_source = epoch_source
+        self.trainer = trainer
+        self.progress = TrainerProgress(trainer) if trainer is not None else None
+        if self.progress is not None:
+            self.cursor.in_flight = self.progress.in_flight
         self.metrics = metrics
-        self.count_restored_steps = count_restored_steps
+        self.ship_positions = ship_positions
         self.device_ahead = device_ahead
         self._own_epoch = 0
         self.meter = LoaderMeter() if metrics else None
@@ -207,15 +220,22 @@ class LanceDataLoader(DataLoader):
         self._own_epoch = epoch
 
     def _next_epoch(self) -> int:
-        return self.epoch_source() if self.epoch_source is not None else self._own_epoch
+        return self.progress.epoch() if self.progress is not None else self._own_epoch
 
     def __len__(self) -> int:
-        return self.cursor.length(self._next_epoch(), self.count_restored_steps)
+        epoch, dataset = self._next_epoch(), self.dataset
+        batches = self.cursor.length(epoch, dataset.world_size, dataset.rank)
+        if self.progress is None:
+            return batches
+        if self.cursor.restored_before(epoch):  # a restart moved on to a new epoch
+            return self.progress.carried_index() + batches
+        return self.cursor.first_index(epoch, dataset.world_size) + batches
 
     def __iter__(self) -> Iterator[Batch]:
-        epoch = self._next_epoch()
-        layout = self.cursor.begin_epoch(epoch)
-        self.dataset.set_epoch(epoch, layout.start)
+        epoch, dataset, progress = self._next_epoch(), self.dataset, self.progress
+        planned, first = (progress.planned_steps(), progress.next_batch_index()) if progress else (None, None)
+        layout = self.cursor.begin_epoch(epoch, dataset.world_size, dataset.rank, planned, first)
+        dataset.set_epoch(self.cursor.epoch, layout.start)  # the data epoch: its order
         if self.meter is None:
             for batch, _, positions in self._ahead(guard_workers(self._batches())):
                 self.positions = positions
@@ -249,11 +269,11 @@ class LanceDataLoader(DataLoader):
         return items if self.device_ahead is None else self.device_ahead.iterate(items)
 
     def _batches(self) -> Iterator[Batch]:
-        """The dataset's batches: through torch's iterator with workers or pinning, else straight
-        from the dataset (its batches are final: torch's single-process iterator only added
-        per-batch bookkeeping on the training thread)."""
-        if self.num_workers == 0 and not self.pin_memory:
-            return iter(self.dataset)
+        """The dataset's `Shipment`s: through torch's iterator with workers, else straight from the
+        dataset (its batches are final: torch's single-process iterator only added per-batch
+        bookkeeping on the training thread)."""
+        if self.num_workers == 0:
+            return self.dataset.produce(Shipping(stats=False, positions=self.ship_positions))
         try:
             return super().__iter__()
         except (ConnectionError, EOFError) as error:  # a worker died while starting (BrokenPipeError, ...)
@@ -296,5 +316,6 @@ class LanceDataLoader(DataLoader):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.cursor.restore(state)
-        if state and self.epoch_source is None:  # a finished epoch resumes at the next one
-            self._own_epoch = state["epoch"] + (1 if state["finished"] else 0)
+        restored = self.cursor.state()
+        if restored and self.progress is None:  # a finished epoch resumes at the next one
+            self._own_epoch = restored["trainer_epoch"] + (1 if finished(restored) else 0)

@@ -1,78 +1,107 @@
-"""The train data cursor: what a checkpoint must hold to resume an epoch exactly.
+"""The train data cursor: what a checkpoint must hold to resume the data exactly.
 
 Guarantees:
 - The state is a small versioned dict of plain types (loads with ``weights_only=True``), of
   constant size whatever the dataset size::
 
-      {"format": 3, "epoch": int, "rows_consumed": int, "steps": int, "finished": bool,
-       "plan": {"uri", "version", "columns", "filter", "shuffle", "rows"[, "packing"]}, "fingerprint": str}
+      {"format": 4, "epoch": int, "rows_consumed": int, "trainer_epoch": int, "steps": int,
+       "epoch_steps": int, "plan": {"uri", "version", "columns", "filter", "shuffle", "rows"[, "packing"]}}
 
-  With packing (`lance_lightning.plan.packing`) the sequence counts windows: ``rows_consumed``
-  and ``plan.rows`` are windows, and ``plan.packing`` (absent without packing) must match.
-
-- ``rows_consumed`` counts rows of the epoch sequence, not batches of one rank, so it does not
-  depend on the world size, the batch size or the number of DataLoader workers: a run restored
-  on another topology starts its layout at that row (see `lance_lightning.plan.layout`).
+  ``epoch`` is the data epoch being read (its order) and ``rows_consumed`` the units of its
+  sequence already trained (rows; windows with packing; draws for a mixture). ``trainer_epoch``,
+  ``steps`` and ``epoch_steps`` are the trainer's epoch, the batches it counted in that epoch and
+  the batches it planned for it. An epoch is finished when ``rows_consumed == plan["rows"]``
+  (`finished`): derived, never stored.
+- Nothing in it depends on the world size, the batch size or the number of DataLoader workers: a
+  run restored on another topology starts its layout at ``rows_consumed`` (`lance_lightning.plan.layout`).
+  The tracker never holds a topology either: its caller passes the loader's (world size, rank)
+  to each question, so the cursor and the batches cannot disagree about it.
 - Only consumed batches count: the loader reports yields from the main process (the loader has a
-  length, so Lightning does not fetch ahead), and `DataCursorCheckpoint` reports the batches whose
-  training step ended, which is exact whatever fetches ahead.
+  length, so Lightning does not fetch ahead), `DataCursorCheckpoint` reports the batches whose
+  training step ended, and a batch handed out whose step has not ended (a checkpoint written on an
+  exception, e.g. by ``OnExceptionCheckpoint``) is not counted (``in_flight``: the trainer's count).
+- The data follows on exactly across a restore: where the trainer resumes in the checkpoint's
+  epoch, at ``rows_consumed``; where it starts the next epoch after a finished one (or one cut by
+  its ``limit_train_batches``), at the next data epoch's first unit; where the trainer counts as
+  finished an epoch that a stop cut short (``max_steps``, ``max_time``, ``should_stop``: fewer
+  ``steps`` than ``epoch_steps``), the next trainer epoch reads the rest of that data epoch, and
+  later epochs keep that offset. Nothing is skipped, nothing read twice.
 - Restore is strict: any plan field that differs raises `CursorMismatchError` naming the field.
   Seeking is O(1): nothing is replayed. With ``resume=False`` a saved state is not checked: the
-  epoch it names restarts at its first row (Lightning still counts the steps trained before).
-- ``length(epoch)`` is what iterating ``epoch`` yields: a whole epoch, or the rest of a restored
-  one. Lightning resumes its batch index at the saved step count and stops the epoch at
-  ``len``, so the trainer's loader adds those steps (``count_restored=True``).
+  epoch it names restarts at its first unit (Lightning still counts the steps trained before).
+- ``length(epoch, ...)`` is what iterating trainer epoch ``epoch`` yields: a whole epoch, or the
+  rest of a restored one; ``first_index`` the trainer's batch index of its first batch (the steps
+  trained before a restored state). Lightning stops an epoch at ``len(loader)``, so a trainer's
+  loader reports their sum (`lance_lightning.load.progress`).
 """
 
 from __future__ import annotations
 
-import warnings
+from collections.abc import Callable
 from typing import Any
 
 from lance_lightning.errors import CursorMismatchError
 from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.planner import ReadPlan
 
-#: Bumped whenever the epoch order of a plan changes (2: a short last unit always comes last, and
-#: unit boundaries rotate per epoch; 3: every permutation is a keyed bijection), so that an older
-#: checkpoint is refused instead of resuming at the same row count of a different order.
-CURSOR_FORMAT = 3
-STATE_KEYS = ("format", "epoch", "rows_consumed", "steps", "finished", "plan", "fingerprint")
+#: Bumped whenever the meaning of a state or the epoch order of a plan changes (3: every
+#: permutation is a keyed bijection; 4: data epochs apart from trainer epochs, a mixture slot
+#: takes its source's next draw), so that an older checkpoint is refused instead of resuming at
+#: the same row count of a different order.
+CURSOR_FORMAT = 4
+STATE_KEYS = ("format", "epoch", "rows_consumed", "trainer_epoch", "steps", "epoch_steps", "plan")
+
+
+def finished(state: dict[str, Any]) -> bool:
+    """Whether the data epoch of ``state`` was read to its end."""
+    return state["rows_consumed"] >= state["plan"]["rows"]
 
 
 class CursorTracker:
-    """Tracks one split's epoch position and restores it from a saved state."""
+    """Tracks the train split's position (data epoch, units consumed) and restores it from a state."""
 
-    def __init__(self, plan: ReadPlan, world_size: int, rank: int = 0, resume: bool = True) -> None:
+    def __init__(self, plan: ReadPlan, resume: bool = True, in_flight: Callable[[], int] | None = None) -> None:
         self.plan = plan
-        self.world_size = world_size
-        self.rank = rank
         self.resume = resume
-        self.epoch: int | None = None
+        #: Batches handed out whose step has not ended (a trainer's count; None: none are).
+        self.in_flight = in_flight
+        self.epoch: int | None = None  # data epoch being read
+        self.trainer_epoch: int | None = None
+        self.offset = 0  # trainer epoch - data epoch, for the epochs after a restore
         self.layout: Layout | None = None
         self.steps_before = 0
+        self.epoch_steps = 0
         self.yielded = 0
         self.consumed: int | None = None  # set when a callback reports finished steps
+        self.restored_epoch: int | None = None  # the trainer epoch that began from a restored state
         self._pending: dict[str, Any] | None = None
 
     # -- epoch life cycle -------------------------------------------------------------------
-    def begin_epoch(self, epoch: int) -> Layout:
-        """Start iterating ``epoch``: from the restored cursor if it belongs to it, else from 0."""
-        start, steps_before = self._resume_point(epoch)
-        pending, self._pending = self._pending, None
-        if pending is not None and pending["epoch"] < epoch and not pending["finished"]:
-            left = self.plan.matched_rows - pending["rows_consumed"]
-            warnings.warn(
-                f"The checkpoint's data cursor stopped in epoch {pending['epoch']} with {left} of "
-                f"{self.plan.matched_rows} rows unread, but the trainer resumes at epoch {epoch} (Lightning counts a "
-                "run stopped by `max_steps` or `max_time` as a finished epoch). Those rows are skipped; epoch "
-                f"{epoch} is read in full.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        self.epoch = epoch
-        self.layout = self.plan.layout(self.world_size, start)
+    def begin_epoch(
+        self,
+        trainer_epoch: int,
+        world_size: int,
+        rank: int,
+        planned_steps: int | None = None,
+        first_index: int | None = None,
+    ) -> Layout:
+        """Start iterating ``trainer_epoch`` on rank ``rank`` of ``world_size``: from the restored
+        cursor where it applies, else from the first unit of its data epoch.
+
+        ``planned_steps``: the batches the trainer takes of this epoch (its length, limit applied);
+        by default every batch of the layout. ``first_index``: the trainer's index of the epoch's
+        first batch, by default the restored steps (``steps`` counts on from it).
+        """
+        data_epoch, start, steps_before = self._resume_point(trainer_epoch, world_size)
+        if first_index is not None:
+            steps_before = first_index
+        self.restored_epoch = trainer_epoch if self._pending is not None else None
+        self._pending = None
+        self.epoch, self.trainer_epoch = data_epoch, trainer_epoch
+        self.offset = trainer_epoch - data_epoch
+        self.layout = self.plan.layout(world_size, start)
         self.steps_before = steps_before
+        self.epoch_steps = steps_before + self.layout.rank_steps(rank) if planned_steps is None else planned_steps
         self.yielded = 0
         self.consumed = None if self.consumed is None else 0
         return self.layout
@@ -84,50 +113,76 @@ class CursorTracker:
         """A training step finished on the latest yielded batch (reported by the callback)."""
         self.consumed = min(self.yielded, (self.consumed or 0) + 1)
 
-    def _resume_point(self, epoch: int) -> tuple[int, int]:
-        """(first sequence row, steps trained before) of ``epoch`` given the restored cursor."""
+    def _resume_point(self, trainer_epoch: int, world_size: int) -> tuple[int, int, int]:
+        """(data epoch, first sequence unit, steps trained before) of ``trainer_epoch`` read by
+        ``world_size`` ranks."""
         pending = self._pending
-        if pending is not None and pending["epoch"] == epoch:
-            return pending["rows_consumed"], pending["steps"]
-        return 0, 0
+        if pending is None:
+            return trainer_epoch - self.offset, 0, 0
+        saved, data_epoch, rows = pending["trainer_epoch"], pending["epoch"], pending["rows_consumed"]
+        if trainer_epoch == saved:
+            return data_epoch, rows, pending["steps"]
+        # The trainer counts as finished an epoch that a stop cut short: the next one reads its rest,
+        # if the rest makes a step (else the trainer ran the restored epoch out: nothing was left).
+        cut = pending["steps"] < pending["epoch_steps"] and self.plan.layout(world_size, rows).steps > 0
+        if cut:
+            if trainer_epoch == saved + 1:
+                return data_epoch, rows, 0
+            saved += 1
+        return trainer_epoch - (saved - data_epoch), 0, 0
 
-    def length(self, epoch: int, count_restored: bool = False) -> int:
-        """This rank's batches when iterating ``epoch`` (while it is read: its own count).
+    def length(self, trainer_epoch: int, world_size: int, rank: int) -> int:
+        """Rank ``rank``'s batches when iterating ``trainer_epoch``: while this topology reads it,
+        its own count (a loader iterated before the trainer attached read with another)."""
+        layout = self.layout
+        if self._reading(trainer_epoch, world_size):
+            return layout.rank_steps(rank)
+        _, start, _ = self._resume_point(trainer_epoch, world_size)
+        return self.plan.layout(world_size, start).rank_steps(rank)
 
-        ``count_restored`` adds the steps trained before a restored cursor, as Lightning does.
-        """
-        if self.layout is not None and self.epoch == epoch and self._pending is None:
-            steps, before = self.layout.rank_steps(self.rank), self.steps_before
-        else:
-            start, before = self._resume_point(epoch)
-            steps = self.plan.layout(self.world_size, start).rank_steps(self.rank)
-        return steps + before if count_restored else steps
+    def first_index(self, trainer_epoch: int, world_size: int) -> int:
+        """The trainer's batch index of the first batch of ``trainer_epoch`` as the cursor knows it:
+        the steps trained before a restored mid-epoch state, else 0."""
+        if self._reading(trainer_epoch, world_size):
+            return self.steps_before
+        return self._resume_point(trainer_epoch, world_size)[2]
 
-    def full_length(self) -> int:
-        """This rank's batches in a whole epoch."""
-        return self.plan.layout(self.world_size).rank_steps(self.rank)
+    def restored_before(self, trainer_epoch: int) -> bool:
+        """Whether a restored state, still to be read, was taken in an earlier trainer epoch."""
+        return self._pending is not None and self._pending["trainer_epoch"] < trainer_epoch
 
-    def restored_epoch_differs(self) -> bool:
-        """Whether the restored epoch's steps (before + after the checkpoint) differ from a whole
-        epoch's: the batch size or world size changed since the checkpoint."""
-        pending = self._pending
-        if pending is None or pending["finished"]:
-            return False
-        return self.length(pending["epoch"], count_restored=True) != self.full_length()
-
-    def describe_resume(self) -> str | None:
-        """One line on where the restored epoch resumes and what its last step leaves out."""
-        pending = self._pending
-        if pending is None or pending["finished"]:
-            return None
-        layout = self.plan.layout(self.world_size, pending["rows_consumed"])
-        line = (
-            f"  resume: epoch {pending['epoch']} from row {pending['rows_consumed']:,} of "
-            f"{self.plan.matched_rows:,} ({pending['steps']:,} step(s) done): {layout.steps:,} more step(s) "
-            f"of {layout.step_rows:,} row(s)"
+    def _reading(self, trainer_epoch: int, world_size: int) -> bool:
+        layout = self.layout
+        return (
+            self._pending is None
+            and layout is not None
+            and layout.world_size == world_size
+            and self.trainer_epoch == trainer_epoch
         )
+
+    def restoring(self, trainer_epoch: int) -> bool:
+        """Whether a restored state is still to be read, or ``trainer_epoch`` began from one: its
+        length may differ from a whole epoch's (another batch size or world size, the rest of a cut
+        epoch), and which trainer epoch a restore resumes is Lightning's choice, made after it reads
+        the loader's length. The data module has the trainer read the length again next epoch."""
+        return self._pending is not None or self.restored_epoch == trainer_epoch
+
+    def describe_resume(self, world_size: int) -> str | None:
+        """One line on where the restored data resumes and what its last step leaves out."""
+        pending = self._pending
+        if pending is None or (pending["rows_consumed"] == 0 and pending["steps"] == 0):
+            return None
+        unit, rows, start = self.plan.unit, self.plan.matched_rows, pending["rows_consumed"]
+        line = (
+            f"  resume: data epoch {pending['epoch']} at {unit} {start:,} of {rows:,} "
+            f"({pending['steps']:,} step(s) of trainer epoch {pending['trainer_epoch']} done)"
+        )
+        if start >= rows:
+            return line + ": finished; the next epoch is read whole"
+        layout = self.plan.layout(world_size, start)
+        line += f": {layout.steps:,} more step(s) of {layout.step_rows:,} {unit}(s)"
         if layout.dropped_rows:
-            line += f"; drop_last skips the last {layout.dropped_rows:,} row(s) of this epoch"
+            line += f"; drop_last skips the last {layout.dropped_rows:,} {unit}(s) of this epoch"
         return line
 
     # -- state ------------------------------------------------------------------------------
@@ -137,40 +192,50 @@ class CursorTracker:
         if self.layout is None or self.epoch is None:
             return {}
         done = self.consumed if self.consumed is not None else self.yielded
+        if self.in_flight is not None:  # a checkpoint written while a step runs (an exception in it)
+            done = min(done, self.yielded - self.in_flight())
         return {
             "format": CURSOR_FORMAT,
             "epoch": self.epoch,
             "rows_consumed": self.layout.start + self.layout.rows_after(done),
+            "trainer_epoch": self.trainer_epoch,
             "steps": self.steps_before + done,
-            "finished": done >= self.layout.steps,
+            "epoch_steps": self.epoch_steps,
             "plan": self.plan.identity(),
-            "fingerprint": self.plan.fingerprint(),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
         """Validate ``state`` against the current plan and resume from it at the next epoch start.
 
-        With ``resume=False`` the state is not checked and its epoch restarts at row 0 of the
+        With ``resume=False`` the state is not checked and its epoch restarts at unit 0 of the
         current plan (an unfinished epoch keeps its step count, which Lightning restores).
         """
         if not state:
             return
         if not self.resume:
-            if state.get("finished", True) or "epoch" not in state:
-                self._pending = None
-                return
-            self._pending = {
-                "format": CURSOR_FORMAT,
-                "epoch": state["epoch"],
-                "rows_consumed": 0,
-                "steps": int(state.get("steps", 0)),
-                "finished": False,
-                "plan": self.plan.identity(),
-                "fingerprint": self.plan.fingerprint(),
-            }
+            self._pending = _fresh_start(state, self.plan)
             return
         check_state(state, self.plan)
         self._pending = dict(state)
+
+
+def _fresh_start(state: dict[str, Any], plan: ReadPlan) -> dict[str, Any] | None:
+    """The state that reads the trainer epoch ``state`` was taken in from its first unit, should
+    the trainer resume inside it, and every later epoch whole (of any cursor format: with
+    ``resume=False`` nothing else of a saved state is trusted)."""
+    trainer_epoch = state.get("trainer_epoch", state.get("epoch"))
+    steps = state.get("steps", 0)
+    if not isinstance(trainer_epoch, int) or isinstance(trainer_epoch, bool) or not isinstance(steps, int):
+        return None
+    return {
+        "format": CURSOR_FORMAT,
+        "epoch": trainer_epoch,
+        "rows_consumed": 0,
+        "trainer_epoch": trainer_epoch,
+        "steps": steps,
+        "epoch_steps": steps,  # never read on: a later trainer epoch starts its own data epoch
+        "plan": plan.identity(),
+    }
 
 
 def check_state(state: dict[str, Any], plan: ReadPlan) -> None:

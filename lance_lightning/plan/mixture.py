@@ -6,11 +6,14 @@ Guarantees:
   within ``1/K`` of the weights over whole blocks.
 - Position ``p`` of epoch ``e`` lies in block ``b = p // K``; its slot is a keyed bijection of
   ``p % K`` over ``[0, K)`` keyed by (seed, e, b); the slot's bucket in the cumulative counts is
-  the source ``j`` and ``b * k_j + (slot - start_j)`` its local draw ``d``. Draw ``d`` is unit
+  its source ``j``. The position takes source ``j``'s next draw: ``d = b * k_j + r``, where ``r``
+  counts the positions before it in the block that hold source ``j``. Draw ``d`` is unit
   ``d % n_j`` of the source's own epoch order for epoch key (e, ``d // n_j``): a source drawn
   more than once per epoch is re-permuted each pass (in storage order under `NoShuffle`).
-- So (source, local draw) pairs of an epoch are distinct (a bijection onto the draws), the map is
-  deterministic for (seed, epoch) and costs O(positions) work, with nothing built per epoch.
+- So each source's draws come in its own order, without a gap or a repeat, in whole and partial
+  blocks alike; (source, local draw) pairs of an epoch are distinct; the map is deterministic for
+  (seed, epoch) and pure. A block's slots cost O(``K``) work, computed once per block read
+  (O(1) per position over a read) and cached for the few blocks in use; nothing is built per epoch.
 - `MixturePlan` is one sequence of ``matched_rows`` positions: the `Layout`, the cursor, the
   loader length and elastic resume treat it as they treat one source's plan. Its identity holds
   every source's identity, the weights, names, ``K`` and the epoch rule.
@@ -18,8 +21,7 @@ Guarantees:
 
 from __future__ import annotations
 
-import hashlib
-import json
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +94,11 @@ class MixturePlan:
         return max(plan.row_bytes for plan in self.plans)
 
     @property
+    def unit(self) -> str:
+        """What the mixture's sequence counts: samples (rows, or windows with packing, of any source)."""
+        return "sample"
+
+    @property
     def packed(self) -> bool:
         """Whether the sources' units are packed token windows (all sources share the packing)."""
         return self.plans[0].packed
@@ -112,21 +119,20 @@ class MixturePlan:
             "rows": self.matched_rows,
         }
 
-    def fingerprint(self) -> str:
-        text = json.dumps(self.identity(), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
     # -- the mapping ----------------------------------------------------------------------------
     def draws(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(source index, local draw) of each mixture position of ``epoch``."""
+        """(source index, local draw) of each mixture position of ``epoch``: the position's slot
+        names the source, and the position takes that source's next draw in the block."""
         positions = np.asarray(positions, dtype=np.int64)
-        block, offset = positions // self.block, positions % self.block
-        keys = subkeys(derive_key(self.strategy.seed, epoch, _SLOTS), block)
-        slot = permute(offset, self.block, keys)
-        starts = np.cumsum([0, *self.counts])
-        source = np.searchsorted(starts, slot, side="right") - 1
+        block, offset = np.divmod(positions, self.block)
+        source, rank = np.empty_like(positions), np.empty_like(positions)
+        key = derive_key(self.strategy.seed, epoch, _SLOTS)
+        for b in np.unique(block).tolist():
+            here = block == b
+            slots = _block_slots(int(subkeys(key, np.array([b]))[0]), self.block, self.counts)
+            source[here], rank[here] = slots[0][offset[here]], slots[1][offset[here]]
         counts = np.asarray(self.counts, dtype=np.int64)
-        return source, block * counts[source] + (slot - starts[source])
+        return source, block * counts[source] + rank
 
     def units(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source index, unit of that source) of each mixture position of ``epoch``: the row's
@@ -183,6 +189,20 @@ class MixturePlan:
         if layout.dropped_rows:
             lines.append(f"  tail: drop_last skips {layout.dropped_rows:,} sample(s) per epoch")
         return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=16)
+def _block_slots(key: int, block: int, counts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """For each offset of a block keyed by ``key``: its source, and how many earlier offsets of the
+    block hold that source (read-only arrays of ``block`` int64)."""
+    slot = permute(np.arange(block, dtype=np.int64), block, key)
+    starts = np.cumsum([0, *counts])
+    source = np.searchsorted(starts, slot, side="right") - 1
+    order = np.argsort(source, kind="stable")  # offsets grouped by source, in offset order
+    rank = np.empty(block, dtype=np.int64)
+    rank[order] = np.arange(block) - np.repeat(starts[:-1], counts)
+    source.flags.writeable = rank.flags.writeable = False
+    return source, rank
 
 
 def _pass_epoch(epoch: int, pass_: int) -> int:

@@ -20,8 +20,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -120,10 +118,6 @@ class ReadPlan:
             f"  tail: {index.dropped_tokens:,} tokens ({share:.2%}) per epoch not trained",
         ]
 
-    def fingerprint(self) -> str:
-        text = json.dumps(self.identity(), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
     def explain(self, world_size: int = 1) -> str:
         layout = self.layout(world_size)
         order = self.order(0)
@@ -162,10 +156,10 @@ def plan_reads(
     filter_read: FilterRead | None,
     batch_size: int,
     drop_last: bool,
-    world_size: int,
     pad: bool = True,
 ) -> ReadPlan:
-    """The `ReadPlan` of a surveyed source (no I/O); raise `ConfigError` for plans that cannot work."""
+    """The `ReadPlan` of a surveyed source (no I/O). It fits any topology; `check_fits` says
+    whether it fits the one it is read with."""
     strategy = strategy or NoShuffle()
     filter_read = filter_read or FilterRead()
     if source.filter is None:
@@ -173,7 +167,6 @@ def plan_reads(
     else:
         matched = survey.matched_rows if survey.documents is None else survey.documents.documents
         method, reason = _method_with_filter(strategy, filter_read, matched / source.total_rows)
-    _check_fits(split, survey.matched_rows, batch_size, drop_last, world_size)
     return ReadPlan(
         split,
         source,
@@ -207,7 +200,10 @@ def _method_with_filter(strategy: ShuffleStrategy, policy: FilterRead, selectivi
     return method, f"selectivity {selectivity:.2%} {relation} take_below {policy.take_below:.2%}: {why}"
 
 
-def _check_fits(split: str, rows: int, batch_size: int, drop_last: bool, world_size: int) -> None:
+def check_fits(plan: Any, world_size: int) -> None:
+    """Raise `ConfigError` unless ``plan`` (a `ReadPlan` or a mixture's) gives every one of
+    ``world_size`` ranks a batch: at least a row per rank, and with ``drop_last`` a whole step."""
+    split, rows, batch_size, drop_last = plan.split, plan.matched_rows, plan.batch_size, plan.drop_last
     if world_size > rows:
         raise ConfigError(
             "world_size",

@@ -58,16 +58,15 @@ def build_plan(
     filter_read: FilterRead | None,
     batch_size: int,
     drop_last: bool,
-    world_size: int,
     pad: bool = True,
     packing: TokenPacking | None = None,
 ) -> ReadPlan:
     """Survey and plan the rows (or, with ``packing``, the windows) of ``source``; raise
-    `ConfigError` for plans that cannot work."""
+    `ConfigError` for a source that has none."""
     surveyed = survey(split, source)
     if packing is not None:
         surveyed = survey_tokens(split, source, surveyed, packing)
-    return plan_reads(split, source, surveyed, strategy, filter_read, batch_size, drop_last, world_size, pad)
+    return plan_reads(split, source, surveyed, strategy, filter_read, batch_size, drop_last, pad)
 
 
 def survey_tokens(split: str, source: PinnedSource, surveyed: Survey, packing: TokenPacking) -> Survey:

@@ -96,7 +96,7 @@ def test_ddp_ranks_train_disjoint_equal_shares_of_the_epoch(ddp_run: tuple[str, 
     datamodule = ddp_worker.make_datamodule(uri, name)
     source = pin_source(datamodule.sources["train"], "train")
     plan = build_plan(
-        "train", source, datamodule.shuffle, datamodule.filter_read, ddp_worker.BATCH_SIZE, config["drop_last"], W
+        "train", source, datamodule.shuffle, datamodule.filter_read, ddp_worker.BATCH_SIZE, config["drop_last"]
     )
     ids = np.arange(ROWS)
     if config["filter"] is not None:

@@ -32,7 +32,7 @@ from lance_lightning import (
     LanceDataModule,
     LanceSource,
 )
-from lance_lightning.plan.cursor import STATE_KEYS
+from lance_lightning.plan.cursor import STATE_KEYS, finished
 from tests.harness import assert_exact, ckpt_file, fit, make_dm, run_resume
 from tests.helpers import RecordingModel, append_rows, flat, write_dataset
 
@@ -375,7 +375,7 @@ def test_saved_cursor_counts_only_trained_steps(
     else:
         assert "DataCursorCheckpoint" not in ckpt["callbacks"]
     for where, state in states.items():
-        assert (state["epoch"], state["steps"], state["rows_consumed"], state["finished"]) == (
+        assert (state["epoch"], state["steps"], state["rows_consumed"], finished(state)) == (
             0,
             k,
             k * BATCH,
@@ -438,7 +438,7 @@ def test_end_of_epoch_checkpoint_starts_next_epoch_in_full(
     expected_epochs = [0] * 10 + [1] * 10 + [2] * (5 if max_steps == 25 else 10)
     assert a.seen_epochs == expected_epochs
     cursor = torch.load(ckpt_file(tmp_path, "A", 10), weights_only=True)[DM_KEY]["train_cursor"]
-    assert (cursor["epoch"], cursor["steps"], cursor["finished"]) == (0, 10, True)
+    assert (cursor["epoch"], cursor["steps"], finished(cursor)) == (0, 10, True)
 
     b = run("B", ckpt_path=ckpt_file(tmp_path, "A", 10))
     assert b.seen_epochs == expected_epochs[10:], "the epoch after an end-of-epoch checkpoint was not run in full"

@@ -316,7 +316,7 @@ def test_plan_printed_after_resume_describes_the_repinned_version(tmp_path: Path
     assert len(plans) == 1, lines
     assert "@ version 1," in plans[0] and "rows: 300 of 300" in plans[0], plans[0]
     assert f"batches: {ROWS // BATCH} per rank" in plans[0], plans[0]
-    assert f"resume: epoch 0 from row {K * BATCH} of 300 ({K} step(s) done)" in plans[0], plans[0]
+    assert f"resume: data epoch 0 at row {K * BATCH} of 300 ({K} step(s) of trainer epoch 0 done)" in plans[0], plans[0]
     assert max(flat(b.seen)) < ROWS
 
 
@@ -392,5 +392,5 @@ def test_transform_returning_a_tuple_trains_through_fit(tmp_path: Path, uri: str
     _trainer(tmp_path, max_epochs=1).fit(model, datamodule=dm)
     assert flat(model.seen) == list(range(ROWS // BATCH * BATCH)), "rows lost, repeated or out of order"
     assert (len(model.pids) == 2 and os.getpid() not in model.pids) if num_workers else model.pids == {os.getpid()}
-    figures = dm._loaders["train"].metrics_snapshot().totals
+    figures = dm.train_dataloader().metrics_snapshot().totals
     assert figures["delivered_rows"] == ROWS // BATCH * BATCH, "worker statistics did not reach the main process"

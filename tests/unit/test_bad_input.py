@@ -16,6 +16,7 @@ from lance_lightning import (
     RowShuffle,
     ShardShuffle,
 )
+from lance_lightning.plan.planner import check_fits
 from lance_lightning.plan.survey import build_plan
 from lance_lightning.source import pin_source
 from tests.helpers import RecordingModel, append_rows, write_dataset
@@ -122,16 +123,16 @@ def test_batch_size_larger_than_split_is_fine_without_drop_last(small_uri):
 def test_world_size_larger_than_rows(small_uri):
     pinned = pin_source(LanceSource(small_uri, filter="id < 3"), "train")
     with pytest.raises(ConfigError) as info:
-        build_plan("train", pinned, RowShuffle(seed=0), FilterRead(), 1, False, world_size=4)
+        check_fits(build_plan("train", pinned, RowShuffle(seed=0), FilterRead(), 1, False), 4)
     message = _check(info, "world_size", "=4")
     assert "3 row(s)" in message
-    build_plan("train", pinned, RowShuffle(seed=0), FilterRead(), 1, False, world_size=3)  # fits
+    check_fits(build_plan("train", pinned, RowShuffle(seed=0), FilterRead(), 1, False), 3)  # fits
 
 
 def test_world_size_times_batch_larger_than_rows(small_uri):
     pinned = pin_source(LanceSource(small_uri), "train")
     with pytest.raises(ConfigError) as info:
-        build_plan("train", pinned, None, None, 30, True, world_size=4)
+        check_fits(build_plan("train", pinned, None, None, 30, True), 4)
     _check(info, "batch_size", "=30")
 
 
@@ -230,16 +231,16 @@ def test_cursor_from_another_plan_is_refused(dataset_uri, change, field, saved, 
     assert "resume_data=False" in message
 
 
-@pytest.mark.parametrize("old", [1, 2])
+@pytest.mark.parametrize("old", [1, 2, 3])
 def test_cursor_of_an_older_format_is_refused(dataset_uri, old):
-    # Format 1 and 2 cursors count rows of epoch orders that format 3 changed (format 2: the short
-    # shard last; format 3: every permutation a keyed bijection).
+    # Older cursors count rows of epoch orders that later formats changed (2: the short shard last;
+    # 3: every permutation a keyed bijection; 4: data epochs apart from trainer epochs, mixture draws).
     state = _state_after(_dm(dataset_uri, shuffle=RowShuffle(seed=0)))
     state["train_cursor"] = {**state["train_cursor"], "format": old}
     with pytest.raises(CursorMismatchError) as info:
         _dm(dataset_uri, shuffle=RowShuffle(seed=0)).load_state_dict(state)
     assert info.value.field == "format"
-    assert f"the checkpoint has {old}, the current plan has 3" in str(info.value)
+    assert f"the checkpoint has {old}, the current plan has 4" in str(info.value)
 
 
 def test_cursor_from_another_dataset_is_refused(dataset_uri, tmp_path):

@@ -52,12 +52,11 @@ def test_iterable_dataset_with_plain_dataloader_and_workers(uri: str) -> None:
         None,
         batch_size=50,
         drop_last=False,
-        world_size=1,
     )
     dataset = LanceIterableDataset(plan)
     dataset.set_epoch(4)
     in_process = [b["id"].tolist() for b in DataLoader(dataset, batch_size=None)]
-    dataset.use_context(torch.multiprocessing.get_context("forkserver"))
+    dataset = dataset.for_loader(torch.multiprocessing.get_context("forkserver"), metrics=True, pin_memory=False)
     dataset.set_epoch(4)
     with_workers = [
         b["id"].tolist()
@@ -75,7 +74,6 @@ def test_row_shuffle_iterable_reads_permuted_rows(uri: str) -> None:
         None,
         batch_size=64,
         drop_last=True,
-        world_size=1,
     )
     dataset = LanceIterableDataset(plan, reader_threads=0)
     dataset.set_epoch(0)

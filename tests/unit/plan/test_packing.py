@@ -290,14 +290,14 @@ def test_a_cursor_of_other_packing_settings_is_refused_naming_the_field(tokens_d
     other, _ = epoch_batches(
         uri, TokenPacking(seq_len=16, lengths_column="n_tokens", labels="stream"), RowShuffle(seed=1)
     )
-    tracker = CursorTracker(saved_plan, 1)
-    tracker.begin_epoch(0)
+    tracker = CursorTracker(saved_plan)
+    tracker.begin_epoch(0, 1, 0)
     tracker.on_yield()
     state = tracker.state()
     assert state["plan"]["packing"]["seq_len"] == 16 and state["rows_consumed"] == 4  # windows
-    CursorTracker(saved_plan, 1).restore(state)
+    CursorTracker(saved_plan).restore(state)
     with pytest.raises(CursorMismatchError, match="plan.packing"):
-        CursorTracker(other, 1).restore(state)
+        CursorTracker(other).restore(state)
 
 
 def test_replacing_bad_rows_of_packed_windows_is_refused(tokens_dataset) -> None:

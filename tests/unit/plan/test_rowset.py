@@ -81,7 +81,7 @@ def test_a_filtered_plan_ships_the_compact_row_set(tmp_path) -> None:
     rows = 200_000
     uri = write_dataset(tmp_path / "big.lance", rows, fragment_rows=50_000)
     source = pin_source(LanceSource(uri, columns=["id"], filter="id % 10 = 0"), "train")
-    plan = build_plan("train", source, RowShuffle(seed=0), None, 64, True, 1)
+    plan = build_plan("train", source, RowShuffle(seed=0), None, 64, True)
     # A list of positions would pickle to 8 bytes a match (160 KB); the bitmap is 1 bit a row.
     assert len(pickle.dumps(plan)) < rows // 8 + rows // 64 + 4096
     copy = pickle.loads(pickle.dumps(plan))

@@ -90,7 +90,7 @@ def sorted_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def read_label_batches(uri: str, strategy: ShuffleStrategy, epoch: int) -> list[np.ndarray]:
     plan = build_plan(
-        "train", pin_source(LanceSource(uri, columns=["label"]), "train"), strategy, None, BATCH_SIZE, True, 1
+        "train", pin_source(LanceSource(uri, columns=["label"]), "train"), strategy, None, BATCH_SIZE, True
     )
     dataset = LanceIterableDataset(plan, reader_threads=2)
     dataset.set_epoch(epoch)

@@ -209,7 +209,7 @@ def test_device_transform_replaces_bad_rows_exactly_as_the_host_transform(
     tolerance = 0 if device == "cpu" else 3  # nvJPEG and libjpeg may round differently
     assert all((a.int() - b.int()).abs().max() <= tolerance for a, b in zip(on_device.images, host.images))
     assert not set(BAD) & {i for step in on_device.seen for i in step} and len(on_device.seen) == 10
-    assert dm._loaders["train"].dataset.clock.peek()["bad_rows"] == len(BAD)
+    assert dm.train_dataloader().dataset.clock.peek()["bad_rows"] == len(BAD)
 
 
 def test_device_transform_raises_naming_the_dataset_row(tmp_path: Path, uri: str) -> None:
