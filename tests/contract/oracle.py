@@ -1,0 +1,495 @@
+"""The oracle: what every phase of a scenario must have trained, from the reference run and the docs.
+
+Guarantees (each failure is one line of `check`'s result, naming the phase, epoch and step):
+- The reference run's sequence of each epoch holds exactly the units `truth` computes: each
+  matching row (or window) once, in storage order under `NoShuffle`; a mixture's draws obey the
+  documented rules (counts per whole block, a source's draws in its own order, no repeat within a
+  pass through the source); a row shuffle orders each epoch anew.
+- The stopped and the resumed run train exactly the documented layout of those sequences: global
+  step ``i`` takes units ``[start + i*W*B, start + (i+1)*W*B)``, rank ``r`` the ``r``-th slice of
+  ``B``; the tail is dropped with ``drop_last``, else split across ranks, a rank without a tail
+  unit repeating one; ``limit_train_batches`` cuts each epoch; a run stops where its ``max_steps``,
+  exception, kill or epochs say. So every unit is trained exactly once per epoch (less the
+  documented tail), in the uninterrupted order, whatever the world size, batch size or workers.
+- Resume: the resumed run continues the data exactly where the checkpoint's batches end: in the
+  same epoch when Lightning resumes mid-epoch; when Lightning counts an epoch it stopped as
+  finished (``max_steps``, ``max_time``), the next trainer epoch reads the rest of that data
+  epoch, then every later epoch is whole.
+- Every rank trains the same number of batches; each epoch's length as Lightning took it equals
+  the batches it trains; the data module's cursor (at each epoch end, in each checkpoint and at
+  the end) names the data epoch and the units consumed, and says ``finished`` exactly when the
+  data epoch is; each validation sees every val unit once (padding aside), predict every unit once.
+- A scenario that must fail does so with a `ConfigError` before any batch, on every rank, and no
+  phase hangs or raises anything else.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tests.contract import truth
+from tests.contract.runner import Phase, Run
+from tests.contract.scenario import Scenario, Topology
+
+Step = list[list[int]]  # one global step: each rank's units
+
+
+def layout(seq: list[int], start: int, world_size: int, batch_size: int, drop_last: bool) -> list[Step]:
+    """The documented layout of ``seq[start:]`` (docs/concepts.md, "Layout: ranks, workers and the tail")."""
+    rest, per_step = seq[start:], world_size * batch_size
+    full = len(rest) // per_step
+    steps = [
+        [rest[i * per_step + r * batch_size : i * per_step + (r + 1) * batch_size] for r in range(world_size)]
+        for i in range(full)
+    ]
+    tail = rest[full * per_step :]
+    if tail and not drop_last:
+        share, extra = divmod(len(tail), world_size)
+        bounds = np.cumsum([0] + [share + (1 if r < extra else 0) for r in range(world_size)])
+        steps.append([tail[bounds[r] : bounds[r + 1]] for r in range(world_size)])
+    return steps
+
+
+@dataclass
+class EpochPlan:
+    """What one trainer epoch of a run reads: data epoch, where it starts, its steps and its length."""
+
+    trainer_epoch: int
+    data_epoch: int
+    first_batch: int  # Lightning's batch index of the first batch this run trains in the epoch
+    start: int
+    steps: list[Step]
+    length: int  # the epoch's batches as Lightning counts them (restored ones included, limit applied)
+    rows: int  # units in the data epoch's sequence
+    step_rows: int
+
+    @property
+    def trained(self) -> list[Step]:
+        return self.steps[: max(0, self.length - self.first_batch)]
+
+    def consumed(self, done: int) -> int:
+        """Units of the data epoch consumed once ``done`` of this plan's steps were trained."""
+        return self.rows if done >= len(self.steps) else self.start + done * self.step_rows
+
+
+@dataclass
+class Batch:
+    """One expected batch: where it sits and what the cursor says after it."""
+
+    trainer_epoch: int
+    batch_idx: int
+    data_epoch: int
+    step: Step
+    consumed: int
+    rows: int
+    optimizer_step: bool
+    last_of_epoch: bool
+
+
+def epoch_plan(
+    seqs: list[list[int]],
+    trainer_epoch: int,
+    data_epoch: int,
+    first: int,
+    start: int,
+    topology: Topology,
+    scenario: Scenario,
+) -> EpochPlan:
+    seq = seqs[data_epoch]
+    steps = layout(seq, start, topology.world_size, topology.batch_size, scenario.drop_last)
+    length = first + len(steps)
+    if scenario.loop.limit_train_batches is not None:
+        length = min(length, scenario.loop.limit_train_batches)
+    return EpochPlan(
+        trainer_epoch, data_epoch, first, start, steps, length, len(seq), topology.world_size * topology.batch_size
+    )
+
+
+def batches(plans: Iterator[EpochPlan], accumulate: int) -> Iterator[Batch]:
+    for plan in plans:
+        trained = plan.trained
+        for done, step in enumerate(trained, start=1):
+            idx = plan.first_batch + done - 1
+            yield Batch(
+                plan.trainer_epoch,
+                idx,
+                plan.data_epoch,
+                step,
+                plan.consumed(done),
+                plan.rows,
+                (idx + 1) % accumulate == 0 or idx + 1 == plan.length,
+                idx + 1 == plan.length,
+            )
+
+
+def fresh_plans(seqs: list[list[int]], scenario: Scenario, topology: Topology, epochs: int) -> Iterator[EpochPlan]:
+    for epoch in range(epochs):
+        yield epoch_plan(seqs, epoch, epoch, 0, 0, topology, scenario)
+
+
+def resumed_plans(
+    seqs: list[list[int]],
+    scenario: Scenario,
+    topology: Topology,
+    after: Batch | None,
+    resumed_at: tuple[int, int],
+    epochs: int,
+) -> Iterator[EpochPlan]:
+    """The plans of a run resumed after batch ``after`` of the stopped run, where Lightning resumes
+    at trainer epoch and batch index ``resumed_at``, up to trainer epoch ``epochs`` (excluded)."""
+    epoch, batch_idx = resumed_at
+    rest = []
+    if after is not None:
+        seq = seqs[after.data_epoch]
+        rest = layout(seq, after.consumed, topology.world_size, topology.batch_size, scenario.drop_last)
+    if after is None:
+        data_epoch, first, start = epoch, 0, 0
+    elif epoch == after.trainer_epoch:  # mid-epoch: continue at the same unit
+        data_epoch, first, start = after.data_epoch, batch_idx, after.consumed
+    elif after.last_of_epoch or not rest:  # the epoch ended (or nothing of it makes a step): the next one
+        data_epoch, first, start = after.data_epoch + 1, batch_idx, 0
+    else:  # Lightning counted an epoch it stopped as finished: its rest comes first
+        data_epoch, first, start = after.data_epoch, batch_idx, after.consumed
+    while epoch < epochs:
+        yield epoch_plan(seqs, epoch, data_epoch, first, start, topology, scenario)
+        epoch, data_epoch, first, start = epoch + 1, data_epoch + 1, 0, 0
+
+
+def until_max_steps(expected: Iterator[Batch], max_steps: int | None, global_step: int = 0) -> list[Batch]:
+    out = []
+    for batch in expected:
+        if max_steps is not None and global_step >= max_steps:
+            break
+        out.append(batch)
+        global_step += batch.optimizer_step
+    return out
+
+
+# -- the check -------------------------------------------------------------------------------------
+class Oracle:
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.scenario = run.scenario
+        self.failures: list[str] = []
+
+    def fail(self, message: str) -> None:
+        self.failures.append(message)
+
+    def check(self) -> list[str]:
+        phases = self.run.phases
+        for phase in phases.values():
+            error = phase.error
+            if error is not None and _LIGHTNING_VAL_CHECK in error["message"]:
+                raise Inapplicable(f"{phase.role}: Lightning refuses the configuration: {error['message'][:200]}")
+        for phase in phases.values():
+            self._check_health(phase)
+        if any(phase.timed_out for phase in phases.values()):
+            return self.failures
+        if self.run.expected_errors["stop"] is not None:
+            self._check_refused(phases["stop"], self.run.expected_errors["stop"])
+            return self.failures
+        known = len(self.failures)
+        seqs = self.seqs = self._sequences(phases["reference"])
+        if len(self.failures) > known:  # a wrong reference makes every later comparison noise
+            return self.failures
+        stop_topology, resume_topology = self.scenario.topology, self.scenario.resume.topology
+        epochs = self.scenario.stop.at if self.scenario.stop.kind == "epoch_end" else self.scenario.loop.epochs
+        expected_a = list(
+            batches(fresh_plans(seqs, self.scenario, stop_topology, int(epochs)), self.scenario.loop.accumulate)
+        )
+        limit = int(self.scenario.stop.at) if self.scenario.stop.kind == "max_steps" else None
+        expected_a = until_max_steps(iter(expected_a), limit)
+        self._check_stopped(phases["stop"], expected_a)
+        self._check_phase(phases["stop"], expected_a, stop_topology, [])
+        if self.run.expected_errors["resume"] is not None:
+            self._check_refused(phases["resume"], self.run.expected_errors["resume"])
+            return self.failures
+        self._check_resumed(phases["resume"], seqs, expected_a, resume_topology)
+        return self.failures
+
+    # -- health, errors ------------------------------------------------------------------------
+    def _check_health(self, phase: Phase) -> None:
+        if phase.timed_out:
+            self.fail(f"{phase.role}: hung (no exit within the phase timeout)\n{phase.output[-1500:]}")
+        expected = self.run.expected_errors.get(phase.role)
+        error = phase.error
+        killed = phase.role == "stop" and self.scenario.stop.kind == "sigkill"  # its other ranks lose their peer
+        if error is not None and expected is None and not killed:
+            self.fail(f"{phase.role}: raised {error['type']}: {error['message'][:600]}")
+        stopped = bool(phase.events("stopped"))
+        if phase.returncode not in (0, None) and error is None and not (killed or stopped) and expected is None:
+            self.fail(f"{phase.role}: exited {phase.returncode} without a recorded error\n{phase.output[-1500:]}")
+        for event in phase.events("warning"):
+            self.fail(f"{phase.role}: warned {event['messages'][0][:300]}")
+        for event in phase.events("call"):
+            if event["name"] == "dataset" and event["result"] != "dict":
+                self.fail(f"{phase.role}: iterating dm.train_dataloader().dataset gave {event['result']}, not a batch")
+
+    def _check_refused(self, phase: Phase, why: str) -> None:
+        # Every rank that started reports it (an error before fit, in rank 0's process, starts no other rank).
+        started = [events for events in phase.ranks if events]
+        errors = [events for events in started if any(e["t"] == "error" for e in events)]
+        error = phase.error
+        if error is None or not _clear_error(error):
+            got = f"{error['type']}: {error['message'][:300]}" if error else "no error"
+            self.fail(f"{phase.role}: expected a ConfigError ({why}), got {got}")
+        if phase.events("batch"):
+            self.fail(f"{phase.role}: trained {len(phase.events('batch'))} batch(es) before refusing ({why})")
+        if error is not None and len(errors) < len(started):
+            self.fail(f"{phase.role}: only {len(errors)} of the {len(started)} rank(s) that started reported the error")
+
+    # -- the reference sequences -------------------------------------------------------------------
+    def _sequences(self, phase: Phase) -> list[list[int]]:
+        by_epoch: dict[int, list[int]] = {}
+        for event in phase.events("batch"):
+            by_epoch.setdefault(event["epoch"], []).extend(event["units"])
+        seqs = [by_epoch.get(e, []) for e in range(self.scenario.loop.epochs + 1)]
+        sources = [truth.source_units(self.scenario, j) for j in range(len(self.scenario.sources))]
+        for epoch, seq in enumerate(seqs):
+            if self.scenario.mixture is None:
+                self._check_plain_sequence(epoch, seq, sources[0])
+            else:
+                self._check_mixture_sequence(epoch, seq, sources)
+        shuffle = self.scenario.shuffle
+        if shuffle.kind == "row" and len(seqs[0]) >= 8 * shuffle.clump_rows and seqs[0] == seqs[1]:
+            self.fail("reference: epochs 0 and 1 of a row shuffle have the same order")
+        return seqs
+
+    def _check_plain_sequence(self, epoch: int, seq: list[int], units: np.ndarray) -> None:
+        if self.scenario.shuffle.kind == "none":
+            if seq != units.tolist():
+                self.fail(f"reference epoch {epoch}: NoShuffle order differs from storage order: {_diff(seq, units)}")
+        elif sorted(seq) != sorted(units.tolist()):
+            self.fail(f"reference epoch {epoch}: not each unit once: {_diff(sorted(seq), np.sort(units))}")
+
+    def _check_mixture_sequence(self, epoch: int, seq: list[int], sources: list[np.ndarray]) -> None:
+        mixture = self.scenario.mixture
+        counts = truth.block_counts(mixture.weights, mixture.block)
+        expected = truth.epoch_units(self.scenario)
+        where = f"reference epoch {epoch} (mixture)"
+        if len(seq) != expected:
+            self.fail(f"{where}: {len(seq)} draws, the epoch rule gives {expected}")
+            return
+        array = np.asarray(seq, dtype=np.int64)
+        source = array // truth.BIG
+        for block in range(len(seq) // mixture.block):
+            got = np.bincount(source[block * mixture.block : (block + 1) * mixture.block], minlength=len(counts))
+            if got.tolist() != counts:
+                self.fail(f"{where}: block {block} holds {got.tolist()} draws per source, not {counts}")
+                return
+        for j, units in enumerate(sources):
+            draws = array[source == j]
+            n = len(units)
+            if self.scenario.shuffle.kind == "none":
+                want = np.resize(units, len(draws))
+                if not np.array_equal(draws, want):
+                    self.fail(f"{where}: source {j}'s draws are not its storage order: {_diff(draws.tolist(), want)}")
+                continue
+            members = set(units.tolist())
+            for first in range(0, len(draws), n):
+                chunk = draws[first : first + n].tolist()
+                if len(set(chunk)) != len(chunk) or not set(chunk) <= members:
+                    repeats = [u for u, c in Counter(chunk).items() if c > 1][:5]
+                    self.fail(f"{where}: source {j}'s pass {first // n} repeats or strays: repeated {repeats}")
+                    break
+
+    # -- the stopped run ---------------------------------------------------------------------------
+    def _check_stopped(self, phase: Phase, expected: list[Batch]) -> None:
+        """How many batches the stopped run trained: exactly what its stop says."""
+        got = len(phase.events("batch", rank=0))
+        stop = self.scenario.stop
+        want = {
+            "exception": min(int(stop.at), len(expected)),
+            "sigkill": min(int(stop.at), len(expected)),
+        }.get(stop.kind, len(expected))
+        if stop.kind == "max_time":
+            if got > len(expected):
+                self.fail(f"stop: trained {got} batches, the run has only {len(expected)}")
+        elif got != want:
+            self.fail(f"stop: trained {got} batches, its {stop.kind} stop ({stop.at}) gives {want}")
+
+    def _check_phase(self, phase: Phase, expected: list[Batch], topology: Topology, before: list[Batch]) -> None:
+        """Every rank's batches, epoch lengths and cursors against ``expected`` (a prefix for a stopped run)."""
+        ranks = [[e for e in events if e["t"] == "batch"] for events in phase.ranks]
+        counts = [len(r) for r in ranks]
+        if len(set(counts)) > 1 and not (phase.role == "stop" and self.scenario.stop.kind == "sigkill"):
+            self.fail(f"{phase.role}: ranks trained different numbers of batches: {counts}")
+        trained = min(counts) if counts else 0
+        for i in range(trained):
+            want = expected[i] if i < len(expected) else None
+            events = [r[i] for r in ranks]
+            where = f"{phase.role} batch {i} (epoch {events[0]['epoch']}, idx {events[0]['idx']})"
+            if want is None:
+                self.fail(f"{where}: trained beyond the {len(expected)} expected batches")
+                return
+            if (events[0]["epoch"], events[0]["idx"]) != (want.trainer_epoch, want.batch_idx):
+                self.fail(f"{where}: expected epoch {want.trainer_epoch} idx {want.batch_idx}")
+                return
+            problem = _step_problem([e["units"] for e in events], want.step)
+            if problem:
+                self.fail(f"{where}, data epoch {want.data_epoch}: {problem}")
+                return
+        self._check_lengths(phase, expected)
+        self._check_cursors(phase, expected[:trained], before, topology)
+        self._check_evaluation(phase, topology)
+
+    def _check_lengths(self, phase: Phase, expected: list[Batch]) -> None:
+        lengths: dict[int, int] = {}
+        for batch in expected:
+            if batch.last_of_epoch or batch.trainer_epoch not in lengths:
+                lengths[batch.trainer_epoch] = batch.batch_idx + 1 if batch.last_of_epoch else -1
+        for event in phase.events("epoch", rank=0):
+            want = lengths.get(event["epoch"])
+            if want is not None and want >= 0 and event["num_training_batches"] != want:
+                self.fail(
+                    f"{phase.role}: Lightning took epoch {event['epoch']} as {event['num_training_batches']} "
+                    f"batches, it has {want}"
+                )
+
+    def _check_cursors(self, phase: Phase, done: list[Batch], before: list[Batch], topology: Topology) -> None:
+        """Cursors at epoch ends, saves and the fit's end name the data epoch and units consumed
+        (positions compared as `_position` normalizes them)."""
+        events = phase.ranks[0]
+        seen = 0
+        for event in events:
+            if event["t"] == "batch":
+                seen += 1
+            if event["t"] not in ("epoch_end", "save", "end") or event.get("cursor") is None:
+                continue
+            count = event.get("batches", seen)
+            after = done[count - 1] if 0 < count <= len(done) else (before[-1] if count == 0 and before else None)
+            if after is None:
+                continue
+            cursor = event["cursor"]
+            want = (after.data_epoch, after.consumed)
+            got = (cursor.get("epoch"), cursor.get("rows_consumed"))
+            where = f"{phase.role}: cursor at {event['t']} after {count} batch(es)"
+            if self._position(*got, topology) != self._position(*want, topology):
+                self.fail(f"{where} says (epoch, consumed) {got}, expected {want}")
+                return
+            finished = cursor.get("finished")
+            if finished is not None and finished != (after.consumed >= after.rows):
+                self.fail(f"{where} says finished={finished} at {after.consumed} of {after.rows} units")
+                return
+
+    def _position(self, epoch: Any, consumed: Any, topology: Topology) -> tuple[Any, Any]:
+        """A data position with its equivalents made one: where the rest of the data epoch makes no
+        step for ``topology`` (read to its end, or only a dropped tail left), the next epoch's start."""
+        if not isinstance(epoch, int) or not 0 <= epoch < len(self.seqs) or not isinstance(consumed, int):
+            return epoch, consumed
+        rest = layout(self.seqs[epoch], consumed, topology.world_size, topology.batch_size, self.scenario.drop_last)
+        return (epoch + 1, 0) if not rest else (epoch, consumed)
+
+    def _check_evaluation(self, phase: Phase, topology: Topology) -> None:
+        units = None
+        runs = [[e for e in events if e["t"] == "val" and not e["sanity"]] for events in phase.ranks]
+        if any(runs):
+            units = sorted(truth.val_units(self.scenario).tolist())
+            for i in range(min(len(r) for r in runs)):
+                got = [u for r in runs for u in r[i]["units"]]
+                if sorted(set(got)) != units or len(got) - len(units) >= topology.world_size:
+                    self.fail(
+                        f"{phase.role}: validation {i} saw {len(got)} units, {len(set(got))} distinct of {len(units)}"
+                    )
+                    break
+        predicted = [u for e in phase.events("predict") for u in e["units"]]
+        if "predict" in self.scenario.resume.after_fit and phase.role == "resume" and not phase.error:
+            units = units or sorted(truth.val_units(self.scenario).tolist())
+            if sorted(predicted) != units:
+                self.fail(
+                    f"resume: predict gave {len(predicted)} units, {len(set(predicted))} distinct of {len(units)}"
+                )
+
+    # -- the resumed run ---------------------------------------------------------------------------
+    @staticmethod
+    def _resumed_at(phase: Phase, after: Batch | None) -> tuple[int, int]:
+        """(trainer epoch, batch index) where Lightning resumed: the first epoch the resumed run
+        touched (a restored epoch may have no batch left) and its first batch's index."""
+        events = [e for e in phase.ranks[0] if e["t"] in ("batch", "epoch", "epoch_end")] if phase.ranks else []
+        if not events:
+            if after is None:
+                return 0, 0
+            return (after.trainer_epoch + 1, 0) if after.last_of_epoch else (after.trainer_epoch, after.batch_idx + 1)
+        epoch = min(e["epoch"] for e in events)
+        first = [e["idx"] for e in events if e["t"] == "batch" and e["epoch"] == epoch][:1]
+        if first:
+            return epoch, first[0]
+        mid = after is not None and epoch == after.trainer_epoch
+        return epoch, after.batch_idx + 1 if mid else 0
+
+    def _check_resumed(self, phase: Phase, seqs: list[list[int]], stopped: list[Batch], topology: Topology) -> None:
+        chosen = self.run.chosen
+        n = chosen.batches if chosen is not None else 0
+        after = stopped[n - 1] if 0 < n <= len(stopped) else None
+        resumed_at = self._resumed_at(phase, after)
+        if after is not None:
+            mid = resumed_at == (after.trainer_epoch, after.batch_idx + 1) and not after.last_of_epoch
+            if not mid and resumed_at[0] != after.trainer_epoch + 1:
+                self.fail(f"resume: Lightning resumed at (epoch, idx) {resumed_at} after batch {_where(after)}")
+                return
+        global_step = sum(b.optimizer_step for b in stopped[:n])
+        max_steps = self.scenario.resume.max_steps
+        limit = None if max_steps in (None, "loose") else int(max_steps)
+        epochs = self.scenario.loop.epochs
+        if chosen is not None and chosen.epoch_end and after is not None and not after.last_of_epoch:
+            if resumed_at[0] == after.trainer_epoch:
+                epochs -= 1  # Lightning re-enters an epoch it counted as processed (its end hooks ran), to finish it
+        plans = resumed_plans(seqs, self.scenario, topology, after, resumed_at, epochs)
+        expected = until_max_steps(batches(plans, self.scenario.loop.accumulate), limit, global_step)
+        got = len(phase.events("batch", rank=0))
+        if got != len(expected) and not phase.error:
+            self.fail(f"resume: trained {got} batches after {_where(after)}, expected {len(expected)}")
+        self._check_phase(phase, expected, topology, stopped[:n])
+
+
+class Inapplicable(Exception):
+    """The scenario is a configuration Lightning itself refuses: nothing of the package to check."""
+
+
+#: Lightning refuses an integer ``val_check_interval`` above an epoch's batches (a resumed epoch on
+#: another topology can be that short).
+_LIGHTNING_VAL_CHECK = "must be less than or equal to the number of the training batches"
+
+
+def _clear_error(error: dict[str, str]) -> bool:
+    """A `ConfigError`: raised from Python, or printed by ``lance-lightning`` on one screen, exit 1."""
+    if error["type"] == "ConfigError":
+        return True
+    message = error["message"]
+    return error["type"] == "CommandError" and message.startswith("exit 1:") and "\n  parameter: " in message
+
+
+def _where(batch: Batch | None) -> str:
+    if batch is None:
+        return "no batch"
+    return f"epoch {batch.trainer_epoch} idx {batch.batch_idx} (data epoch {batch.data_epoch}, unit {batch.consumed})"
+
+
+def _step_problem(got: list[list[int]], want: Step) -> str | None:
+    """Why one global step's per-rank units differ from the documented ones (None: they agree)."""
+    tail_units = {u for rank in want for u in rank}
+    for rank, (units, wanted) in enumerate(zip(got, want)):
+        if wanted:
+            if units != wanted:
+                return f"rank {rank} got {units[:12]}, expected {wanted[:12]}"
+        elif len(units) != 1 or units[0] not in tail_units:
+            return f"rank {rank} (no tail unit) got {units}, expected one repeated tail unit"
+    return None
+
+
+def _diff(got: list[int], want: np.ndarray | list[int]) -> str:
+    want = list(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            return f"first difference at {i}: {a} vs {b} ({len(got)} vs {len(want)} units)"
+    return f"{len(got)} vs {len(want)} units"
+
+
+def check(run: Run) -> list[str]:
+    """Everything the scenario's phases got wrong (empty: the contract holds)."""
+    return Oracle(run).check()

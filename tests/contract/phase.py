@@ -1,0 +1,389 @@
+"""One phase of a scenario: a real ``Trainer.fit`` as a user would run it, recorded line by line.
+
+Run in this process (`run_phase`) or as a script, ``python tests/contract/phase.py SPEC.json``:
+Lightning's DDP launcher re-runs that command for every other rank, so the calls a user script
+makes before ``fit`` run on every rank, as they would in the user's script. A scenario with
+``cli`` runs its stopped and resumed phases as ``lance-lightning fit --config <yaml>
+[--ckpt_path ...]`` in a subprocess instead (`tests.contract.runner`): `cli_config` writes the same
+data module, model, callbacks and trainer as the YAML a user would write.
+
+Guarantees:
+- Every rank appends, flushed, one JSON line per event to ``<root>/<role>.rank<r>.jsonl``: each
+  trained batch (trainer epoch, batch index, global step, units), each epoch's length as Lightning
+  took it, the data module's cursor at each epoch end and in each checkpoint, every validation
+  and predict run's units, the calls before fit, the fit's end (or its error) and the
+  ``RuntimeWarning``s that mention the data cursor. A run killed with SIGKILL keeps every line
+  written before it died.
+- Each checkpoint holds ``checkpoint["contract"]["batches"]``: the batches the run had trained
+  when it was written, so the oracle knows which prefix of the stopped run it resumes after.
+- The roles: ``reference`` (1 rank, ``drop_last=False``: every epoch's whole sequence, no stop),
+  ``stop`` (the scenario's first run, stopped as it says) and ``resume`` (``fit(ckpt_path=...)``
+  with the changes on resume, then the calls after fit).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import lightning.pytorch as pl  # noqa: E402
+import torch  # noqa: E402
+from lightning.pytorch.callbacks import Callback  # noqa: E402
+from torch import nn  # noqa: E402
+
+from lance_lightning import LanceDataModule  # noqa: E402
+from tests.contract import truth  # noqa: E402
+from tests.contract.scenario import Scenario, Topology  # noqa: E402
+
+#: Batch size of the reference run (any size gives the same sequence: the order is topology-free).
+REFERENCE_BATCH = 8
+_SHUFFLES = {
+    "none": "lance_lightning.NoShuffle",
+    "shard": "lance_lightning.ShardShuffle",
+    "row": "lance_lightning.RowShuffle",
+    "buffer": "lance_lightning.BufferShuffle",
+}
+
+
+class ScenarioStop(RuntimeError):
+    """The exception a scenario's ``exception`` stop raises."""
+
+
+def units_of(batch: dict[str, Any]) -> list[int]:
+    """The units of a batch, keyed as `tests.contract.truth` keys them."""
+    if "input_ids" in batch:
+        ids = batch["input_ids"]
+        offset = (ids != truth.EOS).int().argmax(dim=1)
+        token = ids.gather(1, offset[:, None])[:, 0]
+        keys = token.long() * truth.WINDOW_KEY + offset.long()
+    else:
+        keys = batch["id"].long()
+    if "source" in batch:
+        keys = keys + batch["source"].long() * truth.BIG
+    return [int(k) for k in keys.tolist()]
+
+
+class Recorder:
+    """Appends this process's events to ``<root>/<role>.rank<r>.jsonl``, one flushed line each.
+
+    One per (root, role) and process (`recorder`): the model and the callbacks share it.
+    """
+
+    def __init__(self, root: str, role: str) -> None:
+        self.root, self.role = Path(root), role
+        self._file: Any = None
+
+    def write(self, event: dict[str, Any]) -> None:
+        if self._file is None:
+            rank = int(os.environ.get("LOCAL_RANK", 0))  # set by Lightning's launcher for every rank but 0
+            self._file = (self.root / f"{self.role}.rank{rank}.jsonl").open("a")
+        self._file.write(json.dumps(event) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+_RECORDERS: dict[tuple[str, str], Recorder] = {}
+
+
+def recorder(root: str, role: str) -> Recorder:
+    return _RECORDERS.setdefault((str(root), role), Recorder(str(root), role))
+
+
+class ContractModel(pl.LightningModule):
+    """Learns a scalar; records every batch it trains, validates and predicts."""
+
+    def __init__(self, root: str, role: str, sleep: float = 0.0) -> None:
+        super().__init__()
+        self.recorder = recorder(root, role)
+        self.sleep = sleep
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.batches = 0
+        self._val: list[int] = []
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        units = units_of(batch)
+        self.batches += 1
+        self.recorder.write(
+            {"t": "batch", "epoch": self.current_epoch, "idx": batch_idx, "gstep": self.global_step, "units": units}
+        )
+        if self.sleep:
+            time.sleep(self.sleep)
+        return (self.weight - float(len(units))).pow(2).sum()
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._val += units_of(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self.recorder.write({"t": "val", "sanity": self.trainer.sanity_checking, "units": self._val})
+        self._val = []
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.recorder.write({"t": "predict", "units": units_of(batch)})
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        epochs = self.trainer.fit_loop.epoch_progress.current  # processed > completed: in the epoch-end hooks
+        checkpoint["contract"] = {"batches": self.batches, "epoch_end": epochs.processed > epochs.completed}
+        cursor = checkpoint.get("LanceDataModule", {}).get("train_cursor")
+        self.recorder.write({"t": "save", "batches": self.batches, "cursor": _plain(cursor)})
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class Probe(Callback):
+    """Records each epoch's length as Lightning took it and the cursor at each epoch end; stops the run."""
+
+    def __init__(self, root: str, role: str, stop_kind: str | None = None, stop_at: int | None = None) -> None:
+        self.recorder = recorder(root, role)
+        self.stop_kind, self.stop_at = stop_kind, stop_at
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.recorder.write(
+            {"t": "epoch", "epoch": trainer.current_epoch, "num_training_batches": trainer.num_training_batches}
+        )
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.stop_at is None or pl_module.batches != self.stop_at:
+            return
+        if self.stop_kind == "sigkill":
+            if trainer.global_rank == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+        elif self.stop_kind == "exception":
+            raise ScenarioStop(f"scenario stop before batch {self.stop_at}")
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        cursor = trainer.datamodule.state_dict().get("train_cursor")
+        self.recorder.write({"t": "epoch_end", "epoch": trainer.current_epoch, "cursor": _plain(cursor)})
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str)) if value is not None else None
+
+
+# -- what the user's script (or YAML) holds -----------------------------------------------------------
+def data_arguments(scenario: Scenario, topology: Topology, uris: list[str], *, reference: bool) -> dict[str, Any]:
+    """The data module's arguments, as a YAML ``data:`` section holds them (class_path/init_args)."""
+    columns = ["tokens", "n_tokens"] if scenario.packing is not None else ["id", "x"]
+
+    def source(index: int, filter: str | None) -> dict[str, Any]:
+        return {"uri": uris[index], "columns": columns, "filter": filter}
+
+    mixture = scenario.mixture
+    if mixture is None:
+        train: dict[str, Any] = source(scenario.source.table, scenario.source.filter)
+    else:
+        train = {
+            "class_path": "lance_lightning.LanceMixture",
+            "init_args": {
+                "sources": [source(s.table, s.filter) for s in mixture.sources],
+                "weights": mixture.weights,
+                "epoch": mixture.epoch,
+                "samples": mixture.samples,
+                "block": mixture.block,
+            },
+        }
+    spec = scenario.shuffle
+    shuffle_args = {
+        "none": {},
+        "shard": {"shard_rows": spec.shard_rows, "seed": spec.seed, "shuffle_within_shard": spec.within},
+        "row": {"seed": spec.seed, "clump_rows": spec.clump_rows},
+        "buffer": {"buffer_rows": spec.buffer_rows, "seed": spec.seed, "shard_rows": spec.shard_rows},
+    }[spec.kind]
+    after = [] if scenario.cli else scenario.resume.after_fit
+    evaluated = not reference and (scenario.loop.val_check_interval is not None or "validate" in after)
+    data: dict[str, Any] = {
+        "train": train,
+        "val": source(0, None) if evaluated else None,
+        "predict": source(0, None) if "predict" in after and not reference else None,
+        "batch_size": REFERENCE_BATCH if reference else topology.batch_size,
+        "eval_batch_size": 5,
+        "shuffle": {"class_path": _SHUFFLES[spec.kind], "init_args": shuffle_args},
+        "drop_last": False if reference else scenario.drop_last,
+        "num_workers": topology.num_workers,
+        "reader_threads": topology.reader_threads,
+        "take_group_bytes": topology.take_group_bytes,
+    }
+    if scenario.packing is not None:
+        packing = scenario.packing
+        data["packing"] = {
+            "class_path": "lance_lightning.TokenPacking",
+            "init_args": {
+                "column": "tokens",
+                "seq_len": packing.seq_len,
+                "eos_id": truth.EOS if packing.eos else None,
+                "labels": packing.labels,
+                "lengths_column": "n_tokens" if packing.lengths_column else None,
+            },
+        }
+    return data
+
+
+def callback_arguments(scenario: Scenario, role: str, root: str) -> list[dict[str, Any]]:
+    """The callbacks, as a YAML ``trainer.callbacks:`` list holds them."""
+    stop = scenario.stop if role == "stop" else None
+    stop_at = int(stop.at) if stop is not None and stop.kind in ("exception", "sigkill") else None
+    probe = {"root": root, "role": role, "stop_kind": stop.kind if stop else None, "stop_at": stop_at}
+    callbacks = [{"class_path": "tests.contract.phase.Probe", "init_args": probe}]
+    if role == "reference":
+        return callbacks
+    if scenario.cursor_callback:
+        callbacks.append({"class_path": "lance_lightning.DataCursorCheckpoint"})
+    spec, folder = scenario.checkpoints, str(Path(root) / f"ckpt_{role}")
+    every = {"dirpath": folder, "filename": "{step}", "every_n_train_steps": spec.every, "save_top_k": -1}
+    every["save_last"] = spec.save_last
+    callbacks.append({"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": every})
+    if spec.default_callback:
+        default = {"dirpath": folder, "filename": "d-{epoch}-{step}", "save_top_k": -1}
+        callbacks.append({"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": default})
+    if spec.on_exception:
+        exception = {"dirpath": folder, "filename": "on_exception"}
+        callbacks.append({"class_path": "lightning.pytorch.callbacks.OnExceptionCheckpoint", "init_args": exception})
+    return callbacks
+
+
+def trainer_arguments(scenario: Scenario, role: str, topology: Topology, root: str) -> dict[str, Any]:
+    loop = scenario.loop
+    kwargs: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=topology.world_size,
+        strategy="ddp" if topology.world_size > 1 else "auto",
+        max_epochs=loop.epochs + 1 if role == "reference" else loop.epochs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(Path(root) / f"root_{role}"),
+        enable_checkpointing=role != "reference",
+    )
+    if role == "reference":
+        return kwargs
+    kwargs.update(
+        accumulate_grad_batches=loop.accumulate,
+        limit_train_batches=loop.limit_train_batches,
+        reload_dataloaders_every_n_epochs=loop.reload_every,
+    )
+    if loop.val_check_interval is not None:
+        kwargs["val_check_interval"] = loop.val_check_interval
+    stop = scenario.stop
+    if role == "stop" and stop.kind == "max_steps":
+        kwargs["max_steps"] = int(stop.at)
+    elif role == "stop" and stop.kind == "epoch_end":
+        kwargs["max_epochs"] = int(stop.at)
+    elif role == "stop" and stop.kind == "max_time":
+        kwargs["max_time"] = {"seconds": int(stop.at)}
+    elif role == "resume" and scenario.resume.max_steps is not None:
+        kwargs["max_steps"] = 100_000 if scenario.resume.max_steps == "loose" else int(scenario.resume.max_steps)
+    return kwargs
+
+
+def instantiate(spec: Any) -> Any:
+    """A ``{"class_path", "init_args"}`` mapping (nested) as the object it names; other values as they are."""
+    if isinstance(spec, dict) and "class_path" in spec:
+        module, name = spec["class_path"].rsplit(".", 1)
+        kind = getattr(__import__(module, fromlist=[name]), name)
+        return kind(**{k: instantiate(v) for k, v in spec.get("init_args", {}).items()})
+    if isinstance(spec, list):
+        return [instantiate(v) for v in spec]
+    if isinstance(spec, dict) and "uri" in spec:
+        from lance_lightning import LanceSource
+
+        return LanceSource(**spec)
+    return spec
+
+
+def _call(name: str, dm: LanceDataModule, out: Recorder) -> None:
+    """One call a user script makes before ``fit``; its result is recorded."""
+    result: Any = None
+    if name == "explain":
+        result = dm.explain("train").splitlines()[0]
+    elif name == "setup":
+        dm.setup("fit")
+    elif name == "train_dataloader":
+        result = len(dm.train_dataloader())
+    elif name == "state_dict":
+        result = _plain(dm.state_dict())
+    elif name == "peek":
+        result = len(units_of(next(iter(dm.train_dataloader()))))
+    elif name == "dataset":
+        result = type(next(iter(dm.train_dataloader().dataset))).__name__
+    out.write({"t": "call", "name": name, "result": result})
+
+
+def _topology(scenario: Scenario, role: str) -> Topology:
+    if role == "reference":
+        return Topology(reader_threads=2)
+    return scenario.topology if role == "stop" else scenario.resume.topology
+
+
+def run_phase(spec: dict[str, Any]) -> None:
+    """Run one phase (see the module docstring); errors are recorded, then raised again."""
+    scenario = Scenario.from_json(spec["scenario"])
+    role, root = spec["role"], spec["root"]
+    out = recorder(root, role)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _run_python(scenario, role, root, spec, out)
+        skipped = [str(w.message) for w in caught if "data cursor" in str(w.message)]
+        if skipped:
+            out.write({"t": "warning", "messages": skipped})
+    except ScenarioStop:
+        out.write({"t": "stopped"})
+    except Exception as error:
+        out.write({"t": "error", "type": type(error).__name__, "message": str(error)[:4000]})
+        raise
+    finally:
+        out.close()
+
+
+def _run_python(scenario: Scenario, role: str, root: str, spec: dict[str, Any], out: Recorder) -> None:
+    topology = _topology(scenario, role)
+    data = data_arguments(scenario, topology, spec["uris"], reference=role == "reference")
+    dm = LanceDataModule(**{k: instantiate(v) for k, v in data.items()})
+    for name in {"stop": scenario.calls, "resume": scenario.resume.calls}.get(role, []):
+        _call(name, dm, out)
+    model = ContractModel(root, role, sleep=scenario.step_sleep if role == "stop" else 0.0)
+    callbacks = instantiate(callback_arguments(scenario, role, root))
+    trainer = pl.Trainer(callbacks=callbacks, **trainer_arguments(scenario, role, topology, root))
+    trainer.fit(model, datamodule=dm, ckpt_path=spec.get("ckpt_path"))
+    if role == "resume":
+        for name in scenario.resume.after_fit:
+            getattr(trainer, name)(model, datamodule=dm)
+    out.write({"t": "end", "batches": model.batches, "cursor": _plain(dm.state_dict().get("train_cursor"))})
+
+
+def cli_config(scenario: Scenario, role: str, root: str, uris: list[str]) -> dict[str, Any]:
+    """The YAML config of the phase for ``lance-lightning fit --config`` (the runner runs it)."""
+    topology = _topology(scenario, role)
+    trainer = trainer_arguments(scenario, role, topology, root)
+    trainer["callbacks"] = callback_arguments(scenario, role, root)
+    model_args = {"root": root, "role": role, "sleep": scenario.step_sleep if role == "stop" else 0.0}
+    return {
+        "trainer": trainer,
+        "model": {"class_path": "tests.contract.phase.ContractModel", "init_args": model_args},
+        "data": data_arguments(scenario, topology, uris, reference=False),
+    }
+
+
+if __name__ == "__main__":
+    # Run the module's own copy (as `tests.contract.phase`), so that the classes the YAML and the
+    # callbacks name (`Probe`, `ScenarioStop`) are the ones `run_phase` catches.
+    from tests.contract.phase import run_phase as run
+
+    try:
+        run(json.loads(Path(sys.argv[1]).read_text()))
+    except Exception:
+        sys.exit(3)

@@ -1,0 +1,214 @@
+"""Runs a scenario's phases and collects what they recorded.
+
+Guarantees:
+- The phases run in order: ``reference`` (one rank, every epoch's whole sequence), ``stop`` (the
+  scenario's first run, stopped as it says) and, from the checkpoint the scenario picks,
+  ``resume``. A phase on one rank that is not killed runs in this process (saves an interpreter
+  start); a DDP phase, a SIGKILLed one, and every phase with ``isolate=True`` runs as a script in
+  a new session, whose whole process group is killed when the phase ends (no rank or worker is
+  left behind, also after the SIGKILL of rank 0) or after `PHASE_TIMEOUT_S` (reported as a hang).
+  A ``cli`` scenario's stopped and resumed phases run the ``lance-lightning`` console script
+  itself, the same way.
+- A scenario that must fail with a clear error (`truth.expected_error`) runs only the phase that
+  must fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from tests.contract import truth
+from tests.contract.phase import REFERENCE_BATCH, cli_config, run_phase
+from tests.contract.scenario import Scenario, Topology
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PHASE_TIMEOUT_S = 300
+
+
+@dataclass
+class Phase:
+    """What one phase recorded: the events of each rank, in rank order."""
+
+    role: str
+    ranks: list[list[dict[str, Any]]]
+    returncode: int
+    seconds: float
+    output: str = ""
+    timed_out: bool = False
+
+    def events(self, kind: str, rank: int | None = None) -> list[dict[str, Any]]:
+        ranks = self.ranks if rank is None else self.ranks[rank : rank + 1]
+        return [event for events in ranks for event in events if event["t"] == kind]
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        errors = self.events("error")
+        return errors[0] if errors else None
+
+
+@dataclass
+class Checkpoint:
+    path: str
+    batches: int
+    #: Written in the epoch-end hooks (Lightning has counted the epoch as processed).
+    epoch_end: bool = False
+
+
+@dataclass
+class Run:
+    scenario: Scenario
+    phases: dict[str, Phase] = field(default_factory=dict)
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    chosen: Checkpoint | None = None
+    #: Why the scenario must fail before training (`truth.expected_error`), per run.
+    expected_errors: dict[str, str | None] = field(default_factory=dict)
+
+
+def run_scenario(scenario: Scenario, root: Path, isolate: bool = False) -> Run:
+    """Write the scenario's tables under ``root`` and run its phases; return what they recorded."""
+    root.mkdir(parents=True, exist_ok=True)
+    uris = truth.write_tables(scenario, root)
+    run = Run(scenario)
+    first, then = scenario.topology, scenario.resume.topology
+    run.expected_errors = {
+        "reference": truth.expected_error(scenario, 1, REFERENCE_BATCH, drop_last=False),
+        "stop": truth.expected_error(scenario, first.world_size, first.batch_size, scenario.drop_last),
+        "resume": truth.expected_error(scenario, then.world_size, then.batch_size, scenario.drop_last),
+    }
+    if run.expected_errors["stop"] is not None:
+        run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate)
+        return run
+    if run.expected_errors["reference"] is None:
+        run.phases["reference"] = _run_phase(scenario, "reference", Topology(), root, uris, None, isolate)
+    run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate)
+    run.checkpoints = _checkpoints(root / "ckpt_stop")
+    run.chosen = choose(run.checkpoints, scenario.checkpoints.pick)
+    ckpt = run.chosen.path if run.chosen is not None else None
+    run.phases["resume"] = _run_phase(scenario, "resume", then, root, uris, ckpt, isolate)
+    return run
+
+
+def choose(checkpoints: list[Checkpoint], pick: float) -> Checkpoint | None:
+    """The checkpoint at ``pick`` of the list ordered by batches trained (1.0: the last written)."""
+    if not checkpoints:
+        return None
+    if pick >= 1.0:
+        return checkpoints[-1]
+    return checkpoints[min(len(checkpoints) - 1, int(pick * len(checkpoints)))]
+
+
+def _checkpoints(folder: Path) -> list[Checkpoint]:
+    found = []
+    for path in sorted(folder.glob("*.ckpt")):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        contract = state["contract"]
+        found.append(Checkpoint(str(path), int(contract["batches"]), bool(contract["epoch_end"])))
+    return sorted(found, key=lambda c: (c.batches, Path(c.path).name))
+
+
+def _run_phase(
+    scenario: Scenario, role: str, topology: Topology, root: Path, uris: list[str], ckpt: str | None, isolate: bool
+) -> Phase:
+    spec = {"scenario": json.loads(scenario.to_json()), "role": role, "root": str(root), "uris": uris}
+    if ckpt is not None:
+        spec["ckpt_path"] = ckpt
+    killed = role == "stop" and scenario.stop.kind == "sigkill"
+    started = time.perf_counter()
+    if scenario.cli and role != "reference":
+        return _run_command(scenario, role, topology, root, uris, ckpt, started)
+    if not isolate and topology.world_size == 1 and not killed:
+        returncode = 0
+        try:
+            run_phase(spec)
+        except Exception:
+            returncode = 3
+        return Phase(role, _read(root, role, 1), returncode, time.perf_counter() - started)
+    path = root / f"{role}.json"
+    path.write_text(json.dumps(spec))
+    return _run_process(
+        [sys.executable, str(Path(__file__).with_name("phase.py")), str(path)], role, topology, root, started
+    )
+
+
+def _run_command(
+    scenario: Scenario, role: str, topology: Topology, root: Path, uris: list[str], ckpt: str | None, started: float
+) -> Phase:
+    """``lance-lightning fit --config <yaml> [--ckpt_path ...]`` in a subprocess; a non-zero exit is
+    recorded as rank 0's error (``CommandError``: the exit status and stderr's end)."""
+    config = root / f"{role}.yaml"
+    config.write_text(yaml.safe_dump(cli_config(scenario, role, str(root), uris)))
+    command = [str(Path(sys.executable).with_name("lance-lightning")), "fit", "--config", str(config)]
+    if ckpt is not None:
+        command += ["--ckpt_path", ckpt]
+    phase = _run_process(command, role, topology, root, started)
+    if phase.returncode in (0, -signal.SIGKILL) or phase.timed_out:
+        return phase
+    if role == "stop" and scenario.stop.kind == "exception" and "ScenarioStop" in phase.output:
+        phase.ranks[0].append({"t": "stopped"})
+    else:
+        event = {"t": "error", "type": "CommandError", "message": f"exit {phase.returncode}: {phase.output[-2000:]}"}
+        phase.ranks[0].append(event)
+    return phase
+
+
+def _run_process(command: list[str], role: str, topology: Topology, root: Path, started: float) -> Phase:
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    timed_out = False
+    try:
+        output, _ = proc.communicate(timeout=PHASE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc.pid)
+        output, _ = proc.communicate()
+    _kill_group(proc.pid)  # a rank or worker orphaned by a SIGKILLed rank 0
+    ranks = _read(root, role, topology.world_size)
+    return Phase(role, ranks, proc.returncode, time.perf_counter() - started, output[-6000:], timed_out)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read(root: Path, role: str, world_size: int) -> list[list[dict[str, Any]]]:
+    ranks = []
+    for rank in range(world_size):
+        path = root / f"{role}.rank{rank}.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        ranks.append([json.loads(line) for line in lines if line.strip()])
+    return ranks
+
+
+def _env() -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK", "MASTER_PORT", "MASTER_ADDR")
+    }
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    if env.pop("PYTHONDONTWRITEBYTECODE", None):
+        env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "lance_lightning_test_pycache"))
+    return env

@@ -1,0 +1,414 @@
+"""One scenario of composed user steps, as plain JSON, and the seeded generator that draws them.
+
+Guarantees:
+- A `Scenario` round-trips through one JSON line (`Scenario.to_json` / `Scenario.from_json`):
+  a failure is printed as that line and replayed from it.
+- `generate(seed)` is deterministic: the same seed draws the same scenario on any machine.
+- Every option a user can combine in one script is drawn here: table shape (rows, fragments,
+  deleted rows), filter (none, half, selective, less than one batch per rank, matching nothing),
+  strategy (all four, clumps, shards with and without a row shuffle inside), token packing, a
+  mixture (2-3 sources, filters, both epoch rules, ``samples`` below and above ``block``), world
+  size 1/2, workers 0/2, reader threads, batch size, ``drop_last``, calls before fit, Lightning
+  loop options, the stop, the checkpoint resumed from, changes on resume, and steps after fit.
+  A new option of the package joins `generate` (and `truth`/`phase` where it needs to).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+from tests.contract import truth
+
+#: Calls a user script makes on the data module before ``trainer.fit`` (in order).
+CALLS_BEFORE_FIT = ("explain", "setup", "train_dataloader", "state_dict", "peek", "dataset")
+#: Trainer calls after fit, on the same data module.
+CALLS_AFTER_FIT = ("validate", "predict")
+#: How the stopped run ends: at a step budget, at the end of an epoch, by an exception, killed, by a time budget.
+STOPS = ("max_steps", "epoch_end", "exception", "sigkill", "max_time")
+
+
+@dataclass(frozen=True)
+class Table:
+    """One Lance dataset: ``rows`` rows (documents, with ``tokens``) from id ``start``."""
+
+    rows: int
+    start: int = 0
+    fragment_rows: int | None = None
+    #: Rows with ``id % delete_mod == 1`` are deleted after the write (0: none).
+    delete_mod: int = 0
+    #: Token documents (``id, tokens, n_tokens, topic``) instead of ``id, label, x`` rows.
+    tokens: bool = False
+    #: Most tokens in a document (each has at least one).
+    max_tokens: int = 12
+
+
+@dataclass(frozen=True)
+class Source:
+    """A source read from one of the scenario's tables, with an optional filter (SQL)."""
+
+    table: int
+    filter: str | None = None
+
+
+@dataclass(frozen=True)
+class Mixture:
+    sources: list[Source]
+    weights: list[float]
+    epoch: Literal["first_exhausted", "samples"] = "first_exhausted"
+    samples: int | None = None
+    block: int = 100
+
+
+@dataclass(frozen=True)
+class Shuffle:
+    kind: Literal["none", "shard", "row", "buffer"] = "none"
+    seed: int = 0
+    shard_rows: int | None = None
+    within: bool = False
+    clump_rows: int = 1
+    buffer_rows: int = 64
+
+
+@dataclass(frozen=True)
+class Packing:
+    seq_len: int = 8
+    eos: bool = False
+    labels: str | None = "document"
+    lengths_column: bool = False
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What may change between the stopped run and the resumed one."""
+
+    world_size: int = 1
+    batch_size: int = 8
+    num_workers: int = 0
+    reader_threads: int = 2
+    take_group_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class Loop:
+    """Lightning loop options, the same in every run of the scenario."""
+
+    epochs: int = 3
+    accumulate: int = 1
+    val_check_interval: float | int | None = None
+    limit_train_batches: int | None = None
+    reload_every: int = 0
+
+
+@dataclass(frozen=True)
+class Stop:
+    """How the first run stops: ``at`` is optimizer steps (max_steps), epochs (epoch_end), the
+    batch before which it raises or is killed (exception, sigkill), or seconds (max_time)."""
+
+    kind: str = "max_steps"
+    at: float = 3
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    #: ``ModelCheckpoint(every_n_train_steps=every)``.
+    every: int = 2
+    save_last: bool = False
+    #: A second ``ModelCheckpoint()`` with Lightning's defaults (saves at each validation / epoch end).
+    default_callback: bool = False
+    #: ``OnExceptionCheckpoint``: a checkpoint when the run raises.
+    on_exception: bool = False
+    #: Which checkpoint the resume uses: 1.0 the last written, less an earlier one (this fraction of the list).
+    pick: float = 1.0
+
+
+@dataclass(frozen=True)
+class Resume:
+    topology: Topology
+    #: ``None``: no step budget; ``"loose"``: one that never binds; an int: optimizer steps to stop at.
+    max_steps: int | str | None = None
+    calls: list[str] = field(default_factory=list)
+    after_fit: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: int
+    tables: list[Table]
+    shuffle: Shuffle
+    topology: Topology
+    loop: Loop
+    stop: Stop
+    checkpoints: Checkpoints
+    resume: Resume
+    source: Source | None = None
+    mixture: Mixture | None = None
+    packing: Packing | None = None
+    drop_last: bool = True
+    #: `DataCursorCheckpoint` among the callbacks (resume must be exact without it too).
+    cursor_callback: bool = True
+    #: Run the stopped and the resumed fit as ``lance-lightning fit --config <yaml>`` (no calls
+    #: before or after fit: a command line makes none).
+    cli: bool = False
+    calls: list[str] = field(default_factory=list)
+    #: Seconds each training step sleeps (gives ``max_time`` a run to cut).
+    step_sleep: float = 0.0
+
+    @property
+    def sources(self) -> list[Source]:
+        return self.mixture.sources if self.mixture is not None else [self.source]
+
+    @property
+    def uses_ddp(self) -> bool:
+        return self.topology.world_size > 1 or self.resume.topology.world_size > 1
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | dict[str, Any]) -> Scenario:
+        return _build(cls, json.loads(text) if isinstance(text, str) else text)
+
+
+def _build(kind: Any, value: Any) -> Any:
+    """``value`` (plain JSON) as an instance of the annotated type ``kind``."""
+    if value is None:
+        return None
+    if is_dataclass(kind):
+        hints = get_type_hints(kind)
+        return kind(**{f.name: _build(hints[f.name], value[f.name]) for f in fields(kind) if f.name in value})
+    origin = get_origin(kind)
+    if origin is list:
+        (item,) = get_args(kind)
+        return [_build(item, v) for v in value]
+    for arg in get_args(kind):  # Optional[X] / X | None: the dataclass member, if any
+        if is_dataclass(arg):
+            return _build(arg, value)
+    return value
+
+
+# -- the generator --------------------------------------------------------------------------------
+ROW_FILTERS = ("label < 5", "label = 3", "label != 3", "id % 31 = 7", "id % 4 != 2")
+TOKEN_FILTERS = ("topic < 2", "id % 5 != 0", "topic != 1")
+
+
+def generate(seed: int) -> Scenario:
+    """A scenario drawn from ``seed``: mostly ones that train, some that must fail with a clear error."""
+    rng = random.Random(seed)
+    packing = _packing(rng) if rng.random() < 0.2 else None
+    tables, source, mixture = _data(rng, packing is not None)
+    topology = _topology(rng, 1)
+    shuffle = _shuffle(rng)
+    drop_last = rng.random() < 0.7
+    scenario = Scenario(
+        id=seed,
+        tables=tables,
+        source=source,
+        mixture=mixture,
+        packing=packing,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        cursor_callback=rng.random() < 0.8,
+        topology=topology,
+        loop=Loop(),
+        stop=Stop(),
+        checkpoints=Checkpoints(),
+        resume=Resume(topology=topology),
+        calls=_calls(rng),
+    )
+    if rng.random() < 0.15:
+        scenario = replace(scenario, cli=True, calls=[])
+    units = truth.epoch_units(scenario)  # per epoch, before the layout (0: a clear error is expected)
+    batch_size = _batch_size(rng, units, topology.world_size)
+    topology = replace(topology, batch_size=batch_size)
+    steps = max(1, units // (topology.world_size * batch_size))
+    loop = _loop(rng, steps)
+    stop, step_sleep, stop_epoch = _stop(rng, steps, loop)
+    return replace(
+        scenario,
+        topology=topology,
+        loop=replace(loop, epochs=stop_epoch + 3),  # the resumed epoch and two more
+        stop=stop,
+        step_sleep=step_sleep,
+        checkpoints=_checkpoints(rng, stop),
+        resume=_resume(rng, topology, units, loop, scenario.cli),
+    )
+
+
+def _table(rng: random.Random, index: int, tokens: bool) -> Table:
+    return Table(
+        rows=rng.randint(30, 150) if tokens else rng.choice([rng.randint(20, 60), rng.randint(60, 400)]),
+        start=index * 100_000,
+        fragment_rows=rng.choice([None, None, 17, 50, 128]),
+        delete_mod=rng.choice([0, 0, 0, 7, 13]),
+        tokens=tokens,
+        max_tokens=rng.choice([3, 12, 30]),
+    )
+
+
+def _filter(rng: random.Random, table: Table) -> str | None:
+    if rng.random() < 0.45:
+        return None
+    roll = rng.random()
+    if roll < 0.03:  # matches nothing: a clear error
+        return "id < 0"
+    if roll < 0.10 and not table.tokens:  # a handful of rows: less than one batch per rank
+        return f"id < {table.start + rng.randint(2, 9)}"
+    choices = TOKEN_FILTERS if table.tokens else ROW_FILTERS
+    if table.rows < 150:  # a 3% filter of a small table leaves a row or two
+        choices = tuple(c for c in choices if "31" not in c)
+    return rng.choice(choices)
+
+
+def _data(rng: random.Random, tokens: bool) -> tuple[list[Table], Source | None, Mixture | None]:
+    if rng.random() >= 0.3:
+        table = _table(rng, 0, tokens)
+        return [table], Source(0, _filter(rng, table)), None
+    count = rng.choice([2, 2, 3])
+    tables = [_table(rng, j, tokens) for j in range(rng.randint(1, count))]
+    sources = []
+    for _ in range(count):
+        index = rng.randrange(len(tables))
+        sources.append(Source(index, _filter(rng, tables[index])))
+    weights = [rng.choice([1.0, 1.0, 2.0, 3.0, 0.5]) for _ in sources]
+    block = rng.choice([10, 25, 100, 1000])
+    if rng.random() < 0.05:  # as few slots as sources: unequal weights leave a source none (a clear error)
+        block = count
+    rule = rng.choice(["first_exhausted", "samples"])
+    samples = None
+    if rule == "samples":
+        samples = rng.choice([max(1, block // 3), block + rng.randint(1, block), rng.randint(40, 300)])
+    mixture = Mixture(sources, weights, rule, samples, block)
+    if rule == "first_exhausted" and rng.random() < 0.85:  # mostly blocks that the sources fill
+        while block > 10 and _whole_blocks(tables, mixture) == 0:
+            block = {1000: 100, 100: 25}.get(block, 10)
+            mixture = replace(mixture, block=block)
+    return tables, None, mixture
+
+
+def _whole_blocks(tables: list[Table], mixture: Mixture) -> int:
+    probe = Scenario(
+        0, tables, Shuffle(), Topology(), Loop(), Stop(), Checkpoints(), Resume(Topology()), mixture=mixture
+    )
+    return truth.epoch_units(probe)
+
+
+def _packing(rng: random.Random) -> Packing:
+    return Packing(
+        seq_len=rng.choice([2, 4, 8, 16]),
+        eos=rng.random() < 0.5,
+        labels=rng.choice(["document", "stream", None]),
+        lengths_column=rng.random() < 0.5,
+    )
+
+
+def _shuffle(rng: random.Random) -> Shuffle:
+    kind = rng.choice(["none", "shard", "row", "row", "buffer"])
+    seed = rng.randint(0, 1000)
+    if kind == "shard":
+        return Shuffle("shard", seed, shard_rows=rng.choice([5, 8, 16, 50, 8192]), within=rng.random() < 0.4)
+    if kind == "row":
+        return Shuffle("row", seed, clump_rows=rng.choice([1, 1, 4, 16]))
+    if kind == "buffer":
+        buffer_rows = rng.choice([16, 64, 200])
+        return Shuffle("buffer", seed, buffer_rows=buffer_rows, shard_rows=rng.choice([None, 4, buffer_rows // 2]))
+    return Shuffle("none")
+
+
+def _topology(rng: random.Random, batch_size: int) -> Topology:
+    return Topology(
+        world_size=2 if rng.random() < 0.35 else 1,
+        batch_size=batch_size,
+        num_workers=2 if rng.random() < 0.25 else 0,
+        reader_threads=rng.choice([0, 1, 2, 4]),
+        take_group_bytes=rng.choice([1 << 20, 1 << 20, 256, 4096]),
+    )
+
+
+def _batch_size(rng: random.Random, units: int, world_size: int) -> int:
+    """A batch size that gives at most about 40 steps per epoch (small scenarios run in seconds) and,
+    but rarely, at least two steps."""
+    floor = -(-max(1, units) // (40 * world_size))
+    choices = [3, 4, 5, 8, 16, 32]
+    fitting = [b for b in choices if 2 * b * world_size <= units]
+    if fitting and rng.random() < 0.9:
+        choices = fitting
+    return max(floor, rng.choice(choices))
+
+
+def _calls(rng: random.Random) -> list[str]:
+    if rng.random() < 0.5:
+        return []
+    calls = rng.sample(CALLS_BEFORE_FIT, rng.randint(1, len(CALLS_BEFORE_FIT)))
+    return calls
+
+
+def _loop(rng: random.Random, steps: int) -> Loop:
+    limit = rng.randint(2, max(2, steps)) if rng.random() < 0.15 and steps > 2 else None
+    interval: float | int | None = None
+    roll = rng.random()
+    if roll < 0.12:
+        interval = 0.5
+    elif roll < 0.2 and steps > 3:  # Lightning refuses an interval above a (resumed) epoch's batches
+        interval = rng.randint(1, min(3, steps, limit or steps) - 1) if min(steps, limit or steps) > 1 else None
+    return Loop(
+        epochs=3,
+        accumulate=rng.choice([1, 1, 1, 2, 3]),
+        val_check_interval=interval,
+        limit_train_batches=limit,
+        reload_every=rng.choice([0, 0, 0, 1, 2]),
+    )
+
+
+def _stop(rng: random.Random, steps: int, loop: Loop) -> tuple[Stop, float, int]:
+    """The stop, each step's sleep (``max_time`` needs a run long enough to cut) and the epoch it
+    most likely stops in."""
+    kind = rng.choices(STOPS, weights=[25, 15, 20, 20, 8])[0]
+    per_epoch = min(steps, loop.limit_train_batches or steps)
+    batches = rng.randint(1, 2 * per_epoch)
+    epoch = (batches - 1) // per_epoch
+    if kind == "max_steps":
+        return Stop(kind, max(1, batches // loop.accumulate)), 0.0, epoch
+    if kind == "epoch_end":
+        at = rng.choice([1, 2])
+        return Stop(kind, at), 0.0, at
+    if kind == "max_time":
+        return Stop(kind, 2), 0.05, 1
+    return Stop(kind, batches), 0.0, epoch
+
+
+def _checkpoints(rng: random.Random, stop: Stop) -> Checkpoints:
+    return Checkpoints(
+        every=rng.choice([1, 2, 3, 5]),
+        save_last=rng.random() < 0.4,
+        default_callback=rng.random() < 0.25,
+        on_exception=stop.kind == "exception" and rng.random() < 0.5,
+        pick=1.0 if rng.random() < 0.5 else round(rng.random(), 3),
+    )
+
+
+def _resume(rng: random.Random, topology: Topology, units: int, loop: Loop, cli: bool) -> Resume:
+    new = topology
+    if rng.random() < 0.3:
+        new = replace(new, world_size=3 - new.world_size)
+    if rng.random() < 0.3:
+        new = replace(new, batch_size=_batch_size(rng, units, new.world_size))
+    if rng.random() < 0.2:
+        new = replace(new, num_workers=2 - new.num_workers)
+    if rng.random() < 0.2:
+        new = replace(new, take_group_bytes=rng.choice([1 << 20, 256, 4096]))
+    if rng.random() < 0.2:
+        new = replace(new, reader_threads=rng.choice([0, 1, 2, 4]))
+    roll = rng.random()
+    max_steps: int | str | None = None
+    if roll < 0.2:
+        max_steps = "loose"
+    elif roll < 0.3:
+        max_steps = rng.randint(2, 40)
+    after = [call for call in CALLS_AFTER_FIT if rng.random() < 0.15]
+    calls = _calls(rng)
+    if cli:
+        calls, after = [], []
+    return Resume(topology=new, max_steps=max_steps, calls=calls, after_fit=after)

@@ -1,0 +1,163 @@
+"""Draw and check scenarios: ``uv run python -m tests.contract.soak --scenarios 500 --seed 20261125``.
+
+Each scenario prints one line (its id, what it composes, seconds, PASS or FAIL); a failure also
+prints the scenario as one JSON line (``FAILED {...}``) and appends it, with the oracle's
+findings, to ``--out``: replay one with ``--replay FILE`` or add it to
+``tests/contract/cases.jsonl`` (see ``tests/contract/test_contract.py``). ``--shrink`` retries a
+failing scenario with simpler settings and reports the simplest one that still fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from tests.contract.oracle import Inapplicable, check
+from tests.contract.runner import run_scenario
+from tests.contract.scenario import Scenario, Topology, generate
+
+
+def describe(scenario: Scenario) -> str:
+    """A short summary of what the scenario composes."""
+    parts = [f"#{scenario.id}" + (" cli" if scenario.cli else "")]
+    if scenario.mixture is not None:
+        m = scenario.mixture
+        parts.append(
+            f"mixture{len(m.sources)}:{m.epoch}" + (f"({m.samples}/{m.block})" if m.samples else f"/{m.block}")
+        )
+    else:
+        parts.append(f"filter={scenario.source.filter!r}" if scenario.source.filter else "nofilter")
+    parts.append(scenario.shuffle.kind)
+    if scenario.packing is not None:
+        parts.append(f"packed{scenario.packing.seq_len}")
+    a, b = scenario.topology, scenario.resume.topology
+    parts.append(f"W{a.world_size}B{a.batch_size}K{a.num_workers}->W{b.world_size}B{b.batch_size}K{b.num_workers}")
+    parts.append(f"stop={scenario.stop.kind}:{scenario.stop.at}")
+    loop = scenario.loop
+    for name, value in (
+        ("acc", loop.accumulate),
+        ("val", loop.val_check_interval),
+        ("limit", loop.limit_train_batches),
+        ("reload", loop.reload_every),
+    ):
+        if value not in (None, 0, 1) or (name == "val" and value is not None):
+            parts.append(f"{name}={value}")
+    if scenario.calls or scenario.resume.calls:
+        parts.append("calls=" + ",".join(scenario.calls) + "|" + ",".join(scenario.resume.calls))
+    return " ".join(parts)
+
+
+def run_one(scenario: Scenario, isolate: bool = False) -> tuple[list[str] | None, float]:
+    """Run and check ``scenario`` in a fresh temporary folder; return the failures (None: the
+    scenario is one Lightning refuses, nothing to check) and the seconds."""
+    root = Path(tempfile.mkdtemp(prefix=f"contract{scenario.id}_"))
+    started = time.perf_counter()
+    try:
+        failures: list[str] | None = check(run_scenario(scenario, root, isolate=isolate))
+    except Inapplicable:
+        failures = None
+    except Exception as error:  # the checker itself broke: report, do not stop the soak
+        failures = [f"checker error: {type(error).__name__}: {error}"]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return failures, time.perf_counter() - started
+
+
+def simpler(scenario: Scenario) -> list[Scenario]:
+    """Scenarios one step simpler than ``scenario`` (for shrinking)."""
+    out = []
+    one = Topology(batch_size=scenario.topology.batch_size)
+    if scenario.calls or scenario.resume.calls:
+        out.append(replace(scenario, calls=[], resume=replace(scenario.resume, calls=[])))
+    if scenario.uses_ddp:
+        out.append(
+            replace(
+                scenario,
+                topology=replace(scenario.topology, world_size=1),
+                resume=replace(scenario.resume, topology=replace(scenario.resume.topology, world_size=1)),
+            )
+        )
+    if scenario.topology != one or scenario.resume.topology != one:
+        out.append(replace(scenario, topology=one, resume=replace(scenario.resume, topology=one)))
+    loop = scenario.loop
+    if (loop.accumulate, loop.val_check_interval, loop.limit_train_batches, loop.reload_every) != (1, None, None, 0):
+        out.append(
+            replace(
+                scenario,
+                loop=replace(loop, accumulate=1, val_check_interval=None, limit_train_batches=None, reload_every=0),
+            )
+        )
+    if scenario.resume.after_fit or scenario.resume.max_steps is not None:
+        out.append(replace(scenario, resume=replace(scenario.resume, after_fit=[], max_steps=None)))
+    if scenario.shuffle.kind != "none":
+        out.append(replace(scenario, shuffle=replace(scenario.shuffle, kind="none")))
+    if any(t.delete_mod or t.fragment_rows for t in scenario.tables):
+        out.append(replace(scenario, tables=[replace(t, delete_mod=0, fragment_rows=None) for t in scenario.tables]))
+    if not scenario.cursor_callback:
+        out.append(replace(scenario, cursor_callback=True))
+    return out
+
+
+def shrink(scenario: Scenario, failures: list[str], attempts: int = 12) -> tuple[Scenario, list[str]]:
+    """The simplest scenario found (within ``attempts`` runs) that still fails, and its failures."""
+    for _ in range(attempts):
+        for candidate in simpler(scenario):
+            found, _ = run_one(candidate)
+            found = found or []
+            attempts -= 1
+            if found:
+                scenario, failures = candidate, found
+                break
+            if attempts <= 0:
+                return scenario, failures
+        else:
+            return scenario, failures
+    return scenario, failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=int(time.time()) % 1_000_000, help="first scenario id")
+    parser.add_argument("--replay", type=Path, help="a file of scenario JSON lines (or FAILED lines) to run")
+    parser.add_argument("--out", type=Path, help="append failing scenarios here")
+    parser.add_argument("--shrink", action="store_true", help="shrink failing scenarios")
+    parser.add_argument("--isolate", action="store_true", help="run every phase in its own process")
+    args = parser.parse_args(argv)
+    if args.replay:
+        lines = [line.removeprefix("FAILED ").strip() for line in args.replay.read_text().splitlines() if line.strip()]
+        scenarios = [Scenario.from_json(json.loads(line).get("scenario", json.loads(line))) for line in lines]
+    else:
+        scenarios = [generate(args.seed + i) for i in range(args.scenarios)]
+    failed, skipped, started = 0, 0, time.perf_counter()
+    for scenario in scenarios:
+        failures, seconds = run_one(scenario, isolate=args.isolate)
+        verdict = "SKIP" if failures is None else "FAIL" if failures else "PASS"
+        print(f"{verdict} {seconds:5.1f}s {describe(scenario)}", flush=True)
+        skipped += failures is None
+        if not failures:
+            continue
+        failed += 1
+        if args.shrink:
+            scenario, failures = shrink(scenario, failures)
+            print(f"  shrunk to: {describe(scenario)}", flush=True)
+        for failure in failures[:5]:
+            print("  " + failure.replace("\n", "\n  "), flush=True)
+        line = json.dumps({"scenario": json.loads(scenario.to_json()), "failures": failures[:5]})
+        print(f"FAILED {line}", flush=True)
+        if args.out:
+            with args.out.open("a") as out:
+                out.write(line + "\n")
+    total = time.perf_counter() - started
+    print(f"{len(scenarios)} scenarios, {failed} failed, {skipped} refused by Lightning, {total:.0f}s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

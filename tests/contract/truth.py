@@ -1,0 +1,221 @@
+"""Ground truth of a scenario, computed with numpy alone: never through the package under test.
+
+Guarantees:
+- `source_units` lists, in storage (stream) order, the units a source holds: the ids of the rows
+  that survive deletion and match the filter, or with packing the key of every window of the
+  stream of matching documents. A filter is evaluated here by a parser of the few SQL forms the
+  generator writes (``col op value``, ``col % m op value``), not by Lance.
+- A unit's key is what `tests.contract.phase.units_of` reads from a batch: a row's ``id``; a
+  window's first real token ``v`` and its offset ``o`` as ``v * 64 + o``; plus ``source * BIG``
+  for a mixture's draws. Ids and token values are distinct across tables.
+- `expected_error` says which clear error a scenario must give before training (or None).
+- `write_tables` writes the scenario's Lance datasets; their content is what the functions above
+  describe.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from tests.contract.scenario import Packing, Scenario, Table
+
+#: A mixture draw's unit: ``source * BIG + key``.
+BIG = 10**12
+#: The end-of-document token of packing scenarios; real tokens are ``FIRST_TOKEN`` and up.
+EOS = 1
+FIRST_TOKEN = 1000
+#: A window key is ``token * WINDOW_KEY + offset`` (offsets are below every ``seq_len`` drawn).
+WINDOW_KEY = 64
+
+_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "=": operator.eq, "!=": operator.ne}
+_CLAUSE = re.compile(r"^\s*(\w+)\s*(?:%\s*(\d+)\s*)?(<=|>=|!=|<|>|=)\s*(-?\d+)\s*$")
+
+
+def document_tokens(table: Table) -> np.ndarray:
+    """Tokens per document of a token table (1..max_tokens each, seeded by the table)."""
+    rng = np.random.default_rng(table.start + 7 * table.rows + table.max_tokens)
+    return rng.integers(1, table.max_tokens + 1, table.rows)
+
+
+def columns(table: Table) -> dict[str, np.ndarray]:
+    """The table's filterable columns, in storage order, after the deletion."""
+    index = np.arange(table.rows)
+    ids = table.start + index
+    cols = {"id": ids}
+    if table.tokens:
+        cols["topic"] = index * 4 // table.rows
+        cols["n_tokens"] = document_tokens(table)
+    else:
+        cols["label"] = ids % 10
+    if table.delete_mod:
+        keep = ids % table.delete_mod != 1
+        cols = {name: values[keep] for name, values in cols.items()}
+    return cols
+
+
+def matches(filter: str | None, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Boolean mask of the rows that ``filter`` (clauses joined by AND) keeps."""
+    mask = np.ones(len(cols["id"]), dtype=bool)
+    if filter is None:
+        return mask
+    for clause in re.split(r"\s+AND\s+", filter, flags=re.IGNORECASE):
+        found = _CLAUSE.match(clause)
+        if found is None:
+            raise ValueError(f"the contract checker cannot evaluate filter clause {clause!r}")
+        name, modulo, op, value = found.groups()
+        values = cols[name] % int(modulo) if modulo else cols[name]
+        mask &= _OPS[op](values, int(value))
+    return mask
+
+
+def window_keys(tokens: np.ndarray, packing: Packing) -> np.ndarray:
+    """Keys of the windows of the stream of documents holding ``tokens`` tokens each (stream order)."""
+    total = int(tokens.sum())
+    values = FIRST_TOKEN + np.arange(total)
+    if packing.eos:
+        ends = np.cumsum(tokens)
+        stream = np.insert(values, ends, EOS)
+    else:
+        stream = values
+    span = packing.seq_len + (1 if packing.labels is not None else 0)
+    windows = max(0, (len(stream) - (span - packing.seq_len)) // packing.seq_len)
+    keys = np.empty(windows, dtype=np.int64)
+    for w in range(windows):
+        window = stream[w * packing.seq_len : (w + 1) * packing.seq_len]
+        offset = int(np.flatnonzero(window != EOS)[0])
+        keys[w] = int(window[offset]) * WINDOW_KEY + offset
+    return keys
+
+
+def source_units(scenario: Scenario, index: int) -> np.ndarray:
+    """Units of source ``index`` in storage order (keys offset by ``index * BIG`` in a mixture)."""
+    source = scenario.sources[index]
+    table = scenario.tables[source.table]
+    cols = columns(table)
+    keep = matches(source.filter, cols)
+    if scenario.packing is None:
+        units = cols["id"][keep].astype(np.int64)
+    else:
+        start = table.start + FIRST_TOKEN
+        all_tokens = document_tokens(table)
+        offsets = np.concatenate([[0], np.cumsum(all_tokens)])
+        alive = np.isin(table.start + np.arange(table.rows), cols["id"])
+        chosen = np.flatnonzero(alive)[keep]
+        units = _keys_of_documents(all_tokens, offsets, chosen, start, scenario.packing)
+    return units + (index * BIG if scenario.mixture is not None else 0)
+
+
+def _keys_of_documents(
+    all_tokens: np.ndarray, offsets: np.ndarray, chosen: np.ndarray, start: int, packing: Packing
+) -> np.ndarray:
+    """Window keys of the stream of documents ``chosen`` (whose tokens are ``start + offsets[d]...``)."""
+    values = [start + np.arange(offsets[d], offsets[d] + all_tokens[d]) for d in chosen]
+    keys = window_keys(all_tokens[chosen], packing)
+    if not len(chosen):
+        return keys
+    # `window_keys` numbers tokens from FIRST_TOKEN over the chosen documents alone: map them back.
+    flat = np.concatenate(values)
+    token, offset = np.divmod(keys, WINDOW_KEY)
+    return flat[token - FIRST_TOKEN] * WINDOW_KEY + offset
+
+
+def val_units(scenario: Scenario) -> np.ndarray:
+    """Units of the val/predict split: table 0 unfiltered."""
+    plain = _plain_view(scenario)
+    return source_units(plain, 0)
+
+
+def _plain_view(scenario: Scenario) -> Scenario:
+    from dataclasses import replace
+
+    from tests.contract.scenario import Source
+
+    return replace(scenario, source=Source(0, None), mixture=None)
+
+
+def block_counts(weights: list[float], block: int) -> list[int]:
+    """Samples per block of each source: largest remainder of the weights' shares (docs' rule)."""
+    total = float(sum(weights))
+    exact = [w / total * block for w in weights]
+    counts = [int(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda j: (-(exact[j] - counts[j]), j))
+    for j in order[: block - sum(counts)]:
+        counts[j] += 1
+    return counts
+
+
+def epoch_units(scenario: Scenario) -> int:
+    """Units in one epoch of the train split (0 when a source has none)."""
+    sizes = [len(source_units(scenario, j)) for j in range(len(scenario.sources))]
+    mixture = scenario.mixture
+    if mixture is None:
+        return sizes[0]
+    if mixture.epoch == "samples":
+        return int(mixture.samples) if min(sizes) else 0
+    counts = block_counts(mixture.weights, mixture.block)
+    if min(counts) < 1:
+        return 0
+    return min(n // k for n, k in zip(sizes, counts)) * mixture.block
+
+
+def expected_error(scenario: Scenario, world_size: int, batch_size: int, drop_last: bool) -> str | None:
+    """Why this scenario must stop with a clear `ConfigError` before training, or None."""
+    sizes = [len(source_units(scenario, j)) for j in range(len(scenario.sources))]
+    if min(sizes) == 0:
+        return "a source has no rows (or no whole window)"
+    mixture = scenario.mixture
+    if mixture is not None and min(block_counts(mixture.weights, mixture.block)) < 1:
+        return "a weight too small for the block"
+    units = epoch_units(scenario)
+    if units == 0:
+        return "no whole mixture block"
+    if units < world_size:
+        return "fewer units than ranks"
+    if drop_last and units < world_size * batch_size:
+        return "less than one step with drop_last"
+    return None
+
+
+# -- writing -------------------------------------------------------------------------------------
+def write_tables(scenario: Scenario, root: Path) -> list[str]:
+    """Write every table of ``scenario`` under ``root`` (once: an existing one is kept); return the URIs."""
+    import lance
+    import pyarrow as pa
+
+    uris = []
+    for index, table in enumerate(scenario.tables):
+        uri = str(root / f"table{index}.lance")
+        uris.append(uri)
+        if Path(uri).exists():
+            continue
+        ids = table.start + np.arange(table.rows, dtype=np.int64)
+        if table.tokens:
+            counts = document_tokens(table)
+            bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+            values = (FIRST_TOKEN + table.start + np.arange(bounds[-1])).astype(np.int32)
+            data: dict[str, Any] = {
+                "id": pa.array(ids),
+                "tokens": pa.ListArray.from_arrays(pa.array(bounds), pa.array(values)),
+                "n_tokens": pa.array(counts.astype(np.int32)),
+                "topic": pa.array(np.arange(table.rows, dtype=np.int64) * 4 // table.rows),
+            }
+        else:
+            data = {
+                "id": pa.array(ids),
+                "label": pa.array(ids % 10),
+                "x": pa.array((ids % 1000).astype(np.float32) / 1000),
+            }
+        kwargs: dict[str, Any] = {"mode": "create"}
+        if table.fragment_rows is not None:
+            kwargs["max_rows_per_file"] = table.fragment_rows
+            kwargs["max_rows_per_group"] = table.fragment_rows
+        dataset = lance.write_dataset(pa.table(data), uri, **kwargs)
+        if table.delete_mod:
+            dataset.delete(f"id % {table.delete_mod} = 1")
+    return uris
