@@ -86,9 +86,10 @@ class OneScreenParser:
         return super().dump(redact_config(cfg), *args, **kwargs)  # type: ignore[misc]
 
     def error(self, message: str, ex: Exception | None = None) -> Any:
+        from lance_lightning.parse_errors import shorten
         from lance_lightning.redaction import redact_text
 
-        message = redact_text(message)
+        message = shorten(redact_text(message))
         if not self.exit_on_error:  # type: ignore[attr-defined]  # an inner parse jsonargparse retries
             super().error(message, ex)  # type: ignore[misc]
         prog = self.prog.replace(" [options]", "")  # type: ignore[attr-defined]

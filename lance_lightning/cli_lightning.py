@@ -6,7 +6,9 @@ Guarantees:
   ``dump``) has the credentials of every ``storage_options`` redacted (`lance_lightning.redaction`);
   the objects that run get the real values.
 - A parser error is a few lines on stderr (what is wrong with which key, redacted, and where to
-  find the options), exit status 2, without the usage dump.
+  find the options), exit status 2, without the usage dump; a value given for ``data.train`` is
+  judged as the type it was meant as (`lance_lightning.parse_errors`), and a mixture's mistake
+  names the field inside it (``data.train.weights[0]``), exit status 1.
 - At the end of ``fit`` every rank takes part in the collective calls (log directory, final
   checkpoint), so a DDP run ends with status 0; rank 0 prints where the logs and checkpoints are
   and the exact command that resumes the run.
@@ -14,6 +16,9 @@ Guarantees:
   checkpoint, even when ``every_n_train_steps`` does not divide the number of steps.
 - A fit refuses (before training) to write into a checkpoint directory that holds an earlier
   run's checkpoints without a version counter, unless it resumes with ``--ckpt_path``.
+- Every subcommand checks ``--ckpt_path`` and its output directories before the trainer starts
+  (`lance_lightning.preflight`): a missing, damaged or edited checkpoint, or a directory it cannot
+  write, is one `ConfigError` naming it.
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lance_lightning.cli import OneScreenParser
 from lance_lightning.errors import ConfigError
+from lance_lightning.mixture import LanceMixture
+from lance_lightning.preflight import check_checkpoint_file, check_writable
 
 
 class RedactingParser(OneScreenParser, LightningArgumentParser):
@@ -46,10 +54,51 @@ class LanceLightningCLI(LightningCLI):
         # The data module's policy defaults are None (built in __init__); show what runs instead.
         parser.set_defaults({f"data.{name}": {"class_path": path} for name, path in _POLICY_DEFAULTS.items()})
 
+    def before_instantiate_classes(self) -> None:
+        """A mixture given by ``class_path`` is checked here, so that its mistake is its own
+        `ConfigError` naming the field inside it (``data.train.weights[0]``), not one line of a
+        union error listing every type ``train`` may have."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        train = config.get("data.train")
+        if not isinstance(train, Namespace) or not str(train.get("class_path", "")).endswith(".LanceMixture"):
+            return
+        arguments = train.get("init_args")
+        try:
+            LanceMixture(**(arguments.as_dict() if isinstance(arguments, Namespace) else dict(arguments or {})))
+        except ConfigError as error:
+            raise ConfigError(f"data.train.{error.param}", error.value, error.problem, error.fix) from None
+
     def before_fit(self) -> None:
+        self._preflight()
         if self.config_init[self.subcommand].get("ckpt_path") is None:
             for callback in _model_checkpoints(self.trainer):
                 _refuse_overwriting(callback)
+
+    def before_validate(self) -> None:
+        self._preflight()
+
+    def before_test(self) -> None:
+        self._preflight()
+
+    def before_predict(self) -> None:
+        self._preflight()
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """Parse, then check ``--ckpt_path`` before Lightning itself loads the file (for its
+        hyperparameters, before any hook of ours)."""
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            check_checkpoint_file(self.config[subcommand].get("ckpt_path"))
+
+    def _preflight(self) -> None:
+        """The output directories, checked before the trainer starts."""
+        trainer = self.trainer
+        check_writable(trainer.default_root_dir, "trainer.default_root_dir")
+        for logger in trainer.loggers:
+            check_writable(getattr(logger, "root_dir", None), "trainer.logger")
+        for callback in _model_checkpoints(trainer):
+            check_writable(callback.dirpath, "ModelCheckpoint.dirpath")
 
     def after_fit(self) -> None:
         trainer = self.trainer

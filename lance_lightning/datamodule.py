@@ -408,6 +408,13 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         return {_STATE_KEY: state} if state else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not isinstance(state_dict, dict):
+            raise ConfigError(
+                "checkpoint LanceDataModule",
+                state_dict,
+                "the data module's state in the checkpoint is not a mapping: the checkpoint was edited or damaged",
+                "resume from another checkpoint, or start the data epoch fresh with `resume_data=False`",
+            )
         self.restore_cursor(state_dict.get(_STATE_KEY, {}))
 
     def restore_cursor(self, cursor: dict[str, Any]) -> None:
@@ -419,7 +426,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
             return
         if "train" not in self.plans:
             self.setup("fit")
-        if not self.resume_data or isinstance(self.sources["train"], LanceMixture):
+        if not self.resume_data or not isinstance(cursor, dict) or isinstance(self.sources["train"], LanceMixture):
             self.train_cursor.restore(cursor)
             return
         target = repin_target(cursor, self.plans["train"], self.sources["train"].version, self.materialize is not None)

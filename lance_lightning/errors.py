@@ -3,6 +3,8 @@
 Guarantees: every configuration error raised by lance_lightning names the parameter, shows the
 value that was given and says what would fix it, so it can be acted on without reading code.
 Credentials in a value (``storage_options`` anywhere inside it) are shown redacted.
+Every exception here pickles with its fields (``__reduce__``), so one raised in a DataLoader worker
+process reaches the training process whole: the same type, message and attributes.
 """
 
 from __future__ import annotations
@@ -23,17 +25,24 @@ class ConfigError(ValueError):
         shown = redact_config({param.rsplit(".", 1)[-1]: value}).popitem()[1]
         super().__init__(f"`{param}`={shown!r}: {problem}. Fix: {fix}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.param, self.value, self.problem, self.fix))
+
 
 class CursorMismatchError(ValueError):
     """A checkpointed data cursor does not belong to the current read plan."""
 
     def __init__(self, field: str, saved: Any, current: Any) -> None:
         self.field = field
+        self.saved, self.current = saved, current
         super().__init__(
             f"data cursor mismatch on `{field}`: the checkpoint has {saved!r}, the current plan has "
             f"{current!r}. Resuming would not be exact. Restore the original setting to resume, or "
             "start a fresh data epoch on purpose with `LanceDataModule(resume_data=False)`."
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.field, self.saved, self.current))
 
 
 class RowError(ValueError):
@@ -60,6 +69,9 @@ class BadRowError(ValueError):
         self.column = column
         self.row_id = row_id
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.position, self.column, self.row_id))
+
 
 class NullValueError(ValueError):
     """A column of the batch holds nulls and no fill value was given for it."""
@@ -76,6 +88,9 @@ class WorkerDiedError(RuntimeError):
         super().__init__(message)
         self.pids = pids
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.pids))
+
 
 class DataReadError(RuntimeError):
     """A read failed for good: it names the URI, version and rows, and chains the cause."""
@@ -89,6 +104,14 @@ class DataReadError(RuntimeError):
         self.what = what
         self.attempts = attempts
         self.transient = transient
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = {"uri": self.uri, "version": self.version, "what": self.what}
+        return (_rebuild_read_error, (str(self), fields, self.attempts, self.transient))
+
+
+def _rebuild_read_error(message: str, fields: dict[str, Any], attempts: int, transient: bool) -> DataReadError:
+    return DataReadError(message, attempts=attempts, transient=transient, **fields)
 
 
 class MaterializeError(RuntimeError):

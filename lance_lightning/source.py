@@ -9,7 +9,9 @@ Guarantees:
   at the pinned version, so new versions written during training never change what a run reads.
   A dataset deleted and written again at the same path (its versions restart at 1) is a new
   source: cached handles of the old one are never reused.
-- Storage options never appear in logs, plan fingerprints or checkpoints; `repr` shows them with
+- A pinned source's identity (what checkpointed cursors hold) names its data: a dataset deleted
+  and written again at the same path, with the same version number and row count, has another.
+- Storage options never appear in logs or checkpoints; `repr` shows them with
   every credential redacted (`lance_lightning.redaction`), and options holding the redaction
   placeholder (a saved config reused as is) are refused at `pin_source`.
 - A source that cannot be opened gets a fix for its cause: a file that is not a Lance dataset, a
@@ -82,8 +84,15 @@ class PinnedSource:
         return dataset
 
     def identity(self) -> dict[str, Any]:
-        """Plain, credential-free description used in plan fingerprints and cursors."""
-        return {"uri": self.uri, "version": self.version, "columns": list(self.columns), "filter": self.filter}
+        """Plain, credential-free description used in checkpointed cursors: ``data`` (the pinned
+        version's first data file) tells apart two datasets written at the same path."""
+        return {
+            "uri": self.uri,
+            "version": self.version,
+            "data": self.data_tag,
+            "columns": list(self.columns),
+            "filter": self.filter,
+        }
 
 
 _OPEN_DATASETS: dict[tuple, lance.LanceDataset] = {}
@@ -131,7 +140,7 @@ def _data_tag(dataset: lance.LanceDataset) -> str:
     """The path of the first data file of ``dataset`` ("" when it has none)."""
     for fragment in dataset.get_fragments():
         for data_file in fragment.metadata.files:
-            return data_file.path
+            return str(data_file.path)  # a plain str: checkpoints load with weights_only=True
     return ""
 
 

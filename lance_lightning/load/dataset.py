@@ -8,7 +8,8 @@ Guarantees:
 - Iterated directly, or by any DataLoader, it yields batches. Only a `LanceDataLoader` receives
   `Shipment`s (a batch with its worker's stage totals and its rows' positions beside it): from
   ``produce`` in its own process, and from the copies its worker processes hold
-  (`ship_from_worker`). A loader reads its own copy (``for_loader``); the dataset a user built is
+  (`ship_from_worker`), where an error of the package's own arrives as a `WorkerError` the loader
+  raises again, whole. A loader reads its own copy (``for_loader``); the dataset a user built is
   never changed.
 - Batches are prepared ahead on background threads (`lance_lightning.produce.producer`). The same
   threads serve every epoch (`lance_lightning.produce.threads`) and finished epochs return the
@@ -24,7 +25,7 @@ import copy as _copy
 import multiprocessing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -67,6 +68,14 @@ class Shipping:
 
     stats: bool
     positions: bool
+
+
+class WorkerError(NamedTuple):
+    """An error of the package's own, raised in a loader's worker process: it travels to the
+    training process as an object (the exceptions pickle with their fields), not as the message
+    string torch would rebuild it from (which loses the type of one whose constructor needs more)."""
+
+    error: Exception
 
 
 def ship_from_worker(shipping: Shipping) -> None:
@@ -175,7 +184,17 @@ class LanceIterableDataset(IterableDataset):
             ship_positions=shipping is not None and shipping.positions,
             shipments=shipping is not None,
         )
-        yield from producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
+        batches = producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
+        if info is None or shipping is None:
+            yield from batches
+        else:
+            try:
+                yield from batches
+            except Exception as error:
+                if not type(error).__module__.startswith("lance_lightning."):
+                    raise  # torch reports other errors with the worker's traceback
+                yield WorkerError(error)  # pickled whole, raised again by the loader
+                return
         HEAP.after_epoch()
 
 

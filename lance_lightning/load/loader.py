@@ -25,6 +25,9 @@ Guarantees:
   there with ``pin_memory``): torch's single-process iterator would only add per-batch bookkeeping.
 - The loader reads its own copy of the dataset (`LanceIterableDataset.for_loader`): the dataset
   passed in is never changed, and iterating ``loader.dataset`` yields batches, never `Shipment`s.
+- An error of the package's own raised in a worker process (a bad row, a null, a read that failed
+  for good) is raised in the training process as it was raised there: same type, message and
+  attributes, not torch's re-wrapped traceback.
 - With ``metrics=True`` (the default) the loader measures, per process, what the consumer waited
   for and what each pipeline stage cost (`lance_lightning.metrics`); figures measured in worker
   processes arrive beside the batches (a `Shipment` from the dataset, unpacked here), never inside
@@ -48,7 +51,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from lance_lightning.errors import ConfigError
 from lance_lightning.lifetime import watch_parent
 from lance_lightning.load.ahead import DeviceAhead
-from lance_lightning.load.dataset import LanceIterableDataset, Shipping, ship_from_worker
+from lance_lightning.load.dataset import LanceIterableDataset, Shipping, WorkerError, ship_from_worker
 from lance_lightning.load.progress import TrainerProgress
 from lance_lightning.load.workers import STARTING_HINT, guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
@@ -122,6 +125,14 @@ def _polling_workers(batches: Iterator[Batch], queue: Any, meter: LoaderMeter) -
         except StopIteration:
             return
         yield batch
+
+
+def _raise_worker_errors(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, raising the error a worker process shipped (`WorkerError`) as it was raised there."""
+    for item in items:
+        if isinstance(item, WorkerError):
+            raise item.error
+        yield item
 
 
 class LanceDataLoader(DataLoader):
@@ -237,7 +248,7 @@ class LanceDataLoader(DataLoader):
         layout = self.cursor.begin_epoch(epoch, dataset.world_size, dataset.rank, planned, first)
         dataset.set_epoch(self.cursor.epoch, layout.start)  # the data epoch: its order
         if self.meter is None:
-            for batch, _, positions in self._ahead(guard_workers(self._batches())):
+            for batch, _, positions in self._ahead(_raise_worker_errors(guard_workers(self._batches()))):
                 self.positions = positions
                 self.cursor.on_yield()
                 yield batch
@@ -254,7 +265,7 @@ class LanceDataLoader(DataLoader):
         batches = guard_workers(raw)
         if queue is not None:
             batches = _polling_workers(batches, queue, meter)
-        for batch, shipped, positions in self._ahead(batches):
+        for batch, shipped, positions in self._ahead(_raise_worker_errors(batches)):
             got = now()
             self.positions = positions
             if shipped:

@@ -5,7 +5,7 @@ Guarantees:
   constant size whatever the dataset size::
 
       {"format": 4, "epoch": int, "rows_consumed": int, "trainer_epoch": int, "steps": int,
-       "epoch_steps": int, "plan": {"uri", "version", "columns", "filter", "shuffle", "rows"[, "packing"]}}
+       "epoch_steps": int, "plan": {"uri", "version", "data", "columns", "filter", "shuffle", "rows"[, "packing"]}}
 
   ``epoch`` is the data epoch being read (its order) and ``rows_consumed`` the units of its
   sequence already trained (rows; windows with packing; draws for a mixture). ``trainer_epoch``,
@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lance_lightning.errors import CursorMismatchError
+from lance_lightning.errors import ConfigError, CursorMismatchError
 from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.planner import ReadPlan
 
@@ -223,6 +223,8 @@ def _fresh_start(state: dict[str, Any], plan: ReadPlan) -> dict[str, Any] | None
     """The state that reads the trainer epoch ``state`` was taken in from its first unit, should
     the trainer resume inside it, and every later epoch whole (of any cursor format: with
     ``resume=False`` nothing else of a saved state is trusted)."""
+    if not isinstance(state, dict):
+        return None
     trainer_epoch = state.get("trainer_epoch", state.get("epoch"))
     steps = state.get("steps", 0)
     if not isinstance(trainer_epoch, int) or isinstance(trainer_epoch, bool) or not isinstance(steps, int):
@@ -238,13 +240,26 @@ def _fresh_start(state: dict[str, Any], plan: ReadPlan) -> dict[str, Any] | None
     }
 
 
+#: The state's counters: non-negative integers.
+_COUNTERS = ("epoch", "rows_consumed", "trainer_epoch", "steps", "epoch_steps")
+
+
 def check_state(state: dict[str, Any], plan: ReadPlan) -> None:
-    """Raise `CursorMismatchError` naming the first field where ``state`` and ``plan`` differ."""
+    """Raise `CursorMismatchError` naming the first field where ``state`` and ``plan`` differ, or
+    `ConfigError` naming the field of a state that is not a cursor (damaged or edited)."""
+    if not isinstance(state, dict):
+        raise _damaged("train_cursor", state, "is not a mapping")
     if state.get("format") != CURSOR_FORMAT:
         raise CursorMismatchError("format", state.get("format"), CURSOR_FORMAT)
     missing = [key for key in STATE_KEYS if key not in state]
     if missing:
         raise CursorMismatchError("keys", sorted(state), list(STATE_KEYS))
+    for key in _COUNTERS:
+        value = state[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise _damaged(f"train_cursor.{key}", value, "is not a non-negative integer")
+    if not isinstance(state["plan"], dict):
+        raise _damaged("train_cursor.plan", state["plan"], "is not a mapping")
     field = first_difference(state["plan"], plan.identity(), "plan")
     if field is not None:
         raise CursorMismatchError(*field)
@@ -252,8 +267,29 @@ def check_state(state: dict[str, Any], plan: ReadPlan) -> None:
         raise CursorMismatchError("rows_consumed", state["rows_consumed"], f"0..{plan.matched_rows}")
 
 
+def _damaged(field: str, value: Any, problem: str) -> ConfigError:
+    return ConfigError(
+        f"checkpoint {field}",
+        value,
+        f"{problem}: the checkpoint's data cursor was edited or damaged",
+        "resume from another checkpoint, or start the data epoch fresh with `resume_data=False`",
+    )
+
+
 #: Plan fields compared first, so that a mismatch names the most telling one.
-_FIRST_FIELDS = ("uri", "version", "filter", "columns", "sources", "names", "weights", "block", "epoch_rule", "shuffle")
+_FIRST_FIELDS = (
+    "uri",
+    "version",
+    "data",
+    "filter",
+    "columns",
+    "sources",
+    "names",
+    "weights",
+    "block",
+    "epoch_rule",
+    "shuffle",
+)
 
 
 def first_difference(saved: dict[str, Any], current: dict[str, Any], path: str) -> tuple[str, Any, Any] | None:
@@ -284,7 +320,9 @@ def repin_target(
     moves on). ``("version", v)``: it read version ``v`` of the same source and no version was
     configured, so the latest version the split pinned is not the one the cursor counts rows of.
     """
-    saved = state.get("plan", {})
+    saved = state.get("plan")
+    if not isinstance(saved, dict):
+        return None  # `check_state` names what is wrong with it
     current = plan.source
     if materialized:
         return ("view", saved["uri"]) if saved.get("uri") not in (None, current.uri) else None

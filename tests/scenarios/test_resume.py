@@ -522,6 +522,19 @@ def test_changed_plan_is_refused_before_training(
     assert model.seen == [], "training started before the mismatch was detected"
 
 
+def test_a_dataset_written_again_at_the_same_path_is_refused(tmp_path: Path, uri: str) -> None:
+    """Another dataset at the checkpoint's path, with its version number and row count: refused
+    naming ``plan.data`` before training (before, the resume skipped rows of the new data)."""
+    ckpt = _checkpoint_at(tmp_path, make_dm(uri, "row:2", FILTER))
+    shutil.rmtree(uri)
+    write_dataset(uri, ROWS, fragment_rows=50)  # version 1 again: the same ids, other files
+    model = RecordingModel()
+    with pytest.raises(CursorMismatchError) as error:
+        fit(tmp_path, make_dm(uri, "row:2", FILTER), name="B", ckpt_path=ckpt, model=model)
+    assert error.value.field == "plan.data", str(error.value)
+    assert model.seen == []
+
+
 def test_new_version_after_checkpoint_is_ignored(tmp_path: Path, uri: str) -> None:
     k, shuffle = 5, "row:2"
     c = fit(tmp_path, make_dm(uri, shuffle, FILTER), name="C")

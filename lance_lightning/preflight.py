@@ -1,0 +1,95 @@
+"""What a ``lance-lightning`` command checks before the trainer starts: one clear error, not a traceback.
+
+Guarantees:
+- `check_checkpoint_file` raises `ConfigError` (parameter ``ckpt_path``, the file named) for a path
+  that does not exist, is not a file or cannot be read, for a file torch cannot load with
+  ``weights_only=True`` (empty, truncated, random bytes, another format) and for a checkpoint
+  without Lightning's fields or whose Lightning version is not a version. The file is memory-mapped,
+  so its weights are not read. Lightning's own keywords (``last``, ``best``, ``hpc``, ``registry``)
+  are left to Lightning. The data cursor inside is checked when the data module restores it
+  (`lance_lightning.plan.cursor.check_state`).
+- `check_writable` raises `ConfigError` naming the parameter for an output directory (logs,
+  checkpoints) that cannot be created or written, before a first checkpoint would fail mid-run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from lance_lightning.errors import ConfigError
+
+#: ``ckpt_path`` values Lightning resolves itself.
+_LIGHTNING_KEYWORDS = ("last", "best", "hpc", "registry")
+#: Keys every checkpoint Lightning writes holds.
+_LIGHTNING_FIELDS = ("state_dict", "pytorch-lightning_version")
+
+
+def check_checkpoint_file(path: Any) -> None:
+    """Raise `ConfigError` unless ``path`` is a checkpoint Lightning can resume from (see the module docstring)."""
+    if path is None or str(path) in _LIGHTNING_KEYWORDS or str(path).startswith("registry:"):
+        return
+    where = Path(os.fspath(path))
+    if not where.exists():
+        raise _bad(path, "no such file", "give the path of a .ckpt a fit wrote (e.g. <log dir>/checkpoints/last.ckpt)")
+    if not where.is_file():
+        raise _bad(path, "is not a file", "give the path of one .ckpt file, not its directory")
+    if not os.access(where, os.R_OK):
+        raise _bad(path, "cannot be read (permission denied)", "give this user read access to the file")
+    state = _load(path)
+    if not isinstance(state, dict) or any(key not in state for key in _LIGHTNING_FIELDS):
+        found = sorted(state)[:8] if isinstance(state, dict) else type(state).__name__
+        raise _bad(path, f"is not a Lightning checkpoint (it holds {found})", "give a .ckpt written by Trainer.fit")
+    _check_version(path, state["pytorch-lightning_version"])
+
+
+def _load(path: Any) -> Any:
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise _bad(
+            path,
+            f"cannot be loaded as a checkpoint ({type(error).__name__}: {reason[:200]})",
+            "the file is empty, truncated (a run killed while writing it?) or not a checkpoint: resume from "
+            "an earlier checkpoint",
+        ) from None
+
+
+def _check_version(path: Any, version: Any) -> None:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(str(version))
+    except InvalidVersion:
+        raise _bad(
+            path,
+            f"its Lightning version field holds {version!r}, not a version: the checkpoint was edited or damaged",
+            "resume from another checkpoint",
+        ) from None
+
+
+def _bad(path: Any, problem: str, fix: str) -> ConfigError:
+    return ConfigError("ckpt_path", str(path), problem, fix)
+
+
+def check_writable(directory: Any, param: str) -> None:
+    """Raise `ConfigError` naming ``param`` unless ``directory`` exists (or can be made) and is writable."""
+    if directory is None or "://" in str(directory):  # remote outputs: the store decides
+        return
+    where = Path(os.fspath(directory))
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            param,
+            str(directory),
+            f"this directory cannot be written ({error.strerror or error})",
+            "give a directory this user can write, or fix its permissions (e.g. chmod u+w)",
+        ) from None
