@@ -21,11 +21,13 @@ Guarantees:
   training step ended, and a batch handed out whose step has not ended (a checkpoint written on an
   exception, e.g. by ``OnExceptionCheckpoint``) is not counted (``in_flight``: the trainer's count).
 - The data follows on exactly across a restore: where the trainer resumes in the checkpoint's
-  epoch, at ``rows_consumed``; where it starts the next epoch after a finished one (or one cut by
-  its ``limit_train_batches``), at the next data epoch's first unit; where the trainer counts as
-  finished an epoch that a stop cut short (``max_steps``, ``max_time``, ``should_stop``: fewer
-  ``steps`` than ``epoch_steps``), the next trainer epoch reads the rest of that data epoch, and
-  later epochs keep that offset. Nothing is skipped, nothing read twice.
+  epoch, at ``rows_consumed``; otherwise the first trainer epoch that reads continues the data
+  where it stopped: the rest of an epoch that a stop cut short and the trainer counts as finished
+  (``max_steps``, ``max_time``, ``should_stop``: fewer ``steps`` than ``epoch_steps``), else the
+  next data epoch (after a finished epoch, or one its ``limit_train_batches`` ended), also when
+  the trainer ran an epoch that read nothing in between (Lightning does, restarting from an
+  epoch-end checkpoint with ``max_steps`` set). Later epochs keep that offset between trainer and
+  data epochs. Nothing is skipped, nothing read twice.
 - Restore is strict: any plan field that differs raises `CursorMismatchError` naming the field.
   Seeking is O(1): nothing is replayed. With ``resume=False`` a saved state is not checked: the
   epoch it names restarts at its first unit (Lightning still counts the steps trained before).
@@ -119,17 +121,14 @@ class CursorTracker:
         pending = self._pending
         if pending is None:
             return trainer_epoch - self.offset, 0, 0
-        saved, data_epoch, rows = pending["trainer_epoch"], pending["epoch"], pending["rows_consumed"]
-        if trainer_epoch == saved:
+        data_epoch, rows = pending["epoch"], pending["rows_consumed"]
+        if trainer_epoch == pending["trainer_epoch"]:
             return data_epoch, rows, pending["steps"]
-        # The trainer counts as finished an epoch that a stop cut short: the next one reads its rest,
-        # if the rest makes a step (else the trainer ran the restored epoch out: nothing was left).
+        # The first trainer epoch that reads after a restore goes on where the data stopped: the rest
+        # of an epoch a stop cut short (which the trainer counts as finished), if it makes a step,
+        # else the next data epoch; also when the trainer ran epochs that read nothing in between.
         cut = pending["steps"] < pending["epoch_steps"] and self.plan.layout(world_size, rows).steps > 0
-        if cut:
-            if trainer_epoch == saved + 1:
-                return data_epoch, rows, 0
-            saved += 1
-        return trainer_epoch - (saved - data_epoch), 0, 0
+        return (data_epoch, rows, 0) if cut else (data_epoch + 1, 0, 0)
 
     def length(self, trainer_epoch: int, world_size: int, rank: int) -> int:
         """Rank ``rank``'s batches when iterating ``trainer_epoch``: while this topology reads it,

@@ -155,6 +155,7 @@ def resumed_plans(
         data_epoch, first, start = after.data_epoch + 1, batch_idx, 0
     else:  # Lightning counted an epoch it stopped as finished: its rest comes first
         data_epoch, first, start = after.data_epoch, batch_idx, after.consumed
+    # (The first trainer epoch that reads continues the data, whichever trainer epoch it is.)
     while epoch < epochs:
         yield epoch_plan(seqs, epoch, data_epoch, first, start, topology, scenario)
         epoch, data_epoch, first, start = epoch + 1, data_epoch + 1, 0, 0
@@ -407,20 +408,25 @@ class Oracle:
                 )
 
     # -- the resumed run ---------------------------------------------------------------------------
-    @staticmethod
-    def _resumed_at(phase: Phase, after: Batch | None) -> tuple[int, int]:
+    def _resumed_at(self, phase: Phase, after: Batch | None) -> tuple[int, int]:
         """(trainer epoch, batch index) where Lightning resumed: the first epoch the resumed run
-        touched (a restored epoch may have no batch left) and its first batch's index."""
+        touched (a restored epoch may have no batch left) and its first batch's index. Lightning
+        restarting from a checkpoint at an epoch's end with ``max_steps`` set runs its next epoch
+        without a batch (its restored ``is_last_batch``): then the first epoch with a batch."""
         events = [e for e in phase.ranks[0] if e["t"] in ("batch", "epoch", "epoch_end")] if phase.ranks else []
         if not events:
             if after is None:
                 return 0, 0
             return (after.trainer_epoch + 1, 0) if after.last_of_epoch else (after.trainer_epoch, after.batch_idx + 1)
         epoch = min(e["epoch"] for e in events)
-        first = [e["idx"] for e in events if e["t"] == "batch" and e["epoch"] == epoch][:1]
+        batches = [e for e in events if e["t"] == "batch"]
+        first = [e["idx"] for e in batches if e["epoch"] == epoch][:1]
         if first:
             return epoch, first[0]
         mid = after is not None and epoch == after.trainer_epoch
+        skipped = after is not None and not mid and batches and self.scenario.resume.max_steps is not None
+        if skipped and (self.run.chosen.epoch_end or after.last_of_epoch):
+            return batches[0]["epoch"], batches[0]["idx"]
         return epoch, after.batch_idx + 1 if mid else 0
 
     def _check_resumed(self, phase: Phase, seqs: list[list[int]], stopped: list[Batch], topology: Topology) -> None:
@@ -429,17 +435,16 @@ class Oracle:
         after = stopped[n - 1] if 0 < n <= len(stopped) else None
         resumed_at = self._resumed_at(phase, after)
         if after is not None:
-            mid = resumed_at == (after.trainer_epoch, after.batch_idx + 1) and not after.last_of_epoch
-            if not mid and resumed_at[0] != after.trainer_epoch + 1:
+            mid = resumed_at == (after.trainer_epoch, after.batch_idx + 1)
+            if not mid and resumed_at[0] <= after.trainer_epoch:
                 self.fail(f"resume: Lightning resumed at (epoch, idx) {resumed_at} after batch {_where(after)}")
                 return
         global_step = sum(b.optimizer_step for b in stopped[:n])
         max_steps = self.scenario.resume.max_steps
         limit = None if max_steps in (None, "loose") else int(max_steps)
         epochs = self.scenario.loop.epochs
-        if chosen is not None and chosen.epoch_end and after is not None and not after.last_of_epoch:
-            if resumed_at[0] == after.trainer_epoch:
-                epochs -= 1  # Lightning re-enters an epoch it counted as processed (its end hooks ran), to finish it
+        if chosen is not None and chosen.epoch_end and after is not None and resumed_at[0] == after.trainer_epoch:
+            epochs -= 1  # Lightning re-enters an epoch it counted as processed (its end hooks ran), to end it
         plans = resumed_plans(seqs, self.scenario, topology, after, resumed_at, epochs)
         expected = until_max_steps(batches(plans, self.scenario.loop.accumulate), limit, global_step)
         got = len(phase.events("batch", rank=0))

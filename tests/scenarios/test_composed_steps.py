@@ -14,7 +14,7 @@ from typing import Any
 
 import lance
 import pytest
-from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from torch.utils.data import DataLoader
 
 from lance_lightning import LanceDataModule, LanceMixture, LanceSource, NoShuffle, RowShuffle
@@ -242,3 +242,33 @@ def test_resume_after_max_steps_continues_the_stopped_epoch(tmp_path: Path) -> N
     assert stopped.seen + resumed.seen == whole.seen
     assert not [w for w in caught if "data cursor" in str(w.message)]
     assert Counter(resumed.seen_epochs) == {2: 7, 3: 10}  # Lightning's epochs are one ahead of the data's
+
+
+def test_an_epoch_lightning_skips_after_a_restart_loses_no_data(tmp_path: Path) -> None:
+    """``last.ckpt`` written at the end of epoch 0 (``max_steps`` reached there, validation every
+    half epoch), resumed with ``max_steps`` set: Lightning restores the epoch's ``is_last_batch`` and
+    runs epoch 1 without a batch. Before the fix the data followed Lightning's epoch number, so
+    data epoch 1 was never read; now the first epoch that reads continues the data where it stopped."""
+    uri = write_dataset(tmp_path / "ds.lance", 5)
+
+    def dm() -> LanceDataModule:
+        source = LanceSource(uri, columns=["id", "x"])
+        return LanceDataModule(train=source, val=source, batch_size=5, drop_last=False, shuffle=RowShuffle(seed=1))
+
+    loop = dict(val_check_interval=0.5, limit_val_batches=None)
+    whole = fit(tmp_path, dm(), name="whole", max_epochs=3, **loop)
+    last = ModelCheckpoint(dirpath=str(ckpt_dir(tmp_path, "stop")), every_n_train_steps=2, save_last=True)
+    stopped = fit(
+        tmp_path, dm(), name="stop", max_steps=1, max_epochs=4, callbacks=[last], enable_checkpointing=True, **loop
+    )
+    resumed = fit(
+        tmp_path,
+        dm(),
+        name="resume",
+        ckpt_path=ckpt_dir(tmp_path, "stop") / "last.ckpt",
+        max_steps=10_000,
+        max_epochs=4,
+        **loop,
+    )
+    assert resumed.seen_epochs == [2, 3]  # Lightning ran epoch 1 without a batch
+    assert stopped.seen + resumed.seen == whole.seen  # data epochs 0, 1 and 2, in order
