@@ -2,7 +2,8 @@
 
 Guarantees: every configuration error raised by lance_lightning names the parameter, shows the
 value that was given and says what would fix it, so it can be acted on without reading code.
-Credentials in a value (``storage_options`` anywhere inside it) are shown redacted.
+Credentials in its message (``storage_options`` anywhere inside the value, URL userinfo) are
+shown redacted (`lance_lightning.redaction`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ class ConfigError(ValueError):
     """A parameter has a value that cannot work. Raised in the main process, before training."""
 
     def __init__(self, param: str, value: Any, problem: str, fix: str) -> None:
-        from lance_lightning.redaction import redact_config
+        from lance_lightning.redaction import redact_config, redact_text
 
         self.param = param
         self.value = value
         self.problem = problem
         self.fix = fix
         shown = redact_config({param.rsplit(".", 1)[-1]: value}).popitem()[1]
-        super().__init__(f"`{param}`={shown!r}: {problem}. Fix: {fix}")
+        super().__init__(redact_text(f"`{param}`={shown!r}: {problem}. Fix: {fix}"))
 
 
 class CursorMismatchError(ValueError):
