@@ -30,10 +30,17 @@ class CursorMismatchError(ValueError):
 
     def __init__(self, field: str, saved: Any, current: Any) -> None:
         self.field = field
+        if field == "format":
+            cause = (
+                "The checkpoint was written by another lance-lightning version, whose data order differs: "
+                "resuming exactly needs that version"
+            )
+        else:
+            cause = "Resuming would not be exact. Restore the original setting to resume"
         super().__init__(
             f"data cursor mismatch on `{field}`: the checkpoint has {saved!r}, the current plan has "
-            f"{current!r}. Resuming would not be exact. Restore the original setting to resume, or "
-            "start a fresh data epoch on purpose with `LanceDataModule(resume_data=False)`."
+            f"{current!r}. {cause}, or start a fresh data epoch on purpose with "
+            "`LanceDataModule(resume_data=False)`."
         )
 
 
