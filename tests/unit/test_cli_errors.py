@@ -218,6 +218,12 @@ def test_a_null_hint_for_a_column_named_tokens_shows_the_column(tmp_path: Path) 
     assert code == 1 and "fill_nulls={'tokens': <value>}" in err and "<redacted>" not in err, err
 
 
+def test_a_stage_without_its_split_is_named_as_on_the_command_line(tmp_path: Path) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", 32)
+    code, _, err = run_cli(["validate", "--config", _config(tmp_path, f"  train: {{uri: {uri}}}\n")])
+    assert code == 1 and "trainer stage 'validate' reads the val split" in err and "TrainerFn" not in err, err
+
+
 def test_fit_without_val_split_does_not_warn_about_empty_loaders(tmp_path: Path) -> None:
     uri = write_dataset(tmp_path / "ds.lance", 64)
     dm = LanceDataModule(train=LanceSource(uri, columns=["id", "x"]), batch_size=16)
