@@ -13,8 +13,10 @@ Guarantees:
   exit status 2; configs the parsers save or print have their credentials redacted.
 - An error of lance_lightning's own (a `ConfigError`, a data or cursor error) ends the command
   with a few lines on stderr (what, the parameter, the value, the fix) and exit status 1; the
-  full traceback is printed when the environment sets ``LANCE_LIGHTNING_TRACEBACK=1``. Secrets
-  never appear in these lines.
+  full traceback is printed when the environment sets ``LANCE_LIGHTNING_TRACEBACK=1``. Any other
+  error is re-raised. Credentials (`lance_lightning.redaction`) never appear in these lines, in
+  parser errors or in a traceback: the messages of the error and of its causes are redacted
+  first, including every credential value the command line or its config files give.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 #: Set to 1 to print the full traceback of an error instead of its few lines.
@@ -66,11 +69,15 @@ def main(args: list[str] | None = None) -> None:
 
             run(args, _DESCRIPTION)
             code = 0
-    except Exception as error:  # noqa: BLE001 - only our own errors are shortened, others re-raise
+    except Exception as error:  # noqa: BLE001 - only our own errors are shortened, others re-raise redacted
+        from lance_lightning.redaction import command_secrets, redact_exception
+
+        known = command_secrets(argv)
+        redact_exception(error, known)
         ours = _our_error(error)
         if ours is None or os.environ.get(TRACEBACK_ENV) == "1":
             raise
-        print(error_lines(argv[0], ours), file=sys.stderr)
+        print(error_lines(argv[0], ours, known), file=sys.stderr)
         code = 1
     if code:
         sys.exit(code)
@@ -87,9 +94,10 @@ class OneScreenParser:
 
     def error(self, message: str, ex: Exception | None = None) -> Any:
         from lance_lightning.parse_errors import shorten
-        from lance_lightning.redaction import redact_text
+        from lance_lightning.redaction import command_secrets, redact_text
 
-        message = shorten(redact_text(message))
+        # jsonargparse quotes a bad value without its key: mask what the command line gave as credentials.
+        message = shorten(redact_text(message, command_secrets(getattr(self, "args", None) or [])))
         if not self.exit_on_error:  # type: ignore[attr-defined]  # an inner parse jsonargparse retries
             super().error(message, ex)  # type: ignore[misc]
         prog = self.prog.replace(" [options]", "")  # type: ignore[attr-defined]
@@ -120,8 +128,9 @@ def _our_error(error: BaseException) -> BaseException | None:
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def error_lines(command: str, error: BaseException) -> str:
-    """A lance_lightning error as a few lines: what, the parameter, the value, the fix."""
+def error_lines(command: str, error: BaseException, known: Iterable[str] = ()) -> str:
+    """A lance_lightning error as a few lines: what, the parameter, the value, the fix; credentials
+    (and the ``known`` credential values) redacted."""
     from lance_lightning.errors import ConfigError
     from lance_lightning.redaction import redact_config, redact_text
 
@@ -133,7 +142,7 @@ def error_lines(command: str, error: BaseException) -> str:
         text = f"{prefix}: {error.problem}\n  parameter: {error.param}\n  value:     {value}\n  fix:       {error.fix}"
     else:
         text = f"{prefix}: {type(error).__name__}: {error}"
-    return redact_text(text) + f"\n  (set {TRACEBACK_ENV}=1 for the full traceback)"
+    return redact_text(text, known) + f"\n  (set {TRACEBACK_ENV}=1 for the full traceback)"
 
 
 def __getattr__(name: str) -> Any:  # `lance_lightning.cli.LanceLightningCLI` without importing Lightning eagerly

@@ -3,15 +3,16 @@
 Guarantees:
 - Every config this CLI writes or prints (``config.yaml`` in the log directory, ``--print_config``,
   the hyperparameters stored in checkpoints and ``hparams.yaml``, all made by the parser's
-  ``dump``) has the credentials of every ``storage_options`` redacted (`lance_lightning.redaction`);
-  the objects that run get the real values.
+  ``dump``) has its credentials redacted (`lance_lightning.redaction`: secret ``storage_options``
+  values, URL userinfo); the objects that run get the real values.
 - A parser error is a few lines on stderr (what is wrong with which key, redacted, and where to
   find the options), exit status 2, without the usage dump; a value given for ``data.train`` is
   judged as the type it was meant as (`lance_lightning.parse_errors`), and a mixture's mistake
   names the field inside it (``data.train.weights[0]``), exit status 1.
 - At the end of ``fit`` every rank takes part in the collective calls (log directory, final
   checkpoint), so a DDP run ends with status 0; rank 0 prints where the logs and checkpoints are
-  and the exact command that resumes the run.
+  and the exact command that resumes the run, with every credential it gives redacted (pass those
+  through the environment to resume).
 - A ``ModelCheckpoint`` with ``save_last`` holds the final state of a finished fit in its last
   checkpoint, even when ``every_n_train_steps`` does not divide the number of steps.
 - A fit refuses (before training) to write into a checkpoint directory that holds an earlier
@@ -37,6 +38,7 @@ from lance_lightning.cli import OneScreenParser
 from lance_lightning.errors import ConfigError
 from lance_lightning.mixture import LanceMixture
 from lance_lightning.preflight import check_checkpoint_file, check_writable
+from lance_lightning.redaction import redact_command
 
 
 class RedactingParser(OneScreenParser, LightningArgumentParser):
@@ -126,7 +128,7 @@ _POLICY_DEFAULTS = {
 
 
 def resume_command(argv: list[str] | None, checkpoint: str) -> str:
-    """The command line that continues the run of ``argv`` from ``checkpoint``."""
+    """The command line that continues the run of ``argv`` from ``checkpoint``, its credentials redacted."""
     argv = list(sys.argv[1:] if argv is None else argv)
     kept: list[str] = []
     skip = False
@@ -137,7 +139,7 @@ def resume_command(argv: list[str] | None, checkpoint: str) -> str:
             skip = True
         elif not arg.startswith("--ckpt_path="):
             kept.append(arg)
-    return shlex.join(["lance-lightning", *kept, "--ckpt_path", os.path.abspath(checkpoint)])
+    return shlex.join(["lance-lightning", *redact_command(kept), "--ckpt_path", os.path.abspath(checkpoint)])
 
 
 def _model_checkpoints(trainer: Any) -> list[ModelCheckpoint]:

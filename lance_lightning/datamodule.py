@@ -241,6 +241,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
     # -- setup ------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         """Pin, validate and plan every split the stage uses (all configured ones for ``None``)."""
+        stage = getattr(stage, "value", stage)  # Lightning passes a TrainerFn: its value is the name ("fit")
         needed = SPLITS_OF_STAGE.get(stage or "", tuple(s for s, src in self.sources.items() if src))
         required = {stage_: split for split, stage_ in STAGE_OF_SPLIT.items()}.get(stage or "")
         if required and self.sources[required] is None:

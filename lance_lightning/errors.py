@@ -2,7 +2,8 @@
 
 Guarantees: every configuration error raised by lance_lightning names the parameter, shows the
 value that was given and says what would fix it, so it can be acted on without reading code.
-Credentials in a value (``storage_options`` anywhere inside it) are shown redacted.
+Credentials in its message (``storage_options`` anywhere inside the value, URL userinfo) are
+shown redacted (`lance_lightning.redaction`).
 Every exception here pickles with its fields (``__reduce__``), so one raised in a DataLoader worker
 process reaches the training process whole: the same type, message and attributes.
 """
@@ -16,14 +17,14 @@ class ConfigError(ValueError):
     """A parameter has a value that cannot work. Raised in the main process, before training."""
 
     def __init__(self, param: str, value: Any, problem: str, fix: str) -> None:
-        from lance_lightning.redaction import redact_config
+        from lance_lightning.redaction import redact_config, redact_text
 
         self.param = param
         self.value = value
         self.problem = problem
         self.fix = fix
         shown = redact_config({param.rsplit(".", 1)[-1]: value}).popitem()[1]
-        super().__init__(f"`{param}`={shown!r}: {problem}. Fix: {fix}")
+        super().__init__(redact_text(f"`{param}`={shown!r}: {problem}. Fix: {fix}"))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.param, self.value, self.problem, self.fix))
@@ -35,10 +36,22 @@ class CursorMismatchError(ValueError):
     def __init__(self, field: str, saved: Any, current: Any) -> None:
         self.field = field
         self.saved, self.current = saved, current
+        if field == "format":
+            cause = (
+                "The checkpoint was written by another lance-lightning version, whose data order differs: "
+                "resuming exactly needs that version"
+            )
+        elif field.endswith(".data"):
+            cause = (
+                "The dataset at that path was written again since the checkpoint (its data files differ): "
+                "resuming would read other rows"
+            )
+        else:
+            cause = "Resuming would not be exact. Restore the original setting to resume"
         super().__init__(
             f"data cursor mismatch on `{field}`: the checkpoint has {saved!r}, the current plan has "
-            f"{current!r}. Resuming would not be exact. Restore the original setting to resume, or "
-            "start a fresh data epoch on purpose with `LanceDataModule(resume_data=False)`."
+            f"{current!r}. {cause}, or start a fresh data epoch on purpose with "
+            "`LanceDataModule(resume_data=False)`."
         )
 
     def __reduce__(self) -> tuple[Any, ...]:

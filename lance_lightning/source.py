@@ -14,6 +14,9 @@ Guarantees:
 - Storage options never appear in logs or checkpoints; `repr` shows them with
   every credential redacted (`lance_lightning.redaction`), and options holding the redaction
   placeholder (a saved config reused as is) are refused at `pin_source`.
+- A URI's userinfo (``s3://user:password@bucket/...``) is redacted wherever it is shown: a
+  `PinnedSource` has the redacted ``uri`` (used in messages, logs, plans, cursors and view
+  manifests) and opens its ``location``, the URI as given.
 - A source that cannot be opened gets a fix for its cause: a file that is not a Lance dataset, a
   missing bucket, a missing dataset, refused credentials, a local permission error.
 """
@@ -28,7 +31,14 @@ import lance
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.read.blobs import blob_columns
-from lance_lightning.redaction import check_not_redacted, redact_options, redact_text
+from lance_lightning.redaction import (
+    check_not_redacted,
+    redact_config,
+    redact_options,
+    redact_text,
+    redact_userinfo,
+    secret_values,
+)
 
 
 @dataclass
@@ -51,14 +61,15 @@ class LanceSource:
 
     def __repr__(self) -> str:
         return (
-            f"LanceSource(uri={self.uri!r}, columns={self.columns!r}, filter={self.filter!r}, "
+            f"LanceSource(uri={redact_config(self.uri)!r}, columns={self.columns!r}, filter={self.filter!r}, "
             f"version={self.version!r}, storage_options={redact_options(self.storage_options)!r})"
         )
 
 
 @dataclass(frozen=True)
 class PinnedSource:
-    """A validated source at a fixed dataset version."""
+    """A validated source at a fixed dataset version: ``uri`` is shown (its userinfo redacted),
+    ``location`` is opened (the URI as given; ``uri`` when not given)."""
 
     uri: str
     version: int
@@ -71,15 +82,21 @@ class PinnedSource:
     data_tag: str = field(default="", repr=False)
     #: The columns stored as Lance blobs (read with ``read_blobs``), from the pinned schema.
     blob_columns: tuple[str, ...] = ()
+    #: The URI Lance opens, as given (``uri`` shows it with its userinfo redacted).
+    location: str = field(default="", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.location:
+            object.__setattr__(self, "location", self.uri)
 
     def open(self) -> lance.LanceDataset:
         """Return this process's handle on the pinned version (opened once per process)."""
         # A relative path names another dataset after a chdir: key local paths by their absolute path.
-        where = self.uri if "://" in self.uri else os.path.abspath(self.uri)
+        where = self.location if "://" in self.location else os.path.abspath(self.location)
         key = (os.getpid(), where, self.version, self.data_tag, _options_key(self.storage_options))
         dataset = _OPEN_DATASETS.get(key)
         if dataset is None:
-            dataset = lance.dataset(self.uri, version=self.version, storage_options=self.storage_options)
+            dataset = lance.dataset(self.location, version=self.version, storage_options=self.storage_options)
             _OPEN_DATASETS[key] = dataset
         return dataset
 
@@ -125,7 +142,7 @@ def pin_source(source: LanceSource, param: str) -> PinnedSource:
     if source.filter is not None:
         _validate_filter(dataset, source, param)
     return PinnedSource(
-        uri=source.uri,
+        uri=redact_userinfo(source.uri),
         version=dataset.version,
         columns=columns,
         filter=source.filter,
@@ -133,6 +150,7 @@ def pin_source(source: LanceSource, param: str) -> PinnedSource:
         storage_options=source.storage_options,
         data_tag=_data_tag(dataset),
         blob_columns=blob_columns(dataset.schema, columns),
+        location=source.uri,
     )
 
 
@@ -148,7 +166,8 @@ def _open_latest(source: LanceSource, param: str) -> lance.LanceDataset:
     try:
         return lance.dataset(source.uri, storage_options=source.storage_options)
     except (ValueError, OSError) as error:
-        raise _open_error(source.uri, param, redact_text(str(error))) from None
+        shown = redact_text(str(error), secret_values({"storage_options": source.storage_options}))
+        raise _open_error(source.uri, param, shown) from None
 
 
 #: Object-store answers that mean the credentials were refused or lack a permission.
@@ -178,7 +197,7 @@ def _open_error(uri: str, param: str, text: str) -> ConfigError:
             "'data/name.lance'), and give that directory as the uri",
         )
     if "nosuchbucket" in lower:
-        bucket = uri.split("://", 1)[1].split("/", 1)[0]
+        bucket = uri.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]  # the host, without userinfo
         return ConfigError(
             where,
             uri,

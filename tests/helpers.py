@@ -1,5 +1,5 @@
-"""Small shared test helpers: a real Lance dataset writer, a recording LightningModule and an
-in-process ``lance-lightning`` runner.
+"""Small shared test helpers: a real Lance dataset writer, a recording LightningModule and
+``lance-lightning`` runners (in process, and in a subprocess).
 
 Other test modules import these (``from tests.helpers import write_dataset, RecordingModel``);
 keep the signatures stable.
@@ -266,6 +266,26 @@ def run_cli(args: list[str]) -> tuple[int, str, str]:
         finally:
             sys.argv = argv
     return code, out.getvalue(), err.getvalue()
+
+
+def run_cli_process(args: list[str], cwd: Any, env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """``lance-lightning ARGS`` in a subprocess run from ``cwd``, without this environment's ``AWS_*``
+    variables but with ``env``: (exit status, stdout + stderr)."""
+    import subprocess
+    from pathlib import Path
+
+    variables = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    variables.update(env or {})
+    variables["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    result = subprocess.run(
+        [sys.executable, "-m", "lance_lightning.cli", *args],
+        cwd=cwd,
+        env=variables,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return result.returncode, result.stdout + result.stderr
 
 
 def packages_imported_by(modules: list[str], packages: tuple[str, ...]) -> list[str]:

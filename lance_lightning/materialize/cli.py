@@ -7,7 +7,8 @@ Guarantees:
   ``lance-lightning materialize: error:``), 2 for a usage error (argparse's message).
 - With ``--quiet`` stdout holds only the view's path (for ``$(...)`` in scripts); otherwise a
   summary goes to stdout and one progress line per committed chunk to stderr.
-- Storage options given with ``--storage-option`` are used to read and are never printed.
+- Storage options given with ``--storage-option`` are used to read and are never printed; errors
+  and the summary show URIs with their userinfo redacted (`lance_lightning.redaction`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.materialize.view import DEFAULT_CHUNK_ROWS, MaterializeError, materialize_view
+from lance_lightning.redaction import redact_text, secret_values
 from lance_lightning.source import LanceSource
 
 
@@ -82,7 +84,8 @@ def materialize_main(argv: list[str] | None = None) -> int:
             source, args.out_dir, shuffle_seed=args.shuffle_seed, chunk_rows=args.chunk_rows, on_chunk=progress
         )
     except (ConfigError, MaterializeError, RuntimeError, OSError, ValueError) as error:
-        print(f"lance-lightning materialize: error: {error}", file=sys.stderr)
+        shown = redact_text(str(error), secret_values({"storage_options": options}))
+        print(f"lance-lightning materialize: error: {shown}", file=sys.stderr)
         return 1
     if args.quiet:
         print(result.uri)

@@ -11,13 +11,13 @@ Guarantees:
 - `space_error` turns such a failure into a `MaterializeError` that names the source, its
   version and the cache directory, says what to do (free N MB, raise the quota or the file size
   limit, or choose another cache_dir), quotes the system's message and states that no view was
-  left behind (the caller deletes the partial copy first).
+  left behind (the caller deletes the partial copy first). Sizes are in MB with as many decimals
+  as it takes for different sizes to read differently (needed vs free).
 """
 
 from __future__ import annotations
 
 import errno
-import math
 import shutil
 from pathlib import Path
 
@@ -60,12 +60,13 @@ def check_space(pinned: PinnedSource, root: Path, needed: int) -> None:
     """Raise `MaterializeError` when ``needed`` more bytes do not fit the free space under ``root``."""
     free = shutil.disk_usage(root).free
     if needed > free:
+        need, have = _mb(needed, free)
         raise MaterializeError(
             _message(
                 pinned,
                 root,
-                f"free {_mb(needed - free)} MB or choose another cache_dir",
-                f"the view needs about {_mb(needed)} MB, {_mb(free)} MB are free",
+                f"free {_mb(needed - free)[0]} MB or choose another cache_dir",
+                f"the view needs about {need} MB, {have} MB are free",
             )
         )
 
@@ -73,11 +74,12 @@ def check_space(pinned: PinnedSource, root: Path, needed: int) -> None:
 def space_error(pinned: PinnedSource, root: Path, needed: int, error: BaseException, code: int) -> MaterializeError:
     """The clear error for a write that failed with ``code = out_of_space_errno(error)``."""
     free = shutil.disk_usage(root).free
-    room = f"the view needs about {_mb(needed)} MB, {_mb(free)} MB are free after removing the partial copy"
+    need, have = _mb(needed, free)
+    room = f"the view needs about {need} MB, {have} MB are free after removing the partial copy"
     if code in _SPACE_FIXES:
         fix = _SPACE_FIXES[code]
     elif needed > free:
-        fix = f"free at least {_mb(needed - free)} MB ({room}) or choose another cache_dir"
+        fix = f"free at least {_mb(needed - free)[0]} MB ({room}) or choose another cache_dir"
     else:  # the data fits, Lance's metadata of every commit does not
         fix = (
             f"free some space or choose another cache_dir ({room}, plus Lance's metadata for each commit; "
@@ -116,5 +118,13 @@ def _root_cause(error: BaseException) -> BaseException:
     return error
 
 
-def _mb(nbytes: int) -> int:
-    return max(1, math.ceil(nbytes / 1e6))
+def _mb(*sizes: int) -> tuple[str, ...]:
+    """``sizes`` (bytes) in MB, rounded up, with the fewest decimals (1 to 6) that tell different
+    sizes apart: 1.1 and 1.0, not 1 and 1."""
+    for decimals in range(1, 7):
+        scale = 10**decimals
+        units = [-(-max(size, 0) * scale // 10**6) for size in sizes]  # ceil(size / 1e6 * scale), exactly
+        shown = tuple(f"{unit // scale:,}.{unit % scale:0{decimals}d}" for unit in units)
+        if len(set(shown)) == len(set(sizes)):
+            break
+    return shown

@@ -48,7 +48,7 @@ def find_matches(source: PinnedSource, child_from_rows: int | None = None) -> Ro
     with tempfile.TemporaryDirectory(prefix="lance-lightning-filter-") as folder:
         out = os.path.join(folder, "matches.npz")
         request = {
-            "uri": source.uri,
+            "uri": source.location,
             "version": source.version,
             "storage_options": source.storage_options,
             "filter": source.filter,

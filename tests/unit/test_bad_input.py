@@ -240,7 +240,10 @@ def test_cursor_of_an_older_format_is_refused(dataset_uri, old):
     with pytest.raises(CursorMismatchError) as info:
         _dm(dataset_uri, shuffle=RowShuffle(seed=0)).load_state_dict(state)
     assert info.value.field == "format"
-    assert f"the checkpoint has {old}, the current plan has 4" in str(info.value)
+    message = str(info.value)
+    assert f"the checkpoint has {old}, the current plan has 4" in message
+    assert "another lance-lightning version" in message and "needs that version" in message
+    assert "resume_data=False" in message and "Restore the original setting" not in message
 
 
 def test_cursor_from_another_dataset_is_refused(dataset_uri, tmp_path):

@@ -209,6 +209,21 @@ def test_decode_image_on_an_integer_column_is_refused_at_setup(typed_uri: str, w
     assert error.value.param == "transform.column" and "int64" in str(error.value) and "['image']" in error.value.fix
 
 
+def test_a_null_hint_for_a_column_named_tokens_shows_the_column(tmp_path: Path) -> None:
+    """Credential redaction applies to storage_options only: a column whose name looks secret is shown."""
+    values = pa.array([1.0, None, 3.0, 4.0] * 8, pa.float32())
+    uri = write_dataset(tmp_path / "ds.lance", 32, extra={"tokens": values})
+    cfg = _config(tmp_path, f"  train: {{uri: {uri}, columns: [id, x, tokens]}}\n  batch_size: 8\n")
+    code, _, err = run_cli(["fit", "--config", cfg])
+    assert code == 1 and "fill_nulls={'tokens': <value>}" in err and "<redacted>" not in err, err
+
+
+def test_a_stage_without_its_split_is_named_as_on_the_command_line(tmp_path: Path) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", 32)
+    code, _, err = run_cli(["validate", "--config", _config(tmp_path, f"  train: {{uri: {uri}}}\n")])
+    assert code == 1 and "trainer stage 'validate' reads the val split" in err and "TrainerFn" not in err, err
+
+
 def test_fit_without_val_split_does_not_warn_about_empty_loaders(tmp_path: Path) -> None:
     uri = write_dataset(tmp_path / "ds.lance", 64)
     dm = LanceDataModule(train=LanceSource(uri, columns=["id", "x"]), batch_size=16)
