@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tests.helpers import write_dataset  # noqa: E402
+from tests.s3_server import S3Server  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -48,3 +50,10 @@ def trainer_kwargs(tmp_path: Path) -> dict:
         default_root_dir=str(tmp_path),
         num_sanity_val_steps=0,
     )
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    """An S3-compatible server on loopback with a bucket ``data``, one per test module."""
+    with S3Server.serving("data") as server:
+        yield server

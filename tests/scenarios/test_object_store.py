@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import lance
@@ -21,12 +20,6 @@ from tests.helpers import flat, make_table
 from tests.s3_server import S3Server, environment_credentials
 
 ROWS, BATCH = 240, 16
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    with S3Server.serving("data") as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

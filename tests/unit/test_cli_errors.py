@@ -130,12 +130,6 @@ def test_unreadable_dataset_directory_says_to_fix_permissions(tmp_path: Path) ->
         os.chmod(uri, 0o755)
 
 
-@pytest.fixture(scope="module")
-def s3():
-    with S3Server.serving("data") as server:
-        yield server
-
-
 def test_missing_bucket_names_the_bucket(s3: S3Server) -> None:
     with pytest.raises(ConfigError) as error:
         LanceDataModule(train=LanceSource("s3://nobucket/x.lance", storage_options=s3.storage_options())).setup("fit")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 
 import lance
@@ -215,12 +214,6 @@ data:
     code, _, err = run_cli(["fit", "--config", str(config)])
     assert code == 1 and "train.storage_options.aws_secret_access_key" in err, err
     assert "environment" in err and "Traceback" not in err
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    with S3Server.serving("data") as server:
-        yield server
 
 
 def test_a_uri_with_userinfo_is_shown_redacted_and_opened_as_given(s3: S3Server) -> None:

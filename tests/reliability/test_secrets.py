@@ -23,9 +23,6 @@ import torch
 from lance_lightning.redaction import REDACTED
 from tests.helpers import make_table, run_cli, run_cli_process
 from tests.s3_server import S3Server, environment_credentials
-from tests.unit import test_redaction
-
-s3 = test_redaction.s3  # the fixture: an S3 server on loopback with a bucket "data", for this module
 
 ACCESS_KEY = "AKIAFAKEACCESS1234"
 SECRET_KEY = "fake-secret-key-xyz"
