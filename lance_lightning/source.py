@@ -17,6 +17,10 @@ Guarantees:
 - A URI's userinfo (``s3://user:password@bucket/...``) is redacted wherever it is shown: a
   `PinnedSource` has the redacted ``uri`` (used in messages, logs, plans, cursors and view
   manifests) and opens its ``location``, the URI as given.
+- Training reads of an object store (``open(reads=True)``) use a handle whose Lance client does not
+  retry with backoff itself (`READ_CLIENT_OPTIONS`, unless the storage options set those keys): a
+  request that keeps failing reaches `lance_lightning.read.retry.RetryPolicy`, which retries,
+  counts and bounds it. Planning keeps Lance's own retries.
 - A source that cannot be opened gets a fix for its cause: a file that is not a Lance dataset, a
   missing bucket, a missing dataset, refused credentials, a local permission error.
 """
@@ -89,14 +93,20 @@ class PinnedSource:
         if not self.location:
             object.__setattr__(self, "location", self.uri)
 
-    def open(self) -> lance.LanceDataset:
-        """Return this process's handle on the pinned version (opened once per process)."""
+    def open(self, *, reads: bool = False) -> lance.LanceDataset:
+        """Return this process's handle on the pinned version (opened once per process).
+
+        Args:
+            reads: The handle for training reads: on an object store its client leaves retries
+                to `RetryPolicy` (`READ_CLIENT_OPTIONS`).
+        """
         # A relative path names another dataset after a chdir: key local paths by their absolute path.
         where = self.location if "://" in self.location else os.path.abspath(self.location)
-        key = (os.getpid(), where, self.version, self.data_tag, _options_key(self.storage_options))
+        options = _read_options(self.location, self.storage_options) if reads else self.storage_options
+        key = (os.getpid(), where, self.version, self.data_tag, _options_key(options))
         dataset = _OPEN_DATASETS.get(key)
         if dataset is None:
-            dataset = lance.dataset(self.location, version=self.version, storage_options=self.storage_options)
+            dataset = lance.dataset(self.location, version=self.version, storage_options=options)
             _OPEN_DATASETS[key] = dataset
         return dataset
 
@@ -113,6 +123,23 @@ class PinnedSource:
 
 
 _OPEN_DATASETS: dict[tuple, lance.LanceDataset] = {}
+
+#: Lance client options of the handle for training reads on object stores: no retries with backoff
+#: of its own (the object-store client's, the AIMD throttle's, the body download's), so a request
+#: that still fails after Lance's three immediate re-sends reaches `RetryPolicy`, which backs off,
+#: counts it (``data/retries``, ``data/throttles``, ``data/retry_wait_s``) and bounds the total by
+#: its ``deadline_s``. A key the user sets in ``storage_options`` wins.
+READ_CLIENT_OPTIONS = {"client_max_retries": "0", "lance_aimd_max_retries": "0", "download_retry_count": "0"}
+#: URI schemes served by Lance's object-store client (local files have no client to configure).
+_LOCAL_SCHEMES = ("file", "file+uring", "memory")
+
+
+def _read_options(location: str, options: dict[str, str] | None) -> dict[str, str] | None:
+    scheme = location.split("://", 1)[0].lower() if "://" in location else "file"
+    if scheme in _LOCAL_SCHEMES:
+        return options
+    given = {key.lower() for key in options or {}}
+    return {**{k: v for k, v in READ_CLIENT_OPTIONS.items() if k not in given}, **(options or {})}
 
 
 def _options_key(options: dict[str, str] | None) -> tuple:

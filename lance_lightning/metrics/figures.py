@@ -75,6 +75,9 @@ FIGURES: dict[str, str] = {
     "when the consumer asked (mean)",
     "prefetch_slots": "size of that read-ahead queue (mean)",
     "bad_rows": "rows the bad-row policy replaced",
+    "retries": "reads retried after a transient storage error (each failed attempt that was retried)",
+    "throttles": "of those retries, the ones the store asked for by throttling (HTTP 429/503, SlowDown)",
+    "retry_wait_s": "time spent waiting between retries (backoff; part of io_wait_s)",
     "workers_ready": (
         "batches the worker processes finished that had not reached the main process when "
         "the consumer asked (mean): batches in transfer"
@@ -123,6 +126,9 @@ def figures(span: Snapshot) -> dict[str, float]:
         "prefetch_ready": _ratio(g("prefetch_ready", 0.0), g("prefetch_polls", 0.0)),
         "prefetch_slots": _ratio(g("prefetch_slots", 0.0), g("prefetch_polls", 0.0)),
         "bad_rows": g("bad_rows", 0.0),
+        "retries": g("retries", 0.0),
+        "throttles": g("throttles", 0.0),
+        "retry_wait_s": g("retry_wait_s", 0.0),
         "workers_ready": _ratio(g("workers_ready_sum", 0.0), g("workers_ready_samples", 0.0)),
     }
     return {name: float(out[name]) for name in FIGURES}

@@ -102,7 +102,15 @@ def diagnose(
         else f"the step waited for data {wait:.0%} of the time"
     )
     headline = f"{name}-bound: {shares[name]:.0%} of loader time {what}; {waited}"
-    return Diagnosis(name, headline, _advice(name, config), shares, seconds, rank)
+    advice = _advice(name, config)
+    if name == "storage" and fig["throttles"]:
+        advice = (
+            f"the store throttled {fig['throttles']:,.0f} read(s) and retries waited {fig['retry_wait_s']:.1f} s: "
+            "more reader threads would be throttled too; ask the store for a higher request rate, spread the "
+            "data over more key prefixes, or read fewer, larger ranges (ShardShuffle/BufferShuffle, a larger "
+            "`clump_rows`)"
+        )
+    return Diagnosis(name, headline, advice, shares, seconds, rank)
 
 
 def _advice(name: str, config: Mapping[str, Any]) -> str:
@@ -215,6 +223,11 @@ def format_report(
     )
     if mean["bad_rows"]:
         lines.append(f"  bad rows replaced        {show('bad_rows', ',.0f')}")
+    if mean["retries"]:
+        lines.append(
+            f"  storage retries          {show('retries', ',.0f')} ({show('throttles', ',.0f')} throttled by the store), "
+            f"{show('retry_wait_s', ',.2f')} s waiting between them"
+        )
     if workers:
         lines.append(
             f"  worker output            {show('workers_ready', '.2f')} finished batches not yet received when asked"

@@ -72,7 +72,7 @@ def read_positions(
 
 
 def _read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], batch_rows: int) -> pa.Table:
-    dataset = source.open()
+    dataset = source.open(reads=True)
     columns = [c for c in source.columns if c not in source.blob_columns]
     tables = (
         [
@@ -91,7 +91,7 @@ def _read_ranges(source: PinnedSource, ranges: list[tuple[int, int]], batch_rows
 
 
 def _read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool, batch_rows: int) -> pa.Table:
-    dataset = source.open()
+    dataset = source.open(reads=True)
     columns = [c for c in source.columns if c not in source.blob_columns]
     table = None
     if columns and scan_mode:

@@ -92,7 +92,7 @@ class PlanReader:
         self.batch_rows = read_batch_rows(plan.row_bytes)
         if active_clock() is None:  # not inside a measured read: drop I/O done before this epoch
             try:
-                plan.source.open().io_stats_incremental()
+                plan.source.open(reads=True).io_stats_incremental()
             except AttributeError:
                 pass
 

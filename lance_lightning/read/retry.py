@@ -1,4 +1,4 @@
-"""Retrying reads through transient storage errors, and clear errors for the rest.
+"""Retrying reads through transient storage errors, counting them, and clear errors for the rest.
 
 Guarantees:
 - `RetryPolicy.call` runs a read and retries it only when the error looks *transient* (a timeout,
@@ -7,13 +7,19 @@ Guarantees:
   access denied, no space left, an invalid request) are never retried, even if they also look
   transient.
 - Retries wait with exponential backoff and deterministic jitter (the same call waits the same
-  times in every run), at most ``attempts`` attempts and never past ``deadline_s``: a read that
-  keeps failing ends with an error, it never retries forever. A single attempt is bounded by
-  Lance's object-store client (its ``timeout``/``connect_timeout`` storage options and its own
-  request retries, ``client_max_retries``/``client_retry_timeout``); Python cannot abort a Lance
-  call in flight.
+  times in every run), at most ``attempts`` attempts, and no retry starts once ``deadline_s``
+  passed since the first attempt: a read that keeps failing ends with an error, it never retries
+  forever. The attempt in flight at the deadline is bounded by Lance's object-store client (its
+  ``timeout`` storage option, 30 s unless set); Python cannot abort a Lance call in flight. So a
+  read gives up at most ``deadline_s`` + one request timeout after it started.
+- Training reads of object stores see every failed request: they use a Lance handle whose own
+  request retries are off (`lance_lightning.source.READ_CLIENT_OPTIONS`, unless the storage
+  options set ``client_max_retries``), so this policy is the one layer that retries them.
 - Every retry adds 1 to ``retries`` of the `StageClock` given (or the clock measuring the
-  calling thread), so retries appear in the loader's metrics, also from worker processes.
+  calling thread), 1 to ``throttles`` when the store asked to slow down (HTTP 429 or 503,
+  ``SlowDown``, "too many requests"), and its wait to ``retry_wait_s``; these are the loader's
+  ``data/retries``, ``data/throttles`` and ``data/retry_wait_s`` figures, also from worker
+  processes.
 - A read that fails for good raises `DataReadError` (a `RuntimeError`) naming the URI, the
   version and what was being read, how many attempts were made and whether the cause looked
   permanent, with the original error chained as ``__cause__``. Errors that are not storage
@@ -59,6 +65,11 @@ TRANSIENT_PATTERNS = re.compile(
     r"request rate|reduce your request rate",
     re.IGNORECASE,
 )
+#: Transient causes that mean "slow down": the store throttles this client.
+THROTTLE_PATTERNS = re.compile(
+    r"\b429\b|\b503\b|slow ?down|throttl|too many requests|request rate|service ?unavailable",
+    re.IGNORECASE,
+)
 
 
 def _messages(error: BaseException) -> str:
@@ -95,6 +106,11 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, TimeoutError) or bool(TRANSIENT_PATTERNS.search(text))
 
 
+def is_throttle(error: BaseException) -> bool:
+    """True when ``error`` is transient and the store asked this client to slow down."""
+    return is_transient(error) and bool(THROTTLE_PATTERNS.search(_messages(error)))
+
+
 def first_line(error: BaseException, limit: int = 400) -> str:
     text = str(error).strip()
     line = text.splitlines()[0] if text else type(error).__name__
@@ -126,18 +142,21 @@ def describe_span(first: int, last: int, rows: int, method: str, columns: Sequen
 class RetryPolicy:
     """How storage reads are retried.
 
+    The defaults ride out a store that is gone for up to about two minutes (an outage, a
+    restart, a burst of throttling), and report one gone for good after at most ``deadline_s``
+    plus one request timeout.
+
     Args:
         attempts: Attempts per read, the first included (1 = never retry).
         initial_backoff_s: Wait before the first retry; it doubles with each retry.
         max_backoff_s: Longest single wait.
-        deadline_s: A read is abandoned once this many seconds passed since its first attempt
-            (no retry starts after it).
+        deadline_s: No retry starts once this many seconds passed since a read's first attempt.
     """
 
-    attempts: int = 4
+    attempts: int = 40
     initial_backoff_s: float = 0.2
     max_backoff_s: float = 5.0
-    deadline_s: float = 60.0
+    deadline_s: float = 120.0
 
     def __post_init__(self) -> None:
         check_int("retry.attempts", self.attempts, 1, "use 1 to never retry, or e.g. 4")
@@ -183,7 +202,8 @@ class RetryPolicy:
             what: What is read, for the error message, e.g. ``describe_rows(...)``.
             uri: The dataset URI (never include credentials).
             version: The pinned dataset version, if known.
-            clock: Where ``retries`` are counted; default: the clock measuring this thread.
+            clock: Where ``retries``, ``throttles`` and ``retry_wait_s`` are counted; default: the
+                clock measuring this thread.
         """
         started = time.monotonic()
         attempt = 0
@@ -201,6 +221,9 @@ class RetryPolicy:
                     counter = clock if clock is not None else active_clock()
                     if counter is not None:
                         counter.add("retries", 1)
+                        counter.add("retry_wait_s", wait)
+                        if is_throttle(error):
+                            counter.add("throttles", 1)
                     log.warning(
                         "transient error reading %s of %s (attempt %d of %d), retrying in %.2f s: %s",
                         what,
