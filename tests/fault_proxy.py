@@ -110,8 +110,13 @@ class FaultProxy:
                     connection.close()
                 self.send_response(response.status, response.reason)
                 head = self.command == "HEAD"  # its Content-Length is the object's, with no body
+                dropped = (
+                    ("transfer-encoding", "connection")
+                    if head
+                    else ("transfer-encoding", "connection", "content-length")
+                )
                 for key, value in response.getheaders():
-                    if key.lower() not in ("transfer-encoding", "connection") and (head or key.lower() != "content-length"):
+                    if key.lower() not in dropped:
                         self.send_header(key, value)
                 if not head:
                     self.send_header("Content-Length", str(len(payload)))

@@ -225,8 +225,8 @@ def format_report(
         lines.append(f"  bad rows replaced        {show('bad_rows', ',.0f')}")
     if mean["retries"]:
         lines.append(
-            f"  storage retries          {show('retries', ',.0f')} ({show('throttles', ',.0f')} throttled by the store), "
-            f"{show('retry_wait_s', ',.2f')} s waiting between them"
+            f"  storage retries          {show('retries', ',.0f')} ({show('throttles', ',.0f')} throttled "
+            f"by the store), {show('retry_wait_s', ',.2f')} s waiting between them"
         )
     if workers:
         lines.append(

@@ -101,7 +101,7 @@ def test_a_throttled_store_loses_nothing_and_the_figures_show_it(
     assert _total(rows, "data/epoch/retry_wait_s") > 0
     assert _total(rows, "data/retries") == retries, "the per-step figures add up to the epoch's"
     report = capsys.readouterr().out
-    assert f"storage retries          {retries:,.0f} ({throttles:,.0f} throttled by the store)" in report
+    assert f"storage retries          {retries:,.0f} ({throttles:,.0f} throttled by the store)," in report
 
 
 def test_reads_leave_retries_to_the_policy_unless_the_user_sets_the_client() -> None:
