@@ -17,6 +17,8 @@ Guarantees:
 - Worker processes never import Lightning (their ``worker_init_fn`` seeds them as Lightning's
   would), and never fork a process that has used Lance: the default start method is
   ``forkserver``; ``fork`` with workers is refused (`ConfigError`) before any worker starts.
+  They die with their parent, and their files live in this process's one temp folder, removed
+  however this process ends (`lance_lightning.lifetime`).
 - ``state_dict``/``load_state_dict`` round-trip the cursor (plain types).
 - With ``device_ahead`` (the data module sets it when training on CUDA) batches arrive already
   copied and device-transformed, prepared a few batches ahead in a background thread; the cursor
@@ -46,7 +48,7 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 
 from lance_lightning.errors import ConfigError
-from lance_lightning.lifetime import watch_parent
+from lance_lightning.lifetime import shared_temp_dir, watch_parent
 from lance_lightning.load.ahead import DeviceAhead
 from lance_lightning.load.dataset import LanceIterableDataset, Shipping, ship_from_worker
 from lance_lightning.load.progress import TrainerProgress
@@ -274,6 +276,7 @@ class LanceDataLoader(DataLoader):
         bookkeeping on the training thread)."""
         if self.num_workers == 0:
             return self.dataset.produce(Shipping(stats=False, positions=self.ship_positions))
+        shared_temp_dir()  # before torch builds the workers' Process objects, which copy it
         try:
             return super().__iter__()
         except (ConnectionError, EOFError) as error:  # a worker died while starting (BrokenPipeError, ...)
