@@ -15,6 +15,8 @@ Guarantees:
   with a few lines on stderr (what, the parameter, the value, the fix) and exit status 1; the
   full traceback is printed when the environment sets ``LANCE_LIGHTNING_TRACEBACK=1``. Secrets
   never appear in these lines.
+- A Trainer subcommand stopped by SIGTERM exits with status 143 (128 + SIGTERM), after Lightning's
+  ``on_exception`` checkpoint, never 0: a scheduler sees that the run did not finish.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ Guarantees:
   checkpoint, even when ``every_n_train_steps`` does not divide the number of steps.
 - A fit refuses (before training) to write into a checkpoint directory that holds an earlier
   run's checkpoints without a version counter, unless it resumes with ``--ckpt_path``.
+- A subcommand that Lightning stops on SIGTERM exits with status 143, after the checkpoint that
+  ``OnExceptionCheckpoint`` writes (`lance_lightning.lifetime.exit_on_sigterm`), on every rank.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lance_lightning.cli import OneScreenParser
 from lance_lightning.errors import ConfigError
+from lance_lightning.lifetime import exit_on_sigterm
 
 
 class RedactingParser(OneScreenParser, LightningArgumentParser):
@@ -116,12 +119,13 @@ def run(args: list[str] | None, description: str) -> None:
     """``lance-lightning fit|validate|test|predict ...`` (``args`` as after the program name)."""
     from lance_lightning.datamodule import LanceDataModule
 
-    LanceLightningCLI(
-        datamodule_class=LanceDataModule,
-        subclass_mode_model=True,
-        parser_class=RedactingParser,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"description": description},
-        args=args,
-        command=args,
-    )
+    with exit_on_sigterm():
+        LanceLightningCLI(
+            datamodule_class=LanceDataModule,
+            subclass_mode_model=True,
+            parser_class=RedactingParser,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": description},
+            args=args,
+            command=args,
+        )

@@ -1,4 +1,4 @@
-"""How a run ends: helpers never outlive it, and it leaves no files behind.
+"""How a run ends: helpers never outlive it, it leaves no files behind, its exit status says how it stopped.
 
 Guarantees:
 - `ParentWatch().start()`, called in a helper process, makes it die (SIGKILL) within about a
@@ -19,6 +19,12 @@ Guarantees:
   handler, which neither a SIGKILL of the training process nor a SIGTERM or SIGKILL of a worker
   runs. (Named semaphores need no help: multiprocessing's resource tracker, which outlives the
   processes it serves, unlinks what they leaked.)
+- Inside `exit_on_sigterm()` a run that Lightning stopped on SIGTERM ends the process with status
+  143 (`SIGTERM_EXIT_STATUS`, 128 + SIGTERM, what a shell reports for a process killed by
+  SIGTERM) instead of 0. Lightning 2.6 finishes the running step, calls ``on_exception`` (where
+  ``OnExceptionCheckpoint`` writes its checkpoint), tears down and raises ``SIGTERMException``, a
+  ``SystemExit`` with status 0: a scheduler (SLURM, Kubernetes) would record the run as finished.
+  The ``lance-lightning`` Trainer commands run in it; a script wraps its ``trainer.fit`` in it.
 - Importing this module imports nothing beyond the standard library (workers never import
   Lightning).
 
@@ -29,6 +35,7 @@ its forkserver down with that thread (the next loader starts a new one).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing.util
 import os
@@ -36,6 +43,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 
 _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.5
@@ -158,3 +166,19 @@ def shared_temp_dir() -> str:
         # After multiprocessing removes the folder at a normal exit (priority -100): end the janitor.
         multiprocessing.util.Finalize(None, janitor.stop, exitpriority=-101)
     return path
+
+
+#: The exit status of a run stopped by SIGTERM (`exit_on_sigterm`).
+SIGTERM_EXIT_STATUS = 128 + signal.SIGTERM
+
+
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Exit with `SIGTERM_EXIT_STATUS` when Lightning stops the enclosed fit on SIGTERM (after its
+    ``on_exception`` checkpoint), instead of Lightning's status 0 (see the module docstring)."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        yield
+    except SIGTERMException as stopped:
+        raise SystemExit(SIGTERM_EXIT_STATUS) from stopped
