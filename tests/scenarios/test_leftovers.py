@@ -35,6 +35,7 @@ from typing import Any
 
 import psutil
 import pytest
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from lance_lightning import LanceSource
 from tests.harness import fit, make_dm
@@ -254,8 +255,12 @@ def test_sigkill_of_the_trainer_during_a_filter_scan_leaves_nothing(uri: str, tm
 def test_sigterm_of_lance_lightning_fit_mid_epoch_exits_143_after_a_checkpoint_that_resumes_exactly(
     uri: str, tmp_path: Path, signalled: str
 ) -> None:
-    """``session``: SIGTERM reaches every process of the run at once, the workers too, as when
-    SLURM signals a job; the steps wait for data then (slow workers), so the workers' deaths reach
+    """The run is set up as docs/distributed.md says for SLURM: periodic checkpoints and an
+    ``OnExceptionCheckpoint`` in one folder, started with ``--ckpt_path last`` (nothing to resume
+    yet); ``fit(ckpt_path="last")`` must then pick the checkpoint written on SIGTERM.
+
+    ``session``: SIGTERM reaches every process of the run at once, the workers too, as when SLURM
+    signals a job step; the steps wait for data then (slow workers), so the workers' deaths reach
     the training process before Lightning's stop at the end of a step."""
     ids_log, ckpt_dir = tmp_path / "ids.jsonl", tmp_path / "ckpt"
     slow = {
@@ -272,6 +277,8 @@ trainer:
   enable_model_summary: false
   default_root_dir: {tmp_path / "root"}
   callbacks:
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args: {{dirpath: {ckpt_dir}, every_n_train_steps: 3, save_last: true}}
     - class_path: lightning.pytorch.callbacks.OnExceptionCheckpoint
       init_args: {{dirpath: {ckpt_dir}}}
     - class_path: lance_lightning.DataCursorCheckpoint
@@ -286,7 +293,8 @@ data:
   {slow[signalled]}
 """)
     trained = lambda: ids_log.read_text().splitlines() if ids_log.exists() else []  # noqa: E731
-    with Run(tmp_path, [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)]) as run:
+    command = [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config), "--ckpt_path", "last"]
+    with Run(tmp_path, command) as run:
         run.wait_until(lambda: len(trained()) >= 5, "5 training steps")
         if signalled == "trainer":
             os.kill(run.sid, signal.SIGTERM)
@@ -300,7 +308,12 @@ data:
     def data_module() -> Any:
         return make_dm(uri, "row:3", batch_size=BATCH, source=LanceSource(uri, columns=["id", "x"]))
 
-    rest = fit(tmp_path, data_module(), name="rest", ckpt_path=ckpt_dir / "on_exception.ckpt")
+    assert (ckpt_dir / "on_exception.ckpt").is_file() and (ckpt_dir / "last.ckpt").is_file()
+    checkpoints = [
+        ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=3, save_last=True),
+        OnExceptionCheckpoint(ckpt_dir),
+    ]
+    rest = fit(tmp_path, data_module(), name="rest", ckpt_path="last", callbacks=checkpoints, enable_checkpointing=True)
     whole = fit(tmp_path, data_module(), name="whole")
     assert len(whole.seen) == ROWS // BATCH
     assert before + rest.seen == whole.seen, "the resumed fit did not train exactly the rest of the epoch"
