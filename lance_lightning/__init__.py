@@ -42,6 +42,7 @@ _EXPORTS = {
     "TokenPacking": "lance_lightning.plan.packing",
     "UnsupportedColumnError": "lance_lightning.errors",
     "WorkerDiedError": "lance_lightning.errors",
+    "exit_on_sigterm": "lance_lightning.lifetime",
     "pin_source": "lance_lightning.source",
     "to_torch_batch": "lance_lightning.produce.convert",
 }

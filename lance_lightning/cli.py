@@ -17,6 +17,8 @@ Guarantees:
   error is re-raised. Credentials (`lance_lightning.redaction`) never appear in these lines, in
   parser errors or in a traceback: the messages of the error and of its causes are redacted
   first, including every credential value the command line or its config files give.
+- A Trainer subcommand stopped by SIGTERM exits with status 143 (128 + SIGTERM), after Lightning's
+  ``on_exception`` checkpoint, never 0: a scheduler sees that the run did not finish.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ Guarantees:
 - Every subcommand checks ``--ckpt_path`` and its output directories before the trainer starts
   (`lance_lightning.preflight`): a missing, damaged or edited checkpoint, or a directory it cannot
   write, is one `ConfigError` naming it.
+- A subcommand that Lightning stops on SIGTERM exits with status 143, after the checkpoint that
+  ``OnExceptionCheckpoint`` writes (`lance_lightning.lifetime.exit_on_sigterm`), on every rank.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from lance_lightning.errors import ConfigError
 from lance_lightning.mixture import LanceMixture
 from lance_lightning.preflight import check_checkpoint_file, check_writable
 from lance_lightning.redaction import redact_command
+from lance_lightning.lifetime import exit_on_sigterm
 
 
 class RedactingParser(OneScreenParser, LightningArgumentParser):
@@ -167,12 +170,13 @@ def run(args: list[str] | None, description: str) -> None:
     """``lance-lightning fit|validate|test|predict ...`` (``args`` as after the program name)."""
     from lance_lightning.datamodule import LanceDataModule
 
-    LanceLightningCLI(
-        datamodule_class=LanceDataModule,
-        subclass_mode_model=True,
-        parser_class=RedactingParser,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"description": description},
-        args=args,
-        command=args,
-    )
+    with exit_on_sigterm():
+        LanceLightningCLI(
+            datamodule_class=LanceDataModule,
+            subclass_mode_model=True,
+            parser_class=RedactingParser,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": description},
+            args=args,
+            command=args,
+        )

@@ -1,4 +1,4 @@
-"""Helper processes never outlive the training process: workers and the forkserver die with it.
+"""How a run ends: helpers never outlive it, it leaves no files behind, its exit status says how it stopped.
 
 Guarantees:
 - `ParentWatch().start()`, called in a helper process, makes it die (SIGKILL) within about a
@@ -11,6 +11,20 @@ Guarantees:
   forkserver, or the training process under ``spawn``). Multiprocessing's resource tracker
   exits by itself once they are gone (its pipe closes), after freeing what they leaked.
 - If the parent dies between `ParentWatch()` and ``start()``, the helper ends at once.
+- `shared_temp_dir()`, called before a process starts worker processes, makes multiprocessing's
+  temp folder of that process (``pymp-*``: the forkserver's listening socket, the sockets through
+  which workers hand over shared tensors) the one folder of the run: the workers it starts
+  inherit it instead of making folders of their own. A `TempDirJanitor` removes it once that
+  process has ended, however it ended. Multiprocessing removes such a folder only in an exit
+  handler, which neither a SIGKILL of the training process nor a SIGTERM or SIGKILL of a worker
+  runs. (Named semaphores need no help: multiprocessing's resource tracker, which outlives the
+  processes it serves, unlinks what they leaked.)
+- Inside `exit_on_sigterm()` a run that Lightning stopped on SIGTERM ends the process with status
+  143 (`SIGTERM_EXIT_STATUS`, 128 + SIGTERM, what a shell reports for a process killed by
+  SIGTERM) instead of 0. Lightning 2.6 finishes the running step, calls ``on_exception`` (where
+  ``OnExceptionCheckpoint`` writes its checkpoint), tears down and raises ``SIGTERMException``, a
+  ``SystemExit`` with status 0: a scheduler (SLURM, Kubernetes) would record the run as finished.
+  The ``lance-lightning`` Trainer commands run in it; a script wraps its ``trainer.fit`` in it.
 - Importing this module imports nothing beyond the standard library (workers never import
   Lightning).
 
@@ -21,11 +35,15 @@ its forkserver down with that thread (the next loader starts a new one).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import multiprocessing.util
 import os
 import signal
+import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 
 _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.5
@@ -78,3 +96,89 @@ def watch_parent(worker_id: int | None = None) -> None:
     """Start this process's `ParentWatch` once (a DataLoader ``worker_init_fn``; idempotent)."""
     if os.getpid() not in _WATCHES:
         _WATCHES[os.getpid()] = ParentWatch().start()
+
+
+#: The janitor's program: ignore the signals that stop a job (a whole process group may get them),
+#: wait for end of file on stdin (its owner has ended, normally or killed), then remove the folder.
+#: A worker that was still starting when its owner died may add a file while it is being removed:
+#: try again for a few seconds, until the kernel has killed the owner's helpers too.
+_JANITOR = """
+import os, shutil, signal, sys, time
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, signal.SIG_IGN)
+sys.stdin.buffer.read()
+for _ in range(50):
+    shutil.rmtree(sys.argv[1], ignore_errors=True)
+    if not os.path.lexists(sys.argv[1]):
+        break
+    time.sleep(0.1)
+"""
+
+
+class TempDirJanitor:
+    """A small process that removes ``path`` after the process that started it has ended.
+
+    It holds the read end of a pipe whose only write end is in this process (non-inheritable, so
+    neither workers nor other children get it): end of file comes when this process ends, however
+    it ends. It imports only the standard library and ignores SIGINT and SIGTERM, so the signal
+    that stops a whole job does not stop it before the folder is gone; it exits right after.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> TempDirJanitor:
+        self._process = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _JANITOR, self.path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        return self
+
+    def stop(self) -> None:
+        """Remove the folder now (unless gone already) and wait for the janitor to end."""
+        if self._process is None:
+            return
+        assert self._process.stdin is not None
+        self._process.stdin.close()
+        self._process.wait()
+        self._process = None
+
+
+#: The janitor of each temp folder this process made, by folder. A child forked from this process
+#: inherits the entry (and the pipe: the janitor then waits for both), not the exit handler.
+_JANITORS: dict[str, TempDirJanitor] = {}
+
+
+def shared_temp_dir() -> str:
+    """This process's multiprocessing temp folder, created (once) with its `TempDirJanitor`.
+
+    Call it before starting worker processes: each worker inherits the folder from the
+    ``Process`` object that multiprocessing builds for it (a copy of this process's
+    configuration), so the run has this one folder instead of one per worker. In a process that
+    multiprocessing started (a worker) the folder is its parent's, whose janitor removes it.
+    """
+    path = multiprocessing.util.get_temp_dir()
+    if path not in _JANITORS and multiprocessing.parent_process() is None:
+        janitor = _JANITORS[path] = TempDirJanitor(path).start()
+        # After multiprocessing removes the folder at a normal exit (priority -100): end the janitor.
+        multiprocessing.util.Finalize(None, janitor.stop, exitpriority=-101)
+    return path
+
+
+#: The exit status of a run stopped by SIGTERM (`exit_on_sigterm`).
+SIGTERM_EXIT_STATUS = 128 + signal.SIGTERM
+
+
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Exit with `SIGTERM_EXIT_STATUS` when Lightning stops the enclosed fit on SIGTERM (after its
+    ``on_exception`` checkpoint), instead of Lightning's status 0 (see the module docstring)."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        yield
+    except SIGTERMException as stopped:
+        raise SystemExit(SIGTERM_EXIT_STATUS) from stopped

@@ -1,5 +1,6 @@
-"""Small shared test helpers: a real Lance dataset writer, a recording LightningModule and
-``lance-lightning`` runners (in process, and in a subprocess).
+"""Small shared test helpers: a real Lance dataset writer, a recording LightningModule,
+``lance-lightning`` runners (in process, and in a subprocess) and the processes of a session (a
+run started with ``start_new_session=True``).
 
 Other test modules import these (``from tests.helpers import write_dataset, RecordingModel``);
 keep the signatures stable.
@@ -11,12 +12,14 @@ import contextlib
 import io
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import lance
 import lightning.pytorch as pl
 import numpy as np
+import psutil
 import pyarrow as pa
 import pytest
 import torch
@@ -299,3 +302,44 @@ def packages_imported_by(modules: list[str], packages: tuple[str, ...]) -> list[
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
+
+
+def session_processes(sid: int) -> list[psutil.Process]:
+    """The live processes of session ``sid`` (a zombie, whose parent is gone, counts as dead)."""
+    alive = []
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) == sid and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return alive
+
+
+def forkserver_processes(sid: int) -> list[psutil.Process]:
+    """The processes of session ``sid`` running the forkserver's code: the server and its workers."""
+    found = []
+    for process in session_processes(sid):
+        try:
+            if "multiprocessing.forkserver" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_session_gone(sid: int, within_s: float) -> list[str]:
+    """Wait up to ``within_s`` for session ``sid`` to end; kill what is left and describe it."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not session_processes(sid):
+            return []
+        time.sleep(0.2)
+    described = []
+    for process in session_processes(sid):
+        try:
+            described.append(f"{process.pid}: {' '.join(process.cmdline())[:120]}")
+            process.kill()
+        except psutil.Error:
+            continue
+    return described

@@ -66,6 +66,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per training step")
     parser.add_argument("--ids-log", default=None, help="append one JSON line per step (flushed)")
     parser.add_argument("--no-cursor-callback", action="store_true")
+    parser.add_argument(
+        "--filter-in-child", action="store_true", help="scan the filter in a child process, as large datasets do"
+    )
     return parser.parse_args(argv)
 
 
@@ -76,7 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceSource
+    from lance_lightning.plan import filter_scan
     from tests.helpers import RecordingModel
+
+    if args.filter_in_child:
+        filter_scan.CHILD_SCAN_ROWS = 0
 
     class WorkerModel(RecordingModel):
         def __init__(self, sleep: float, ids_log: str | None) -> None:

@@ -17,6 +17,11 @@ Guarantees:
 - Worker processes never import Lightning (their ``worker_init_fn`` seeds them as Lightning's
   would), and never fork a process that has used Lance: the default start method is
   ``forkserver``; ``fork`` with workers is refused (`ConfigError`) before any worker starts.
+  They die with their parent, and their files live in this process's one temp folder, removed
+  however this process ends (`lance_lightning.lifetime`). Workers that die after the trainer
+  received SIGTERM died of it too (a scheduler such as SLURM signals every process of a job): the
+  train loader then stops the fit as Lightning stops it on SIGTERM (its ``SIGTERMException``,
+  after ``on_exception`` checkpoints), not with `WorkerDiedError`.
 - ``state_dict``/``load_state_dict`` round-trip the cursor (plain types).
 - With ``device_ahead`` (the data module sets it when training on CUDA) batches arrive already
   copied and device-transformed, prepared a few batches ahead in a background thread; the cursor
@@ -48,8 +53,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from lance_lightning.errors import ConfigError
-from lance_lightning.lifetime import watch_parent
+from lance_lightning.errors import ConfigError, WorkerDiedError
+from lance_lightning.lifetime import shared_temp_dir, watch_parent
 from lance_lightning.load.ahead import DeviceAhead
 from lance_lightning.load.dataset import LanceIterableDataset, Shipping, WorkerError, ship_from_worker
 from lance_lightning.load.progress import TrainerProgress
@@ -133,6 +138,16 @@ def _raise_worker_errors(items: Iterator[Any]) -> Iterator[Any]:
         if isinstance(item, WorkerError):
             raise item.error
         yield item
+
+
+def _stopping_on_sigterm(batches: Iterator[Batch], progress: TrainerProgress) -> Iterator[Batch]:
+    try:
+        yield from batches
+    except WorkerDiedError as died:
+        stop = progress.sigterm_stop()
+        if stop is None:
+            raise
+        raise stop from died
 
 
 class LanceDataLoader(DataLoader):
@@ -248,7 +263,7 @@ class LanceDataLoader(DataLoader):
         layout = self.cursor.begin_epoch(epoch, dataset.world_size, dataset.rank, planned, first)
         dataset.set_epoch(self.cursor.epoch, layout.start)  # the data epoch: its order
         if self.meter is None:
-            for batch, _, positions in self._ahead(_raise_worker_errors(guard_workers(self._batches()))):
+            for batch, _, positions in self._ahead(_raise_worker_errors(self._guarded(self._batches()))):
                 self.positions = positions
                 self.cursor.on_yield()
                 yield batch
@@ -262,7 +277,7 @@ class LanceDataLoader(DataLoader):
         meter.start_iteration(asked)
         raw = self._batches()  # starts the workers on the first epoch: part of the first wait
         queue = getattr(raw, "_data_queue", None) if self.num_workers > 0 else None
-        batches = guard_workers(raw)
+        batches = self._guarded(raw)
         if queue is not None:
             batches = _polling_workers(batches, queue, meter)
         for batch, shipped, positions in self._ahead(_raise_worker_errors(batches)):
@@ -276,6 +291,14 @@ class LanceDataLoader(DataLoader):
             asked = now()
         meter.end_iteration(asked)  # the epoch's last step ended when the consumer asked for more
 
+    def _guarded(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches`` raising `WorkerDiedError` when a worker dies (`guard_workers`), or the trainer's
+        SIGTERM stop when the trainer received SIGTERM: the workers died with it."""
+        guarded = guard_workers(batches)
+        if guarded is batches or self.progress is None:
+            return guarded
+        return _stopping_on_sigterm(guarded, self.progress)
+
     def _ahead(self, items: Iterator[Any]) -> Iterator[Any]:
         return items if self.device_ahead is None else self.device_ahead.iterate(items)
 
@@ -285,6 +308,7 @@ class LanceDataLoader(DataLoader):
         bookkeeping on the training thread)."""
         if self.num_workers == 0:
             return self.dataset.produce(Shipping(stats=False, positions=self.ship_positions))
+        shared_temp_dir()  # before torch builds the workers' Process objects, which copy it
         try:
             return super().__iter__()
         except (ConnectionError, EOFError) as error:  # a worker died while starting (BrokenPipeError, ...)

@@ -4,7 +4,7 @@ Guarantees:
 - Every read of Lightning's loop state in the package is here: the epoch being trained, the batches
   the trainer takes of it, the batch index its next batch gets, how many fetched batches have not
   finished their step, and the batch index a restarted fit begins its epoch at. Nothing here
-  imports Lightning: loaders stay free of it in worker processes.
+  imports Lightning before a fit it trains is stopped: loaders stay free of it in worker processes.
 - A train loader's ``len`` is the batch index Lightning gives the first batch it fetches of an
   epoch plus the batches the loader yields, so that Lightning stops exactly at the loader's last
   batch. That index is a restored mid-epoch cursor's steps, 0 for a fresh epoch, and
@@ -12,6 +12,9 @@ Guarantees:
   (``_TrainingEpochLoop.reset``) carries the restored epoch's count over as the new epoch's first
   index (after a checkpoint written at an epoch's last batch, or at a stop it counted as the
   epoch's end, with ``max_steps`` set), unless the new epoch is no longer than that count.
+- `TrainerProgress.sigterm_stop` is what Lightning raises when it stops a fit on SIGTERM, once the
+  trainer has received one; a train loader raises it instead of `WorkerDiedError` for workers
+  that died with the trainer's SIGTERM (see `lance_lightning.load.loader`).
 """
 
 from __future__ import annotations
@@ -56,6 +59,15 @@ class TrainerProgress:
             return 0
         done = self._batches().completed
         return done + 1 if loop.restarted_on_train_batch_end else done
+
+    def sigterm_stop(self) -> BaseException | None:
+        """Lightning's ``SIGTERMException`` if the trainer has received SIGTERM (it then stops the fit
+        at the end of the running step), else None."""
+        if not getattr(self.trainer, "received_sigterm", False):
+            return None
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        return SIGTERMException()
 
     def _batches(self) -> Any:
         return self.trainer.fit_loop.epoch_loop.batch_progress.current

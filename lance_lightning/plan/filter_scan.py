@@ -7,7 +7,10 @@ Guarantees:
 - From `CHILD_SCAN_ROWS` rows up the scan runs in a child Python process
   (``python -m lance_lightning.plan.filter_scan``). The heap that Lance's threads leave behind
   after scanning (glibc keeps it in per-thread arenas) leaves with the child; only the result's
-  arrays come back, through one temporary file that is read once and removed. A 10% filter of
+  arrays come back, through one temporary file without a name (``O_TMPFILE``; elsewhere unlinked
+  as soon as it is created) that the child writes through an inherited descriptor and this
+  process reads once: a kill of either process, at any moment, leaves nothing in the temp
+  directory (the kernel frees the file with its last descriptor). A 10% filter of
   10^8 rows left 93 MB in the process that scanned it and 2 MB in the parent of a child; of 10^9
   rows, 188 MB and 82 MB (a 71 MiB row set; benchmarks/results/filter_scan.md). Smaller datasets
   scan in process: a child added 0.24-0.27 s at 10^6-10^7 rows.
@@ -45,15 +48,14 @@ def find_matches(source: PinnedSource, child_from_rows: int | None = None) -> Ro
     assert source.filter is not None
     if source.total_rows < (CHILD_SCAN_ROWS if child_from_rows is None else child_from_rows):
         return scan_matches(source.open(), source.filter, source.total_rows)
-    with tempfile.TemporaryDirectory(prefix="lance-lightning-filter-") as folder:
-        out = os.path.join(folder, "matches.npz")
+    with tempfile.TemporaryFile(prefix="lance-lightning-filter-") as out:
         request = {
             "uri": source.location,
             "version": source.version,
             "storage_options": source.storage_options,
             "filter": source.filter,
             "total_rows": source.total_rows,
-            "out": out,
+            "out_fd": out.fileno(),
         }
         done = subprocess.run(
             [sys.executable, "-m", __name__],
@@ -62,6 +64,7 @@ def find_matches(source: PinnedSource, child_from_rows: int | None = None) -> Ro
             text=True,
             check=False,
             env=_child_env(),
+            pass_fds=(out.fileno(),),
         )
         if done.returncode != 0:
             last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no output")
@@ -74,6 +77,7 @@ def find_matches(source: PinnedSource, child_from_rows: int | None = None) -> Ro
                 attempts=1,
                 transient=False,
             )
+        out.seek(0)  # the child wrote through a descriptor that shares this file's offset
         with np.load(out) as arrays:
             return rowset_from_arrays({name: arrays[name] for name in arrays.files})
 
@@ -95,7 +99,8 @@ def _child() -> None:
     request = json.loads(sys.stdin.read())
     dataset = lance.dataset(request["uri"], version=request["version"], storage_options=request["storage_options"])
     found = scan_matches(dataset, request["filter"], request["total_rows"])
-    np.savez(request["out"], **found.arrays())
+    with os.fdopen(request["out_fd"], "wb") as out:
+        np.savez(out, **found.arrays())
 
 
 if __name__ == "__main__":

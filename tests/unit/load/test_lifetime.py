@@ -1,9 +1,13 @@
 """No orphans: a ``lance-lightning fit`` with 2 workers leaves no process behind, however it ends.
 
-Each run is its own session (``start_new_session``): the trainer, the forkserver, the workers and
-multiprocessing's resource tracker. After SIGKILL (what the out-of-memory killer sends) or Ctrl-C
-mid-epoch, a normal exit or an exception, the session must be empty within 10 s (a bound on how
-long a leftover may linger, not a speed target).
+Each run is its own session (``start_new_session``): the trainer, the forkserver, the workers,
+multiprocessing's resource tracker and the temp folder's janitor. After SIGKILL (what the
+out-of-memory killer sends) or Ctrl-C mid-epoch, a normal exit or an exception, the session must
+be empty within 10 s (a bound on how long a leftover may linger, not a speed target).
+
+Also here: the shared temp folder goes however its process ends (the fits that kill processes
+are in ``tests/scenarios/test_leftovers.py``), and `exit_on_sigterm` turns Lightning's SIGTERM
+stop into exit status 143.
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from tests.helpers import RecordingModel, write_dataset
+from lance_lightning import exit_on_sigterm
+from tests.helpers import RecordingModel, forkserver_processes, wait_session_gone, write_dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 GONE_WITHIN_S = 10.0
@@ -38,46 +43,6 @@ class SlowModel(RecordingModel):
             raise RuntimeError("a deliberate failure in training_step")
         time.sleep(0.1)
         return super().training_step(batch, batch_idx)
-
-
-def _session(sid: int) -> list[psutil.Process]:
-    alive = []
-    for process in psutil.process_iter():
-        try:
-            if os.getsid(process.pid) == sid and process.status() != psutil.STATUS_ZOMBIE:
-                alive.append(process)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
-    return alive
-
-
-def _forkserver_family(sid: int) -> int:
-    """Processes of the session running the forkserver's code: the server and its workers."""
-    count = 0
-    for process in _session(sid):
-        try:
-            count += "multiprocessing.forkserver" in " ".join(process.cmdline())
-        except psutil.Error:
-            continue
-    return count
-
-
-def _wait_gone(sid: int) -> list[str]:
-    deadline = time.monotonic() + GONE_WITHIN_S
-    while time.monotonic() < deadline:
-        left = _session(sid)
-        if not left:
-            return []
-        time.sleep(0.2)
-    left = _session(sid)
-    described = []
-    for process in left:
-        try:
-            described.append(f"{process.pid}: {' '.join(process.cmdline())[:120]}")
-            process.kill()
-        except psutil.Error:
-            continue
-    return described
 
 
 @pytest.mark.slow
@@ -117,9 +82,9 @@ data:
     try:
         if ending in ("sigkill", "ctrl-c"):
             deadline = time.monotonic() + START_TIMEOUT_S
-            while _forkserver_family(sid) < 3 and trainer.poll() is None and time.monotonic() < deadline:
+            while len(forkserver_processes(sid)) < 3 and trainer.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert trainer.poll() is None and _forkserver_family(sid) >= 3, "the workers never started"
+            assert trainer.poll() is None and len(forkserver_processes(sid)) >= 3, "the workers never started"
             time.sleep(1.0)  # a few steps into the epoch
             trainer.send_signal(signal.SIGKILL if ending == "sigkill" else signal.SIGINT)
         trainer.wait(timeout=START_TIMEOUT_S)
@@ -132,5 +97,54 @@ data:
         assert trainer.returncode == 0, stderr[-3000:]
     elif ending == "exception":
         assert trainer.returncode != 0 and "a deliberate failure" in stderr, stderr[-3000:]
-    left = _wait_gone(sid)
+    left = wait_session_gone(sid, GONE_WITHIN_S)
     assert not left, f"still running {GONE_WITHIN_S} s after the trainer ended ({ending}): {left}"
+
+
+#: Makes this process's shared temp folder, prints it, then waits to be killed or told to exit.
+_TEMP_DIR_OWNER = """
+import sys
+from lance_lightning.lifetime import shared_temp_dir
+print(shared_temp_dir(), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("ending", ["sigkill", "normal exit"])
+def test_the_shared_temp_dir_goes_however_its_process_ends(tmp_path: Path, ending: str) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _TEMP_DIR_OWNER],
+        cwd=REPO_ROOT,
+        env=env,
+        start_new_session=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        folder = Path(owner.stdout.readline().strip())
+        assert folder.parent == tmp_path and folder.name.startswith("pymp-") and folder.is_dir()
+        if ending == "sigkill":
+            owner.kill()
+        else:
+            owner.stdin.close()
+        owner.wait(timeout=60)
+        left = wait_session_gone(owner.pid, GONE_WITHIN_S)  # the janitor
+        assert not left, f"still running after the owner ended: {left}"
+        assert list(tmp_path.iterdir()) == [], f"left behind ({ending})"
+    finally:
+        if owner.poll() is None:
+            os.killpg(owner.pid, signal.SIGKILL)
+            owner.wait()
+
+
+def test_exit_on_sigterm_turns_lightnings_sigterm_stop_into_status_143() -> None:
+    with pytest.raises(SystemExit) as stopped, exit_on_sigterm():
+        raise SIGTERMException  # what Trainer.fit raises after the SIGTERM checkpoint: status 0
+    assert stopped.value.code == 143
+    with pytest.raises(SystemExit) as exited, exit_on_sigterm():
+        raise SystemExit(3)
+    assert exited.value.code == 3
+    with pytest.raises(RuntimeError, match="unrelated"), exit_on_sigterm():
+        raise RuntimeError("unrelated")
