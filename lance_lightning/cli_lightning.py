@@ -38,10 +38,10 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lance_lightning.cli import OneScreenParser
 from lance_lightning.errors import ConfigError
+from lance_lightning.lifetime import exit_on_sigterm
 from lance_lightning.mixture import LanceMixture
 from lance_lightning.preflight import check_checkpoint_file, check_writable
 from lance_lightning.redaction import redact_command
-from lance_lightning.lifetime import exit_on_sigterm
 
 
 class RedactingParser(OneScreenParser, LightningArgumentParser):

@@ -9,9 +9,10 @@ Guarantees:
 - Retries wait with exponential backoff and deterministic jitter (the same call waits the same
   times in every run), at most ``attempts`` attempts, and no retry starts once ``deadline_s``
   passed since the first attempt: a read that keeps failing ends with an error, it never retries
-  forever. The attempt in flight at the deadline is bounded by Lance's object-store client (its
-  ``timeout`` storage option, 30 s unless set); Python cannot abort a Lance call in flight. So a
-  read gives up at most ``deadline_s`` + one request timeout after it started.
+  forever. The attempt in flight at the deadline is bounded by Lance: its request ``timeout``
+  storage option (30 s unless set) for each of up to four sends of a request; Python cannot abort a
+  Lance call in flight. So a read gives up at most ``deadline_s`` + 4 x ``timeout`` after it
+  started (4 minutes with the defaults; docs/distributed.md has measured figures).
 - Training reads of object stores see every failed request: they use a Lance handle whose own
   request retries are off (`lance_lightning.source.READ_CLIENT_OPTIONS`, unless the storage
   options set ``client_max_retries``), so this policy is the one layer that retries them.
@@ -144,7 +145,7 @@ class RetryPolicy:
 
     The defaults ride out a store that is gone for up to about two minutes (an outage, a
     restart, a burst of throttling), and report one gone for good after at most ``deadline_s``
-    plus one request timeout.
+    plus one attempt (see the module's guarantees).
 
     Args:
         attempts: Attempts per read, the first included (1 = never retry).
