@@ -32,13 +32,18 @@ from typing import Any
 #: Set to 1 to print the full traceback of an error instead of its few lines.
 TRACEBACK_ENV = "LANCE_LIGHTNING_TRACEBACK"
 #: Subcommands that are not Trainer stages: name -> "module:function(argv) -> exit status".
-_TOOLS = {"profile": "lance_lightning.profile:main", "materialize": "lance_lightning.materialize.cli:materialize_main"}
+_TOOLS = {
+    "profile": "lance_lightning.profile:main",
+    "materialize": "lance_lightning.materialize.cli:materialize_main",
+    "holds": "lance_lightning.hold_cli:holds_main",
+}
 _DESCRIPTION = (
     "Train with a LanceDataModule. Also: `lance-lightning profile --config X.yaml [--batches N] "
     "[--split train]` runs only the data pipeline of a config and reports what limits it; "
-    "`lance-lightning materialize --uri URI --out-dir DIR` copies a source to a local view once."
+    "`lance-lightning materialize --uri URI --out-dir DIR` copies a source to a local view once; "
+    "`lance-lightning holds URI [--release]` lists (or removes) the tags that hold versions fits train on."
 )
-_HELP = f"""usage: lance-lightning [-h] {{fit,validate,test,predict,profile,materialize}} ...
+_HELP = f"""usage: lance-lightning [-h] {{fit,validate,test,predict,profile,materialize,holds}} ...
 
 {_DESCRIPTION}
 
@@ -49,6 +54,7 @@ subcommands (each takes --config X.yaml and --help):
   predict      Run inference on your data.
   profile      Run only the data pipeline of a config for N batches and report what limits it.
   materialize  Copy a (remote) Lance dataset to a local materialized view, once.
+  holds        List (or --release) the Lance tags holding the versions fits train on.
 
 Errors print a few lines; set {TRACEBACK_ENV}=1 for the full traceback.
 """

@@ -14,6 +14,9 @@ Guarantees:
 - The train cursor is saved in the data module's own checkpoint state and, with
   `DataCursorCheckpoint`, in the callback's: resume is exact even when Lightning skips
   ``loader.load_state_dict`` (#20550). A checkpoint of another plan is refused with the field.
+- While fitting, rank zero holds the versions the train split reads with Lance tags, so a
+  ``cleanup_old_versions`` cannot delete what the run's checkpoints need; they are removed when
+  the fit ends normally, kept (and taken over on resume) when it is stopped (`lance_lightning.hold`).
 - Data loading does not make the step wait: batches are read, transformed (decoded) and pinned
   ahead on ``reader_threads`` threads (and/or ``num_workers`` processes), at most
   ``prefetch_batches`` finished batches per process, then copied to the device without blocking,
@@ -39,12 +42,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from lance_lightning.checks import check_int
 from lance_lightning.device_stage import DeviceStage
 from lance_lightning.errors import ConfigError
+from lance_lightning.hold import VersionHold
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.device import DeviceTransfer, host_columns
 from lance_lightning.load.loader import LanceDataLoader, check_start_method
 from lance_lightning.materialize.view import MaterializedView
 from lance_lightning.mixture import LanceMixture
-from lance_lightning.plan.cursor import CursorTracker, repin_target
+from lance_lightning.plan.cursor import CursorTracker, repin_target, repin_versions
 from lance_lightning.plan.packing import TokenPacking
 from lance_lightning.plan.planner import ReadPlan, check_fits
 from lance_lightning.plan.schema import check_read_schema
@@ -57,6 +61,8 @@ from lance_lightning.source import LanceSource, pin_source
 from lance_lightning.vocabulary import SPLITS_OF_STAGE, STAGE_OF_SPLIT, BatchTransform, Split
 
 _STATE_KEY = "train_cursor"
+#: The run name whose Lance tags hold the versions the fit reads (`lance_lightning.hold`).
+_HOLD_KEY = "version_hold"
 
 # Our loaders' length is exact by construction (each worker reads a disjoint planned share).
 warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
@@ -120,6 +126,12 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
             read the view: for remote sources trained for many epochs.
         packing: `TokenPacking`: every split's documents packed into windows of ``seq_len`` tokens
             across batches; batches, the cursor and ranks then count windows (docs/packing.md).
+        hold_versions: While fitting, rank zero holds the dataset versions the train split reads
+            with Lance tags so that ``cleanup_old_versions`` cannot delete them (`lance_lightning.hold`):
+            ``"fit"`` (the default) removes them when the fit ends normally and keeps them when it is
+            stopped (its checkpoints resume); ``"keep"`` keeps them after a normal end too (jobs that
+            stop on ``max_time``/``max_steps`` and resume later); ``"off"`` never writes a tag.
+            ``lance-lightning holds URI --release`` removes kept tags.
     """
 
     def __init__(
@@ -152,6 +164,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         retry: RetryPolicy | None = None,
         materialize: MaterializedView | None = None,
         packing: TokenPacking | None = None,
+        hold_versions: Literal["fit", "keep", "off"] = "fit",
     ) -> None:
         super().__init__()
         self.sources: dict[Split, Any] = {"train": train, "val": val, "test": test, "predict": predict}
@@ -225,6 +238,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         self.packing = packing
         self.plans: dict[Split, ReadPlan] = {}
         self.train_cursor: CursorTracker | None = None
+        self.version_hold = VersionHold(hold_versions)
         #: Each split's loader and the (trainer attached, world size, rank, pinned) it was built for.
         self._loaders: dict[Split, tuple[tuple[Any, ...], LanceDataLoader]] = {}
         self._user_reload_every: int | None = None  # the trainer's setting while a re-read is pending
@@ -305,15 +319,25 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
     # -- dataloaders ------------------------------------------------------------------------
     def train_dataloader(self) -> LanceDataLoader:
         """The train loader; under a Trainer, the plan it reads (and where it resumes) is printed
-        when the loader is built, after a checkpoint re-pinned the version it was read at."""
+        when the loader is built, after a checkpoint re-pinned the version it was read at. While
+        fitting, rank zero holds the versions it reads with a Lance tag (`lance_lightning.hold`)."""
         built = self._loaders.get("train", (None,))[0] == self._loader_key()
         loader = self._loader("train")
         if self.trainer is not None:
             if not built and self.global_rank == 0:  # only rank 0 prints: other ranks build no text
                 resume = self.train_cursor.describe_resume(self.world_size)
                 rank_zero_info(self.explain("train") + (f"\n{resume}" if resume else ""))
+            if self.global_rank == 0 and getattr(self.trainer.state.fn, "value", None) == "fit":
+                self.version_hold.acquire(self._held_sources())
             self._reread_length_next_epoch()
         return loader
+
+    def _held_sources(self) -> tuple[Any, ...]:
+        """The pinned sources the train split reads from the user's datasets (a local view is ours)."""
+        plan = self.plans["train"]
+        if isinstance(self.sources["train"], LanceMixture):
+            return plan.sources
+        return () if self.materialize is not None else (plan.source,)
 
     def _reread_length_next_epoch(self) -> None:
         """Make the trainer read the train loader's length again at the next epoch start.
@@ -398,7 +422,10 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
 
     def teardown(self, stage: str) -> None:
-        """Release the side copy stream and the reader threads (restarted on the next iteration)."""
+        """Release the side copy stream and the reader threads (restarted on the next iteration);
+        after a fit that ended normally, the tags holding its versions."""
+        if getattr(stage, "value", stage) == "fit":
+            self.version_hold.finish_fit()
         self.device_transfer.stop()
         for _, loader in self._loaders.values():
             loader.dataset.pools.stop()
@@ -406,7 +433,10 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
     # -- checkpoint state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state = self.train_cursor.state() if self.train_cursor is not None else {}
-        return {_STATE_KEY: state} if state else {}
+        saved: dict[str, Any] = {_STATE_KEY: state} if state else {}
+        if self.version_hold.holding:
+            saved[_HOLD_KEY] = self.version_hold.run
+        return saved
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not isinstance(state_dict, dict):
@@ -416,6 +446,8 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
                 "the data module's state in the checkpoint is not a mapping: the checkpoint was edited or damaged",
                 "resume from another checkpoint, or start the data epoch fresh with `resume_data=False`",
             )
+        if _HOLD_KEY in state_dict:
+            self.version_hold.adopt(state_dict[_HOLD_KEY])
         self.restore_cursor(state_dict.get(_STATE_KEY, {}))
 
     def restore_cursor(self, cursor: dict[str, Any]) -> None:
@@ -427,7 +459,11 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
             return
         if "train" not in self.plans:
             self.setup("fit")
-        if not self.resume_data or not isinstance(cursor, dict) or isinstance(self.sources["train"], LanceMixture):
+        if not self.resume_data or not isinstance(cursor, dict):
+            self.train_cursor.restore(cursor)
+            return
+        if isinstance(self.sources["train"], LanceMixture):
+            self._repin_mixture(cursor)
             self.train_cursor.restore(cursor)
             return
         target = repin_target(cursor, self.plans["train"], self.sources["train"].version, self.materialize is not None)
@@ -449,6 +485,25 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
                     "restore that version, or resume with `resume_data=False` to start the data epoch fresh",
                 ) from error
         self.train_cursor.restore(cursor)
+
+    def _repin_mixture(self, cursor: dict[str, Any]) -> None:
+        """Re-pin each mixture source to the version the cursor was read at (as a plain source is)."""
+        mixture = self.sources["train"]
+        identities = [plan.source.identity() for plan in self.plans["train"].plans]
+        versions = repin_versions(cursor, identities, [source.version for source in mixture.sources])
+        if versions is None:
+            return
+        try:
+            self._plan("train", mixture.at_versions(versions))
+        except ConfigError as error:
+            if not error.param.endswith(".version"):
+                raise
+            raise ConfigError(
+                error.param,
+                error.value,
+                "the checkpoint's data cursor was read at this version, which no longer exists",
+                "restore that version, or resume with `resume_data=False` to start the data epoch fresh",
+            ) from error
 
 
 def _require(name: str, value: Any, minimum: int) -> None:

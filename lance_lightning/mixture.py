@@ -13,6 +13,7 @@ Guarantees:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -88,6 +89,12 @@ class LanceMixture:
         else:
             self.samples = None
         self.counts = block_counts(self.weights, self.block, self.names)
+
+    def at_versions(self, versions: list[int | None]) -> LanceMixture:
+        """This mixture with source ``j`` pinned to ``versions[j]`` (a resume re-pins the versions
+        its checkpoint was read at)."""
+        sources = [replace(source, version=version) for source, version in zip(self.sources, versions, strict=True)]
+        return LanceMixture(sources, self.weights, self.names, self.epoch, self.samples, self.block)
 
     def __repr__(self) -> str:
         return (

@@ -4,7 +4,7 @@ Guarantees:
 - `shorten` rewrites jsonargparse's "Does not validate against any of the Union subtypes" blocks,
   nested ones too, into one line each: the error of the member the value was meant for (a mapping
   with ``uri`` is a `LanceSource`, one with ``class_path: ...LanceMixture`` a mixture) named
-  ``as <Class>:``, or for a plain typed field (``list[str] | None``) what was expected and what
+  ``as <class path>:``, or for a plain typed field (``list[str] | None``) what was expected and what
   was given. Members that only say they do not apply ("Expected a <class 'NoneType'>", "Option 'uri'
   is not accepted", "Subclasses are disabled ...") are dropped; the dump of the given value is dropped.
 - Text without such a block is returned unchanged; a block it cannot read is kept as it is.
@@ -22,7 +22,7 @@ _NOT_THIS_MEMBER = (
     re.compile(r"^Subclasses are disabled for"),
     re.compile(r"is not a subclass of"),
 )
-_CLASS_PATH = re.compile(r"^Problem with given class_path '(?:[\w.]+\.)?(\w+)':\s*", re.S)
+_CLASS_PATH = re.compile(r"^Problem with given class_path '([\w.]+)':\s*", re.S)
 
 
 def shorten(text: str) -> str:

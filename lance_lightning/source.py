@@ -100,15 +100,22 @@ class PinnedSource:
             reads: The handle for training reads: on an object store its client leaves retries
                 to `RetryPolicy` (`READ_CLIENT_OPTIONS`).
         """
-        # A relative path names another dataset after a chdir: key local paths by their absolute path.
-        where = self.location if "://" in self.location else os.path.abspath(self.location)
-        options = _read_options(self.location, self.storage_options) if reads else self.storage_options
-        key = (os.getpid(), where, self.version, self.data_tag, _options_key(options))
+        key, options = self._handle(reads)
         dataset = _OPEN_DATASETS.get(key)
         if dataset is None:
             dataset = lance.dataset(self.location, version=self.version, storage_options=options)
             _OPEN_DATASETS[key] = dataset
         return dataset
+
+    def opened(self, *, reads: bool = False) -> lance.LanceDataset | None:
+        """This process's handle if `open` already made it, else None (opens nothing)."""
+        return _OPEN_DATASETS.get(self._handle(reads)[0])
+
+    def _handle(self, reads: bool) -> tuple[tuple, dict[str, str] | None]:
+        # A relative path names another dataset after a chdir: key local paths by their absolute path.
+        where = self.location if "://" in self.location else os.path.abspath(self.location)
+        options = _read_options(self.location, self.storage_options) if reads else self.storage_options
+        return (os.getpid(), where, self.version, self.data_tag, _options_key(options)), options
 
     def identity(self) -> dict[str, Any]:
         """Plain, credential-free description used in checkpointed cursors: ``data`` (the pinned

@@ -122,6 +122,31 @@ class S3Server:
         )
         client.create_bucket(Bucket=name)
 
+    def read_only_options(self) -> dict[str, str]:
+        """Storage options of an IAM user that may only read (moto enforces the policy): writing a
+        tag or a version fails with 403."""
+        import boto3
+
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+        )
+        name = f"reader{len(iam.list_users()['Users'])}"
+        iam.create_user(UserName=name)
+        read = {"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"], "Resource": "*"}
+        iam.put_user_policy(
+            UserName=name, PolicyName="read", PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [read]})
+        )
+        key = iam.create_access_key(UserName=name)["AccessKey"]
+        return {
+            **self.storage_options(),
+            "aws_access_key_id": key["AccessKeyId"],
+            "aws_secret_access_key": key["SecretAccessKey"],
+        }
+
     def storage_options(self, secret: str | None = None) -> dict[str, str]:
         return {
             "aws_access_key_id": self.access_key,

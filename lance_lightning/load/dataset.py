@@ -159,7 +159,20 @@ class LanceIterableDataset(IterableDataset):
 
     def produce(self, shipping: Shipping | None = None) -> Iterator[Any]:
         """As ``iter``, each batch as a `Shipment` carrying what ``shipping`` names (a loader's
-        own path; ``None``: plain batches)."""
+        own path; ``None``: plain batches). In a loader's worker process an error of the
+        package's own, from planning the epoch's reads to the last batch, is yielded as a
+        `WorkerError`."""
+        if get_worker_info() is None or shipping is None:
+            yield from self._produce(shipping)
+            return
+        try:
+            yield from self._produce(shipping)
+        except Exception as error:
+            if not type(error).__module__.startswith("lance_lightning."):
+                raise  # torch reports other errors with the worker's traceback
+            yield WorkerError(error)  # pickled whole, raised again by the loader
+
+    def _produce(self, shipping: Shipping | None) -> Iterator[Any]:
         epoch, start = self.control.get()
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
@@ -184,17 +197,7 @@ class LanceIterableDataset(IterableDataset):
             ship_positions=shipping is not None and shipping.positions,
             shipments=shipping is not None,
         )
-        batches = producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
-        if info is None or shipping is None:
-            yield from batches
-        else:
-            try:
-                yield from batches
-            except Exception as error:
-                if not type(error).__module__.startswith("lance_lightning."):
-                    raise  # torch reports other errors with the worker's traceback
-                yield WorkerError(error)  # pickled whole, raised again by the loader
-                return
+        yield from producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
         HEAP.after_epoch()
 
 

@@ -310,6 +310,25 @@ def first_difference(saved: dict[str, Any], current: dict[str, Any], path: str) 
     return None
 
 
+def repin_versions(
+    state: dict[str, Any], sources: list[dict[str, Any]], configured: list[int | None]
+) -> list[int | None] | None:
+    """A mixture's `repin_target`: the version each source must be re-pinned to so that the cursor
+    ``state`` resumes exactly (its current version where it needs none), or None when none does.
+    ``sources`` are the current plans' identities, ``configured`` the versions the config names."""
+    saved = state.get("plan")
+    saved_sources = saved.get("sources") if isinstance(saved, dict) else None
+    if not isinstance(saved_sources, list) or len(saved_sources) != len(sources):
+        return None  # `check_state` names what is wrong with it
+    versions: list[int | None] = []
+    for old, new, version in zip(saved_sources, sources, configured, strict=True):
+        moved = (
+            isinstance(old, dict) and old.get("uri") == new["uri"] and old.get("version") not in (None, new["version"])
+        )
+        versions.append(old["version"] if moved and version is None else new["version"])
+    return versions if versions != [new["version"] for new in sources] else None
+
+
 def repin_target(
     state: dict[str, Any], plan: ReadPlan, configured_version: int | None, materialized: bool
 ) -> tuple[str, Any] | None:

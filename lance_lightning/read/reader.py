@@ -90,11 +90,9 @@ class PlanReader:
         self.group_rows = group_rows(plan, take_group_bytes)
         self.first_group_rows = first_group_rows(plan) if plan.method == "take" else self.group_rows
         self.batch_rows = read_batch_rows(plan.row_bytes)
-        if active_clock() is None:  # not inside a measured read: drop I/O done before this epoch
-            try:
-                plan.source.open(reads=True).io_stats_incremental()
-            except AttributeError:
-                pass
+        opened = plan.source.opened(reads=True)
+        if opened is not None and active_clock() is None:  # not inside a measured read: drop earlier I/O
+            opened.io_stats_incremental()
 
     def spec(self, step: int) -> BatchSpec:
         return self.specs([step])[0]

@@ -21,6 +21,11 @@ Guarantees (each failure is one line of `check`'s result, naming the phase, epoc
   data epoch is; each validation sees every val unit once (padding aside), predict every unit once.
 - A scenario that must fail does so with a `ConfigError` before any batch, on every rank, and no
   phase hangs or raises anything else.
+- Version holds (`lance_lightning.hold`): after the stopped run each train table carries exactly
+  one tag of the package, at the version the run pinned, when the run left it held
+  (`runner.held_after_stop`), and none otherwise; other tables never carry one. A resume from a
+  checkpoint takes the held tags over (released at its normal end with "fit", kept with "keep"),
+  a fresh resume adds its own with "keep", and a refused run adds or removes none.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from tests.contract import truth
-from tests.contract.runner import Phase, Run
+from tests.contract.runner import Phase, Run, held_after_stop
 from tests.contract.scenario import Scenario, Topology
 
 Step = list[list[int]]  # one global step: each rank's units
@@ -191,6 +196,7 @@ class Oracle:
             self._check_health(phase)
         if any(phase.timed_out for phase in phases.values()):
             return self.failures
+        self._check_holds()
         if self.run.expected_errors["stop"] is not None:
             self._check_refused(phases["stop"], self.run.expected_errors["stop"])
             return self.failures
@@ -221,7 +227,9 @@ class Oracle:
         error = phase.error
         killed = phase.role == "stop" and self.scenario.stop.kind == "sigkill"  # its other ranks lose their peer
         if error is not None and expected is None and not killed:
-            self.fail(f"{phase.role}: raised {error['type']}: {error['message'][:600]}")
+            message = error["message"]
+            shown = message if len(message) <= 1600 else f"{message[:300]} [...] {message[-1300:]}"
+            self.fail(f"{phase.role}: raised {error['type']}: {shown}")
         stopped = bool(phase.events("stopped"))
         if phase.returncode not in (0, None) and error is None and not (killed or stopped) and expected is None:
             self.fail(f"{phase.role}: exited {phase.returncode} without a recorded error\n{phase.output[-1500:]}")
@@ -243,6 +251,41 @@ class Oracle:
             self.fail(f"{phase.role}: trained {len(phase.events('batch'))} batch(es) before refusing ({why})")
         if error is not None and len(errors) < len(started):
             self.fail(f"{phase.role}: only {len(errors)} of the {len(started)} rank(s) that started reported the error")
+
+    # -- version holds -------------------------------------------------------------------------
+    def _check_holds(self) -> None:
+        uris = list(self.run.versions)
+        train = {uris[source.table] for source in self.scenario.sources}
+        stop, resume = self.run.holds.get("stop", {}), self.run.holds.get("resume")
+        refused = self.run.expected_errors["stop"] is not None
+        for uri, tags in stop.items():
+            held = uri in train and not refused and held_after_stop(self.scenario)
+            want = [self.run.versions[uri]] if held else []
+            if sorted(tags.values()) != want:
+                self.fail(f"stop: {uri} carries the tags {tags}, expected one per version in {want}")
+        if resume is None or self.phases_failed("resume"):
+            return
+        adopted = self.run.chosen is not None
+        for uri, tags in resume.items():
+            before = stop.get(uri, {})
+            if self.run.expected_errors["resume"] is not None:
+                want = before
+            elif self.scenario.hold == "fit":
+                want = {} if adopted else before
+            else:
+                want = before
+            fresh = self.scenario.hold == "keep" and not adopted and uri in train
+            extra = sorted(set(tags) - set(want))
+            if {k: v for k, v in tags.items() if k in want} != want or len(extra) != int(fresh):
+                self.fail(f"resume: {uri} carries the tags {tags}, expected {want}" + (" and one new" if fresh else ""))
+            elif extra and tags[extra[0]] != self.run.versions[uri]:
+                pinned = self.run.versions[uri]
+                self.fail(f"resume: the new tag {extra[0]} holds version {tags[extra[0]]}, not {pinned}")
+
+    def phases_failed(self, role: str) -> bool:
+        phase = self.run.phases.get(role)
+        unexpected = phase is not None and phase.error is not None and self.run.expected_errors.get(role) is None
+        return phase is None or phase.timed_out or unexpected
 
     # -- the reference sequences -------------------------------------------------------------------
     def _sequences(self, phase: Phase) -> list[list[int]]:

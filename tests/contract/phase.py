@@ -216,6 +216,7 @@ def data_arguments(scenario: Scenario, topology: Topology, uris: list[str], *, r
         "num_workers": topology.num_workers,
         "reader_threads": topology.reader_threads,
         "take_group_bytes": topology.take_group_bytes,
+        "hold_versions": "off" if reference else scenario.hold,
     }
     if scenario.packing is not None:
         packing = scenario.packing

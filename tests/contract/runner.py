@@ -11,6 +11,10 @@ Guarantees:
   itself, the same way.
 - A scenario that must fail with a clear error (`truth.expected_error`) runs only the phase that
   must fail.
+- The package's Lance tags on every table are recorded after the stopped and the resumed runs.
+  A scenario with ``resume.maintenance`` runs `truth.maintain` in between (only when a checkpoint
+  is resumed: a fresh run would read the compacted layout); the resume must then fail with a
+  clear error unless the stopped run left the checkpoint's version held.
 """
 
 from __future__ import annotations
@@ -74,6 +78,17 @@ class Run:
     chosen: Checkpoint | None = None
     #: Why the scenario must fail before training (`truth.expected_error`), per run.
     expected_errors: dict[str, str | None] = field(default_factory=dict)
+    #: Each table's latest version before the first run (the version a run pins).
+    versions: dict[str, int] = field(default_factory=dict)
+    #: The package's tags on each table after a run: role -> URI -> tag -> version.
+    holds: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    maintained: bool = False
+
+
+def held_after_stop(scenario: Scenario) -> bool:
+    """Whether the stopped run leaves its versions held: always with "keep", with "fit" only when
+    the fit did not end normally (an exception or a kill)."""
+    return scenario.hold == "keep" or (scenario.hold == "fit" and scenario.stop.kind in ("exception", "sigkill"))
 
 
 def run_scenario(scenario: Scenario, root: Path, isolate: bool = False) -> Run:
@@ -87,16 +102,25 @@ def run_scenario(scenario: Scenario, root: Path, isolate: bool = False) -> Run:
         "stop": truth.expected_error(scenario, first.world_size, first.batch_size, scenario.drop_last),
         "resume": truth.expected_error(scenario, then.world_size, then.batch_size, scenario.drop_last),
     }
+    run.versions = truth.latest_versions(uris)
     if run.expected_errors["stop"] is not None:
         run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate)
+        run.holds["stop"] = truth.holds(uris)
         return run
     if run.expected_errors["reference"] is None:
         run.phases["reference"] = _run_phase(scenario, "reference", Topology(), root, uris, None, isolate)
     run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate)
+    run.holds["stop"] = truth.holds(uris)
     run.checkpoints = _checkpoints(root / "ckpt_stop")
     run.chosen = choose(run.checkpoints, scenario.checkpoints.pick)
     ckpt = run.chosen.path if run.chosen is not None else None
+    if scenario.resume.maintenance and ckpt is not None:
+        truth.maintain(uris)
+        run.maintained = True
+        if run.expected_errors["resume"] is None and not held_after_stop(scenario):
+            run.expected_errors["resume"] = "the checkpoint's version was cleaned up and nothing held it"
     run.phases["resume"] = _run_phase(scenario, "resume", then, root, uris, ckpt, isolate)
+    run.holds["resume"] = truth.holds(uris)
     return run
 
 

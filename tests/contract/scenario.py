@@ -9,7 +9,8 @@ Guarantees:
   strategy (all four, clumps, shards with and without a row shuffle inside), token packing, a
   mixture (2-3 sources, filters, both epoch rules, ``samples`` below and above ``block``), world
   size 1/2, workers 0/2, reader threads, batch size, ``drop_last``, calls before fit, Lightning
-  loop options, the stop, the checkpoint resumed from, changes on resume, and steps after fit.
+  loop options, the stop, the checkpoint resumed from, changes on resume, a maintenance job
+  (compaction and cleanup of old versions) between the runs, ``hold_versions``, and steps after fit.
   A new option of the package joins `generate` (and `truth`/`phase` where it needs to).
 """
 
@@ -131,6 +132,9 @@ class Resume:
     max_steps: int | str | None = None
     calls: list[str] = field(default_factory=list)
     after_fit: list[str] = field(default_factory=list)
+    #: Between the stopped run and the resume, a maintenance job compacts every table, commits a
+    #: new version and deletes every old version Lance lets it (`truth.maintain`).
+    maintenance: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,8 @@ class Scenario:
     calls: list[str] = field(default_factory=list)
     #: Seconds each training step sleeps (gives ``max_time`` a run to cut).
     step_sleep: float = 0.0
+    #: The data module's ``hold_versions`` (the reference run never holds).
+    hold: Literal["fit", "keep", "off"] = "fit"
 
     @property
     def sources(self) -> list[Source]:
@@ -226,6 +232,8 @@ def generate(seed: int) -> Scenario:
     steps = max(1, units // (topology.world_size * batch_size))
     loop = _loop(rng, steps)
     stop, step_sleep, stop_epoch = _stop(rng, steps, loop)
+    resume = _resume(rng, topology, units, loop, scenario.cli)
+    later = random.Random(f"{seed}-later")  # options added later: the draws above stay as they were
     return replace(
         scenario,
         topology=topology,
@@ -233,7 +241,8 @@ def generate(seed: int) -> Scenario:
         stop=stop,
         step_sleep=step_sleep,
         checkpoints=_checkpoints(rng, stop),
-        resume=_resume(rng, topology, units, loop, scenario.cli),
+        resume=replace(resume, maintenance=later.random() < 0.25),
+        hold=later.choices(["fit", "keep", "off"], weights=[8, 1, 1])[0],
     )
 
 

@@ -50,6 +50,8 @@ def describe(scenario: Scenario) -> str:
             parts.append(f"{name}={value}")
     if scenario.calls or scenario.resume.calls:
         parts.append("calls=" + ",".join(scenario.calls) + "|" + ",".join(scenario.resume.calls))
+    if scenario.hold != "fit" or scenario.resume.maintenance:
+        parts.append(f"hold={scenario.hold}" + ("+maintenance" if scenario.resume.maintenance else ""))
     return " ".join(parts)
 
 
@@ -101,6 +103,8 @@ def simpler(scenario: Scenario) -> list[Scenario]:
         out.append(replace(scenario, tables=[replace(t, delete_mod=0, fragment_rows=None) for t in scenario.tables]))
     if not scenario.cursor_callback:
         out.append(replace(scenario, cursor_callback=True))
+    if scenario.resume.maintenance or scenario.hold != "fit":
+        out.append(replace(scenario, hold="fit", resume=replace(scenario.resume, maintenance=False)))
     return out
 
 

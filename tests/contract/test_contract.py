@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import pytest
 
 from tests.contract import truth
 from tests.contract.oracle import Inapplicable, check
-from tests.contract.runner import Run, run_scenario
+from tests.contract.runner import Run, held_after_stop, run_scenario
 from tests.contract.scenario import (
     STOPS,
     Checkpoints,
@@ -41,7 +42,7 @@ from tests.contract.scenario import (
 
 CASES = Path(__file__).with_name("cases.jsonl")
 #: Seeds whose scenarios together compose every kind of option (checked by `test_sample_covers_the_options`).
-SAMPLE_SEEDS = [4, 7, 14, 15, 19, 21, 28, 35, 39, 46]
+SAMPLE_SEEDS = [4, 7, 14, 15, 19, 21, 28, 35, 39, 46, 82, 97]
 SHUFFLES = ("none", "shard", "row", "buffer")
 
 
@@ -86,6 +87,9 @@ def test_sample_covers_the_options() -> None:
         "limit_train_batches": any(s.loop.limit_train_batches for s in scenarios),
         "reload_dataloaders_every_n_epochs": any(s.loop.reload_every for s in scenarios),
         "a change on resume": any(s.resume.topology != s.topology for s in scenarios),
+        **{f"hold_versions {mode}": any(s.hold == mode for s in scenarios) for mode in ("fit", "keep", "off")},
+        "maintenance, version held": any(s.resume.maintenance and held_after_stop(s) for s in scenarios),
+        "maintenance, version not held": any(s.resume.maintenance and not held_after_stop(s) for s in scenarios),
     }
     assert all(covered.values()), [name for name, yes in covered.items() if not yes]
 
@@ -177,6 +181,15 @@ def _wrong_reference_order(run: Run) -> None:
     batch["units"][0] += 10_000
 
 
+def _tag_left_behind(run: Run) -> None:
+    uri = next(iter(run.versions))
+    run.holds["resume"][uri] = {"lance-lightning-20261125-000000-abcdef-v1": 1}
+
+
+def _tag_missing(run: Run) -> None:
+    run.scenario = replace(run.scenario, hold="keep")  # the stopped run should have kept its tag
+
+
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
@@ -186,8 +199,10 @@ def _wrong_reference_order(run: Run) -> None:
         (_wrong_length, "Lightning took epoch"),
         (_wrong_cursor, "stop: cursor at save"),
         (_wrong_reference_order, "reference epoch 0"),
+        (_tag_left_behind, "carries the tags {'lance-lightning-20261125-000000-abcdef-v1': 1}, expected {}"),
+        (_tag_missing, "carries the tags {}, expected one per version in [1]"),
     ],
-    ids=["order", "repeat", "skip", "length", "cursor", "reference"],
+    ids=["order", "repeat", "skip", "length", "cursor", "reference", "tag-left", "tag-missing"],
 )
 def test_oracle_reports_a_wrong_run(clean_run: Run, mutate: Callable[[Run], None], expected: str) -> None:
     run = copy.deepcopy(clean_run)

@@ -219,3 +219,31 @@ def write_tables(scenario: Scenario, root: Path) -> list[str]:
         if table.delete_mod:
             dataset.delete(f"id % {table.delete_mod} = 1")
     return uris
+
+
+def maintain(uris: list[str]) -> None:
+    """What a maintenance job does between two runs, without changing any table's rows: compact,
+    commit a new version, and delete every old version Lance lets it (tagged ones stay)."""
+    from datetime import timedelta
+
+    import lance
+
+    for uri in uris:
+        lance.dataset(uri).optimize.compact_files()
+        lance.dataset(uri).update_config({"contract.maintenance": "done"})
+        lance.dataset(uri).cleanup_old_versions(older_than=timedelta(0), error_if_tagged_old_versions=False)
+
+
+def holds(uris: list[str]) -> dict[str, dict[str, int]]:
+    """This package's Lance tags on each table: URI -> tag name -> version."""
+    import lance
+
+    from lance_lightning.hold import list_holds
+
+    return {uri: list_holds(lance.dataset(uri)) for uri in uris}
+
+
+def latest_versions(uris: list[str]) -> dict[str, int]:
+    import lance
+
+    return {uri: lance.dataset(uri).version for uri in uris}

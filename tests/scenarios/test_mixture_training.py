@@ -153,11 +153,17 @@ def test_checkpoint_of_another_mixture_is_refused_naming_the_field(tmp_path):
         with pytest.raises(CursorMismatchError) as info:
             other.load_state_dict(state)
         assert info.value.field == field
-    lance.write_dataset(make_table(10, start=OFFSET + 500), b, mode="append")
+    pinned = dm.plans["train"].sources[1].version
+    appended = lance.write_dataset(make_table(10, start=OFFSET + 500), b, mode="append").version
     moved = LanceDataModule(train=_mixture(a, b), batch_size=20, shuffle=RowShuffle(seed=5))
+    moved.load_state_dict(state)  # rows appended since: the source is re-pinned to the checkpoint's version
+    assert [s.version for s in moved.plans["train"].sources] == [s.version for s in dm.plans["train"].sources]
+    fixed = _mixture(a, b)
+    fixed.sources[1].version = appended  # a version named in the config is never re-pinned
+    named = LanceDataModule(train=fixed, batch_size=20, shuffle=RowShuffle(seed=5))
     with pytest.raises(CursorMismatchError) as info:
-        moved.load_state_dict(state)
-    assert info.value.field == "plan.sources[1].version"
+        named.load_state_dict(state)
+    assert info.value.field == "plan.sources[1].version" and appended != pinned
     plain = LanceDataModule(train=LanceSource(a, columns=["id", "x"]), batch_size=20, shuffle=RowShuffle(seed=5))
     with pytest.raises(CursorMismatchError) as info:
         plain.load_state_dict(state)
