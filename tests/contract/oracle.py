@@ -104,12 +104,18 @@ def epoch_plan(
     start: int,
     topology: Topology,
     scenario: Scenario,
+    restarted: bool = False,
 ) -> EpochPlan:
+    """``restarted``: the epoch a resumed fit restarts in. Lightning's restarting epoch loop takes a
+    batch before it checks its end (it waits for a validation run), so an epoch restarted at an
+    index ``limit_train_batches`` already reached still trains one batch."""
     seq = seqs[data_epoch]
     steps = layout(seq, start, topology.world_size, topology.batch_size, scenario.drop_last)
     length = first + len(steps)
     if scenario.loop.limit_train_batches is not None:
         length = min(length, scenario.loop.limit_train_batches)
+        if restarted and first > 0 and length <= first:
+            length = first + min(1, len(steps))
     return EpochPlan(
         trainer_epoch, data_epoch, first, start, steps, length, len(seq), topology.world_size * topology.batch_size
     )
@@ -161,9 +167,10 @@ def resumed_plans(
     else:  # Lightning counted an epoch it stopped as finished: its rest comes first
         data_epoch, first, start = after.data_epoch, batch_idx, after.consumed
     # (The first trainer epoch that reads continues the data, whichever trainer epoch it is.)
+    restarted = after is not None
     while epoch < epochs:
-        yield epoch_plan(seqs, epoch, data_epoch, first, start, topology, scenario)
-        epoch, data_epoch, first, start = epoch + 1, data_epoch + 1, 0, 0
+        yield epoch_plan(seqs, epoch, data_epoch, first, start, topology, scenario, restarted)
+        epoch, data_epoch, first, start, restarted = epoch + 1, data_epoch + 1, 0, 0, False
 
 
 def until_max_steps(expected: Iterator[Batch], max_steps: int | None, global_step: int = 0) -> list[Batch]:
@@ -384,9 +391,11 @@ class Oracle:
 
     def _check_lengths(self, phase: Phase, expected: list[Batch]) -> None:
         lengths: dict[int, int] = {}
+        limit = self.scenario.loop.limit_train_batches  # a restarted epoch may train one past it (`epoch_plan`)
         for batch in expected:
             if batch.last_of_epoch or batch.trainer_epoch not in lengths:
-                lengths[batch.trainer_epoch] = batch.batch_idx + 1 if batch.last_of_epoch else -1
+                count = batch.batch_idx + 1 if batch.last_of_epoch else -1
+                lengths[batch.trainer_epoch] = min(count, limit) if limit is not None else count
         for event in phase.events("epoch", rank=0):
             want = lengths.get(event["epoch"])
             if want is not None and want >= 0 and event["num_training_batches"] != want:
