@@ -424,11 +424,11 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
     def teardown(self, stage: str) -> None:
         """Release the side copy stream and the reader threads (restarted on the next iteration);
         after a fit that ended normally, the tags holding its versions."""
-        if getattr(stage, "value", stage) == "fit":
-            self.version_hold.finish_fit()
         self.device_transfer.stop()
         for _, loader in self._loaders.values():
             loader.dataset.pools.stop()
+        if getattr(stage, "value", stage) == "fit":
+            self.version_hold.finish_fit()
 
     # -- checkpoint state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

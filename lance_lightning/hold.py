@@ -15,7 +15,8 @@ Guarantees:
   package and ``--release`` removes them (`list_holds`, `release_holds`).
 - A store that refuses a tag (read-only, no permission, an old format) never stops training:
   one warning names the URI, the version and what a cleanup could then do.
-- Tags are written with the source's own storage options; nothing here prints credentials (the
+- Tags are written through a dataset handle of their own (never the one reader threads share),
+  with the source's own storage options; nothing here prints credentials (the
   URI shown is the redacted one).
 """
 
@@ -27,6 +28,8 @@ import time
 import warnings
 from collections.abc import Iterable
 from typing import Any
+
+import lance
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.redaction import redact_text, secret_values
@@ -124,8 +127,14 @@ class VersionHold:
         self._refused.clear()
 
 
+def _tags(source: PinnedSource) -> Any:
+    """The dataset's tags through a handle of their own: the process's shared handle may be in use
+    by reader threads, and a tag change through it can fail with PyO3's "Already borrowed"."""
+    return lance.dataset(source.location, storage_options=source.storage_options).tags
+
+
 def _put_tag(source: PinnedSource, tag: str) -> None:
-    tags = source.open().tags
+    tags = _tags(source)
     if tag in tags.list():
         tags.update(tag, source.version)
     else:
@@ -134,7 +143,7 @@ def _put_tag(source: PinnedSource, tag: str) -> None:
 
 def _delete_tag(source: PinnedSource, tag: str) -> None:
     try:
-        tags = source.open().tags
+        tags = _tags(source)
         if tag in tags.list():
             tags.delete(tag)
     except Exception as error:  # noqa: BLE001 - leaving a tag behind must not fail a finished fit

@@ -9,6 +9,7 @@ deletes them and the run stops with a clear error.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -21,7 +22,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lance_lightning import ConfigError, LanceDataModule, LanceSource, RowShuffle
 from lance_lightning.errors import DataReadError
-from lance_lightning.hold import TAG_PREFIX, list_holds
+from lance_lightning.hold import TAG_PREFIX, VersionHold, list_holds
+from lance_lightning.source import pin_source
 from tests.helpers import RecordingModel, append_rows, flat, make_table, run_cli_process, write_dataset
 from tests.s3_server import S3Server
 
@@ -225,3 +227,37 @@ def test_a_mixture_resumes_at_its_sources_versions_after_a_cleanup(tmp_path: Pat
     _trainer(tmp_path, [], max_epochs=2).fit(second, datamodule=module(), ckpt_path=ckpt)
     assert first.seen[:8] + second.seen == reference.seen, "exact, at the versions the checkpoint was read at"
     assert [list_holds(lance.dataset(uri)) for uri in uris] == [{}, {}]
+
+
+def test_tags_change_while_reader_threads_read_through_the_shared_handle(tmp_path: Path) -> None:
+    """A fit ends (or starts) while reader threads still read the pinned version through the
+    process's shared handle: taking and releasing the hold never fails ("Already borrowed") and
+    leaves no tag. Found by the contract checker (case ``hold-released-while-readers-read``)."""
+    uri = write_dataset(tmp_path / "ds.lance", 2000, fragment_rows=100)
+    source = pin_source(LanceSource(uri), "train")
+    handle = source.open(reads=True)
+    stop, failures = threading.Event(), []
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                handle.take(list(range(0, 2000, 3)))
+            except Exception as error:  # noqa: BLE001 - recorded and asserted on below
+                failures.append(error)
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for reader in readers:
+        reader.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a tag that could not be put or removed warns
+            for _ in range(40):
+                hold = VersionHold("fit")
+                hold.acquire([source])
+                hold.finish_fit()
+    finally:
+        stop.set()
+        for reader in readers:
+            reader.join()
+    assert failures == []
+    assert list_holds(lance.dataset(uri)) == {}
