@@ -236,6 +236,8 @@ class Oracle:
         if error is not None and expected is None and not killed:
             message = error["message"]
             shown = message if len(message) <= 1600 else f"{message[:300]} [...] {message[-1300:]}"
+            if "Fatal Python error" in message:  # a crash: where each thread was matters, not the module list
+                shown = message[:6000]
             self.fail(f"{phase.role}: raised {error['type']}: {shown}")
         stopped = bool(phase.events("stopped"))
         if phase.returncode not in (0, None) and error is None and not (killed or stopped) and expected is None:

@@ -182,7 +182,8 @@ def _run_command(
     if role == "stop" and scenario.stop.kind == "exception" and "ScenarioStop" in phase.output:
         phase.ranks[0].append({"t": "stopped"})
     else:
-        event = {"t": "error", "type": "CommandError", "message": f"exit {phase.returncode}: {phase.output[-2000:]}"}
+        shown = phase.output if phase.output.startswith("Fatal Python error") else phase.output[-2000:]
+        event = {"t": "error", "type": "CommandError", "message": f"exit {phase.returncode}: {shown}"}
         phase.ranks[0].append(event)
     return phase
 
@@ -206,7 +207,9 @@ def _run_process(command: list[str], role: str, topology: Topology, root: Path, 
         output, _ = proc.communicate()
     _kill_group(proc.pid)  # a rank or worker orphaned by a SIGKILLed rank 0
     ranks = _read(root, role, topology.world_size)
-    return Phase(role, ranks, proc.returncode, time.perf_counter() - started, output[-6000:], timed_out)
+    crash = output.find("Fatal Python error")  # faulthandler's report: where every thread was
+    kept = output[crash : crash + 6000] + "\n[...]\n" if crash >= 0 else ""
+    return Phase(role, ranks, proc.returncode, time.perf_counter() - started, kept + output[-6000:], timed_out)
 
 
 def _kill_group(pid: int) -> None:
