@@ -383,6 +383,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         key = self._loader_key()
         cached_key, loader = self._loaders.get(split, (None, None))
         if cached_key != key:
+            check_fits(self.plans[split], self.world_size)  # also for a split `explain` planned
             self._drop_loader(split)
             pin = self._pin()
             dataset = LanceIterableDataset(

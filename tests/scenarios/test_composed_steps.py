@@ -17,7 +17,7 @@ import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from torch.utils.data import DataLoader
 
-from lance_lightning import LanceDataModule, LanceMixture, LanceSource, NoShuffle, RowShuffle
+from lance_lightning import ConfigError, LanceDataModule, LanceMixture, LanceSource, NoShuffle, RowShuffle
 from tests.contract.oracle import check
 from tests.contract.runner import run_scenario
 from tests.contract.scenario import Checkpoints, Loop, Resume, Scenario, Shuffle, Source, Stop, Table, Topology
@@ -84,6 +84,23 @@ def test_split_too_small_for_the_ranks_is_refused_when_planned_before_fit(tmp_pa
     assert check(run) == []
     errors = [_events(run, "stop", "error", rank) for rank in (0, 1)]
     assert errors[0] and "`batch_size`=5" in errors[0][0]["message"], errors
+
+
+def test_a_split_too_small_is_refused_after_explain_when_the_loader_is_built(tmp_path: Path) -> None:
+    """``explain()`` then ``next(iter(dm.train_dataloader()))`` on 5 matching rows, batch 8 with
+    drop_last: a ConfigError naming ``batch_size``. Before the fix ``explain`` planned the split
+    without the check and the loader, finding it planned, skipped it too: a bare StopIteration
+    (found by the contract checker, seed 20316)."""
+    uri = write_dataset(tmp_path / "ds.lance", 44)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id"], filter="label = 3"), batch_size=8, drop_last=True, shuffle=NoShuffle()
+    )
+    assert "0 per rank" in dm.explain("train")  # explain describes it, without refusing
+    with pytest.raises(ConfigError) as refused:
+        next(iter(dm.train_dataloader()))
+    assert refused.value.param == "batch_size" and "drop_last leaves no batch" in str(refused.value)
+    with pytest.raises(ConfigError):
+        fit(tmp_path, dm, name="small")
 
 
 def test_loader_built_before_a_resumed_fit(tmp_path: Path) -> None:
