@@ -170,7 +170,8 @@ def _run_command(
     scenario: Scenario, role: str, topology: Topology, root: Path, uris: list[str], ckpt: str | None, started: float
 ) -> Phase:
     """``lance-lightning fit --config <yaml> [--ckpt_path ...]`` in a subprocess; a non-zero exit is
-    recorded as rank 0's error (``CommandError``: the exit status and stderr's end)."""
+    recorded as the error (``CommandError``: the exit status and stderr's end) of as many ranks as
+    printed a one-screen error (rank 0 at least)."""
     config = root / f"{role}.yaml"
     config.write_text(yaml.safe_dump(cli_config(scenario, role, str(root), uris)))
     command = [str(Path(sys.executable).with_name("lance-lightning")), "fit", "--config", str(config)]
@@ -184,7 +185,10 @@ def _run_command(
     else:
         shown = phase.output if phase.output.startswith("Fatal Python error") else phase.output[-2000:]
         event = {"t": "error", "type": "CommandError", "message": f"exit {phase.returncode}: {shown}"}
-        phase.ranks[0].append(event)
+        # Every rank prints its own one-screen error into the shared output: one per rank that reported.
+        reported = max(1, phase.output.count("lance-lightning fit: error:"))
+        for events in phase.ranks[:reported]:
+            events.append(event)
     return phase
 
 
