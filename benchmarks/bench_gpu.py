@@ -54,7 +54,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, to_torch_batch  # noqa: E402
-from lance_lightning.load.device import DeviceTransfer, pin_batch  # noqa: E402
+from lance_lightning.device.transfer import DeviceTransfer  # noqa: E402
+from lance_lightning.produce.producer import pin_batch  # noqa: E402
 from lance_lightning.transforms import DecodeImage, decoders  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

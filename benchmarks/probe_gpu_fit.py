@@ -37,9 +37,9 @@ import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 import torchvision.transforms.v2.functional as F  # noqa: E402
 
-import lance_lightning.load.ahead as ahead  # noqa: E402
+import lance_lightning.device.ahead as ahead  # noqa: E402
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, to_torch_batch  # noqa: E402
-from lance_lightning.load.device import pin_batch  # noqa: E402
+from lance_lightning.produce.producer import pin_batch  # noqa: E402
 from lance_lightning.transforms import DecodeImage  # noqa: E402
 
 

@@ -54,9 +54,10 @@ EXTRA_NAMES = {
 #: Modules documented by their docstring alone: the command-line tools.
 COMMAND_MODULES = (
     "lance_lightning.cli",
-    "lance_lightning.cli_lightning",
-    "lance_lightning.profile",
-    "lance_lightning.materialize.cli",
+    "lance_lightning.cli.lightning",
+    "lance_lightning.cli.profile",
+    "lance_lightning.cli.materialize",
+    "lance_lightning.cli.holds",
 )
 _SECTION = re.compile(r"^(Args|Arguments|Attributes|Returns|Raises|Yields|Example|Examples):\s*$")
 _ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc):(`[^`]+`)")

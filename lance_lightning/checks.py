@@ -1,15 +1,18 @@
-"""The one validator for configuration values: integers and choices.
+"""The one validator for configuration values: integers, choices and credentials.
 
 Guarantees: a value that fails a check raises `ConfigError` naming the parameter, the value and
-the fix; ``bool`` never passes as an integer (YAML ``true`` is not 1).
+the fix; ``bool`` never passes as an integer (YAML ``true`` is not 1); `check_not_redacted`
+refuses options that hold the `REDACTED` placeholder (a saved config or checkpoint reused as is)
+and says to pass credentials through the environment.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.redaction import REDACTED
 
 
 def is_int(value: Any) -> bool:
@@ -35,3 +38,18 @@ def check_choice(param: str, value: Any, choices: Collection[Any], problem: str,
     if value not in choices:
         raise ConfigError(param, value, problem, fix)
     return value
+
+
+def check_not_redacted(param: str, options: Mapping[str, Any] | None) -> None:
+    """Raise `ConfigError` if ``options`` hold the `REDACTED` placeholder instead of a credential."""
+    for key, value in (options or {}).items():
+        if value == REDACTED:
+            raise ConfigError(
+                f"{param}.{key}",
+                REDACTED,
+                "this is the placeholder that saved configs and checkpoints hold "
+                "in place of a secret, not the secret itself",
+                "pass credentials through the environment (e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
+                "AWS_SESSION_TOKEN) or a credentials profile and drop the key from storage_options, or give the "
+                "real value on the command line (docs/distributed.md, 'Data on object stores')",
+            )

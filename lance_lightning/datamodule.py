@@ -40,21 +40,21 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from lance_lightning.checks import check_int
-from lance_lightning.device_stage import DeviceStage
+from lance_lightning.device.hooks import DeviceStage
+from lance_lightning.device.transfer import DeviceTransfer, host_columns
 from lance_lightning.errors import ConfigError
 from lance_lightning.hold import VersionHold
 from lance_lightning.load.dataset import LanceIterableDataset
-from lance_lightning.load.device import DeviceTransfer, host_columns
 from lance_lightning.load.loader import LanceDataLoader, check_start_method
 from lance_lightning.materialize.view import MaterializedView
 from lance_lightning.mixture import LanceMixture
 from lance_lightning.plan.cursor import CursorTracker, repin_target, repin_versions
 from lance_lightning.plan.packing import TokenPacking
 from lance_lightning.plan.planner import ReadPlan, check_fits
-from lance_lightning.plan.schema import check_read_schema
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
 from lance_lightning.plan.survey import build_plan
 from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow, check_packed_policy
+from lance_lightning.produce.schema import check_read_schema
 from lance_lightning.read.reader import TAKE_GROUP_BYTES
 from lance_lightning.read.retry import RetryPolicy
 from lance_lightning.source import LanceSource, pin_source
@@ -241,6 +241,8 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         self.version_hold = VersionHold(hold_versions)
         #: Each split's loader and the (trainer attached, world size, rank, pinned) it was built for.
         self._loaders: dict[Split, tuple[tuple[Any, ...], LanceDataLoader]] = {}
+        #: Each split's device bad-row guard and the loader and device it serves (`DeviceStage`).
+        self._device_guards: dict[Split, tuple[LanceDataLoader, torch.device, Any]] = {}
         self._user_reload_every: int | None = None  # the trainer's setting while a re-read is pending
 
     # -- topology ---------------------------------------------------------------------------
@@ -413,7 +415,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
                 ship_positions=self.device_transform is not None,  # for the bad-row policy on the device
             )
             # Bad rows found on the device count in the clock the loader's own dataset copy measures with.
-            loader.device_ahead = self._device_ahead(split, loader.dataset)
+            loader.device_ahead = self._device_ahead(split, loader.dataset.clock)
             self._loaders[split] = (key, loader)
         return loader
 

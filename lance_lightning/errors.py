@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from lance_lightning.redaction import redact_config, redact_text
+
 
 class ConfigError(ValueError):
     """A parameter has a value that cannot work. Raised in the main process, before training."""
 
     def __init__(self, param: str, value: Any, problem: str, fix: str) -> None:
-        from lance_lightning.redaction import redact_config, redact_text
-
         self.param = param
         self.value = value
         self.problem = problem

@@ -21,9 +21,9 @@ import pyarrow as pa
 from lance_lightning.checks import check_choice, check_int
 from lance_lightning.errors import ConfigError
 from lance_lightning.plan.mixture import MixturePlan, block_counts, epoch_positions
-from lance_lightning.plan.schema import read_schema
 from lance_lightning.plan.survey import build_plan
 from lance_lightning.produce.badrows import RaiseOnBadRow
+from lance_lightning.produce.schema import read_schema
 from lance_lightning.source import LanceSource, pin_source
 from lance_lightning.vocabulary import MIXTURE_SOURCE
 

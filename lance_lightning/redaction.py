@@ -22,8 +22,7 @@ Guarantees:
   arguments or in the config files they name; `secret_values` lists those of a config.
 - `redact_exception` redacts the message of an exception and of every exception it was raised
   from, in place, so that a traceback printed afterwards holds no credential.
-- `check_not_redacted` refuses options that hold the `REDACTED` placeholder (a saved config or
-  checkpoint reused as is) with a `ConfigError` saying to pass credentials through the environment.
+- It imports nothing of the package, so every module (`lance_lightning.errors` first) may use it.
 """
 
 from __future__ import annotations
@@ -280,20 +279,3 @@ def redact_exception(error: BaseException | None, known: Iterable[str] = ()) -> 
         if error.args and all(isinstance(arg, str) for arg in error.args):
             error.args = tuple(redact_text(arg, known) for arg in error.args)
         error = error.__cause__ or error.__context__
-
-
-def check_not_redacted(param: str, options: Mapping[str, Any] | None) -> None:
-    """Raise `ConfigError` if ``options`` hold the `REDACTED` placeholder instead of a credential."""
-    from lance_lightning.errors import ConfigError
-
-    for key, value in (options or {}).items():
-        if value == REDACTED:
-            raise ConfigError(
-                f"{param}.{key}",
-                REDACTED,
-                "this is the placeholder that saved configs and checkpoints hold "
-                "in place of a secret, not the secret itself",
-                "pass credentials through the environment (e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
-                "AWS_SESSION_TOKEN) or a credentials profile and drop the key from storage_options, or give the "
-                "real value on the command line (docs/distributed.md, 'Data on object stores')",
-            )

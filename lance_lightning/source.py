@@ -21,6 +21,10 @@ Guarantees:
   retry with backoff itself (`READ_CLIENT_OPTIONS`, unless the storage options set those keys): a
   request that keeps failing reaches `lance_lightning.read.retry.RetryPolicy`, which retries,
   counts and bounds it. Planning keeps Lance's own retries.
+- `blob_columns` names a schema's blob columns: blob v2 (the ``lance.blob.v2`` extension type of
+  format 2.2, what ``lance.blob.blob_field`` makes) and blob v1 (``large_binary`` with
+  ``lance-encoding:blob=true`` metadata). A pinned source lists them; readers fetch their bytes
+  with `lance_lightning.read.blobs.with_blobs`.
 - A source that cannot be opened gets a fix for its cause: a file that is not a Lance dataset, a
   missing bucket, a missing dataset, refused credentials, a local permission error.
 """
@@ -32,11 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import lance
+import pyarrow as pa
 
+from lance_lightning.checks import check_not_redacted
 from lance_lightning.errors import ConfigError
-from lance_lightning.read.blobs import blob_columns
 from lance_lightning.redaction import (
-    check_not_redacted,
     redact_config,
     redact_options,
     redact_text,
@@ -301,3 +305,19 @@ def _validate_filter(dataset: lance.LanceDataset, source: LanceSource, param: st
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0].split(", /")[0] if text.strip() else text
+
+
+BLOB_V2 = "lance.blob.v2"
+_BLOB_META = b"lance-encoding:blob"
+
+
+def is_blob(field: pa.Field) -> bool:
+    """Whether ``field`` is a Lance blob column (v1 or v2)."""
+    if isinstance(field.type, pa.ExtensionType) and field.type.extension_name == BLOB_V2:
+        return True
+    return pa.types.is_large_binary(field.type) and (field.metadata or {}).get(_BLOB_META) == b"true"
+
+
+def blob_columns(schema: pa.Schema, columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The blob columns among ``columns`` of ``schema``."""
+    return tuple(name for name in columns if is_blob(schema.field(name)))

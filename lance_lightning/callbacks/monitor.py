@@ -30,6 +30,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from lance_lightning.checks import check_int
 from lance_lightning.metrics.figures import FIGURES, figures
 from lance_lightning.metrics.meter import Snapshot
 from lance_lightning.metrics.report import Diagnosis, diagnose, format_report
@@ -52,8 +53,13 @@ class DataLoadingMonitor(Callback):
     """
 
     def __init__(self, log_every_n_steps: int | None = None, prefix: str = "data/", report: bool = True) -> None:
-        if log_every_n_steps is not None and (isinstance(log_every_n_steps, bool) or log_every_n_steps < 0):
-            raise ValueError(f"`log_every_n_steps` must be None or an integer >= 0, got {log_every_n_steps!r}")
+        check_int(
+            "DataLoadingMonitor.log_every_n_steps",
+            log_every_n_steps,
+            0,
+            "pass None (the trainer's log_every_n_steps), 0 (epoch ends only) or a step count",
+            optional=True,
+        )
         self.log_every_n_steps = log_every_n_steps
         self.prefix = prefix
         self.print_report = report

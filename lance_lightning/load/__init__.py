@@ -1,1 +1,1 @@
-"""Loading: the torch datasets, the DataLoader, its worker processes and the move to the device."""
+"""Loading: the torch datasets, the DataLoader and its worker processes."""

@@ -53,9 +53,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from lance_lightning.device.ahead import DeviceAhead
 from lance_lightning.errors import ConfigError, WorkerDiedError
 from lance_lightning.lifetime import shared_temp_dir, watch_parent
-from lance_lightning.load.ahead import DeviceAhead
 from lance_lightning.load.dataset import LanceIterableDataset, Shipping, WorkerError, ship_from_worker
 from lance_lightning.load.progress import TrainerProgress
 from lance_lightning.load.workers import STARTING_HINT, guard_workers

@@ -4,7 +4,7 @@ A view is a local Lance dataset holding exactly the rows a source selects (its f
 columns, optionally pre-shuffled with a seed, at one pinned source version. Training then reads
 local files at disk speed, every epoch and every later run, while the source version is unchanged.
 The copy itself is `lance_lightning.materialize.copy`, disk space `lance_lightning.materialize.space`
-and the command line `lance_lightning.materialize.cli` (``lance-lightning materialize``).
+and the command line `lance_lightning.cli.materialize` (``lance-lightning materialize``).
 
 Layout of ``cache_dir``::
 

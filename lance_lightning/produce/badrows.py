@@ -17,8 +17,8 @@ Guarantees:
   data metrics), whatever the policy.
 - The same holds for a ``device_transform`` (e.g. ``DecodeImage(device="cuda")``), which runs after
   the batch reached the device: the rows' positions travel beside the batch (`BadRowGuard.finish`
-  returns them; the loader keeps the latest batch's), and `DeviceRowGuard` raises or replaces
-  exactly as `BadRowGuard` does on the host, choosing the same replacement rows.
+  returns them; the loader keeps the latest batch's), and `lance_lightning.device.guard.DeviceRowGuard`
+  raises or replaces exactly as `BadRowGuard` does on the host, choosing the same replacement rows.
 """
 
 from __future__ import annotations
@@ -242,88 +242,6 @@ def replacement(
         error.column,
         row_id,
     ) from error
-
-
-class DeviceRowGuard:
-    """Runs the device transform on a device batch, applying the policy to rows it rejects.
-
-    Called with the batch and its rows' dataset positions (kept beside it, on the host); a rejected row
-    is described, or replaced by the same candidate `BadRowGuard` would pick, exactly as on the
-    host: the candidate is read, converted, transformed on the host, moved and transformed on the
-    device, then put in the bad row's place, and the whole batch is transformed again.
-
-    Args:
-        policy: `RaiseOnBadRow` or `ReplaceBadRow`.
-        plan: The split's read plan (source, matching rows and their positions).
-        transform: The host transform (``None``: none), run on candidates.
-        fill_nulls: Per-column null fill values, as for `to_torch_batch`.
-        device_transform: The transform that runs on the device batch.
-        to_device: Moves a host batch to the device as the data module does.
-        clock: Where the ``bad_rows`` count goes.
-    """
-
-    def __init__(
-        self,
-        policy: BadRowPolicy,
-        plan: Any,
-        transform: Callable[[Batch], Batch] | None,
-        fill_nulls: dict[str, Any],
-        device_transform: Callable[[Batch], Batch],
-        to_device: Callable[[Batch], Batch],
-        clock: StageClock,
-    ) -> None:
-        self.policy = policy
-        self.plan = plan
-        self.transform = transform
-        self.fill_nulls = fill_nulls
-        self.device_transform = device_transform
-        self.to_device = to_device
-        self.clock = clock
-
-    def __call__(self, batch: Batch, shipped: Any) -> Any:
-        if shipped is None:
-            return self.device_transform(batch)
-        positions = torch.as_tensor(shipped).cpu().numpy().astype(np.int64)  # a copy: replacements edit it
-        for _ in range(len(positions) + 1):  # each pass replaces one bad row
-            try:
-                return self.device_transform(batch)
-            except RowError as error:
-                if not 0 <= error.index < len(positions):
-                    raise
-                self.clock.add("bad_rows", 1)
-                position = int(positions[error.index])
-                candidate, row = replacement(
-                    self.policy,
-                    self.plan.source,
-                    self.plan.matched_rows,
-                    self.plan.matches,
-                    position,
-                    self._row_id(batch, error.index),
-                    error,
-                    list(self.plan.source.columns),
-                    self._transforms,
-                )
-                batch = splice(batch, error.index, self._prepared(row))
-                positions[error.index] = candidate
-        raise AssertionError("unreachable: every pass replaces one row")  # pragma: no cover
-
-    def _row_id(self, batch: Batch, index: int) -> Any:
-        values = batch.get(self.policy.id_column) if self.policy.id_column is not None else None
-        if isinstance(values, torch.Tensor) and values.dim() == 1:
-            return values[index].item()
-        return values[index] if isinstance(values, list) else None
-
-    def _prepared(self, row: pa.Table) -> Batch:
-        """``row`` as the device transform receives it: converted, host-transformed, on the device."""
-        batch = to_torch_batch(row, self.fill_nulls)
-        return self.to_device(self.transform(batch) if self.transform is not None else batch)
-
-    def _transforms(self, row: pa.Table) -> bool:
-        try:
-            self.device_transform(self._prepared(row))
-        except RowError:
-            return False
-        return True
 
 
 def splice(batch: Batch, index: int, row: Batch) -> Batch:

@@ -104,7 +104,7 @@ def _convert_column(name: str, arr: pa.Array, fill_nulls: Mapping[str, Any]) -> 
     if isinstance(arr.type, pa.FixedShapeTensorType):
         shape, permutation = list(arr.type.shape), arr.type.permutation
         arr = arr.storage  # fixed_size_list<value>[prod(shape)], same validity
-    kind = _kind(name, arr.type)  # reject unsupported types before looking at nulls
+    kind = column_kind(name, arr.type)  # reject unsupported types before looking at nulls
     if arr.null_count and name in fill_nulls:
         if pa.types.is_string_view(arr.type) or pa.types.is_binary_view(arr.type):
             # Arrow has no fill_null kernel for view types; to_pylist copies anyway.
@@ -145,7 +145,7 @@ def _convert_column(name: str, arr: pa.Array, fill_nulls: Mapping[str, Any]) -> 
     return tensor
 
 
-def _kind(name: str, typ: pa.DataType) -> str:
+def column_kind(name: str, typ: pa.DataType) -> str:
     """Classify a type as "scalar", "fixed_list", "str" or "bytes", or raise."""
     t = pa.types
     if t.is_string(typ) or t.is_large_string(typ) or t.is_string_view(typ):

@@ -5,6 +5,10 @@ Guarantees:
   (decoding) per batch on another, in order. Memory is bounded per process by ``prefetch_groups``
   read groups of raw Arrow rows plus ``prefetch_batches`` finished (decoded) batches, in flight or
   waiting; ``reader_threads=0`` turns prefetching off.
+- `pin_batch` pins every tensor of a batch (and `Ragged` columns) in page-locked host memory (with
+  CUDA only), so the copy to the device can be asynchronous; lists (strings, bytes) stay as they
+  are. It runs on the reader threads (``num_workers=0``) or the DataLoader's pin thread (worker
+  processes), never on the training loop's thread.
 - A row the transform rejects is handled by the bad-row policy (`lance_lightning.produce.badrows`):
   raise naming the dataset row, or replace it deterministically; batch sizes never change.
 """
@@ -17,10 +21,10 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from lance_lightning.load.device import pin_batch
 from lance_lightning.metrics.clock import StageClock
 from lance_lightning.metrics.figures import batch_size_and_bytes, row_bytes
 from lance_lightning.produce.badrows import BadRowGuard, BadRowPolicy, RaiseOnBadRow
+from lance_lightning.produce.convert import Ragged
 from lance_lightning.produce.threads import ReaderThreads
 from lance_lightning.read.reader import BatchSpec, PlanReader
 from lance_lightning.vocabulary import Batch, BatchTransform, Shipment
@@ -149,3 +153,18 @@ class BatchProducer:
         if not self.shipments:
             return batch
         return Shipment(batch, (self.clock.drain() or None) if self.ship_stats else None, positions)
+
+
+def pin_batch(batch: Batch) -> Batch:
+    """The batch with its tensors (and objects with ``pin_memory``, such as `Ragged`) pinned."""
+    if not torch.cuda.is_available():
+        return batch  # page-locked memory needs a CUDA driver; nothing to gain without one
+    return {key: _pin(value) for key, value in batch.items()}
+
+
+def _pin(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value if value.is_pinned() else value.pin_memory()
+    if isinstance(value, Ragged):
+        return value if value.is_pinned() else value.pin_memory()
+    return value

@@ -1,9 +1,8 @@
 """Blob columns: large binary values (encoded images) that Lance stores out of line.
 
 Guarantees:
-- `blob_columns` finds a schema's blob columns: blob v2 (the ``lance.blob.v2`` extension type of
-  format 2.2, what ``lance.blob.blob_field`` makes) and blob v1 (``large_binary`` with
-  ``lance-encoding:blob=true`` metadata). A scan returns descriptors for them, not bytes.
+- A pinned source names its blob columns (`lance_lightning.source.blob_columns`); a scan returns
+  descriptors for them, not bytes.
 - `with_blobs` completes a read of the other columns with the blob columns' bytes, read by
   ``read_blobs`` (Lance's planned, coalesced blob reader): one call per blob column per read,
   positions in the read's row order. The result is a ``large_binary`` column, so the batch
@@ -15,20 +14,6 @@ from __future__ import annotations
 import lance
 import numpy as np
 import pyarrow as pa
-
-BLOB_V2 = "lance.blob.v2"
-_BLOB_META = b"lance-encoding:blob"
-
-
-def is_blob(field: pa.Field) -> bool:
-    if isinstance(field.type, pa.ExtensionType) and field.type.extension_name == BLOB_V2:
-        return True
-    return pa.types.is_large_binary(field.type) and (field.metadata or {}).get(_BLOB_META) == b"true"
-
-
-def blob_columns(schema: pa.Schema, columns: tuple[str, ...]) -> tuple[str, ...]:
-    """The blob columns among ``columns`` of ``schema``."""
-    return tuple(name for name in columns if is_blob(schema.field(name)))
 
 
 def with_blobs(

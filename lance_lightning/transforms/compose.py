@@ -50,7 +50,7 @@ class Compose:
 
     @property
     def host_columns(self) -> tuple[str, ...]:
-        """The columns its transforms read on the host (see `lance_lightning.load.device.host_columns`)."""
+        """The columns its transforms read on the host (see `lance_lightning.device.transfer.host_columns`)."""
         return tuple(dict.fromkeys(c for t in self.transforms for c in getattr(t, "host_columns", ())))
 
     def __repr__(self) -> str:

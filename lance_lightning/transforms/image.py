@@ -104,13 +104,13 @@ class DecodeImage:
         backend: Literal["auto", "torchcodec", "torchvision"] = "auto",
     ) -> None:
         if not isinstance(column, str) or not column:
-            raise ValueError(f"column={column!r} must be a non-empty column name, e.g. column='image'")
+            raise ConfigError("DecodeImage.column", column, "must be a non-empty column name", "e.g. column='image'")
         if mode not in _MODES:
-            raise ValueError(f"mode={mode!r} is not supported; use one of {sorted(_MODES)}")
+            raise ConfigError("DecodeImage.mode", mode, "is not supported", f"use one of {sorted(_MODES)}")
         if fit not in ("stretch", "crop"):
-            raise ValueError(f"fit={fit!r} is not supported; use 'stretch' or 'crop'")
+            raise ConfigError("DecodeImage.fit", fit, "is not supported", "use 'stretch' or 'crop'")
         self.column = column
-        self.size = check_size(size)
+        self.size = check_size(size, "DecodeImage.size")
         self.mode = mode
         self.normalize = bool(normalize)
         self.fit = fit
@@ -330,9 +330,11 @@ def _check_device(device: str | None) -> str | None:
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"device={device!r} is not a device; use None (CPU) or 'cuda' / 'cuda:N'") from None
+        raise ConfigError(
+            "DecodeImage.device", device, "is not a device", "use None (CPU) or 'cuda' / 'cuda:N'"
+        ) from None
     if parsed.type != "cuda":
-        raise ValueError(f"device={device!r}: GPU decoding needs a CUDA device; use None (CPU) or 'cuda'")
+        raise ConfigError("DecodeImage.device", device, "GPU decoding needs a CUDA device", "use None (CPU) or 'cuda'")
     return str(parsed)
 
 
@@ -341,31 +343,43 @@ def _check_mean_std(
 ) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
     if (mean is None) != (std is None):
         given, missing = ("mean", "std") if mean is not None else ("std", "mean")
-        raise ValueError(
-            f"{given}={mean if mean is not None else std!r} was given without {missing}; "
-            f"pass both mean and std, or neither"
+        raise ConfigError(
+            f"DecodeImage.{given}",
+            mean if mean is not None else std,
+            f"was given without {missing}",
+            "pass both mean and std, or neither",
         )
     if mean is None or std is None:
         return None, None
     mean_t, std_t = tuple(float(m) for m in mean), tuple(float(s) for s in std)
     if not mean_t:
-        raise ValueError(f"mean={mean!r} is empty; pass one value per channel, or leave mean and std as None")
+        raise ConfigError(
+            "DecodeImage.mean", mean, "is empty", "pass one value per channel, or leave mean and std as None"
+        )
     if len(mean_t) != len(std_t):
-        raise ValueError(
-            f"mean={mean!r} has {len(mean_t)} values but std={std!r} has {len(std_t)}; "
-            f"pass one value per channel in each"
+        raise ConfigError(
+            "DecodeImage.std",
+            std,
+            f"has {len(std_t)} values but mean={mean!r} has {len(mean_t)}",
+            "pass one value per channel in each",
         )
     if any(not s > 0 for s in std_t):
-        raise ValueError(f"std={std!r} must be > 0 in every channel; a zero std would divide by zero")
+        raise ConfigError(
+            "DecodeImage.std", std, "must be > 0 in every channel (a zero std would divide by zero)", "pass std > 0"
+        )
     if not normalize:
-        raise ValueError(
-            f"mean={mean!r}/std={std!r} need normalize=True (they apply to [0, 1] floats); "
-            f"set normalize=True or drop mean and std"
+        raise ConfigError(
+            "DecodeImage.normalize",
+            normalize,
+            f"mean={mean!r}/std={std!r} need normalize=True (they apply to [0, 1] floats)",
+            "set normalize=True or drop mean and std",
         )
     expected = _MODE_CHANNELS.get(mode)
     if expected is not None and len(mean_t) not in (1, expected):
-        raise ValueError(
-            f"mean={mean!r} has {len(mean_t)} values but mode={mode!r} gives {expected} channel(s); "
-            f"pass {expected} values (or 1 to share across channels)"
+        raise ConfigError(
+            "DecodeImage.mean",
+            mean,
+            f"has {len(mean_t)} values but mode={mode!r} gives {expected} channel(s)",
+            f"pass {expected} values (or 1 to share across channels)",
         )
     return mean_t, std_t

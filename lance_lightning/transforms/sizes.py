@@ -1,7 +1,7 @@
 """Sizes and batch-wise resizing shared by the image transforms.
 
 Guarantees: `check_size` accepts an int or a (height, width) pair of positive ints (or None) and
-raises `ValueError` naming the value otherwise. `fit_batch` stacks a list of (C, H, W) images into
+raises `ConfigError` naming the parameter and the value otherwise. `fit_batch` stacks a list of (C, H, W) images into
 one (N, C, h, w) tensor (or takes one already stacked), resizing once per group of same-shaped
 images (one call for a batch whose images share a shape, the usual case), never once per image.
 """
@@ -16,28 +16,28 @@ from typing import Any
 import torch
 from torchvision.transforms.v2 import functional as F
 
+from lance_lightning.errors import ConfigError
 
-def check_size(size: int | tuple[int, int] | Sequence[int] | None) -> tuple[int, int] | None:
-    """``(height, width)`` from ``size``; an int ``s`` is ``(s, s)``."""
+
+def check_size(size: int | tuple[int, int] | Sequence[int] | None, param: str) -> tuple[int, int] | None:
+    """``(height, width)`` from ``size`` (the value of ``param``); an int ``s`` is ``(s, s)``."""
     if size is None:
         return None
-    problem = f"size={size!r} is not a valid size; pass an int or a (height, width) pair of positive ints, or None"
+    fix = "pass an int or a (height, width) pair of positive ints, e.g. 224 or [224, 224], or None"
     if isinstance(size, bool):
-        raise ValueError(problem)
+        raise ConfigError(param, size, "is not a valid size", fix)
     if isinstance(size, int):
         pair: tuple[Any, ...] = (size, size)
     else:
         try:
             pair = tuple(size)
         except TypeError:
-            raise ValueError(problem) from None
+            raise ConfigError(param, size, "is not a valid size", fix) from None
         if len(pair) != 2:
-            raise ValueError(
-                f"size={size!r} has {len(pair)} elements; pass an int or a (height, width) pair of positive ints"
-            )
+            raise ConfigError(param, size, f"has {len(pair)} elements", fix)
     for v in pair:
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"size={size!r} must hold positive ints; pass e.g. size=224 or size=(224, 224)")
+            raise ConfigError(param, size, "must hold positive ints", fix)
     return (int(pair[0]), int(pair[1]))
 
 

@@ -238,7 +238,7 @@ def test_cli_yaml_mixture_by_class_path_and_plain_mapping(tmp_path):
 def test_a_bad_row_is_named_in_its_own_source(tmp_path):
     from lance_lightning.errors import BadRowError
     from lance_lightning.transforms import DecodeImage
-    from tests.unit.transforms.test_image import write_image_dataset
+    from tests.images import write_image_dataset
 
     good = write_image_dataset(tmp_path / "good.lance", 100)
     bad = write_image_dataset(tmp_path / "bad.lance", 100, bad=(7,))

@@ -269,7 +269,7 @@ def test_corrupt_image_with_the_default_policy_names_row_and_column(tmp_path) ->
     """No ``bad_rows`` given: the default (a lazy ``RaiseOnBadRow``) raises `BadRowError`."""
     from lance_lightning.produce.badrows import BadRowError
     from lance_lightning.transforms import DecodeImage
-    from tests.unit.transforms.test_image import write_image_dataset
+    from tests.images import write_image_dataset
 
     uri = write_image_dataset(tmp_path / "img.lance", 40, bad=(13,), fragment_rows=64)
     dm = LanceDataModule(

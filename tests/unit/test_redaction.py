@@ -151,7 +151,7 @@ def test_parser_messages_mask_the_values_a_command_line_gives(tmp_path: Path) ->
 
 
 def test_resume_command_redacts_the_credentials_of_the_command_line() -> None:
-    from lance_lightning.cli_lightning import resume_command
+    from lance_lightning.cli.lightning import resume_command
 
     options = json.dumps({"aws_access_key_id": "AKIA" + SECRET, "aws_secret_access_key": SECRET, "aws_region": "r"})
     argv = [

@@ -26,6 +26,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from lance_lightning import DataLoadingMonitor, LanceDataModule, LanceSource, NoShuffle, RowShuffle  # noqa: E402
+from lance_lightning.errors import ConfigError  # noqa: E402
 from lance_lightning.load.dataset import LanceIterableDataset  # noqa: E402
 from lance_lightning.load.loader import LanceDataLoader  # noqa: E402
 from lance_lightning.metrics.clock import StageClock  # noqa: E402
@@ -116,6 +117,13 @@ def logged_fit(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "batches": len(dm.train_dataloader()),
         "csv": _read_csv(root / "csv" / "version_0" / "metrics.csv"),
     }
+
+
+@pytest.mark.parametrize("value", [-1, True, "often", 2.5])
+def test_a_bad_log_interval_is_a_config_error_naming_it(value: Any) -> None:
+    with pytest.raises(ConfigError) as raised:
+        DataLoadingMonitor(log_every_n_steps=value)
+    assert raised.value.param == "DataLoadingMonitor.log_every_n_steps" and raised.value.value == value
 
 
 def test_csv_has_every_figure_at_the_trainers_logging_steps(logged_fit):

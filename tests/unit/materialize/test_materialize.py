@@ -329,7 +329,7 @@ for name in tiny snug; do mkdir -p "$ROOT/$name"; done
 mount -t tmpfs -o size=256k tmpfs "$ROOT/tiny" || exit 99
 mount -t tmpfs -o size="$SNUG" tmpfs "$ROOT/snug" || exit 99
 for name in tiny snug; do
-  "$PYTHON" -m lance_lightning.materialize.cli --uri "$URI" --out-dir "$ROOT/$name/views" --chunk-rows 50 --quiet
+  "$PYTHON" -m lance_lightning.cli.materialize --uri "$URI" --out-dir "$ROOT/$name/views" --chunk-rows 50 --quiet
   echo "exit=$?"
   echo "left=$(ls -A "$ROOT/$name/views" | grep -v '\\.lock$' | tr '\\n' ' ')"
 done

@@ -19,7 +19,7 @@ from lance_lightning.produce.badrows import BadRowError, RaiseOnBadRow, ReplaceB
 from lance_lightning.transforms import DecodeImage
 from tests.harness import assert_exact, fit, run_resume
 from tests.helpers import ImageRecordingModel
-from tests.unit.transforms.test_image import assert_images_match_ids, write_image_dataset
+from tests.images import assert_images_match_ids, write_image_dataset
 
 BAD = (13, 14, 57, 130)
 

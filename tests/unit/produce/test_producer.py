@@ -17,7 +17,7 @@ from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.produce.badrows import ReplaceBadRow
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment
 from tests.helpers import write_dataset
-from tests.unit.transforms.test_image import write_image_dataset
+from tests.images import write_image_dataset
 
 
 class CountingTransform:
@@ -127,7 +127,7 @@ def test_abandoned_epoch_then_a_full_one(tmp_path: Path, with_transform: bool) -
 
 
 def test_decoding_in_worker_processes_and_threads(tmp_path: Path) -> None:
-    from tests.unit.transforms.test_image import assert_images_match_ids
+    from tests.images import assert_images_match_ids
 
     uri = write_image_dataset(tmp_path / "img.lance", 160)
     dm = LanceDataModule(

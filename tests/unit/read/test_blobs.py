@@ -17,7 +17,7 @@ from lance_lightning.source import pin_source
 from lance_lightning.transforms import DecodeImage
 from tests.harness import assert_exact, fit, run_resume
 from tests.helpers import ImageRecordingModel, make_table
-from tests.unit.transforms.test_image import jpeg, noise
+from tests.images import jpeg, noise
 
 ROWS = 96
 

@@ -19,12 +19,12 @@ import torch
 from PIL import Image
 
 from lance_lightning import LanceDataModule, LanceSource
+from lance_lightning.device.transfer import host_columns
 from lance_lightning.errors import ConfigError
-from lance_lightning.load.device import host_columns
 from lance_lightning.produce.badrows import RaiseOnBadRow
 from lance_lightning.produce.convert import Ragged
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError, decoders
-from tests.unit.transforms.test_image import BAD_BYTES, image_blobs, jpeg, noise, png
+from tests.images import BAD_BYTES, image_blobs, jpeg, noise, png
 
 BACKENDS = ["torchcodec", "torchvision"]
 

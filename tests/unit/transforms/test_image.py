@@ -24,55 +24,8 @@ from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.produce.convert import Ragged, to_torch_batch
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError, decoders
 from lance_lightning.transforms.image import ImageDecodeError as ImageDecodeErrorDirect
-from tests.helpers import encode_image, write_dataset
-
-BAD_BYTES = b"\xff\xd8\xff\xe0 this is not a JPEG"
-
-
-def colour(i: int) -> tuple[int, int, int]:
-    return (i * 37) % 256, (i * 91 + 17) % 256, (i * 13 + 200) % 256
-
-
-def solid(i: int, h: int = 12, w: int = 10) -> torch.Tensor:
-    return torch.tensor(colour(i), dtype=torch.uint8).view(3, 1, 1).expand(3, h, w).contiguous()
-
-
-def image_blobs(rows: int, fmt: str = "mixed", bad: tuple[int, ...] = (), sizes: bool = False) -> list[bytes]:
-    """Row ``i``: the solid colour of ``i`` (PNG for even rows when mixed); ``bad`` rows are garbage."""
-    blobs = []
-    for i in range(rows):
-        kind = fmt if fmt != "mixed" else ("png" if i % 2 == 0 else "jpeg")
-        h, w = (12 + i % 3, 10 + i % 5) if sizes else (12, 10)
-        blobs.append(encode_image(solid(i, h, w), kind))
-    for i in bad:
-        blobs[i] = BAD_BYTES
-    return blobs
-
-
-def write_image_dataset(
-    path: Path,
-    rows: int,
-    *,
-    fmt: str = "mixed",
-    bad: tuple[int, ...] = (),
-    sizes: bool = False,
-    fragment_rows: int | None = None,
-) -> str:
-    """`tests.helpers.write_dataset` columns (id, label, x, vec) plus ``image`` (binary) and ``name``."""
-    extra = {
-        "image": pa.array(image_blobs(rows, fmt, bad, sizes), pa.binary()),
-        "name": pa.array([f"row-{i}" for i in range(rows)]),
-    }
-    return write_dataset(path, rows, fragment_rows=fragment_rows, extra=extra)
-
-
-def assert_images_match_ids(images: torch.Tensor, ids: torch.Tensor, tolerance: int = 3) -> None:
-    """Each decoded (uint8 or [0, 1] float) image is the solid colour of its row id."""
-    if images.is_floating_point():
-        images = (images * 255).round()
-    expected = torch.stack([torch.tensor(colour(int(i)), dtype=torch.float32) for i in ids])
-    got = images.float().mean(dim=(2, 3))
-    assert torch.allclose(got, expected, atol=tolerance), (ids.tolist(), got[:4].tolist(), expected[:4].tolist())
+from tests.helpers import encode_image
+from tests.images import assert_images_match_ids, image_blobs, jpeg, noise, png, write_image_dataset
 
 
 # -- DecodeImage, batched paths -------------------------------------------------------------------
@@ -142,29 +95,16 @@ def test_crop_keeps_aspect_and_takes_the_centre() -> None:
 
 
 def test_fit_and_device_validation() -> None:
-    with pytest.raises(ValueError, match="fit='zoom'"):
+    with pytest.raises(ConfigError, match="`DecodeImage.fit`='zoom'"):
         DecodeImage(fit="zoom")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="device='mps'"):
+    with pytest.raises(ConfigError, match="`DecodeImage.device`='mps'"):
         DecodeImage(device="mps")
-    with pytest.raises(ValueError, match="device='nope'"):
+    with pytest.raises(ConfigError, match="`DecodeImage.device`='nope'"):
         DecodeImage(device="nope")
     assert DecodeImage(device="cpu").device is None
 
 
 # -- DecodeImage on single batches: modes, sizes, normalisation, errors, pickling -----------------
-def noise(c: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (c, h, w), dtype=torch.uint8, generator=g)
-
-
-def png(image: torch.Tensor) -> bytes:
-    return encode_image(image, "png")
-
-
-def jpeg(image: torch.Tensor) -> bytes:
-    return encode_image(image, "jpeg")
-
-
 def test_exports() -> None:
     assert ImageDecodeError is ImageDecodeErrorDirect
     assert issubclass(ImageDecodeError, ValueError)
@@ -356,30 +296,32 @@ def test_transform_is_picklable() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "needle"),
+    ("kwargs", "param"),
     [
-        ({"mean": (0.5, 0.5, 0.5)}, "std"),
-        ({"std": (0.5, 0.5, 0.5)}, "mean"),
-        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5)}, "std="),
-        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.0, 0.5)}, "std="),
-        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, -1.0, 0.5)}, "> 0"),
-        ({"mean": (), "std": ()}, "mean="),
-        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "normalize": False}, "normalize=True"),
-        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "mode": "gray"}, "mode='gray'"),
-        ({"size": 0}, "size=0"),
-        ({"size": -3}, "size=-3"),
-        ({"size": (8, 0)}, "size=(8, 0)"),
-        ({"size": (8, 8, 8)}, "size="),
-        ({"size": (8.5, 8)}, "size="),
-        ({"size": True}, "size="),
-        ({"mode": "bgr"}, "mode='bgr'"),
-        ({"column": ""}, "column="),
+        ({"mean": (0.5, 0.5, 0.5)}, "DecodeImage.mean"),
+        ({"std": (0.5, 0.5, 0.5)}, "DecodeImage.std"),
+        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5)}, "DecodeImage.std"),
+        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.0, 0.5)}, "DecodeImage.std"),
+        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, -1.0, 0.5)}, "DecodeImage.std"),
+        ({"mean": (), "std": ()}, "DecodeImage.mean"),
+        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "normalize": False}, "DecodeImage.normalize"),
+        ({"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "mode": "gray"}, "DecodeImage.mean"),
+        ({"size": 0}, "DecodeImage.size"),
+        ({"size": -3}, "DecodeImage.size"),
+        ({"size": (8, 0)}, "DecodeImage.size"),
+        ({"size": (8, 8, 8)}, "DecodeImage.size"),
+        ({"size": (8.5, 8)}, "DecodeImage.size"),
+        ({"size": True}, "DecodeImage.size"),
+        ({"mode": "bgr"}, "DecodeImage.mode"),
+        ({"column": ""}, "DecodeImage.column"),
     ],
 )
-def test_init_validation(kwargs: dict, needle: str) -> None:
-    with pytest.raises(ValueError) as ei:
+def test_init_validation_names_the_parameter_and_its_value(kwargs: dict, param: str) -> None:
+    with pytest.raises(ConfigError) as ei:
         DecodeImage(**kwargs)
-    assert needle in str(ei.value)
+    assert ei.value.param == param
+    assert ei.value.value == kwargs[param.split(".")[1]]
+    assert f"`{param}`=" in str(ei.value) and "Fix:" in str(ei.value)
 
 
 def test_unchanged_mode_mean_std_channel_mismatch_at_call() -> None:

@@ -7,7 +7,7 @@ Guarantees:
   values, URL userinfo); the objects that run get the real values.
 - A parser error is a few lines on stderr (what is wrong with which key, redacted, and where to
   find the options), exit status 2, without the usage dump; a value given for ``data.train`` is
-  judged as the type it was meant as (`lance_lightning.parse_errors`), and a mixture's mistake
+  judged as the type it was meant as (`lance_lightning.cli.parse_errors`), and a mixture's mistake
   names the field inside it (``data.train.weights[0]``), exit status 1.
 - At the end of ``fit`` every rank takes part in the collective calls (log directory, final
   checkpoint), so a DDP run ends with status 0; rank 0 prints where the logs and checkpoints are
@@ -36,7 +36,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lance_lightning.cli import OneScreenParser
+from lance_lightning.cli.parser import OneScreenParser
 from lance_lightning.errors import ConfigError
 from lance_lightning.lifetime import exit_on_sigterm
 from lance_lightning.mixture import LanceMixture

@@ -39,7 +39,7 @@ def build_parser(data_options: bool = True) -> Any:
 
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    from lance_lightning.cli import OneScreenParser
+    from lance_lightning.cli.parser import OneScreenParser
     from lance_lightning.vocabulary import Split
 
     class ProfileParser(OneScreenParser, ArgumentParser):

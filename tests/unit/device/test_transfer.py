@@ -17,11 +17,12 @@ import torch
 from torchvision.transforms import v2
 
 from lance_lightning import LanceDataModule, LanceSource
-from lance_lightning.load.device import DeviceTransfer, move, pin_batch
+from lance_lightning.device.transfer import DeviceTransfer, move
 from lance_lightning.produce.convert import Ragged, to_torch_batch
+from lance_lightning.produce.producer import pin_batch
 from lance_lightning.transforms import Compose, DecodeImage, DeviceAugment, ImageDecodeError
 from tests.helpers import DECODER_BACKENDS, RecordingModel
-from tests.unit.transforms.test_image import assert_images_match_ids, image_blobs, write_image_dataset
+from tests.images import assert_images_match_ids, image_blobs, write_image_dataset
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

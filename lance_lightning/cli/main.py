@@ -1,24 +1,14 @@
-"""The ``lance-lightning`` command: LightningCLI with `LanceDataModule` as the data module.
+"""``lance-lightning``'s dispatch: a subcommand to its module, and lance_lightning's errors as a few lines.
 
 Guarantees:
-- ``lance-lightning fit|validate|test|predict --config X.yaml`` builds any LightningModule given
-  by ``class_path`` and a `LanceDataModule` from ``data:`` (`lance_lightning.cli_lightning`);
-  modules in the current directory (e.g. ``examples.digits``) resolve as with ``python -m``.
-- ``lance-lightning profile --config X.yaml`` runs only the config's data pipeline and prints the
-  data loading report (`lance_lightning.profile`); ``lance-lightning materialize`` copies a
-  source to a local view (`lance_lightning.materialize.cli`).
-- Start-up imports only what the subcommand needs: ``lance-lightning --help`` and
-  ``materialize`` never import Lightning or torch.
-- Parser errors (`OneScreenParser`) name the bad key in a few lines, without the usage dump,
-  exit status 2; configs the parsers save or print have their credentials redacted.
+- Start-up imports only what the subcommand needs: ``lance-lightning --help``, ``materialize``
+  and ``holds`` never import Lightning or torch.
 - An error of lance_lightning's own (a `ConfigError`, a data or cursor error) ends the command
   with a few lines on stderr (what, the parameter, the value, the fix) and exit status 1; the
   full traceback is printed when the environment sets ``LANCE_LIGHTNING_TRACEBACK=1``. Any other
-  error is re-raised. Credentials (`lance_lightning.redaction`) never appear in these lines, in
-  parser errors or in a traceback: the messages of the error and of its causes are redacted
-  first, including every credential value the command line or its config files give.
-- A Trainer subcommand stopped by SIGTERM exits with status 143 (128 + SIGTERM), after Lightning's
-  ``on_exception`` checkpoint, never 0: a scheduler sees that the run did not finish.
+  error is re-raised. Credentials (`lance_lightning.redaction`) never appear in these lines or in
+  a traceback: the messages of the error and of its causes are redacted first, including every
+  credential value the command line or its config files give.
 """
 
 from __future__ import annotations
@@ -27,15 +17,17 @@ import importlib
 import os
 import sys
 from collections.abc import Iterable
-from typing import Any
+
+from lance_lightning.errors import ConfigError
+from lance_lightning.redaction import command_secrets, redact_config, redact_exception, redact_text
 
 #: Set to 1 to print the full traceback of an error instead of its few lines.
 TRACEBACK_ENV = "LANCE_LIGHTNING_TRACEBACK"
 #: Subcommands that are not Trainer stages: name -> "module:function(argv) -> exit status".
 _TOOLS = {
-    "profile": "lance_lightning.profile:main",
-    "materialize": "lance_lightning.materialize.cli:materialize_main",
-    "holds": "lance_lightning.hold_cli:holds_main",
+    "profile": "lance_lightning.cli.profile:main",
+    "materialize": "lance_lightning.cli.materialize:materialize_main",
+    "holds": "lance_lightning.cli.holds:holds_main",
 }
 _DESCRIPTION = (
     "Train with a LanceDataModule. Also: `lance-lightning profile --config X.yaml [--batches N] "
@@ -73,13 +65,11 @@ def main(args: list[str] | None = None) -> None:
             module, function = _TOOLS[argv[0]].split(":")
             code = getattr(importlib.import_module(module), function)(argv[1:])
         else:
-            from lance_lightning.cli_lightning import run
+            from lance_lightning.cli.lightning import run
 
             run(args, _DESCRIPTION)
             code = 0
     except Exception as error:  # noqa: BLE001 - only our own errors are shortened, others re-raise redacted
-        from lance_lightning.redaction import command_secrets, redact_exception
-
         known = command_secrets(argv)
         redact_exception(error, known)
         ours = _our_error(error)
@@ -89,31 +79,6 @@ def main(args: list[str] | None = None) -> None:
         code = 1
     if code:
         sys.exit(code)
-
-
-class OneScreenParser:
-    """Mixin for jsonargparse parsers: dumps (saved and printed configs) have their credentials
-    redacted; an error is a few redacted lines naming the key, exit status 2, without the usage."""
-
-    def dump(self, cfg: Any, *args: Any, **kwargs: Any) -> str:
-        from lance_lightning.redaction import redact_config
-
-        return super().dump(redact_config(cfg), *args, **kwargs)  # type: ignore[misc]
-
-    def error(self, message: str, ex: Exception | None = None) -> Any:
-        from lance_lightning.parse_errors import shorten
-        from lance_lightning.redaction import command_secrets, redact_text
-
-        # jsonargparse quotes a bad value without its key: mask what the command line gave as credentials.
-        message = shorten(redact_text(message, command_secrets(getattr(self, "args", None) or [])))
-        if not self.exit_on_error:  # type: ignore[attr-defined]  # an inner parse jsonargparse retries
-            super().error(message, ex)  # type: ignore[misc]
-        prog = self.prog.replace(" [options]", "")  # type: ignore[attr-defined]
-        sys.stderr.write(
-            f"{prog}: error: {message.strip()}\n"
-            f"(all options: {prog} --help; one class's options: --data.<key>.help CLASS)\n"
-        )
-        sys.exit(2)
 
 
 def _our_error(error: BaseException) -> BaseException | None:
@@ -133,15 +98,12 @@ def _our_error(error: BaseException) -> BaseException | None:
     return None
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def error_lines(command: str, error: BaseException, known: Iterable[str] = ()) -> str:
     """A lance_lightning error as a few lines: what, the parameter, the value, the fix; credentials
     (and the ``known`` credential values) redacted."""
-    from lance_lightning.errors import ConfigError
-    from lance_lightning.redaction import redact_config, redact_text
-
     prefix = f"lance-lightning {command}: error"
     if isinstance(error, ConfigError):
         value = repr(redact_config({error.param.rsplit(".", 1)[-1]: error.value}).popitem()[1])
@@ -151,15 +113,3 @@ def error_lines(command: str, error: BaseException, known: Iterable[str] = ()) -
     else:
         text = f"{prefix}: {type(error).__name__}: {error}"
     return redact_text(text, known) + f"\n  (set {TRACEBACK_ENV}=1 for the full traceback)"
-
-
-def __getattr__(name: str) -> Any:  # `lance_lightning.cli.LanceLightningCLI` without importing Lightning eagerly
-    if name == "LanceLightningCLI":
-        from lance_lightning.cli_lightning import LanceLightningCLI
-
-        return LanceLightningCLI
-    raise AttributeError(f"module 'lance_lightning.cli' has no attribute {name!r}")
-
-
-if __name__ == "__main__":
-    main()

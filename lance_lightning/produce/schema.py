@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_lightning.errors import ConfigError
-from lance_lightning.produce.convert import UnsupportedColumnError, _kind
+from lance_lightning.produce.convert import UnsupportedColumnError, column_kind
 
 
 def read_schema(plan: Any) -> pa.Schema:
@@ -41,7 +41,7 @@ def check_read_schema(plans: Mapping[str, Any], fill_nulls: Mapping[str, Any], t
                 continue  # converted by its reader (e.g. Lance blobs), not from its storage type
             storage = field.type.storage_type if isinstance(field.type, pa.ExtensionType) else field.type
             try:
-                _kind(field.name, storage)
+                column_kind(field.name, storage)
             except UnsupportedColumnError as error:
                 raise ConfigError(
                     f"{split}.columns",
@@ -61,7 +61,7 @@ def _check_fill(field: pa.Field, value: Any) -> None:
     try:
         pc.fill_null(pa.nulls(1, field.type), value)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as error:
-        example = {"str": '""', "bytes": 'b""'}.get(_kind(field.name, field.type), "0")
+        example = {"str": '""', "bytes": 'b""'}.get(column_kind(field.name, field.type), "0")
         raise ConfigError(
             f"fill_nulls.{field.name}",
             value,

@@ -1,10 +1,8 @@
 """Getting batches onto the accelerator before the step needs them.
 
 Guarantees:
-- `pin_batch` pins every tensor of a batch (and `Ragged` columns) in page-locked host memory, so
-  the host-to-device copy can be asynchronous; lists (strings, bytes) are left as they are. The
-  data module runs it on the reader threads (``num_workers=0``) or lets the DataLoader's pin
-  thread do it (worker processes), never on the training loop's thread.
+- Host batches arrive pinned (`lance_lightning.produce.producer.pin_batch`, on the reader threads or
+  the DataLoader's pin thread), so the host-to-device copy can be asynchronous.
 - `DeviceTransfer` copies a batch's tensors with ``non_blocking=True``. On CUDA (``start``ed
   with ``copy_stream=True``) the copies are issued on a side stream: batch k+1 is copied while
   the GPU still runs step k's kernels (the CPU queues kernels ahead of the GPU), the compute
@@ -22,22 +20,6 @@ from typing import Any
 import torch
 
 from lance_lightning.produce.convert import Ragged
-from lance_lightning.vocabulary import Batch
-
-
-def pin_batch(batch: Batch) -> Batch:
-    """The batch with its tensors (and objects with ``pin_memory``, such as `Ragged`) pinned."""
-    if not torch.cuda.is_available():
-        return batch  # page-locked memory needs a CUDA driver; nothing to gain without one
-    return {key: _pin(value) for key, value in batch.items()}
-
-
-def _pin(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value if value.is_pinned() else value.pin_memory()
-    if isinstance(value, Ragged):
-        return value if value.is_pinned() else value.pin_memory()
-    return value
 
 
 def host_columns(transform: Any) -> tuple[str, ...]:

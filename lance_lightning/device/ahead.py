@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from lance_lightning.load.device import DeviceTransfer, move, record_stream
+from lance_lightning.device.transfer import DeviceTransfer, move, record_stream
 
 #: What the loader iterates: (batch, worker statistics or None, row positions or None).
 Item = tuple[Any, Any, Any]

@@ -3,7 +3,7 @@ the device transform, in the training loop's hooks or ahead of the step.
 
 Guarantees:
 - On CUDA (unless ``device_ahead`` is 0 or the model overrides ``transfer_batch_to_device``), each
-  loader prepares its batches ahead (`lance_lightning.load.ahead.DeviceAhead`): the copy and the
+  loader prepares its batches ahead (`lance_lightning.device.ahead.DeviceAhead`): the copy and the
   device transform (under the bad-row policy) run in a background thread on their own stream, and
   the hooks below pass those batches through untouched. Elsewhere the hooks do the same work
   between steps: ``transfer_batch_to_device`` copies without blocking (str/bytes lists and the
@@ -13,7 +13,8 @@ Guarantees:
   after ours.
 - `DeviceStage` is a mixin of `LanceDataModule` and reads its settings (``trainer``,
   ``device_ahead``, ``device_transfer``, ``device_transform``, ``bad_rows``, ``plans``,
-  ``transform``, ``fill_nulls``, ``_loaders``).
+  ``transform``, ``fill_nulls``, ``_loaders``) and keeps each split's device bad-row guard in
+  ``_device_guards`` (built once per loader and device, not per batch).
 """
 
 from __future__ import annotations
@@ -26,27 +27,27 @@ import torch
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from lance_lightning.load.ahead import DeviceAhead, DevicePreparation
-from lance_lightning.load.dataset import LanceIterableDataset
-from lance_lightning.produce.badrows import DeviceRowGuard
+from lance_lightning.device.ahead import DeviceAhead, DevicePreparation
+from lance_lightning.device.guard import DeviceRowGuard
+from lance_lightning.metrics.clock import StageClock
 from lance_lightning.vocabulary import Split
 
 
 class DeviceStage:
     """Device hooks and the ahead preparation of `LanceDataModule` (see the module docstring)."""
 
-    def _device_ahead(self, split: Split, dataset: LanceIterableDataset) -> DeviceAhead | None:
+    def _device_ahead(self, split: Split, clock: StageClock) -> DeviceAhead | None:
         """Batches prepared on the GPU ahead of the step: on CUDA, unless ``device_ahead`` is 0 or
         the model moves batches itself (its ``transfer_batch_to_device`` must see host batches)."""
         device = self.trainer.strategy.root_device if self.trainer is not None else None
         model = self.trainer.lightning_module if self.trainer is not None else None
         if not self.device_ahead or device is None or device.type != "cuda" or _moves_batches(model):
             return None
-        guard = self._row_guard(split, device, dataset) if self.device_transform is not None else None
+        guard = self._row_guard(split, device, clock) if self.device_transform is not None else None
         prepare = DevicePreparation(self.device_transfer, device, self.device_transform, guard)
         return DeviceAhead(prepare, device, self.device_ahead)
 
-    def _row_guard(self, split: Split, device: torch.device, dataset: LanceIterableDataset) -> DeviceRowGuard:
+    def _row_guard(self, split: Split, device: torch.device, clock: StageClock) -> DeviceRowGuard:
         return DeviceRowGuard(
             self.bad_rows,
             self.plans[split],
@@ -54,7 +55,7 @@ class DeviceStage:
             self.fill_nulls,
             self.device_transform,
             functools.partial(self.device_transfer, device=device),
-            dataset.clock,
+            clock,
         )
 
     def _prepared_ahead(self) -> bool:
@@ -81,8 +82,16 @@ class DeviceStage:
         _, loader = self._loaders.get(split, (None, None))
         if loader is None or loader.positions is None:
             return self.device_transform(batch)
-        guard = self._row_guard(split, self.trainer.strategy.root_device, loader.dataset)
-        return guard(batch, loader.positions)
+        return self._guard_of(split, loader)(batch, loader.positions)
+
+    def _guard_of(self, split: Split, loader: Any) -> DeviceRowGuard:
+        """The bad-row guard of ``loader`` on the trainer's device, built once per loader and device."""
+        device = self.trainer.strategy.root_device
+        built = self._device_guards.get(split)
+        if built is None or built[0] is not loader or built[1] != device:
+            built = (loader, device, self._row_guard(split, device, loader.dataset.clock))
+            self._device_guards[split] = built
+        return built[2]
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Runs ``device_transform`` on the device batch, then the model's hook if it has one."""

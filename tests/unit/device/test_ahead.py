@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle
-from lance_lightning.load.ahead import DeviceAhead
+from lance_lightning.device.ahead import DeviceAhead
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.loader import LanceDataLoader
 from tests.harness import Job, Setup, run_and_check_resume

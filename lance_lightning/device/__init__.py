@@ -1,0 +1,8 @@
+"""The device stage: what happens to a batch between the host and the training step.
+
+Guarantees: every step of a batch's way onto the accelerator is in this folder: the non-blocking
+copy (`transfer`), the batches prepared ahead on a side stream (`ahead`), the bad-row policy for the
+device transform (`guard`) and the data module's Lightning hooks that choose between the two
+(`hooks`). Importing the folder imports nothing: a DataLoader worker that needs none of it never
+loads Lightning.
+"""
