@@ -282,20 +282,36 @@ def test_permanent_error_is_not_retried(s3: S3Server) -> None:
 def _ids_of_epoch(
     dm: LanceDataModule, pause_after: int | None = None, server: S3Server | None = None
 ) -> tuple[list[int], float]:
+    """One epoch's ids; with ``pause_after``, the server is paused after that batch and resumed only
+    once the consumer has waited a second for a batch (so a read ran into the pause, whatever the
+    machine's load) and at least 1.5 s passed."""
     dm.setup("fit")
     loader = dm.train_dataloader()
     ids: list[int] = []
-    resume: threading.Timer | None = None
+    last_batch = [time.monotonic()]
+    done = threading.Event()
+
+    def resume_when_stalled() -> None:
+        paused_at = time.monotonic()
+        while not done.wait(0.05):
+            now = time.monotonic()
+            if (now - paused_at >= 1.5 and now - last_batch[0] >= 1.0) or now - paused_at > 60:
+                break
+        _resume(server)
+
+    watcher: threading.Thread | None = None
     try:
         for index, batch in enumerate(loader):
             ids.extend(batch["id"].tolist())
+            last_batch[0] = time.monotonic()
             if index == pause_after:
                 _pause(server)
-                resume = threading.Timer(1.5, _resume, args=(server,))
-                resume.start()
+                watcher = threading.Thread(target=resume_when_stalled, daemon=True)
+                watcher.start()
     finally:
-        if resume is not None:
-            resume.cancel()
+        done.set()
+        if watcher is not None:
+            watcher.join()
             _resume(server)
     return ids, loader.metrics_snapshot().totals.get("retries", 0.0)
 
