@@ -451,9 +451,9 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
             )
         if _HOLD_KEY in state_dict:
             self.version_hold.adopt(state_dict[_HOLD_KEY])
-        self.restore_cursor(state_dict.get(_STATE_KEY, {}))
+        self._restore_cursor(state_dict.get(_STATE_KEY, {}))
 
-    def restore_cursor(self, cursor: dict[str, Any]) -> None:
+    def _restore_cursor(self, cursor: dict[str, Any]) -> None:
         """Resume the train split from a saved cursor, re-pinning the version it was read at.
 
         With ``resume_data=False`` the cursor is not checked: its epoch restarts at row 0.

@@ -249,6 +249,15 @@ class PackedRecordingModel(RecordingModel):
         self.log("val/loss", self._loss(batch), batch_size=len(batch["input_ids"]))
 
 
+def assert_one_saved_cursor(ckpt: Mapping[str, Any]) -> None:
+    """The data module's checkpoint state is the only copy of the train cursor: the callback and the
+    loop's loader state hold none."""
+    assert ckpt["LanceDataModule"]["train_cursor"], "the data module saved no cursor"
+    assert "DataCursorCheckpoint" not in ckpt.get("callbacks", {}), ckpt["callbacks"]
+    loaders = ckpt["loops"]["fit_loop"]["state_dict"].get("combined_loader", [])
+    assert all(state == {} for state in loaders), loaders
+
+
 def flat(seen: list[list[int]]) -> list[int]:
     """Concatenate per-step id lists."""
     return [i for step in seen for i in step]

@@ -1,10 +1,13 @@
-"""`DataCursorCheckpoint`: saves the train data cursor in every checkpoint and restores it.
+"""`DataCursorCheckpoint`: the train data cursor counts exactly the steps that ended.
 
 Guarantees:
-- The cursor counts only batches whose training step ended (``on_train_batch_end``), so batches
-  fetched ahead by workers, ``prefetch_factor`` or Lightning itself never count.
-- The saved state is the data module's cursor (plain types, see `lance_lightning.plan.cursor`); on
-  restore it is validated strictly against the current plan, before training starts.
+- With the callback, the cursor counts only batches whose training step ended
+  (``on_train_batch_end``), so batches fetched ahead by workers, ``prefetch_factor`` or Lightning
+  itself never count, whatever fetches ahead.
+- It saves and restores nothing itself: the data module's checkpoint state
+  (``ckpt["LanceDataModule"]["train_cursor"]``, `lance_lightning.plan.cursor`) is the one saved
+  copy of the cursor, restored once and strictly. A copy that checkpoints of earlier versions keep
+  under ``ckpt["callbacks"]["DataCursorCheckpoint"]`` is ignored (it equals the data module's).
 - Resume does not depend on ``loader.load_state_dict`` being called: Lightning skips it when
   ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (#20550).
 """
@@ -44,21 +47,11 @@ class DataCursorCheckpoint(Callback):
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         cursor = self._datamodule.train_cursor
-        if cursor is not None and cursor.consumed is None:
-            cursor.consumed = 0
+        if cursor is not None:
+            cursor.count_finished_steps()
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._datamodule.train_cursor.on_step_end()
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        cursor = self._datamodule.train_cursor if self._datamodule is not None else None
-        return cursor.state() if cursor is not None else {}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if self._datamodule is not None:
-            self._datamodule.restore_cursor(state_dict)

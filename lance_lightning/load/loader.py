@@ -22,7 +22,9 @@ Guarantees:
   received SIGTERM died of it too (a scheduler such as SLURM signals every process of a job): the
   train loader then stops the fit as Lightning stops it on SIGTERM (its ``SIGTERMException``,
   after ``on_exception`` checkpoints), not with `WorkerDiedError`.
-- ``state_dict``/``load_state_dict`` round-trip the cursor (plain types).
+- ``state_dict``/``load_state_dict`` round-trip the cursor (plain types) for loops without a trainer
+  (a plain torch loop, or a loader built without ``trainer``). A trainer's loader saves nothing: its
+  data module's checkpoint state is the one copy of the cursor, restored once.
 - With ``device_ahead`` (the data module sets it when training on CUDA) batches arrive already
   copied and device-transformed, prepared a few batches ahead in a background thread; the cursor
   still advances only when a batch is yielded.
@@ -347,10 +349,15 @@ class LanceDataLoader(DataLoader):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return self.cursor.state()
+        """The cursor, for a loop without a trainer; empty for a trainer's loader, whose data module
+        saves the cursor (one copy per checkpoint)."""
+        return self.cursor.state() if self.progress is None else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume a loop without a trainer from `state_dict`; a trainer's loader is restored by its data
+        module (Lightning skips this call in some runs: #20550)."""
+        if self.progress is not None or not state:
+            return
         self.cursor.restore(state)
         restored = self.cursor.state()
-        if restored and self.progress is None:  # a finished epoch resumes at the next one
-            self._own_epoch = restored["trainer_epoch"] + (1 if finished(restored) else 0)
+        self._own_epoch = restored["trainer_epoch"] + (1 if finished(restored) else 0)  # a finished one: the next

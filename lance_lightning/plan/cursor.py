@@ -74,7 +74,7 @@ class CursorTracker:
         self.steps_before = 0
         self.epoch_steps = 0
         self.yielded = 0
-        self.consumed: int | None = None  # set when a callback reports finished steps
+        self.consumed: int | None = None  # counted once a callback reports finished steps
         self.restored_epoch: int | None = None  # the trainer epoch that began from a restored state
         self._pending: dict[str, Any] | None = None
 
@@ -110,6 +110,12 @@ class CursorTracker:
 
     def on_yield(self) -> None:
         self.yielded += 1
+
+    def count_finished_steps(self) -> None:
+        """From now on only steps reported by `on_step_end` count as consumed, not batches yielded
+        (`DataCursorCheckpoint` calls it at each epoch start)."""
+        if self.consumed is None:
+            self.consumed = 0
 
     def on_step_end(self) -> None:
         """A training step finished on the latest yielded batch (reported by the callback)."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import run_cli, write_dataset
+from tests.helpers import assert_one_saved_cursor, run_cli, write_dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO_ROOT / "configs" / "quickstart.yaml"
@@ -69,7 +69,7 @@ def test_fit_from_yaml_in_process(tmp_path, cli_uri):
     assert cursor["steps"] == 3 and cursor["rows_consumed"] == 3 * 16
     assert cursor["plan"]["filter"] == "label < 5" and cursor["plan"]["rows"] == 200
     assert cursor["plan"]["shuffle"] == {"strategy": "RowShuffle", "seed": 3, "clump_rows": 1}
-    assert ckpt["callbacks"]["DataCursorCheckpoint"] == cursor
+    assert_one_saved_cursor(ckpt)
     saved = yaml.safe_load((tmp_path / "root" / "config.yaml").read_text())  # SaveConfigCallback
     assert saved["data"]["shuffle"]["class_path"] == "lance_lightning.RowShuffle"
     assert saved["data"]["filter_read"]["init_args"]["method"] == "take"

@@ -32,9 +32,9 @@ from lance_lightning import (
     LanceDataModule,
     LanceSource,
 )
-from lance_lightning.plan.cursor import STATE_KEYS, finished
+from lance_lightning.plan.cursor import STATE_KEYS, CursorTracker, finished
 from tests.harness import assert_exact, ckpt_file, fit, make_dm, run_resume
-from tests.helpers import RecordingModel, append_rows, flat, write_dataset
+from tests.helpers import RecordingModel, append_rows, assert_one_saved_cursor, flat, write_dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER = REPO_ROOT / "tests" / "resume_worker.py"
@@ -140,6 +140,32 @@ def test_resume_without_cursor_callback(
         (5 if max_epochs == 1 else 2) * BATCH,
     )
     assert_exact(a.seen, b.seen, c.seen, k)
+
+
+def test_copies_an_earlier_version_saved_beside_the_data_module_are_ignored(tmp_path: Path, uri: str) -> None:
+    """Checkpoints of earlier versions held the cursor three times; the data module's copy is the one
+    restored (once), so stale copies under the callback and the loop's loader state change nothing."""
+    k = 5
+    a = fit(tmp_path, make_dm(uri, "row:2"), name="A", ckpt_every=k)
+    ckpt = torch.load(ckpt_file(tmp_path, "A", k), weights_only=True)
+    assert_one_saved_cursor(ckpt)
+    stale = {**ckpt[DM_KEY]["train_cursor"], "rows_consumed": 0, "steps": 0}
+    ckpt["callbacks"]["DataCursorCheckpoint"] = stale
+    ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"] = [stale]
+    edited = tmp_path / "earlier_layout.ckpt"
+    torch.save(ckpt, edited)
+    restores: list[dict[str, Any]] = []
+    original = CursorTracker.restore
+
+    def counted(self: CursorTracker, state: dict[str, Any]) -> None:
+        restores.append(state)
+        original(self, state)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CursorTracker, "restore", counted)
+        b = fit(tmp_path, make_dm(uri, "row:2"), name="B", ckpt_path=edited)
+    assert [state["steps"] for state in restores] == [k], "restored once, from the data module's copy"
+    assert_exact(a.seen, b.seen, a.seen, k)
 
 
 # -- 3. across world sizes (DDP on CPU, subprocess) -------------------------------------------------
@@ -366,21 +392,11 @@ def test_saved_cursor_counts_only_trained_steps(
     a = fit(tmp_path, dm(), name="A", ckpt_every=k, cursor_callback=cursor_callback)
     assert len(a.seen) == ROWS // BATCH
     ckpt = torch.load(ckpt_file(tmp_path, "A", k), weights_only=True)
-    states = {
-        "datamodule": ckpt[DM_KEY]["train_cursor"],
-        "loader": ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0],
-    }
-    if cursor_callback:
-        states["callback"] = ckpt["callbacks"]["DataCursorCheckpoint"]
-    else:
-        assert "DataCursorCheckpoint" not in ckpt["callbacks"]
-    for where, state in states.items():
-        assert (state["epoch"], state["steps"], state["rows_consumed"], finished(state)) == (
-            0,
-            k,
-            k * BATCH,
-            False,
-        ), f"{where} cursor at step {k}: {state}"
+    assert_one_saved_cursor(ckpt)
+    state = ckpt[DM_KEY]["train_cursor"]
+    assert (state["epoch"], state["steps"], state["rows_consumed"], finished(state)) == (0, k, k * BATCH, False), (
+        f"cursor at step {k}: {state}"
+    )
     b = fit(tmp_path, dm(), name="B", ckpt_path=ckpt_file(tmp_path, "A", k), cursor_callback=cursor_callback)
     assert_exact(a.seen, b.seen, a.seen, k)
 
@@ -580,11 +596,8 @@ def test_cursor_state_is_small_and_constant(tmp_path: Path) -> None:
         root = tmp_path / f"run_{folder}"
         fit(root, make_dm(uri, "row:2", FILTER), name="A", ckpt_every=3, max_steps=3)
         ckpt = torch.load(ckpt_file(root, "A", 3), weights_only=True)
-        states = {
-            "datamodule": ckpt[DM_KEY]["train_cursor"],
-            "callback": ckpt["callbacks"]["DataCursorCheckpoint"],
-            "loader": ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0],
-        }
+        assert_one_saved_cursor(ckpt)
+        states = {"datamodule": ckpt[DM_KEY]["train_cursor"]}
         for where, state in states.items():
             assert set(state) == set(STATE_KEYS), f"{where}: {sorted(state)}"
             assert _is_plain(state), f"{where} state holds non-plain values: {state}"

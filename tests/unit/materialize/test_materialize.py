@@ -511,7 +511,7 @@ def test_resume_after_the_source_moved_on_reads_the_checkpoint_view(tmp_path: Pa
     """The checkpoint's cursor was read from the view of version 1; the source is at version 3 now.
 
     Exact resume needs the old view (kept in cache_dir), as a plain source re-pins its old version.
-    Needs `LanceDataModule.restore_cursor` to re-plan train from
+    Needs `LanceDataModule.load_state_dict` to re-plan train from
     ``self.materialize.reopen(cursor["plan"]["uri"])`` when that differs from the current plan's URI.
     """
 
