@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from lance_lightning.cli.parser import add_storage_options, storage_options
 from lance_lightning.errors import ConfigError
 from lance_lightning.hold import list_holds, release_holds
 from lance_lightning.redaction import redact_text, redact_userinfo, secret_values
@@ -38,13 +39,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="TAG",
         help="remove these tags (all of lance-lightning's tags on the dataset when no TAG is given)",
     )
-    parser.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an object-store option for Lance, e.g. aws_endpoint=http://... (repeatable)",
-    )
+    add_storage_options(parser)
     return parser
 
 
@@ -52,15 +47,9 @@ def holds_main(argv: list[str] | None = None) -> int:
     """``lance-lightning holds URI [--release [TAG ...]]``: the exit status (0 ok, 1 failed, 2 usage)."""
     try:
         args = _parser().parse_args(argv)
+        options = storage_options("holds", args.storage_option)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    options: dict[str, str] = {}
-    for item in args.storage_option:
-        if "=" not in item:
-            print(f"lance-lightning holds: error: --storage-option {item!r} must be KEY=VALUE", file=sys.stderr)
-            return 2
-        key, value = item.split("=", 1)
-        options[key.strip()] = value
     try:
         dataset = pin_source(LanceSource(uri=args.uri, storage_options=options or None), "dataset").open()
         if args.release is None:

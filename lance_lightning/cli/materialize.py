@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from lance_lightning.cli.parser import add_storage_options, storage_options
 from lance_lightning.errors import ConfigError
 from lance_lightning.materialize.view import DEFAULT_CHUNK_ROWS, MaterializeError, materialize_view
 from lance_lightning.redaction import redact_text, secret_values
@@ -46,31 +47,18 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_CHUNK_ROWS,
         help="rows per commit (an interrupted copy resumes after the last one)",
     )
-    parser.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an object-store option for Lance, e.g. aws_endpoint=http://... (repeatable)",
-    )
+    add_storage_options(parser)
     parser.add_argument("--quiet", action="store_true", help="print only the view's path")
     return parser
 
 
 def materialize_main(argv: list[str] | None = None) -> int:
     """``lance-lightning materialize ...``: returns the exit status (0 ok, 1 failed, 2 usage)."""
-    parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parser().parse_args(argv)
+        options = storage_options("materialize", args.storage_option)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    options: dict[str, str] = {}
-    for item in args.storage_option:
-        if "=" not in item:
-            print(f"lance-lightning materialize: error: --storage-option {item!r} must be KEY=VALUE", file=sys.stderr)
-            return 2
-        key, value = item.split("=", 1)
-        options[key.strip()] = value
     source = LanceSource(
         uri=args.uri, columns=args.columns, filter=args.filter, version=args.version, storage_options=options or None
     )

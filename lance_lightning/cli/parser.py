@@ -2,11 +2,14 @@
 
 Guarantees: `OneScreenParser` (a mixin of every jsonargparse parser of the command) redacts the
 configs it saves or prints; a parser error names the bad key in a few redacted lines, without the
-usage dump, exit status 2 (union errors made short by `lance_lightning.cli.parse_errors`).
+usage dump, exit status 2 (union errors made short by `lance_lightning.cli.parse_errors`). The
+tools that take ``--storage-option KEY=VALUE`` (`add_storage_options`) read them one way
+(`storage_options`): a malformed item ends the command with one line and exit status 2.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any
 
@@ -32,3 +35,27 @@ class OneScreenParser:
             f"(all options: {prog} --help; one class's options: --data.<key>.help CLASS)\n"
         )
         sys.exit(2)
+
+
+def add_storage_options(parser: argparse.ArgumentParser) -> None:
+    """``--storage-option KEY=VALUE``, repeatable, on a tool's parser."""
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an object-store option for Lance, e.g. aws_endpoint=http://... (repeatable)",
+    )
+
+
+def storage_options(command: str, items: list[str]) -> dict[str, str]:
+    """The ``--storage-option`` items of ``lance-lightning COMMAND`` as a mapping; a malformed item
+    prints one line and raises ``SystemExit(2)``."""
+    options: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            print(f"lance-lightning {command}: error: --storage-option {item!r} must be KEY=VALUE", file=sys.stderr)
+            raise SystemExit(2)
+        key, value = item.split("=", 1)
+        options[key.strip()] = value
+    return options

@@ -82,6 +82,15 @@ def test_profile_with_a_bad_transform_argument_is_a_few_lines(tmp_path: Path) ->
     assert "parameter: DecodeImage.device" in err and "value:     'not-a-device'" in err and "fix:" in err, err
 
 
+@pytest.mark.parametrize("command", [["holds", "{uri}"], ["materialize", "--uri", "{uri}", "--out-dir", "{out}"]])
+def test_a_malformed_storage_option_is_one_line_with_status_2(tmp_path: Path, command: list[str]) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", 8)
+    args = [part.format(uri=uri, out=tmp_path / "views") for part in command]
+    code, out, err = run_cli([*args, "--storage-option", "region"])
+    assert code == 2 and not out, out
+    assert err.strip() == f"lance-lightning {command[0]}: error: --storage-option 'region' must be KEY=VALUE", err
+
+
 @pytest.mark.parametrize("command", ["fit", "profile"])
 def test_a_mistyped_key_is_named_without_the_usage_dump(tmp_path: Path, command: str) -> None:
     uri = write_dataset(tmp_path / "ds.lance", 64)
