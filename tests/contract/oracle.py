@@ -241,7 +241,9 @@ class Oracle:
             self.fail(f"{phase.role}: raised {error['type']}: {shown}")
         stopped = bool(phase.events("stopped"))
         if phase.returncode not in (0, None) and error is None and not (killed or stopped) and expected is None:
-            self.fail(f"{phase.role}: exited {phase.returncode} without a recorded error\n{phase.output[-1500:]}")
+            crashed = phase.output.startswith("Fatal Python error")  # faulthandler's report: every thread's stack
+            shown = phase.output[:6000] if crashed else phase.output[-1500:]
+            self.fail(f"{phase.role}: exited {phase.returncode} without a recorded error\n{shown}")
         for event in phase.events("warning"):
             self.fail(f"{phase.role}: warned {event['messages'][0][:300]}")
         for event in phase.events("call"):
