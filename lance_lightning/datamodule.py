@@ -44,6 +44,7 @@ from lance_lightning.device.hooks import DeviceStage
 from lance_lightning.device.transfer import DeviceTransfer, host_columns
 from lance_lightning.errors import ConfigError
 from lance_lightning.hold import VersionHold
+from lance_lightning.lifetime import destroy_gloo_group_at_exit
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.loader import LanceDataLoader, check_start_method
 from lance_lightning.materialize.view import MaterializedView
@@ -258,6 +259,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Pin, validate and plan every split the stage uses (all configured ones for ``None``)."""
         stage = getattr(stage, "value", stage)  # Lightning passes a TrainerFn: its value is the name ("fit")
+        destroy_gloo_group_at_exit()  # DDP on CPU: no SIGABRT at exit after the run (lance_lightning.lifetime)
         needed = SPLITS_OF_STAGE.get(stage or "", tuple(s for s, src in self.sources.items() if src))
         required = {stage_: split for split, stage_ in STAGE_OF_SPLIT.items()}.get(stage or "")
         if required and self.sources[required] is None:

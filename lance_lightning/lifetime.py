@@ -25,8 +25,14 @@ Guarantees:
   ``OnExceptionCheckpoint`` writes its checkpoint), tears down and raises ``SIGTERMException``, a
   ``SystemExit`` with status 0: a scheduler (SLURM, Kubernetes) would record the run as finished.
   The ``lance-lightning`` Trainer commands run in it; a script wraps its ``trainer.fit`` in it.
+- `destroy_gloo_group_at_exit()`, called once a process group is initialized, has a gloo process
+  group destroyed by an exit handler while the interpreter is still whole. Lightning does this for
+  NCCL only; a gloo group left to the interpreter's finalization ends a finished run with SIGABRT
+  ("terminate called without an active exception") now and then (pytorch/pytorch#190489): two
+  scenarios of the contract checker's soak did, each right after a 2-rank fit on CPU had trained
+  every batch. The data module calls it at ``setup``.
 - Importing this module imports nothing beyond the standard library (workers never import
-  Lightning).
+  Lightning; torch is imported by `destroy_gloo_group_at_exit` when it is called).
 
 Caveat (Linux): the kernel signals when the *thread* that started the helper ends. Lightning
 iterates loaders on the main thread; a loader first iterated on a short-lived thread would take
@@ -35,6 +41,7 @@ its forkserver down with that thread (the next loader starts a new one).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import multiprocessing.util
@@ -182,3 +189,26 @@ def exit_on_sigterm() -> Iterator[None]:
         yield
     except SIGTERMException as stopped:
         raise SystemExit(SIGTERM_EXIT_STATUS) from stopped
+
+
+_GLOO_EXIT_HANDLER: list[bool] = []
+
+
+def destroy_gloo_group_at_exit() -> None:
+    """Register, once per process, an exit handler that destroys the default process group when its
+    backend is gloo (see the module docstring); a group already destroyed is left alone."""
+    import torch.distributed as dist
+
+    if _GLOO_EXIT_HANDLER or not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_backend() != "gloo":
+        return
+    _GLOO_EXIT_HANDLER.append(True)
+    atexit.register(_destroy_gloo_group)
+
+
+def _destroy_gloo_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

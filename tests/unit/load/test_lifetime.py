@@ -148,3 +148,36 @@ def test_exit_on_sigterm_turns_lightnings_sigterm_stop_into_status_143() -> None
     assert exited.value.code == 3
     with pytest.raises(RuntimeError, match="unrelated"), exit_on_sigterm():
         raise RuntimeError("unrelated")
+
+
+_GLOO_SCRIPT = """
+import atexit
+import sys
+
+import torch.distributed as dist
+
+from lance_lightning import LanceDataModule, LanceSource
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+# Registered before the data module's handler, so it runs after it (exit handlers run last in, first out).
+atexit.register(lambda: print("group alive at exit:", dist.is_initialized(), flush=True))
+LanceDataModule(train=LanceSource(sys.argv[1], columns=["id", "x"]), batch_size=10).setup("fit")
+"""
+
+
+def test_a_gloo_group_is_destroyed_before_the_interpreter_finalizes(tmp_path: Path) -> None:
+    """Lightning destroys NCCL groups at exit, not gloo ones, whose threads then abort the finished
+    process now and then (SIGABRT, 'terminate called without an active exception'); the data module's
+    setup has the group destroyed by an exit handler."""
+    uri = write_dataset(tmp_path / "ds.lance", 40)
+    script = tmp_path / "gloo_exit.py"
+    script.write_text(_GLOO_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), uri, str(tmp_path / "rendezvous")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "group alive at exit: False" in done.stdout, done.stdout + done.stderr[-2000:]
