@@ -60,7 +60,7 @@ PERMANENT_PATTERNS = re.compile(
 #: Causes that usually pass: timeouts, connection trouble, server-side 5xx and throttling.
 TRANSIENT_PATTERNS = re.compile(
     r"timed? ?out|timeout|deadline has elapsed|connection (?:reset|refused|aborted|closed)|broken pipe|"
-    r"error sending request|error trying to connect|incomplete ?message|unexpected eof|"
+    r"error sending request|error trying to connect|incomplete ?message|unexpected eof|body error|"
     r"connection error|temporar(?:y|ily)|try again|\b50[0234]\b|\b429\b|internal ?server ?error|"
     r"service ?unavailable|bad gateway|gateway timeout|slow ?down|throttl|too many requests|"
     r"request rate|reduce your request rate",

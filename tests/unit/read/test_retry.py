@@ -126,6 +126,13 @@ def test_backoff_is_exponential_capped_and_deterministic() -> None:
         (ValueError("Generic S3 error: Server error with status 500 Internal Server Error"), True),
         (OSError("Generic S3 error: 429 Too Many Requests"), True),
         (TimeoutError("read timed out"), True),
+        (  # a response cut off mid-body (the store stalled while sending it): seen with the store paused
+            OSError(
+                "LanceError(IO): Generic N/A error: LanceError(IO): Generic S3 error: HTTP error: request or "
+                "response body error"
+            ),
+            True,
+        ),
         (ConnectionResetError(104, "Connection reset by peer"), True),
         (OSError("LanceError(IO): Generic N/A error: Not found: t.lance/data/ab503c.lance"), False),
         (OSError("Generic S3 error: Client error with status 403 Forbidden: AccessDenied"), False),
