@@ -5,6 +5,10 @@ prints the scenario as one JSON line (``FAILED {...}``) and appends it, with the
 findings, to ``--out``: replay one with ``--replay FILE`` or add it to
 ``tests/contract/cases.jsonl`` (see ``tests/contract/test_contract.py``). ``--shrink`` retries a
 failing scenario with simpler settings and reports the simplest one that still fails.
+
+Leave the package's files alone while a soak runs: its one process keeps a forkserver whose
+modules were imported at its start, and DataLoader workers forked from it that import a changed
+module fail to start (``WorkerDiedError``), which is the edit, not the package.
 """
 
 from __future__ import annotations
