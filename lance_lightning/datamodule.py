@@ -9,11 +9,14 @@ Guarantees:
   built: a loader built before the trainer attached (``train_dataloader()``, ``explain()`` or
   ``setup()`` called before ``fit``) is rebuilt for the trainer's topology, and the plan's fit
   to it is checked at every ``setup``. Plans do not depend on the topology, so planning before
-  ``fit`` costs nothing twice. Every rank yields the same number of batches; the train order
-  depends on (version, filter, strategy, seed, epoch).
-- The train cursor is saved in the data module's own checkpoint state and, with
-  `DataCursorCheckpoint`, in the callback's: resume is exact even when Lightning skips
-  ``loader.load_state_dict`` (#20550). A checkpoint of another plan is refused with the field.
+  ``fit`` costs nothing twice. Under a trainer, ``fit`` plans the train split once, after the
+  checkpoint (if any) is restored, at the version its cursor was read at: one survey per resume.
+  Every rank yields the same number of batches; the train order depends on (version, filter,
+  strategy, seed, epoch).
+- Each split is planned from its source and one frozen `SplitSettings`, by `plan_split`.
+- The train cursor is saved in the data module's own checkpoint state, its one copy: resume is
+  exact even when Lightning skips ``loader.load_state_dict`` (#20550). A checkpoint of another
+  plan is refused with the field.
 - While fitting, rank zero holds the versions the train split reads with Lance tags, so a
   ``cleanup_old_versions`` cannot delete what the run's checkpoints need; they are removed when
   the fit ends normally, kept (and taken over on resume) when it is stopped (`lance_lightning.hold`).
@@ -47,18 +50,21 @@ from lance_lightning.hold import VersionHold
 from lance_lightning.lifetime import destroy_gloo_group_at_exit
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.loader import LanceDataLoader, check_start_method
+from lance_lightning.materialize.cache import RemoteCache
 from lance_lightning.materialize.view import MaterializedView
-from lance_lightning.mixture import LanceMixture
+from lance_lightning.plan.contract import Plan, SplitSettings
 from lance_lightning.plan.cursor import CursorTracker, repin_target, repin_versions
+from lance_lightning.plan.mixture import LanceMixture
 from lance_lightning.plan.packing import TokenPacking
-from lance_lightning.plan.planner import ReadPlan, check_fits
+from lance_lightning.plan.planner import check_fits
+from lance_lightning.plan.split import plan_split
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
-from lance_lightning.plan.survey import build_plan
 from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow, check_packed_policy
 from lance_lightning.produce.schema import check_read_schema
 from lance_lightning.read.reader import TAKE_GROUP_BYTES
 from lance_lightning.read.retry import RetryPolicy
-from lance_lightning.source import LanceSource, pin_source
+from lance_lightning.redaction import redact_userinfo
+from lance_lightning.source import LanceSource
 from lance_lightning.vocabulary import SPLITS_OF_STAGE, STAGE_OF_SPLIT, BatchTransform, Split
 
 _STATE_KEY = "train_cursor"
@@ -125,6 +131,11 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
             is `RetryPolicy()`.
         materialize: Copy each split's source once to a local view (`MaterializedView`) and
             read the view: for remote sources trained for many epochs.
+        remote_cache: How a split read by ``take`` from an object store (a row shuffle, a
+            selective filter) is cached: copied once, sequentially, to local disk and read there
+            (`RemoteCache`; ``None`` is ``RemoteCache()``: on, under ``~/.cache/lance-lightning``,
+            at most 50 GB, least recently used copies evicted). ``RemoteCache(enabled=False)``
+            reads from the store. Order, cursor and resume are the same either way.
         packing: `TokenPacking`: every split's documents packed into windows of ``seq_len`` tokens
             across batches; batches, the cursor and ranks then count windows (docs/packing.md).
         hold_versions: While fitting, rank zero holds the dataset versions the train split reads
@@ -164,6 +175,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         resume_data: bool = True,
         retry: RetryPolicy | None = None,
         materialize: MaterializedView | None = None,
+        remote_cache: RemoteCache | None = None,
         packing: TokenPacking | None = None,
         hold_versions: Literal["fit", "keep", "off"] = "fit",
     ) -> None:
@@ -212,6 +224,8 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
                     split, source, "is not a LanceSource", "pass LanceSource(uri=...) or a mapping in YAML"
                 )
         check_start_method(multiprocessing_context, num_workers)
+        if isinstance(train, LanceMixture):
+            _check_mixture_settings(materialize, bad_rows)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.shuffle = shuffle if shuffle is not None else NoShuffle()
@@ -236,8 +250,9 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         self.resume_data = resume_data
         self.retry = retry if retry is not None else RetryPolicy()
         self.materialize = materialize
+        self.remote_cache = remote_cache if remote_cache is not None else RemoteCache()
         self.packing = packing
-        self.plans: dict[Split, ReadPlan] = {}
+        self.plans: dict[Split, Plan] = {}
         self.train_cursor: CursorTracker | None = None
         self.version_hold = VersionHold(hold_versions)
         #: Each split's loader and the (trainer attached, world size, rank, pinned) it was built for.
@@ -270,12 +285,28 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
                 f"set `data.{required}` (LanceDataModule({required}=LanceSource(uri=...)))",
             )
         for split in needed:
-            if self.sources[split] is not None and split not in self.plans:
-                self._plan(split)
-            if split in self.plans:
-                check_fits(self.plans[split], self.world_size)
+            if self.sources[split] is None or split in self.plans:
+                continue
+            if split == "train" and stage == "fit" and self.trainer is not None:
+                continue  # Lightning restores a checkpoint after setup: planned once, at its version
+            self._plan(split)
+        self._check_plans()
+
+    def _check_plans(self) -> None:
+        """Check that every planned split fits the topology and its columns convert."""
+        for plan in self.plans.values():
+            check_fits(plan, self.world_size)
         self._check_fill_nulls()
         check_read_schema(self.plans, self.fill_nulls, self.transform)
+
+    def _ensure_planned(self, split: Split) -> None:
+        """Plan and check ``split`` unless it is planned (a fit plans its train split here, once)."""
+        if split in self.plans:
+            return
+        if self.sources[split] is None:
+            self.setup(STAGE_OF_SPLIT[split])  # raises naming the split that is not configured
+        self._plan(split)
+        self._check_plans()
 
     def _plan(self, split: Split, source: LanceSource | None = None) -> None:
         """Pin and plan ``split`` from its configured source (through the view, if materializing)."""
@@ -283,23 +314,21 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
             source = self.sources[split]
             if self.materialize is not None and not isinstance(source, LanceMixture):
                 source = self.materialize.apply(source, split)
-        train = split == "train"
-        if isinstance(source, LanceMixture):
-            self.plans[split] = source.plan(split, self)
-        else:
-            self.plans[split] = build_plan(
-                split,
-                pin_source(source, split),
-                self.shuffle if train else NoShuffle(),
-                self.filter_read,
-                self.batch_size if train else self.eval_batch_size,
-                self.drop_last if train else False,
-                pad=split != "predict",  # predict runs no collective per step: ranks may end a batch apart
-                packing=self.packing,
-            )
+        settings = self._settings(split)
+        self.plans[split] = self.remote_cache.apply(split, plan_split(split, source, settings), settings, self.retry)
         self._drop_loader(split)
-        if train:
+        if split == "train":
             self.train_cursor = CursorTracker(self.plans["train"], resume=self.resume_data)
+
+    def _settings(self, split: Split) -> SplitSettings:
+        """How ``split`` is planned: the train split by ``shuffle``, ``batch_size`` and
+        ``drop_last``; the others in storage order, by ``eval_batch_size``, never dropping."""
+        if split == "train":
+            return SplitSettings(self.shuffle, self.filter_read, self.batch_size, self.drop_last, packing=self.packing)
+        # predict runs no collective per step: its ranks may end a batch apart, so it is not padded
+        return SplitSettings(
+            NoShuffle(), self.filter_read, self.eval_batch_size, False, pad=split != "predict", packing=self.packing
+        )
 
     def _check_fill_nulls(self) -> None:
         columns = {c for plan in self.plans.values() for c in plan.source.columns}
@@ -338,10 +367,9 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
 
     def _held_sources(self) -> tuple[Any, ...]:
         """The pinned sources the train split reads from the user's datasets (a local view is ours)."""
-        plan = self.plans["train"]
-        if isinstance(self.sources["train"], LanceMixture):
-            return plan.sources
-        return () if self.materialize is not None else (plan.source,)
+        if self.materialize is not None:
+            return ()
+        return tuple(source.stands_for or source for source in self.plans["train"].sources)
 
     def _reread_length_next_epoch(self) -> None:
         """Make the trainer read the train loader's length again at the next epoch start.
@@ -382,8 +410,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
 
     def _loader(self, split: Split) -> LanceDataLoader:
         """The split's loader for the current trainer and topology (rebuilt when they changed)."""
-        if split not in self.plans:
-            self.setup(STAGE_OF_SPLIT[split])
+        self._ensure_planned(split)
         key = self._loader_key()
         cached_key, loader = self._loaders.get(split, (None, None))
         if cached_key != key:
@@ -456,31 +483,37 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         self._restore_cursor(state_dict.get(_STATE_KEY, {}))
 
     def _restore_cursor(self, cursor: dict[str, Any]) -> None:
-        """Resume the train split from a saved cursor, re-pinning the version it was read at.
+        """Resume the train split from a saved cursor, planned at the version it was read at.
 
-        With ``resume_data=False`` the cursor is not checked: its epoch restarts at row 0.
+        Under a trainer the split is planned here for the first time (`setup` left it to the
+        restore), so a resume surveys the data once. With ``resume_data=False`` the cursor is
+        not checked: its epoch restarts at row 0.
         """
         if not cursor:
             return
-        if "train" not in self.plans:
-            self.setup("fit")
-        if not self.resume_data or not isinstance(cursor, dict):
-            self.train_cursor.restore(cursor)
-            return
-        if isinstance(self.sources["train"], LanceMixture):
-            self._repin_mixture(cursor)
-            self.train_cursor.restore(cursor)
-            return
-        target = repin_target(cursor, self.plans["train"], self.sources["train"].version, self.materialize is not None)
+        if self.resume_data and isinstance(cursor, dict):
+            if isinstance(self.sources["train"], LanceMixture):
+                self._repin_mixture(cursor)
+            else:
+                self._repin_source(cursor)
+        self._ensure_planned("train")
+        self.train_cursor.restore(cursor)
+
+    def _repin_source(self, cursor: dict[str, Any]) -> None:
+        """Plan the train split at the version (or view) the cursor was read at, where that differs."""
+        plan, configured = self.plans.get("train"), self.sources["train"]
+        identity = plan.source.identity() if plan is not None else {"uri": redact_userinfo(configured.uri)}
+        current = (identity["uri"], identity.get("version"))
+        target = repin_target(cursor, *current, configured.version, self.materialize is not None)
         if target is not None and target[0] == "view":
             view = self.materialize.reopen(target[1])
             if view is not None:
-                self._plan("train", view)
+                self._plan_restored(view)
         elif target is not None:
             source = self.sources["train"]
             try:
-                self._plan(
-                    "train", LanceSource(source.uri, source.columns, source.filter, target[1], source.storage_options)
+                self._plan_restored(
+                    LanceSource(source.uri, source.columns, source.filter, target[1], source.storage_options)
                 )
             except ConfigError as error:
                 raise ConfigError(
@@ -489,17 +522,21 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
                     "the checkpoint's data cursor was read at this version, which no longer exists",
                     "restore that version, or resume with `resume_data=False` to start the data epoch fresh",
                 ) from error
-        self.train_cursor.restore(cursor)
 
     def _repin_mixture(self, cursor: dict[str, Any]) -> None:
         """Re-pin each mixture source to the version the cursor was read at (as a plain source is)."""
         mixture = self.sources["train"]
-        identities = [plan.source.identity() for plan in self.plans["train"].plans]
-        versions = repin_versions(cursor, identities, [source.version for source in mixture.sources])
+        plan = self.plans.get("train")
+        current = (
+            [source.identity() for source in plan.sources]
+            if plan is not None
+            else [{"uri": redact_userinfo(source.uri), "version": None} for source in mixture.sources]
+        )
+        versions = repin_versions(cursor, current, [source.version for source in mixture.sources])
         if versions is None:
             return
         try:
-            self._plan("train", mixture.at_versions(versions))
+            self._plan_restored(mixture.at_versions(versions))
         except ConfigError as error:
             if not error.param.endswith(".version"):
                 raise
@@ -509,6 +546,20 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
                 "the checkpoint's data cursor was read at this version, which no longer exists",
                 "restore that version, or resume with `resume_data=False` to start the data epoch fresh",
             ) from error
+
+    def _plan_restored(self, source: Any) -> None:
+        self._plan("train", source)
+        self._check_plans()
+
+
+def _check_mixture_settings(materialize: MaterializedView | None, bad_rows: BadRowPolicy | None) -> None:
+    """Refuse data module settings a mixture does not support (yet)."""
+    if materialize is not None:
+        raise ConfigError("materialize", materialize, "a mixture's sources are read in place", "drop `materialize`")
+    if bad_rows is not None and type(bad_rows) is not RaiseOnBadRow:
+        raise ConfigError(
+            "bad_rows", bad_rows, "a mixture cannot replace bad rows yet", "use RaiseOnBadRow (the default)"
+        )
 
 
 def _require(name: str, value: Any, minimum: int) -> None:

@@ -92,6 +92,9 @@ class PinnedSource:
     blob_columns: tuple[str, ...] = ()
     #: The URI Lance opens, as given (``uri`` shows it with its userinfo redacted).
     location: str = field(default="", repr=False, compare=False)
+    #: For a local copy of a remote source's matching rows (`lance_lightning.materialize.cache`):
+    #: the source it stands for, whose identity it keeps (the same rows in the same order).
+    stands_for: PinnedSource | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.location:
@@ -123,7 +126,10 @@ class PinnedSource:
 
     def identity(self) -> dict[str, Any]:
         """Plain, credential-free description used in checkpointed cursors: ``data`` (the pinned
-        version's first data file) tells apart two datasets written at the same path."""
+        version's first data file) tells apart two datasets written at the same path. A local
+        copy has the identity of the source it stands for."""
+        if self.stands_for is not None:
+            return self.stands_for.identity()
         return {
             "uri": self.uri,
             "version": self.version,

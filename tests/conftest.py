@@ -23,6 +23,12 @@ def pytest_configure(config: pytest.Config) -> None:
     paths = os.environ.get("PYTHONPATH", "")
     if str(REPO_ROOT) not in paths.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), paths) if p)
+    # The remote cache's default directory is under XDG_CACHE_HOME: tests never write to the user's.
+    if "LANCE_LIGHTNING_TEST_CACHE" not in os.environ:
+        import tempfile
+
+        os.environ["LANCE_LIGHTNING_TEST_CACHE"] = tempfile.mkdtemp(prefix="lance-lightning-cache-")
+        os.environ["XDG_CACHE_HOME"] = os.environ["LANCE_LIGHTNING_TEST_CACHE"]
 
 
 @pytest.fixture

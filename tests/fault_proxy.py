@@ -6,7 +6,9 @@ GETs during an outage that `throttle` announces: from the first GET whose path c
 ``path_part`` and for ``seconds`` after it, every such GET is answered with the given HTTP status
 and an S3-style error body (``503 SlowDown``, ``429 TooManyRequests``, ``500 InternalError``)
 without reaching the upstream, as a store that throttles a client for a while does. `failed`
-counts the requests answered that way. Traffic never leaves the
+counts the requests answered that way. With ``delay_s`` every request waits that long before it
+is forwarded (a store's latency; requests in flight wait concurrently), and ``gets`` and
+``bytes_sent`` count the GETs forwarded and the body bytes returned for them. Traffic never leaves the
 machine; `stop()` closes the listening socket.
 """
 
@@ -27,8 +29,11 @@ _CODES = {429: "TooManyRequests", 500: "InternalError", 503: "SlowDown"}
 class FaultProxy:
     """Forwards to ``upstream`` (``http://host:port``), failing the requests it is told to."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, delay_s: float = 0.0) -> None:
         parts = urlsplit(upstream)
+        self.delay_s = delay_s
+        self.gets = 0
+        self.bytes_sent = 0
         self._upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self._lock = threading.Lock()
         self._outage: tuple[float, int, str] | None = None  # seconds, status, path part
@@ -42,8 +47,8 @@ class FaultProxy:
 
     @classmethod
     @contextmanager
-    def serving(cls, upstream: str) -> Iterator[FaultProxy]:
-        proxy = cls(upstream)
+    def serving(cls, upstream: str, delay_s: float = 0.0) -> Iterator[FaultProxy]:
+        proxy = cls(upstream, delay_s)
         proxy._thread.start()
         try:
             yield proxy
@@ -100,6 +105,8 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(text)
                     return
+                if proxy.delay_s:
+                    time.sleep(proxy.delay_s)
                 connection = http.client.HTTPConnection(*proxy._upstream, timeout=60)
                 try:
                     headers = {key: value for key, value in self.headers.items() if key.lower() != "connection"}
@@ -123,6 +130,10 @@ class FaultProxy:
                 self.end_headers()
                 if not head:
                     self.wfile.write(payload)
+                if self.command == "GET":
+                    with proxy._lock:
+                        proxy.gets += 1
+                        proxy.bytes_sent += len(payload)
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _relay
 

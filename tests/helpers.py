@@ -352,3 +352,20 @@ def wait_session_gone(sid: int, within_s: float) -> list[str]:
         except psutil.Error:
             continue
     return described
+
+
+def plan_of(
+    split: str,
+    source: Any,
+    strategy: Any = None,
+    filter_read: Any = None,
+    batch_size: int = 1,
+    drop_last: bool = False,
+) -> Any:
+    """`build_plan` of a pinned ``source`` with the data module's defaults for what is ``None``."""
+    from lance_lightning.plan.contract import SplitSettings
+    from lance_lightning.plan.strategies import FilterRead, NoShuffle
+    from lance_lightning.plan.survey import build_plan
+
+    settings = SplitSettings(strategy or NoShuffle(), filter_read or FilterRead(), batch_size, drop_last)
+    return build_plan(split, source, settings)

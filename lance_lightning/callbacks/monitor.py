@@ -14,6 +14,12 @@ Guarantees:
   to change. ``report()`` returns it at any time (this rank's figures while fitting).
 - With a `LanceMixture` train split it also logs, at the same steps, each source's samples in the
   epoch so far (all ranks) and their share: ``data/mixture/<name>/rows`` and ``.../share``.
+- With ``replay_batches=N`` it also measures the compute floor (`lance_lightning.callbacks.replay`):
+  it keeps copies of the first N batches the training step received and, when training ends,
+  replays them for ``replay_steps`` steps with data for free, then restores the model and optimizer
+  states. The report adds the floor beside the real step cycle, the wait by loader part and the
+  speed-up available from the data side; the same figures are logged once as
+  ``data/replay/<figure>`` (`lance_lightning.metrics.figures.REPLAY_FIGURES`).
 - It only reads the train `LanceDataLoader`'s measurements; with any other loader it warns once
   and does nothing.
 """
@@ -30,11 +36,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from lance_lightning.callbacks.replay import DEFAULT_REPLAY_STEPS, ReplayProbe, floor_figures
 from lance_lightning.checks import check_int
 from lance_lightning.metrics.figures import FIGURES, figures
 from lance_lightning.metrics.meter import Snapshot
 from lance_lightning.metrics.report import Diagnosis, diagnose, format_report
-from lance_lightning.plan.mixture import MixturePlan
 
 #: Figures logged every N steps (first-batch time and epochs only make sense per epoch).
 STEP_FIGURES = tuple(name for name in FIGURES if name not in ("epochs", "first_batch_s"))
@@ -50,9 +56,19 @@ class DataLoadingMonitor(Callback):
             ``log_every_n_steps``; 0 logs only at epoch ends.
         prefix: Prefix of every logged name (a TensorBoard section).
         report: Print the end-of-fit report on global rank zero.
+        replay_batches: Measure the compute floor: cache this many training batches on the device
+            and replay them when training ends (`lance_lightning.callbacks.replay`); ``None``: off.
+        replay_steps: Training steps to replay on the cached batches.
     """
 
-    def __init__(self, log_every_n_steps: int | None = None, prefix: str = "data/", report: bool = True) -> None:
+    def __init__(
+        self,
+        log_every_n_steps: int | None = None,
+        prefix: str = "data/",
+        report: bool = True,
+        replay_batches: int | None = None,
+        replay_steps: int = DEFAULT_REPLAY_STEPS,
+    ) -> None:
         check_int(
             "DataLoadingMonitor.log_every_n_steps",
             log_every_n_steps,
@@ -63,6 +79,9 @@ class DataLoadingMonitor(Callback):
         self.log_every_n_steps = log_every_n_steps
         self.prefix = prefix
         self.print_report = report
+        probe = ReplayProbe(1 if replay_batches is None else replay_batches, replay_steps)  # checks both
+        self._probe = probe if replay_batches is not None else None
+        self.replay: dict[str, float] | None = None  # the compute floor's figures, after a replay
         self.per_rank: list[dict[str, float]] | None = None  # the fit's figures, one dict per rank
         self.diagnosis: Diagnosis | None = None
         self._loader: Any = None
@@ -77,6 +96,9 @@ class DataLoadingMonitor(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.per_rank, self.diagnosis, self._retired, self._loader = None, None, None, None
+        self.replay = None
+        if self._probe is not None:
+            self._probe.reset()
         self._attach(trainer)
 
     @override
@@ -84,6 +106,13 @@ class DataLoadingMonitor(Callback):
         self._attach(trainer)
         if self._loader is not None:
             self._epoch_start = self._loader.metrics_snapshot()
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._probe is not None and self._loader is not None:
+            self._probe.keep(batch)
 
     @override
     def on_train_batch_end(
@@ -115,6 +144,8 @@ class DataLoadingMonitor(Callback):
         self.per_rank = _gather(trainer, pl_module, self._fit_figures())
         worst = max(range(len(self.per_rank)), key=lambda r: self.per_rank[r]["wait_fraction"])
         self.diagnosis = diagnose(self.per_rank[worst], self._config, rank=worst)
+        if self._probe is not None and self._probe.cached:
+            self._replay(trainer, pl_module, worst)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -125,7 +156,7 @@ class DataLoadingMonitor(Callback):
     def report(self) -> str:
         """The data loading report of the fit (all ranks after it ended; this rank's so far while fitting)."""
         if self.per_rank is not None:
-            return format_report(self.per_rank, self._config)
+            return format_report(self.per_rank, self._config, replay=self.replay)
         if self._loader is None:
             return "Data loading report: no LanceDataLoader measured yet (the train loader is attached at train start)"
         return format_report([self._fit_figures()], self._config)
@@ -134,6 +165,17 @@ class DataLoadingMonitor(Callback):
     def _fit_figures(self) -> dict[str, float]:
         span = self._loader.metrics_snapshot().minus(self._fit_start)
         return figures(span.plus(self._retired))
+
+    def _replay(self, trainer: pl.Trainer, pl_module: pl.LightningModule, rank: int) -> None:
+        """Every rank replays (DDP's backward is a collective); the floor of ``rank`` is reported."""
+        probe = self._probe
+        floor = _gather(trainer, pl_module, {"step_s": probe.replay(trainer, pl_module)})[rank]["step_s"]
+        self.replay = floor_figures(self.per_rank[rank], self._config, floor, probe)
+        probe.reset()  # the cached batches leave the device
+        if trainer.is_global_zero:
+            metrics = {f"{self.prefix}replay/{name}": value for name, value in self.replay.items()}
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=max(_log_step(trainer) - 1, 0))
 
     def _attach(self, trainer: pl.Trainer) -> None:
         loader = _find_lance_loader(trainer.train_dataloader)
@@ -189,17 +231,19 @@ def reduce_ranks(per_rank: Sequence[Mapping[str, float]], names: Sequence[str], 
 
 
 def mixture_figures(loader: Any, prefix: str) -> dict[str, float]:
-    """For a mixture, each source's samples in the epoch so far (all ranks) and its share of them."""
-    plan = loader.cursor.plan
+    """For a mixture, each source's samples in the epoch so far (all ranks), its share of them and
+    the share its weights or schedule set for the same samples (``scheduled_share``)."""
     state = loader.cursor.state()
-    if not isinstance(plan, MixturePlan) or not state:
-        return {}
-    rows = plan.source_rows(state["epoch"], state["rows_consumed"])
-    total = max(1, sum(rows))
+    plan = loader.cursor.plan
+    counts = plan.source_counts(state["epoch"], state["rows_consumed"]) if state else {}
+    scheduled = plan.scheduled_shares(state["epoch"], state["rows_consumed"]) if counts else {}
+    total = max(1, sum(counts.values()))
     out = {}
-    for name, count in zip(plan.names, rows):
+    for name, count in counts.items():
         out[f"{prefix}mixture/{name}/rows"] = float(count)
         out[f"{prefix}mixture/{name}/share"] = count / total
+        if name in scheduled:
+            out[f"{prefix}mixture/{name}/scheduled_share"] = float(scheduled[name])
     return out
 
 
@@ -207,7 +251,7 @@ def _gather(trainer: pl.Trainer, pl_module: pl.LightningModule, figs: dict[str, 
     """Every rank's figures, in rank order (all ranks must call this at the same point)."""
     if trainer.world_size <= 1:
         return [figs]
-    names = list(FIGURES)
+    names = list(figs)
     device = pl_module.device if pl_module.device.type != "mps" else torch.device("cpu")
     vector = torch.tensor([figs[name] for name in names], dtype=torch.float64, device=device)
     gathered = trainer.strategy.all_gather(vector).reshape(trainer.world_size, len(names)).cpu().tolist()

@@ -39,7 +39,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lance_lightning.cli.parser import OneScreenParser
 from lance_lightning.errors import ConfigError
 from lance_lightning.lifetime import exit_on_sigterm
-from lance_lightning.mixture import LanceMixture
+from lance_lightning.plan.mixture import LanceMixture
 from lance_lightning.preflight import check_checkpoint_file, check_writable
 from lance_lightning.redaction import redact_command
 

@@ -2,7 +2,7 @@
 
 Guarantees: `DeviceRowGuard` runs the device transform on a device batch (e.g.
 ``DecodeImage(device="cuda")``); a row it rejects with `RowError` is counted once as ``bad_rows``
-and raised or replaced exactly as `lance_lightning.produce.badrows.BadRowGuard` does on the host,
+and raised or replaced exactly as `lance_lightning.produce.transform.TransformStep` does on the host,
 choosing the same replacement row (same seed, position and attempt), so batch sizes and the data
 cursor stay exact.
 """
@@ -18,16 +18,18 @@ import torch
 
 from lance_lightning.errors import RowError
 from lance_lightning.metrics.clock import StageClock
+from lance_lightning.plan.contract import Plan
 from lance_lightning.produce.badrows import BadRowPolicy, replacement, splice
 from lance_lightning.produce.convert import to_torch_batch
-from lance_lightning.vocabulary import Batch
+from lance_lightning.source import PinnedSource
+from lance_lightning.vocabulary import MIXTURE_SOURCE, Batch
 
 
 class DeviceRowGuard:
     """Runs the device transform on a device batch, applying the policy to rows it rejects.
 
     Called with the batch and its rows' dataset positions (kept beside it, on the host); a rejected row
-    is described, or replaced by the same candidate `BadRowGuard` would pick, exactly as on the
+    is described, or replaced by the same candidate `TransformStep` would pick, exactly as on the
     host: the candidate is read, converted, transformed on the host, moved and transformed on the
     device, then put in the bad row's place, and the whole batch is transformed again.
 
@@ -44,7 +46,7 @@ class DeviceRowGuard:
     def __init__(
         self,
         policy: BadRowPolicy,
-        plan: Any,
+        plan: Plan,
         transform: Callable[[Batch], Batch] | None,
         fill_nulls: dict[str, Any],
         device_transform: Callable[[Batch], Batch],
@@ -73,7 +75,7 @@ class DeviceRowGuard:
                 position = int(positions[error.index])
                 candidate, row = replacement(
                     self.policy,
-                    self.plan.source,
+                    self._source_of(batch, error.index),
                     self.plan.matched_rows,
                     self.plan.matches,
                     position,
@@ -85,6 +87,12 @@ class DeviceRowGuard:
                 batch = splice(batch, error.index, self._prepared(row))
                 positions[error.index] = candidate
         raise AssertionError("unreachable: every pass replaces one row")  # pragma: no cover
+
+    def _source_of(self, batch: Batch, index: int) -> PinnedSource:
+        """The source row ``index`` of ``batch`` came from (a mixture's row: its own source)."""
+        if MIXTURE_SOURCE not in self.plan.added_columns:
+            return self.plan.source
+        return self.plan.sources[int(batch[MIXTURE_SOURCE][index])]
 
     def _row_id(self, batch: Batch, index: int) -> Any:
         values = batch.get(self.policy.id_column) if self.policy.id_column is not None else None

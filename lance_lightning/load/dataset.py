@@ -33,15 +33,18 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from lance_lightning.load import shared  # noqa: F401 - shares row sets with worker processes
 from lance_lightning.metrics.clock import StageClock
+from lance_lightning.plan.contract import Plan, SplitSettings
 from lance_lightning.plan.filter_scan import find_matches
-from lance_lightning.plan.planner import ReadPlan
+from lance_lightning.plan.planner import Survey, plan_reads
 from lance_lightning.plan.rowset import RowSet
-from lance_lightning.produce.badrows import BadRowGuard, BadRowPolicy, RaiseOnBadRow
+from lance_lightning.plan.strategies import FilterRead, NoShuffle
+from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow
 from lance_lightning.produce.heap import HEAP
 from lance_lightning.produce.producer import BatchProducer
 from lance_lightning.produce.threads import ReaderThreads
+from lance_lightning.produce.transform import TransformStep
+from lance_lightning.read.factory import plan_reader
 from lance_lightning.read.lance_io import read_positions
-from lance_lightning.read.mixture import plan_reader
 from lance_lightning.read.reader import TAKE_GROUP_BYTES
 from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
@@ -85,7 +88,7 @@ def ship_from_worker(shipping: Shipping) -> None:
 
 
 class LanceIterableDataset(IterableDataset):
-    """Batches of one rank of a `ReadPlan`.
+    """Batches of one rank of a `Plan`.
 
     Args:
         plan: The split's read plan.
@@ -103,7 +106,7 @@ class LanceIterableDataset(IterableDataset):
 
     def __init__(
         self,
-        plan: ReadPlan,
+        plan: Plan,
         *,
         world_size: int = 1,
         rank: int = 0,
@@ -235,9 +238,11 @@ class LanceMapDataset(Dataset):
             self.matches = find_matches(self.source)
             self._rows = self.matches.rows
         self.clock = StageClock()
-        self.guard = BadRowGuard(
-            bad_rows or RaiseOnBadRow(), self.source, self._rows, self.matches, transform, self.fill_nulls, self.clock
+        # What the transform step needs of a plan: the rows by index (no order, no batches).
+        plan = plan_reads(
+            "map", self.source, Survey(self._rows, self.matches, 1), SplitSettings(NoShuffle(), FilterRead(), 1, False)
         )
+        self.step = TransformStep(bad_rows or RaiseOnBadRow(), plan, transform, self.fill_nulls, self.clock)
 
     def __len__(self) -> int:
         return self._rows
@@ -252,7 +257,7 @@ class LanceMapDataset(Dataset):
         table = read_positions(self.source, wanted, scan_mode=False, retry=self.retry)
         if len(wanted) != len(positions) or not np.array_equal(wanted, positions):
             table = table.take(pa.array(inverse))
-        return self.guard(table, positions)
+        return self.step(table, positions)
 
     def __getitem__(self, index: int) -> Batch:
         batch = self.__getitems__([index])

@@ -2,7 +2,8 @@
 
 Guarantees: `figures(later.minus(earlier))` turns two cumulative `Snapshot`s into named, always
 finite figures (`FIGURES`); the same names are logged by `DataLoadingMonitor` and read by the
-report. `batch_size_and_bytes` and `row_bytes` measure a batch's rows and payload bytes.
+report. `REPLAY_FIGURES` names the compute-floor figures of a replay probe, logged as
+``data/replay/<figure>``. `batch_size_and_bytes` and `row_bytes` measure a batch's rows and payload bytes.
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ FIGURES: dict[str, str] = {
     "io_bytes": "bytes read from storage (Lance I/O statistics)",
     "io_requests": "read requests to storage (Lance I/O statistics)",
     "io_mb_per_s": "effective I/O bandwidth: io_bytes / io_wait_s, in MB/s per reader thread",
+    "io_amplification": "io_bytes per byte of the rows read (their Arrow size, estimated at setup): 1 reads "
+    "each row's bytes once; a take spread over remote files reads far more",
+    "io_ms_per_request": "read time per storage request: io_wait_s / io_requests in ms (Lance overlaps "
+    "requests, so one request's own latency is longer; it grows with the store's latency)",
     "decode_s": "time in decode/transform (summed over threads and workers)",
     "convert_s": "time converting Arrow to tensors (summed over threads and workers)",
     "other_s": "time in any other measured stage (e.g. pinning memory)",
@@ -82,6 +87,31 @@ FIGURES: dict[str, str] = {
         "batches the worker processes finished that had not reached the main process when "
         "the consumer asked (mean): batches in transfer"
     ),
+}
+
+#: Loader parts the data wait is attributed to (`lance_lightning.metrics.report.loader_seconds`).
+REPLAY_PARTS = ("storage", "decode", "convert", "other", "workers")
+
+#: Compute-floor figure name -> meaning (`DataLoadingMonitor(replay_batches=N)`).
+REPLAY_FIGURES: dict[str, str] = {
+    "steps": "training steps replayed",
+    "batches": "cached batches the replayed steps cycled through",
+    "rows_per_step": "mean rows of the replayed batches",
+    "replayed_step_s": "seconds per replayed training step on cached device batches (data for free)",
+    "rows_per_batch": "mean rows per batch of the real run",
+    "intraop_threads": "torch intra-op threads of the training thread during the replay (torch.get_num_threads())",
+    "step_s": "the compute floor: replayed_step_s scaled to the real run's rows_per_batch (step time taken as "
+    "proportional to rows)",
+    "real_step_s": "the real run's step cycle: (wait_s + step_s) / batches",
+    "speedup": "real_step_s / step_s: the most the run could gain with data for free",
+    "speedup_without_wait": "real_step_s / (real_step_s - wait per batch): the gain if only the wait vanished",
+    "compute_share": "step_s / real_step_s: the share of the real cycle the step's compute needs",
+    "wait_share": "the share of the real cycle spent waiting for data (wait_fraction)",
+    "rest_share": "the rest of the real cycle: loop, hooks, logging, validation, checkpoints, CPU taken by the loader",
+    **{
+        f"wait_share/{part}": f"wait_share attributed to {part} by its share of loader time (the parts add up to it)"
+        for part in REPLAY_PARTS
+    },
 }
 
 #: Clock stages, by the figure they count towards.
@@ -122,6 +152,8 @@ def figures(span: Snapshot) -> dict[str, float]:
         "io_bytes": g("io_bytes", 0.0),
         "io_requests": g("io_requests", 0.0),
         "io_mb_per_s": _ratio(g("io_bytes", 0.0), stages["io_wait_s"]) / 1e6,
+        "io_amplification": _ratio(g("io_bytes", 0.0), g("read_row_bytes", 0.0)),
+        "io_ms_per_request": 1e3 * _ratio(stages["io_wait_s"], g("io_requests", 0.0)),
         **stages,
         "prefetch_ready": _ratio(g("prefetch_ready", 0.0), g("prefetch_polls", 0.0)),
         "prefetch_slots": _ratio(g("prefetch_slots", 0.0), g("prefetch_polls", 0.0)),

@@ -10,6 +10,9 @@ Guarantees:
   (``reader_threads`` x processes), so the shares compare with the step's wait.
 - Under DDP the report shows the mean over ranks with the range, and diagnoses the rank that
   waited most (in DDP every rank ends up waiting for the slowest).
+- Given a replay probe's figures (`lance_lightning.metrics.figures.REPLAY_FIGURES`), `format_report`
+  adds the compute floor: the step with data for free beside the real step cycle, the cycle split
+  into compute, the rest of the step and the wait (by loader part), and the speed-ups.
 - `format_report` is plain text; nothing here reads clocks, loggers or the trainer.
 """
 
@@ -157,8 +160,10 @@ def format_report(
     *,
     loader_only: bool = False,
     title: str = "Data loading report",
+    replay: Mapping[str, float] | None = None,
 ) -> str:
-    """The console report of one span: ``per_rank[r]`` holds rank r's figures (one entry without DDP)."""
+    """The console report of one span: ``per_rank[r]`` holds rank r's figures (one entry without DDP);
+    ``replay``: the compute-floor figures of the diagnosed rank, if a replay probe ran."""
     ranks = len(per_rank)
     per_rank = [{**f, "step_ms": 1e3 * f["step_s"] / f["batches"] if f["batches"] else 0.0} for f in per_rank]
     mean = {k: sum(f[k] for f in per_rank) / ranks for k in per_rank[0]}
@@ -212,8 +217,9 @@ def format_report(
         line = f"    {labels[name]:<22} {diagnosis.seconds[name]:8.3f} s {diagnosis.shares[name]:6.1%}"
         if name == "storage":
             line += (
-                f"   {show('io_bytes', ',.2f', 1e-6)} MB read in {show('io_requests', ',.0f')} requests, "
-                f"{show('io_mb_per_s', ',.1f')} MB/s per reader thread"
+                f"   {show('io_bytes', ',.2f', 1e-6)} MB read in {show('io_requests', ',.0f')} requests "
+                f"({show('io_amplification', ',.1f')}x the rows' bytes, {show('io_ms_per_request', ',.1f')} ms "
+                f"per request), {show('io_mb_per_s', ',.1f')} MB/s per reader thread"
             )
         lines.append(line)
     unit = "batches" if config.get("transform") else "read groups"
@@ -244,6 +250,8 @@ def format_report(
             f"{mean['first_batch_s']:.2f} s each) is {startup / mean['seconds']:.0%} of the loop time: "
             f"{why}; measure longer runs for steady-state figures"
         )
+    if replay is not None:
+        lines += _floor_lines(replay, labels)
     if ranks > 1:
         slow = max(range(ranks), key=lambda r: per_rank[r]["wait_fraction"])
         fast = min(range(ranks), key=lambda r: per_rank[r]["rows_per_s"])
@@ -253,6 +261,36 @@ def format_report(
             f"({per_rank[fast]['rows_per_s']:,.0f})"
         )
     return "\n".join(lines)
+
+
+def _floor_lines(replay: Mapping[str, float], labels: Mapping[str, str]) -> list[str]:
+    """The compute floor's lines: the floor, the real cycle split up, the wait by part, the speed-up."""
+    r = replay
+    parts = ", ".join(
+        f"{labels[name].split(' (')[0]} {r[f'wait_share/{name}']:.1%}"
+        for name in ("storage", "decode", "convert", "other", "workers")
+        if name != "other" or r["wait_share/other"]
+    )
+    rows, fit_rows = r["rows_per_step"], r["rows_per_batch"]
+    scaled = f" (scaled from {r['replayed_step_s'] * 1e3:.2f} ms on {rows:,.1f} rows to the fit's {fit_rows:,.1f})"
+    scaled = scaled if abs(rows - fit_rows) > 0.005 * fit_rows else ""
+    speedup = (
+        f"at most {r['speedup']:.2f}x with data for free (cycle / floor); "
+        f"{r['speedup_without_wait']:.2f}x from removing the wait alone"
+        if r["speedup"] > 1
+        else f"none measurable: the replayed step was not faster than the real one ({r['speedup']:.2f}x): "
+        "the run is at its compute floor"
+    )
+    return [
+        f"  compute floor (replay)   {r['step_s'] * 1e3:.2f} ms per step{scaled}"
+        f": {r['steps']:.0f} steps on {r['batches']:.0f} cached batch(es), data for free (training step, backward, "
+        f"optimizer step; {r['intraop_threads']:.0f} torch intra-op thread(s))",
+        f"  real step cycle          {r['real_step_s'] * 1e3:.2f} ms per batch: compute {r['compute_share']:.1%}, "
+        f"rest of the step {r['rest_share']:.1%} (loop, logging, validation, checkpoints, CPU taken by the "
+        f"loader), wait for data {r['wait_share']:.1%}",
+        f"  wait for data by part    {parts} of the cycle",
+        f"  speed-up from the data   {speedup}",
+    ]
 
 
 def loader_report(

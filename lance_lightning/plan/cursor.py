@@ -265,7 +265,7 @@ def check_state(state: dict[str, Any], plan: ReadPlan) -> None:
             raise _damaged(f"train_cursor.{key}", value, "is not a non-negative integer")
     if not isinstance(state["plan"], dict):
         raise _damaged("train_cursor.plan", state["plan"], "is not a mapping")
-    field = first_difference(state["plan"], plan.identity(), "plan")
+    field = first_difference(plan.resume_identity(state["plan"]), plan.identity(), "plan")
     if field is not None:
         raise CursorMismatchError(*field)
     if not 0 <= state["rows_consumed"] <= plan.matched_rows:
@@ -336,23 +336,28 @@ def repin_versions(
 
 
 def repin_target(
-    state: dict[str, Any], plan: ReadPlan, configured_version: int | None, materialized: bool
+    state: dict[str, Any],
+    current_uri: str | None,
+    current_version: int | None,
+    configured_version: int | None,
+    materialized: bool,
 ) -> tuple[str, Any] | None:
-    """Where the train split must be re-pinned to resume ``state`` exactly, or None to keep ``plan``.
+    """Where the train split must be pinned to resume ``state`` exactly, or None to keep (or pin
+    as configured) the current one. ``current_uri``/``current_version`` are those of the split's
+    plan, ``None`` when it is not planned yet.
 
     ``("view", uri)``: the checkpoint read another materialized view (views are kept when the source
     moves on). ``("version", v)``: it read version ``v`` of the same source and no version was
-    configured, so the latest version the split pinned is not the one the cursor counts rows of.
+    configured, so the latest version is not necessarily the one the cursor counts rows of.
     """
     saved = state.get("plan")
     if not isinstance(saved, dict):
         return None  # `check_state` names what is wrong with it
-    current = plan.source
     if materialized:
-        return ("view", saved["uri"]) if saved.get("uri") not in (None, current.uri) else None
+        return ("view", saved["uri"]) if saved.get("uri") not in (None, current_uri) else None
     if (
-        saved.get("uri") == current.uri
-        and saved.get("version") not in (None, current.version)
+        saved.get("uri") == current_uri
+        and saved.get("version") not in (None, current_version)
         and configured_version is None
     ):
         return ("version", saved["version"])

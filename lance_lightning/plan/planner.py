@@ -26,11 +26,12 @@ from typing import Any, Literal
 import numpy as np
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.plan.contract import SplitSettings
 from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.order import EpochOrder
 from lance_lightning.plan.packing import DocumentIndex
 from lance_lightning.plan.rowset import RowSet
-from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
+from lance_lightning.plan.strategies import FilterRead, ShuffleStrategy
 from lance_lightning.source import PinnedSource
 
 ReadMethod = Literal["scan", "take"]
@@ -68,6 +69,8 @@ class ReadPlan:
     #: With packing (`lance_lightning.plan.packing`): the documents' index; the plan's unit is then a
     #: window (``matched_rows`` counts windows, ``matches`` still holds the matching documents).
     documents: DocumentIndex | None = field(default=None, repr=False, compare=False)
+    #: What the remote cache did for this split (`lance_lightning.materialize.cache`), for ``explain``.
+    cache: str | None = field(default=None, compare=False)
 
     @property
     def matched_documents(self) -> int:
@@ -76,7 +79,9 @@ class ReadPlan:
 
     @property
     def selectivity(self) -> float:
-        return self.matched_documents / self.source.total_rows if self.source.total_rows else 0.0
+        """Matching share of the rows of the source (of the one a local copy stands for)."""
+        origin = self.source.stands_for or self.source
+        return self.matched_documents / origin.total_rows if origin.total_rows else 0.0
 
     def order(self, epoch: int) -> EpochOrder:
         return EpochOrder(self.matched_rows, self.strategy, epoch)
@@ -101,6 +106,27 @@ class ReadPlan:
         return self.documents is not None
 
     @property
+    def sources(self) -> tuple[PinnedSource, ...]:
+        return (self.source,)
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return (self.split,)
+
+    @property
+    def added_columns(self) -> tuple[str, ...]:
+        return ()
+
+    def source_counts(self, epoch: int, end: int) -> dict[str, int]:
+        return {}
+
+    def scheduled_shares(self, epoch: int, end: int) -> dict[str, float]:
+        return {}
+
+    def resume_identity(self, saved: dict[str, Any]) -> dict[str, Any]:
+        return saved
+
+    @property
     def unit(self) -> str:
         """What the plan's sequence counts: rows, or windows with packing."""
         return "row" if self.documents is None else "window"
@@ -121,9 +147,10 @@ class ReadPlan:
     def explain(self, world_size: int = 1) -> str:
         layout = self.layout(world_size)
         order = self.order(0)
-        src = self.source
+        src = self.source.stands_for or self.source
         lines = [
             f"split '{self.split}': {src.uri} @ version {src.version}, columns {list(src.columns)}",
+            *([f"  cache: {self.cache}"] if self.cache else []),
             f"  {'rows' if self.documents is None else 'documents'}: {self.matched_documents:,} of {src.total_rows:,}"
             + (f" match filter {src.filter!r} (selectivity {self.selectivity:.2%})" if src.filter else ""),
             *self._packing_lines(),
@@ -148,20 +175,10 @@ class ReadPlan:
         return "\n".join(lines)
 
 
-def plan_reads(
-    split: str,
-    source: PinnedSource,
-    survey: Survey,
-    strategy: ShuffleStrategy | None,
-    filter_read: FilterRead | None,
-    batch_size: int,
-    drop_last: bool,
-    pad: bool = True,
-) -> ReadPlan:
+def plan_reads(split: str, source: PinnedSource, survey: Survey, settings: SplitSettings) -> ReadPlan:
     """The `ReadPlan` of a surveyed source (no I/O). It fits any topology; `check_fits` says
     whether it fits the one it is read with."""
-    strategy = strategy or NoShuffle()
-    filter_read = filter_read or FilterRead()
+    strategy, filter_read = settings.strategy, settings.filter_read
     if source.filter is None:
         method, reason = _method_without_filter(strategy)
     else:
@@ -173,12 +190,12 @@ def plan_reads(
         strategy,
         method,
         survey.matched_rows,
-        batch_size,
-        drop_last,
+        settings.batch_size,
+        settings.drop_last,
         reason,
         survey.matches,
         survey.row_bytes,
-        pad,
+        settings.pad,
         survey.documents,
     )
 

@@ -20,11 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.plan.contract import SplitSettings
 from lance_lightning.plan.filter_scan import find_matches
 from lance_lightning.plan.packing import DocumentIndex, TokenPacking
 from lance_lightning.plan.planner import ReadPlan, Survey, plan_reads
 from lance_lightning.plan.rowset import RowSet
-from lance_lightning.plan.strategies import FilterRead, ShuffleStrategy
 from lance_lightning.source import PinnedSource
 
 #: Rows read at setup to estimate the bytes per row.
@@ -51,22 +51,13 @@ def survey(split: str, source: PinnedSource) -> Survey:
     return Survey(matched, matches, _row_bytes(dataset, source))
 
 
-def build_plan(
-    split: str,
-    source: PinnedSource,
-    strategy: ShuffleStrategy | None,
-    filter_read: FilterRead | None,
-    batch_size: int,
-    drop_last: bool,
-    pad: bool = True,
-    packing: TokenPacking | None = None,
-) -> ReadPlan:
-    """Survey and plan the rows (or, with ``packing``, the windows) of ``source``; raise
+def build_plan(split: str, source: PinnedSource, settings: SplitSettings) -> ReadPlan:
+    """Survey and plan the rows (or, with packing, the windows) of ``source``; raise
     `ConfigError` for a source that has none."""
     surveyed = survey(split, source)
-    if packing is not None:
-        surveyed = survey_tokens(split, source, surveyed, packing)
-    return plan_reads(split, source, surveyed, strategy, filter_read, batch_size, drop_last, pad)
+    if settings.packing is not None:
+        surveyed = survey_tokens(split, source, surveyed, settings.packing)
+    return plan_reads(split, source, surveyed, settings)
 
 
 def survey_tokens(split: str, source: PinnedSource, surveyed: Survey, packing: TokenPacking) -> Survey:

@@ -15,10 +15,10 @@ Guarantees:
   `ConfigError` when the data module is made (`check_packed_policy`).
 - Every bad row is counted once, as ``bad_rows`` in the loader's `StageClock` (and so in the
   data metrics), whatever the policy.
-- The same holds for a ``device_transform`` (e.g. ``DecodeImage(device="cuda")``), which runs after
-  the batch reached the device: the rows' positions travel beside the batch (`BadRowGuard.finish`
-  returns them; the loader keeps the latest batch's), and `lance_lightning.device.guard.DeviceRowGuard`
-  raises or replaces exactly as `BadRowGuard` does on the host, choosing the same replacement rows.
+- The policies act where the transform runs: on the host in `lance_lightning.produce.transform.TransformStep`,
+  on the device in `lance_lightning.device.guard.DeviceRowGuard` (for a ``device_transform``, e.g.
+  ``DecodeImage(device="cuda")``; the rows' positions travel beside the batch), which raises or
+  replaces exactly as the host does, choosing the same replacement rows (`replacement`).
 """
 
 from __future__ import annotations
@@ -34,13 +34,11 @@ import torch
 
 from lance_lightning.checks import check_int
 from lance_lightning.errors import BadRowError, ConfigError, RowError
-from lance_lightning.metrics.clock import StageClock
-from lance_lightning.plan.packing import sequence_bounds
 from lance_lightning.plan.rowset import RowSet
-from lance_lightning.produce.convert import Ragged, to_torch_batch
+from lance_lightning.produce.convert import Ragged
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.source import PinnedSource
-from lance_lightning.vocabulary import MIXTURE_SOURCE, Batch
+from lance_lightning.vocabulary import Batch
 
 log = logging.getLogger("lance_lightning")
 
@@ -92,101 +90,6 @@ class ReplaceBadRow(BadRowPolicy):
         """Index (among the split's ``rows`` matching rows) of replacement ``attempt`` for ``position``."""
         digest = hashlib.blake2b(f"{self.seed}:{position}:{attempt}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little") % rows
-
-
-class BadRowGuard:
-    """Converts and transforms one batch table, applying the policy to rows the transform rejects.
-
-    Args:
-        policy: `RaiseOnBadRow` or `ReplaceBadRow`.
-        source: The pinned source the table was read from (replacements are read from it).
-        rows: Number of matching rows of the split.
-        matches: The matching rows (``None``: match ``i`` is dataset position ``i``).
-        transform: The batch transform; ``None`` converts only.
-        fill_nulls: Per-column null fill values, as for `to_torch_batch`.
-        clock: Where ``convert``/``transform`` times and the ``bad_rows`` count go.
-        packed: The tables are packed windows (`lance_lightning.read.packed`): conversion adds
-            ``cu_seqlens`` and ``max_seqlen``.
-        sources: A mixture's sources, in ``source`` column order: a row is named in its own source.
-    """
-
-    def __init__(
-        self,
-        policy: BadRowPolicy,
-        source: PinnedSource,
-        rows: int,
-        matches: RowSet | None,
-        transform: Callable[[Batch], Any] | None,
-        fill_nulls: dict[str, Any],
-        clock: StageClock,
-        packed: bool = False,
-        sources: tuple[PinnedSource, ...] = (),
-    ) -> None:
-        self.policy = policy
-        self.packed = packed
-        self.source = source
-        self.sources = sources
-        self.rows = rows
-        self.matches = matches
-        self.transform = transform
-        self.fill_nulls = fill_nulls
-        self.clock = clock
-
-    def __call__(self, table: pa.Table, positions: np.ndarray) -> Any:
-        """The finished batch of ``table``, whose row ``i`` is dataset position ``positions[i]``."""
-        return self.finish(table, positions)[0]
-
-    def finish(self, table: pa.Table, positions: np.ndarray) -> tuple[Any, np.ndarray]:
-        """The finished batch, and the positions of its rows (bad ones replaced)."""
-        positions = np.asarray(positions)
-        # Each pass fixes one bad row; a replacement was checked first, so it cannot fail again.
-        for _ in range(table.num_rows + 1):
-            with self.clock.measure("convert", rows=table.num_rows):
-                batch = self.convert(table)
-            if self.transform is None:
-                return batch, positions
-            try:
-                with self.clock.measure("transform", rows=table.num_rows):
-                    return self.transform(batch), positions
-            except RowError as error:
-                if not 0 <= error.index < table.num_rows:
-                    raise
-                self.clock.add("bad_rows", 1)
-                table, positions = self._replace(table, positions, error)
-        raise AssertionError("unreachable: every pass replaces one row")  # pragma: no cover
-
-    def convert(self, table: pa.Table) -> Batch:
-        """``table`` as tensors, unmeasured: all a batch needs when there is no transform (no
-        row can be bad then), so the caller may measure a whole read group at once."""
-        batch = to_torch_batch(table, self.fill_nulls)
-        if self.packed:
-            batch["cu_seqlens"], batch["max_seqlen"] = sequence_bounds(batch["document_ids"])
-        return batch
-
-    def _replace(self, table: pa.Table, positions: np.ndarray, error: RowError) -> tuple[pa.Table, np.ndarray]:
-        index = error.index
-        position = int(positions[index])
-        row_id = None
-        if self.policy.id_column is not None and self.policy.id_column in table.column_names:
-            row_id = table.column(self.policy.id_column)[index].as_py()
-
-        def transforms(row: pa.Table) -> bool:
-            try:
-                self.transform(to_torch_batch(row, self.fill_nulls))
-            except RowError:
-                return False
-            return True
-
-        source = self.source
-        if self.sources and MIXTURE_SOURCE in table.column_names:  # a mixture's row: its own source
-            source = self.sources[table.column(MIXTURE_SOURCE)[index].as_py()]
-        candidate, row = replacement(
-            self.policy, source, self.rows, self.matches, position, row_id, error, table.column_names, transforms
-        )
-        fixed = pa.concat_tables([table.slice(0, index), row.cast(table.schema), table.slice(index + 1)])
-        fixed_positions = positions.copy()
-        fixed_positions[index] = candidate
-        return fixed, fixed_positions
 
 
 def check_packed_policy(policy: BadRowPolicy, packing: Any) -> None:

@@ -23,9 +23,10 @@ import torch
 
 from lance_lightning.metrics.clock import StageClock
 from lance_lightning.metrics.figures import batch_size_and_bytes, row_bytes
-from lance_lightning.produce.badrows import BadRowGuard, BadRowPolicy, RaiseOnBadRow
+from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow
 from lance_lightning.produce.convert import Ragged
 from lance_lightning.produce.threads import ReaderThreads
+from lance_lightning.produce.transform import TransformStep
 from lance_lightning.read.reader import BatchSpec, PlanReader
 from lance_lightning.vocabulary import Batch, BatchTransform, Shipment
 
@@ -63,28 +64,18 @@ class BatchProducer:
         self.ship_positions = ship_positions
         self.shipments = shipments or ship_stats or ship_positions
         self.pin_memory = pin_memory
-        plan = reader.plan
-        self.guard = BadRowGuard(
-            bad_rows or RaiseOnBadRow(),
-            plan.source,
-            plan.matched_rows,
-            plan.matches,
-            transform,
-            dict(fill_nulls),
-            clock,
-            packed=plan.packed,
-            sources=getattr(plan, "sources", ()),
-        )
+        self.step = TransformStep(bad_rows or RaiseOnBadRow(), reader.plan, transform, dict(fill_nulls), clock)
 
     def read(self, group: list[BatchSpec]) -> list[tuple[BatchSpec, pa.Table]]:
         rows = sum(len(spec.positions) for spec in group)
         with self.clock.measure("read", rows=rows):
             tables = self.reader.read_group(group)
+        self.clock.add("read_row_bytes", rows * self.reader.plan.row_bytes)  # what io_bytes is compared with
         return list(zip(group, (table for _, table in tables)))
 
     def finish(self, item: tuple[BatchSpec, pa.Table]) -> SizedBatch:
         spec, table = item
-        batch, positions = self.guard.finish(table, spec.positions)
+        batch, positions = self.step.finish(table, spec.positions)
         if self.pin_memory:
             with self.clock.measure("pin", rows=table.num_rows):
                 batch = pin_batch(batch)
@@ -99,7 +90,7 @@ class BatchProducer:
         tables = [table for _, table in self.read(group)]
         rows = sum(table.num_rows for table in tables)
         with self.clock.measure("convert", rows=rows):
-            batches = [self.guard.convert(table) for table in tables]
+            batches = [self.step.convert(table) for table in tables]
         if self.pin_memory:
             with self.clock.measure("pin", rows=rows):
                 batches = [pin_batch(batch) for batch in batches]

@@ -3,7 +3,8 @@
 Guarantees:
 - `ReaderThreads` keeps one pool per stage (read, transform) from epoch to epoch, so RSS stays
   flat; each thread runs torch with one intra-op thread under ``SCHED_BATCH`` (Linux), so it never
-  preempts the training loop's thread. Pickling or forking leaves the threads behind.
+  preempts the training loop's thread, which keeps its own intra-op thread count. Pickling or
+  forking leaves the threads behind.
 - `ReadAhead` hands results out in the order the work items went in, whatever thread finished
   first, with at most ``depth`` items in flight or waiting (memory is bounded by ``depth`` results).
 - ``stop()`` (also run when the consumer stops iterating early) cancels its own queued work, never
@@ -112,6 +113,9 @@ class ReaderThreads:
         if self._pid != os.getpid():  # forked: the parent's threads do not exist here
             self._pools, self._pid = {}, os.getpid()
         if self.reader_threads and not self._pools:
+            # A thread that never set its intra-op thread count takes the one set last in the
+            # process: without this, the reader threads' 1 would become the training thread's.
+            torch.set_num_threads(torch.get_num_threads())
             self._pools = {
                 stage: ThreadPoolExecutor(
                     self.reader_threads, thread_name_prefix=f"lance-{stage}", initializer=_background_thread

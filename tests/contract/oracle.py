@@ -3,8 +3,9 @@
 Guarantees (each failure is one line of `check`'s result, naming the phase, epoch and step):
 - The reference run's sequence of each epoch holds exactly the units `truth` computes: each
   matching row (or window) once, in storage order under `NoShuffle`; a mixture's draws obey the
-  documented rules (counts per whole block, a source's draws in its own order, no repeat within a
-  pass through the source); a row shuffle orders each epoch anew.
+  documented rules (counts per whole block, under a schedule those `truth.scheduled_counts` gives;
+  a source's draws in its own order, no repeat within a pass through the source); a row shuffle
+  orders each epoch anew.
 - The stopped and the resumed run train exactly the documented layout of those sequences: global
   step ``i`` takes units ``[start + i*W*B, start + (i+1)*W*B)``, rank ``r`` the ``r``-th slice of
   ``B``; the tail is dropped with ``drop_last``, else split across ranks, a rank without a tail
@@ -324,7 +325,7 @@ class Oracle:
 
     def _check_mixture_sequence(self, epoch: int, seq: list[int], sources: list[np.ndarray]) -> None:
         mixture = self.scenario.mixture
-        counts = truth.block_counts(mixture.weights, mixture.block)
+        counts = truth.block_counts(mixture.weights, mixture.block) if mixture.schedule is None else []
         expected = truth.epoch_units(self.scenario)
         where = f"reference epoch {epoch} (mixture)"
         if len(seq) != expected:
@@ -332,7 +333,10 @@ class Oracle:
             return
         array = np.asarray(seq, dtype=np.int64)
         source = array // truth.BIG
+        scheduled = truth.scheduled_counts(mixture, epoch) if mixture.schedule is not None else None
         for block in range(len(seq) // mixture.block):
+            if scheduled is not None:  # the counts scheduled at the block's first sample
+                counts = scheduled[block]
             got = np.bincount(source[block * mixture.block : (block + 1) * mixture.block], minlength=len(counts))
             if got.tolist() != counts:
                 self.fail(f"{where}: block {block} holds {got.tolist()} draws per source, not {counts}")

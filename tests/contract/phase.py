@@ -190,7 +190,10 @@ def data_arguments(scenario: Scenario, topology: Topology, uris: list[str], *, r
             "class_path": "lance_lightning.LanceMixture",
             "init_args": {
                 "sources": [source(s.table, s.filter) for s in mixture.sources],
-                "weights": mixture.weights,
+                "weights": None if mixture.schedule is not None else mixture.weights,
+                "schedule": mixture.schedule,
+                "interpolate": mixture.interpolate,
+                "step_samples": mixture.step_samples,
                 "epoch": mixture.epoch,
                 "samples": mixture.samples,
                 "block": mixture.block,

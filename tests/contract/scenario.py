@@ -7,10 +7,12 @@ Guarantees:
 - Every option a user can combine in one script is drawn here: table shape (rows, fragments,
   deleted rows), filter (none, half, selective, less than one batch per rank, matching nothing),
   strategy (all four, clumps, shards with and without a row shuffle inside), token packing, a
-  mixture (2-3 sources, filters, both epoch rules, ``samples`` below and above ``block``), world
-  size 1/2, workers 0/2, reader threads, batch size, ``drop_last``, calls before fit, Lightning
-  loop options, the stop, the checkpoint resumed from, changes on resume, a maintenance job
-  (compaction and cleanup of old versions) between the runs, ``hold_versions``, and steps after fit.
+  mixture (2-3 sources, filters, both epoch rules, ``samples`` below and above ``block``), a
+  schedule of a ``samples`` mixture's weights (2-3 stages, constant or linear, boundaries by
+  sample or by step, zero weights; drawn from its own random stream), world size 1/2, workers
+  0/2, reader threads, batch size, ``drop_last``, calls before fit, Lightning loop options, the
+  stop, the checkpoint resumed from, changes on resume, a maintenance job (compaction and cleanup
+  of old versions) between the runs, ``hold_versions``, and steps after fit.
   A new option of the package joins `generate` (and `truth`/`phase` where it needs to).
 """
 
@@ -61,6 +63,10 @@ class Mixture:
     epoch: Literal["first_exhausted", "samples"] = "first_exhausted"
     samples: int | None = None
     block: int = 100
+    #: Stages ``{until_sample|until_step: N, weights: [...]}`` (``weights`` above is then unused).
+    schedule: list[dict[str, Any]] | None = None
+    interpolate: Literal["constant", "linear"] = "constant"
+    step_samples: int | None = None
 
 
 @dataclass(frozen=True)
@@ -171,11 +177,20 @@ class Scenario:
         return self.topology.world_size > 1 or self.resume.topology.world_size > 1
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        plain = asdict(self)
+        mixture = plain.get("mixture")
+        if mixture is not None and mixture["schedule"] is None:  # as scenarios were written before schedules
+            for key in _SCHEDULE_FIELDS:
+                del mixture[key]
+        return json.dumps(plain, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | dict[str, Any]) -> Scenario:
         return _build(cls, json.loads(text) if isinstance(text, str) else text)
+
+
+#: Fields of `Mixture` left out of the JSON of a mixture without a schedule.
+_SCHEDULE_FIELDS = ("schedule", "interpolate", "step_samples")
 
 
 def _build(kind: Any, value: Any) -> Any:
@@ -234,6 +249,12 @@ def generate(seed: int) -> Scenario:
     stop, step_sleep, stop_epoch = _stop(rng, steps, loop)
     resume = _resume(rng, topology, units, loop, scenario.cli)
     later = random.Random(f"{seed}-later")  # options added later: the draws above stay as they were
+    if scenario.mixture is not None and scenario.mixture.epoch == "samples":
+        scheduled = random.Random(f"{seed}-schedule")
+        if scheduled.random() < 0.6:
+            epochs = stop_epoch + 3
+            mixture = _schedule(scheduled, scenario.mixture, epochs, topology.world_size * batch_size)
+            scenario = replace(scenario, mixture=mixture)
     return replace(
         scenario,
         topology=topology,
@@ -295,6 +316,28 @@ def _data(rng: random.Random, tokens: bool) -> tuple[list[Table], Source | None,
             block = {1000: 100, 100: 25}.get(block, 10)
             mixture = replace(mixture, block=block)
     return tables, None, mixture
+
+
+def _schedule(rng: random.Random, mixture: Mixture, epochs: int, step_samples: int) -> Mixture:
+    """``mixture`` with 2-3 stages over the samples of its ``epochs`` epochs (a boundary may fall
+    mid-epoch, on an epoch's start or past the run), weights >= 0 with one positive per stage."""
+    count, total = len(mixture.sources), epochs * int(mixture.samples)
+    stages = rng.choice([2, 2, 3])
+    ends = sorted(rng.sample(range(1, total + total // 2 + 2), stages - 1))
+    by_step = rng.random() < 0.4
+    if by_step:  # boundaries by step: whole steps of the planned step size
+        ends = sorted({max(1, e // step_samples) for e in ends})
+    schedule: list[dict[str, Any]] = []
+    for end in [*ends, None]:
+        weights = [rng.choice([0.0, 0.0, 0.5, 1.0, 2.0, 3.0]) for _ in range(count)]
+        if not any(weights):
+            weights[rng.randrange(count)] = 1.0
+        stage: dict[str, Any] = {"weights": weights}
+        if end is not None:
+            stage["until_step" if by_step else "until_sample"] = end
+        schedule.append(stage)
+    interpolate = rng.choice(["constant", "linear"])
+    return replace(mixture, schedule=schedule, interpolate=interpolate, step_samples=step_samples if by_step else None)
 
 
 def _whole_blocks(tables: list[Table], mixture: Mixture) -> int:

@@ -42,7 +42,7 @@ from tests.contract.scenario import (
 
 CASES = Path(__file__).with_name("cases.jsonl")
 #: Seeds whose scenarios together compose every kind of option (checked by `test_sample_covers_the_options`).
-SAMPLE_SEEDS = [4, 7, 14, 15, 19, 21, 28, 35, 39, 46, 82, 97]
+SAMPLE_SEEDS = [4, 7, 14, 15, 19, 21, 28, 35, 39, 42, 46, 82, 97]
 SHUFFLES = ("none", "shard", "row", "buffer")
 
 
@@ -72,6 +72,7 @@ def test_sample_covers_the_options() -> None:
         "ddp": any(s.uses_ddp for s in scenarios),
         "workers": any(s.topology.num_workers or s.resume.topology.num_workers for s in scenarios),
         "mixture": any(s.mixture is not None for s in scenarios),
+        "scheduled mixture": any(s.mixture is not None and s.mixture.schedule for s in scenarios),
         "packing": any(s.packing is not None for s in scenarios),
         "filter": any(s.source is not None and s.source.filter for s in scenarios),
         "calls before fit": any(s.calls or s.resume.calls for s in scenarios),
@@ -115,6 +116,19 @@ def test_cases_round_trip_and_are_named_once() -> None:
         assert json.loads(scenario.to_json()) == case["scenario"], case["name"]
         names.append(case["name"])
     assert len(names) == len(set(names))
+
+
+def test_truth_schedules_match_the_guide() -> None:
+    """The oracle's own scheduled counts, on the guide's examples (hand-computed)."""
+    from tests.contract.scenario import Mixture
+
+    stages = [{"until_step": 3, "weights": [1.0, 0.0]}, {"weights": [1.0, 1.0]}]
+    warm = Mixture([Source(0), Source(0)], [1.0, 1.0], "samples", 200, 50, stages, "constant", 100)
+    assert truth.scheduled_counts(warm, 0) == [[50, 0]] * 4
+    assert truth.scheduled_counts(warm, 1) == [[50, 0], [50, 0], [25, 25], [25, 25]]  # sample 300 onwards
+    ramp = Mixture([Source(0), Source(0)], [1.0, 1.0], "samples", 100, 10, [
+        {"until_sample": 40, "weights": [1.0, 0.0]}, {"weights": [0.0, 1.0]}], "linear")  # fmt: skip
+    assert truth.scheduled_counts(ramp, 0)[:5] == [[10, 0], [8, 2], [5, 5], [3, 7], [0, 10]]  # 7.5: the tie to a
 
 
 def test_generate_is_deterministic_and_round_trips() -> None:

@@ -8,6 +8,10 @@ Guarantees:
 - A unit's key is what `tests.contract.phase.units_of` reads from a batch: a row's ``id``; a
   window's first real token ``v`` and its offset ``o`` as ``v * 64 + o``; plus ``source * BIG``
   for a mixture's draws. Ids and token values are distinct across tables.
+- `scheduled_counts` gives a scheduled mixture's samples per source in each block of an epoch,
+  from the guide's rule ("Schedules"), in plain Python: the shares at the block's first sample
+  ``g = epoch * samples + b * block`` (constant per stage, or linear from a stage's shares to the
+  next one's at its end), then largest remainder of ``share * block``.
 - `expected_error` says which clear error a scenario must give before training (or None).
 - `write_tables` writes the scenario's Lance datasets; their content is what the functions above
   describe.
@@ -150,6 +154,42 @@ def block_counts(weights: list[float], block: int) -> list[int]:
     return counts
 
 
+def schedule_ends(mixture: Any) -> list[int]:
+    """Each stage's end in samples (every stage but the last)."""
+    ends = []
+    for stage in mixture.schedule[:-1]:
+        ends.append(stage["until_sample"] if "until_sample" in stage else stage["until_step"] * mixture.step_samples)
+    return ends
+
+
+def scheduled_shares(mixture: Any, g: int) -> list[float]:
+    """The shares the schedule sets at global sample ``g`` (the guide's formula, float by float)."""
+    stages = [[w / float(sum(stage["weights"])) for w in stage["weights"]] for stage in mixture.schedule]
+    ends = schedule_ends(mixture)
+    i = 0
+    while i < len(ends) and ends[i] <= g:
+        i += 1
+    if mixture.interpolate != "linear" or i == len(ends):
+        return stages[i]
+    start = ends[i - 1] if i else 0
+    t = (g - start) / (ends[i] - start)
+    return [a + (b - a) * t for a, b in zip(stages[i], stages[i + 1])]
+
+
+def scheduled_counts(mixture: Any, epoch: int) -> list[list[int]]:
+    """Samples of each source in every block of ``epoch`` of a scheduled mixture."""
+    samples, block = int(mixture.samples), mixture.block
+    out = []
+    for first in range(0, samples, block):
+        exact = [share * block for share in scheduled_shares(mixture, epoch * samples + first)]
+        counts = [int(x) for x in exact]
+        order = sorted(range(len(exact)), key=lambda j: (-(exact[j] - counts[j]), j))
+        for j in order[: block - sum(counts)]:
+            counts[j] += 1
+        out.append(counts)
+    return out
+
+
 def epoch_units(scenario: Scenario) -> int:
     """Units in one epoch of the train split (0 when a source has none)."""
     sizes = [len(source_units(scenario, j)) for j in range(len(scenario.sources))]
@@ -170,7 +210,7 @@ def expected_error(scenario: Scenario, world_size: int, batch_size: int, drop_la
     if min(sizes) == 0:
         return "a source has no rows (or no whole window)"
     mixture = scenario.mixture
-    if mixture is not None and min(block_counts(mixture.weights, mixture.block)) < 1:
+    if mixture is not None and mixture.schedule is None and min(block_counts(mixture.weights, mixture.block)) < 1:
         return "a weight too small for the block"
     units = epoch_units(scenario)
     if units == 0:

@@ -22,10 +22,9 @@ import numpy as np
 import pytest
 
 from lance_lightning import NoShuffle
-from lance_lightning.plan.survey import build_plan
 from lance_lightning.source import pin_source
 from tests import ddp_worker
-from tests.helpers import write_dataset
+from tests.helpers import plan_of, write_dataset
 
 ROWS = 250
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +94,7 @@ def test_ddp_ranks_train_disjoint_equal_shares_of_the_epoch(ddp_run: tuple[str, 
     # The plan every rank used, rebuilt here: the expected rows come from the pure plan layers.
     datamodule = ddp_worker.make_datamodule(uri, name)
     source = pin_source(datamodule.sources["train"], "train")
-    plan = build_plan(
+    plan = plan_of(
         "train", source, datamodule.shuffle, datamodule.filter_read, ddp_worker.BATCH_SIZE, config["drop_last"]
     )
     ids = np.arange(ROWS)

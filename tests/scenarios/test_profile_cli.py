@@ -187,4 +187,5 @@ def test_profile_help_lists_its_options_without_importing_lightning():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr
     assert "--batches" in result.stdout and "--split" in result.stdout and "fit --help" in result.stdout
+    assert "--replay REPLAY" in result.stdout and "--replay_steps REPLAY_STEPS" in result.stdout
     assert "LOADED []" in result.stdout

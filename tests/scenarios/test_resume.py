@@ -565,6 +565,36 @@ def test_new_version_after_checkpoint_is_ignored(tmp_path: Path, uri: str) -> No
     assert max(flat(b.seen)) < ROWS, "rows of the new version were read"
 
 
+def test_a_resume_at_an_older_version_surveys_the_train_split_once(
+    tmp_path: Path, uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning calls ``setup`` before it restores the checkpoint: the train split is planned
+    once, at the checkpoint's version, not first at the latest version and then again."""
+    from lance_lightning.plan import survey as survey_module
+
+    k, shuffle = 5, "row:2"
+    c = fit(tmp_path, make_dm(uri, shuffle, FILTER), name="C")
+    ckpt = _checkpoint_at(tmp_path, make_dm(uri, shuffle, FILTER), k)
+    append_rows(uri, 200)
+    surveyed: list[tuple[str, int]] = []
+    real_survey = survey_module.survey
+
+    def counting_survey(split: str, source: Any) -> Any:
+        surveyed.append((split, source.version))
+        return real_survey(split, source)
+
+    monkeypatch.setattr(survey_module, "survey", counting_survey)
+    dm = make_dm(uri, shuffle, FILTER)
+    b = fit(tmp_path, dm, name="B", ckpt_path=ckpt, max_epochs=3)
+    assert [s for s in surveyed if s[0] == "train"] == [("train", 1)]
+    assert_exact(c.seen[:k], epoch_batches(b, 0), epoch_batches(c, 0), k)
+    for epoch in (1, 2):  # later epochs: the pinned version's rows, each once
+        assert_epoch_once(flat(epoch_batches(b, epoch)), uri, FILTER + " AND id < 300", BATCH)
+    surveyed.clear()
+    fit(tmp_path, make_dm(uri, shuffle, FILTER), name="D", max_steps=2)
+    assert [s for s in surveyed if s[0] == "train"] == [("train", 2)]
+
+
 def test_deleted_pinned_version_is_reported(tmp_path: Path, uri: str) -> None:
     ckpt = _checkpoint_at(tmp_path, make_dm(uri, "row:2", FILTER))
     append_rows(uri, 50)

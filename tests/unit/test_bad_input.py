@@ -17,9 +17,8 @@ from lance_lightning import (
     ShardShuffle,
 )
 from lance_lightning.plan.planner import check_fits
-from lance_lightning.plan.survey import build_plan
 from lance_lightning.source import pin_source
-from tests.helpers import RecordingModel, append_rows, write_dataset
+from tests.helpers import RecordingModel, append_rows, plan_of, write_dataset
 
 
 def _check(error: pytest.ExceptionInfo, param: str, value_text: str) -> str:
@@ -123,16 +122,16 @@ def test_batch_size_larger_than_split_is_fine_without_drop_last(small_uri):
 def test_world_size_larger_than_rows(small_uri):
     pinned = pin_source(LanceSource(small_uri, filter="id < 3"), "train")
     with pytest.raises(ConfigError) as info:
-        check_fits(build_plan("train", pinned, RowShuffle(seed=0), FilterRead(), 1, False), 4)
+        check_fits(plan_of("train", pinned, RowShuffle(seed=0), FilterRead(), 1, False), 4)
     message = _check(info, "world_size", "=4")
     assert "3 row(s)" in message
-    check_fits(build_plan("train", pinned, RowShuffle(seed=0), FilterRead(), 1, False), 3)  # fits
+    check_fits(plan_of("train", pinned, RowShuffle(seed=0), FilterRead(), 1, False), 3)  # fits
 
 
 def test_world_size_times_batch_larger_than_rows(small_uri):
     pinned = pin_source(LanceSource(small_uri), "train")
     with pytest.raises(ConfigError) as info:
-        check_fits(build_plan("train", pinned, None, None, 30, True), 4)
+        check_fits(plan_of("train", pinned, None, None, 30, True), 4)
     _check(info, "batch_size", "=30")
 
 

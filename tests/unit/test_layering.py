@@ -28,10 +28,11 @@ STAGES: list[tuple[str, ...]] = [
     ("transforms",),
     ("device",),
     ("load",),
-    ("mixture", "hold"),
+    ("hold",),
     ("datamodule",),
     ("callbacks",),
     ("cli",),
+    ("integrations",),  # optional extras (Ray): nothing below imports them
 ]
 _RANK = {unit: rank for rank, units in enumerate(STAGES) for unit in units}
 
@@ -115,3 +116,56 @@ def test_the_checker_sees_deferred_imports(tmp_path: Path) -> None:
         {"lance_lightning.source": tmp_path / "probe.py", "lance_lightning.datamodule": tmp_path / "empty.py"}
     )
     assert found["lance_lightning.source"] == {"lance_lightning.datamodule"}
+
+
+#: Modules that read one kind of plan by its concrete type: planning itself and each kind's reader.
+_KIND_SPECIFIC = (
+    "lance_lightning.plan.",
+    "lance_lightning.read.reader",
+    "lance_lightning.read.packed",
+    "lance_lightning.read.mixture_reader",
+    "lance_lightning.materialize.cache",  # caches one source's ReadPlan
+)
+
+
+def _plan_attributes(path: Path) -> set[str]:
+    """Attributes read from anything named ``plan`` (``plan.x``, ``self.plan.x``, ``reader.plan.x``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            if name == "plan":
+                found.add(node.attr)
+    return found
+
+
+def test_stages_ask_a_plan_only_what_the_contract_names() -> None:
+    from lance_lightning.plan.contract import Plan
+
+    members = {name for name in dir(Plan) if not name.startswith("_")}
+    outside = []
+    for module, path in sorted(_modules().items()):
+        if module.startswith(_KIND_SPECIFIC):
+            continue
+        outside += [f"{module}: plan.{attr}" for attr in sorted(_plan_attributes(path) - members)]
+    assert not outside, "not in the Plan contract (lance_lightning/plan/contract.py):\n" + "\n".join(outside)
+
+
+def test_both_kinds_of_plan_keep_the_contract(tmp_path: Path) -> None:
+    from lance_lightning.plan.contract import Plan, SplitSettings
+    from lance_lightning.plan.mixture import LanceMixture
+    from lance_lightning.plan.split import plan_split
+    from lance_lightning.plan.strategies import FilterRead, RowShuffle
+    from lance_lightning.source import LanceSource
+    from tests.helpers import write_dataset
+
+    uris = [write_dataset(tmp_path / f"{name}.lance", 64) for name in "ab"]
+    settings = SplitSettings(RowShuffle(seed=1), FilterRead(), 8, False)
+    members = {name for name in dir(Plan) if not name.startswith("_")}
+    for source in (LanceSource(uris[0]), LanceMixture([LanceSource(uri) for uri in uris], [1, 1], block=8)):
+        plan = plan_split("train", source, settings)
+        assert isinstance(plan, Plan)
+        assert not [name for name in members if not hasattr(plan, name)]
+        assert plan.layout(2).steps == -(-plan.matched_rows // 16)
+        assert len(plan.sources) == len(plan.source_names)

@@ -98,12 +98,11 @@ def test_only_the_train_split_can_be_a_mixture(uris):
     ("kwargs", "param"),
     [({"bad_rows": ReplaceBadRow()}, "bad_rows"), ({"materialize": "view"}, "materialize")],
 )
-def test_unsupported_settings_are_refused(uris, tmp_path, kwargs, param):
+def test_unsupported_settings_are_refused_when_the_data_module_is_made(uris, tmp_path, kwargs, param):
     if param == "materialize":
         kwargs = {"materialize": MaterializedView(str(tmp_path / "views"))}
-    dm = LanceDataModule(train=LanceMixture(_sources(uris), [1, 1], block=10), batch_size=10, **kwargs)
     with pytest.raises(ConfigError) as info:
-        dm.setup("fit")
+        LanceDataModule(train=LanceMixture(_sources(uris), [1, 1], block=10), batch_size=10, **kwargs)
     assert info.value.param == param
 
 
@@ -113,3 +112,85 @@ def test_a_source_column_named_source_is_refused(tmp_path):
     with pytest.raises(ConfigError) as info:
         dm.setup("fit")
     assert info.value.param == "train.sources[0].columns" and "'source'" in str(info.value)
+
+
+_STAGES = [{"until_sample": 100, "weights": [1, 0]}, {"weights": [1, 1]}]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param", "shown"),
+    [
+        ({"schedule": [{"until_sample": 10, "weights": [1]}, {"weights": [1, 1]}]}, "schedule[0].weights", "[1]"),
+        ({"schedule": [{"until_sample": 10, "weights": [1, -1]}, {"weights": [1, 1]}]}, "schedule[0].weights[1]", "-1"),
+        ({"schedule": [{"until_sample": 10, "weights": [1, 1]}, {"weights": [0, 0]}]}, "schedule[1].weights", "[0, 0]"),
+        (
+            {"schedule": [{"until_sample": 10, "weights": [1, float("inf")]}, {"weights": [1, 1]}]},
+            "schedule[0].weights[1]",
+            "inf",
+        ),
+        (
+            {
+                "schedule": [
+                    {"until_sample": 50, "weights": [1, 0]},
+                    {"until_sample": 50, "weights": [1, 1]},
+                    {"weights": [0, 1]},
+                ]
+            },
+            "schedule[1].until_sample",
+            "50",
+        ),
+        (
+            {
+                "schedule": [
+                    {"until_step": 9, "weights": [1, 0]},
+                    {"until_step": 4, "weights": [1, 1]},
+                    {"weights": [0, 1]},
+                ],
+                "step_samples": 10,
+            },
+            "schedule[1].until_step",
+            "4",
+        ),
+        ({"schedule": [{"until_step": 10, "weights": [1, 0]}, {"weights": [1, 1]}]}, "step_samples", "None"),
+        (
+            {"schedule": [{"until_sample": 10, "weights": [1, 0]}, {"until_sample": 20, "weights": [1, 1]}]},
+            "schedule[1].until_sample",
+            "20",
+        ),
+        ({"schedule": [{"weights": [1, 0]}, {"weights": [1, 1]}]}, "schedule[0]", "weights"),
+        ({"schedule": [{"until": 10, "weights": [1, 0]}, {"weights": [1, 1]}]}, "schedule[0]", "until"),
+        ({"schedule": []}, "schedule", "[]"),
+        ({"schedule": _STAGES, "interpolate": "cubic"}, "interpolate", "cubic"),
+        ({"schedule": _STAGES, "weights": [1, 1]}, "weights", "[1, 1]"),
+        ({"schedule": _STAGES, "on_schedule_change": "ignore"}, "on_schedule_change", "ignore"),
+        ({"weights": [1, 1], "interpolate": "linear"}, "interpolate", "linear"),
+        ({"weights": [1, 1], "step_samples": 8}, "step_samples", "8"),
+        ({}, "weights", "None"),
+    ],
+)
+def test_bad_schedules_name_the_field(uris, kwargs, param, shown):
+    kwargs = {"epoch": "samples", "samples": 500, **kwargs}
+    with pytest.raises(ConfigError) as info:
+        LanceMixture(_sources(uris), **kwargs)
+    assert info.value.param == param
+    assert shown in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_a_schedule_needs_the_samples_epoch_rule(uris):
+    with pytest.raises(ConfigError) as info:
+        LanceMixture(_sources(uris), schedule=_STAGES)  # epoch="first_exhausted" by default
+    assert info.value.param == "schedule"
+    assert 'epoch="samples"' in info.value.problem and 'epoch="samples"' in info.value.fix
+
+
+def test_a_valid_schedule_is_kept_in_samples(uris):
+    stages = [
+        {"until_step": 10, "weights": [0.9, 0.1]},
+        {"until_sample": 500, "weights": [0.5, 0.5]},
+        {"weights": [0, 1]},
+    ]
+    mixture = LanceMixture(_sources(uris), epoch="samples", samples=400, schedule=stages, step_samples=32)
+    assert mixture.schedule.ends == (320, 500) and mixture.weights is None
+    again = mixture.at_versions([1, 1])
+    assert again.schedule == mixture.schedule and [s.version for s in again.sources] == [1, 1]
+    assert "schedule=" in repr(mixture)

@@ -8,9 +8,8 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from lance_lightning import LanceIterableDataset, LanceMapDataset, LanceSource, RowShuffle, ShardShuffle
-from lance_lightning.plan.survey import build_plan
 from lance_lightning.source import pin_source
-from tests.helpers import write_dataset
+from tests.helpers import plan_of, write_dataset
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +44,7 @@ def test_map_dataset_getitem_and_order(uri: str) -> None:
 
 
 def test_iterable_dataset_with_plain_dataloader_and_workers(uri: str) -> None:
-    plan = build_plan(
+    plan = plan_of(
         "train",
         pin_source(LanceSource(uri, columns=["id"]), "train"),
         ShardShuffle(64, seed=3),
@@ -67,7 +66,7 @@ def test_iterable_dataset_with_plain_dataloader_and_workers(uri: str) -> None:
 
 
 def test_row_shuffle_iterable_reads_permuted_rows(uri: str) -> None:
-    plan = build_plan(
+    plan = plan_of(
         "train",
         pin_source(LanceSource(uri, columns=["id", "x"]), "train"),
         RowShuffle(seed=1),

@@ -35,7 +35,6 @@ from lance_lightning import (
 from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.order import EpochOrder
 from lance_lightning.plan.planner import check_fits
-from lance_lightning.plan.survey import build_plan
 from lance_lightning.read import lance_io
 from lance_lightning.read.reader import (
     MAX_RANGE_SCANS,
@@ -46,7 +45,7 @@ from lance_lightning.read.reader import (
 )
 from lance_lightning.source import pin_source
 from tests.harness import fit, make_dm
-from tests.helpers import VEC_DIM, write_dataset
+from tests.helpers import VEC_DIM, plan_of, write_dataset
 
 PURE = settings(max_examples=150, deadline=None)
 REAL = settings(
@@ -336,7 +335,7 @@ def make_plan(
     uri: str, flt: Filter, strategy: ShuffleStrategy, method: str, batch_size: int, drop_last: bool, world: int
 ):
     source = pin_source(LanceSource(uri, columns=["id", "label", "x", "vec"], filter=flt.sql), "train")
-    plan = build_plan("train", source, strategy, FilterRead(method), batch_size, drop_last)
+    plan = plan_of("train", source, strategy, FilterRead(method), batch_size, drop_last)
     check_fits(plan, world)
     return plan
 
@@ -601,7 +600,7 @@ def test_read_groups_tile_large_shards(tmp_path) -> None:
     planned order (no allowlist scan, no sort)."""
     uri = write_dataset(tmp_path / "big.lance", 40_960, fragment_rows=15_000, label_classes=LABELS)
     source = pin_source(LanceSource(uri, columns=["id", "label", "x", "vec"]), "train")
-    plan = build_plan("train", source, ShardShuffle(shard_rows=8192, seed=3), FilterRead(), 256, False)
+    plan = plan_of("train", source, ShardShuffle(shard_rows=8192, seed=3), FilterRead(), 256, False)
     reader = PlanReader(plan, epoch=1, world_size=1, rank=0, start=0)
     groups = list(reader.groups(range(reader.layout.steps)))
     for group in groups:
@@ -612,7 +611,7 @@ def test_read_groups_tile_large_shards(tmp_path) -> None:
 
     short = write_dataset(tmp_path / "short.lance", 40_960 + 64, fragment_rows=15_000, label_classes=LABELS)
     source = pin_source(LanceSource(short, columns=["id", "label", "x", "vec"]), "train")
-    plan = build_plan("train", source, ShardShuffle(shard_rows=8192, seed=3), FilterRead(), 256, False)
+    plan = plan_of("train", source, ShardShuffle(shard_rows=8192, seed=3), FilterRead(), 256, False)
     for epoch in range(3):
         reader = PlanReader(plan, epoch=epoch, world_size=1, rank=0, start=0)
         wrapping = 0
@@ -632,7 +631,7 @@ def test_take_groups_double_and_sorted_calls_keep_the_planned_order(tmp_path, mo
     monkeypatch.setattr(lance_io, "TAKE_CALL_ROWS", 7)
     uri = write_dataset(tmp_path / "take.lance", 6000, fragment_rows=1000, label_classes=LABELS)
     source = pin_source(LanceSource(uri, columns=["id", "label", "x", "vec"]), "train")
-    plan = build_plan("train", source, RowShuffle(seed=5), FilterRead(), 8, False)
+    plan = plan_of("train", source, RowShuffle(seed=5), FilterRead(), 8, False)
     assert plan.method == "take"
     reader = PlanReader(plan, epoch=2, world_size=1, rank=0, start=0)
     most = max(8, TAKE_GROUP_BYTES // plan.row_bytes)

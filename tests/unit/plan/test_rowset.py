@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 from lance_lightning import LanceSource, RowShuffle
 from lance_lightning.plan import rowset
 from lance_lightning.plan.rowset import EliasFano, MatchBitmap, RangeRuns, rowset_from_arrays, scan_matches
-from lance_lightning.plan.survey import build_plan
 from lance_lightning.source import pin_source
-from tests.helpers import write_dataset
+from tests.helpers import plan_of, write_dataset
 
 ROWS = 20_000
 FILTERS = {
@@ -81,7 +80,7 @@ def test_a_filtered_plan_ships_the_compact_row_set(tmp_path) -> None:
     rows = 200_000
     uri = write_dataset(tmp_path / "big.lance", rows, fragment_rows=50_000)
     source = pin_source(LanceSource(uri, columns=["id"], filter="id % 10 = 0"), "train")
-    plan = build_plan("train", source, RowShuffle(seed=0), None, 64, True)
+    plan = plan_of("train", source, RowShuffle(seed=0), None, 64, True)
     # A list of positions would pickle to 8 bytes a match (160 KB); the bitmap is 1 bit a row.
     assert len(pickle.dumps(plan)) < rows // 8 + rows // 64 + 4096
     copy = pickle.loads(pickle.dumps(plan))

@@ -24,9 +24,8 @@ from lance_lightning import (
     ShardShuffle,
     ShuffleStrategy,
 )
-from lance_lightning.plan.survey import build_plan
 from lance_lightning.source import pin_source
-from tests.helpers import write_dataset
+from tests.helpers import plan_of, write_dataset
 
 ROWS = 20_000
 CLASSES = 100
@@ -89,9 +88,7 @@ def sorted_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def read_label_batches(uri: str, strategy: ShuffleStrategy, epoch: int) -> list[np.ndarray]:
-    plan = build_plan(
-        "train", pin_source(LanceSource(uri, columns=["label"]), "train"), strategy, None, BATCH_SIZE, True
-    )
+    plan = plan_of("train", pin_source(LanceSource(uri, columns=["label"]), "train"), strategy, None, BATCH_SIZE, True)
     dataset = LanceIterableDataset(plan, reader_threads=2)
     dataset.set_epoch(epoch)
     return [batch["label"].numpy() for batch in dataset]

@@ -20,7 +20,7 @@ import lance
 import numpy as np
 import pytest
 
-from lance_lightning import ConfigError, LanceDataModule, LanceSource, RowShuffle
+from lance_lightning import ConfigError, LanceDataModule, LanceSource, RemoteCache, RowShuffle
 from lance_lightning.metrics.clock import StageClock
 from lance_lightning.read.retry import (
     DataReadError,
@@ -324,6 +324,7 @@ def _ids_of_epoch(
 
 
 def _module(uri: str, options: dict[str, str], num_workers: int = 0) -> LanceDataModule:
+    """Takes from the store while training (the remote cache would read a local copy)."""
     return LanceDataModule(
         train=LanceSource(uri, columns=["id", "x"], storage_options=options),
         batch_size=16,
@@ -331,6 +332,7 @@ def _module(uri: str, options: dict[str, str], num_workers: int = 0) -> LanceDat
         num_workers=num_workers,
         reader_threads=1,
         prefetch_groups=1,
+        remote_cache=RemoteCache(enabled=False),
     )
 
 

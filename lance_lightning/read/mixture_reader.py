@@ -20,14 +20,11 @@ import numpy as np
 import pyarrow as pa
 
 from lance_lightning.plan.mixture import MixturePlan
-from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.read.packed import PackedReader
 from lance_lightning.read.reader import (
     TAKE_GROUP_BATCHES,
-    TAKE_GROUP_BYTES,
     BatchSpec,
-    PlanReader,
     read_batch_rows,
 )
 from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
@@ -102,20 +99,3 @@ class MixtureReader:
         table = table.take(pa.array(index)).append_column(MIXTURE_SOURCE, pa.array(source, pa.int64()))
         bounds = np.cumsum([0, *(len(spec.positions) for spec in group)])
         return [(spec.step, table.slice(int(a), int(b - a))) for spec, a, b in zip(group, bounds[:-1], bounds[1:])]
-
-
-def plan_reader(
-    plan: ReadPlan | MixturePlan,
-    epoch: int,
-    world_size: int,
-    rank: int,
-    start: int,
-    retry: RetryPolicy = DEFAULT_POLICY,
-    take_group_bytes: int = TAKE_GROUP_BYTES,
-) -> PlanReader | PackedReader | MixtureReader:
-    """The reader of ``plan``: a `MixtureReader` for a mixture, a `PackedReader` for packed
-    windows, else a `PlanReader`."""
-    if isinstance(plan, MixturePlan):
-        return MixtureReader(plan, epoch, world_size, rank, start, retry=retry)
-    kind = PackedReader if plan.packed else PlanReader
-    return kind(plan, epoch, world_size, rank, start, retry=retry, take_group_bytes=take_group_bytes)

@@ -1,0 +1,178 @@
+"""Object-store benchmark: every strategy from a real S3-compatible server behind a latency proxy,
+with the remote cache on and off, at workers 0 and 2: rows/s, requests, bytes and amplification.
+
+Set-up: moto's S3 server on 127.0.0.1 (started here) holds one Lance dataset of ``--rows`` rows of
+about 524 bytes (``id`` int64, ``label`` int32, ``payload`` 512 uint8) in one data file. Every
+request goes through `tests.fault_proxy.FaultProxy` with ``--latency-ms`` of added latency (20 ms
+by default, a cross-zone object store's order of magnitude); the proxy counts the GET requests and
+the body bytes it returns. For each configuration a fresh data module is planned (``setup``: the
+copy into the cache happens here when the cache applies) and two epochs of the train loader are
+read, without a trainer:
+
+- **cold** = setup + epoch 0 (what the first epoch of a run costs, the copy included);
+- **warm** = epoch 1 (the same process, the next epoch).
+
+``amplification`` is the bytes the store sent over the bytes of the rows delivered (rows x the
+rows' Arrow size): 1.0 reads every row's bytes once. An epoch stops after ``--epoch-cap-s``
+seconds; rows/s then counts the rows read until then (marked ``capped``).
+
+Usage (from the repository root)::
+
+    uv run python benchmarks/bench_object_store.py                  # 10^5 rows, 20 ms
+    uv run python benchmarks/bench_object_store.py --rows 1000000  # 10^6 rows
+
+Writes ``benchmarks/results/object_store.md`` (``--out`` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+for path in (HERE, HERE.parent):  # `common`, `lance_lightning` and `tests.*` from a checkout
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import common  # noqa: E402
+import lance  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+
+from lance_lightning import (  # noqa: E402
+    BufferShuffle,
+    LanceDataModule,
+    LanceSource,
+    NoShuffle,
+    RemoteCache,
+    RowShuffle,
+    ShardShuffle,
+)
+from tests.fault_proxy import FaultProxy  # noqa: E402
+from tests.s3_server import S3Server  # noqa: E402
+
+BATCH = 256
+COLUMNS = ["id", "label", "payload"]
+PATTERNS: dict[str, dict[str, Any]] = {
+    "NoShuffle": {"shuffle": lambda: NoShuffle()},
+    "ShardShuffle(4096)": {"shuffle": lambda: ShardShuffle(shard_rows=4096, seed=1)},
+    "BufferShuffle(8192)": {"shuffle": lambda: BufferShuffle(buffer_rows=8192, seed=1)},
+    "RowShuffle()": {"shuffle": lambda: RowShuffle(seed=1)},
+    "1% filter (take)": {"shuffle": lambda: NoShuffle(), "filter": "id % 100 = 7"},
+}
+
+
+@dataclass
+class Phase:
+    rows: int
+    seconds: float
+    requests: int
+    bytes: int
+    capped: bool
+
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
+
+
+def write_table(uri: str, rows: int, options: dict[str, str]) -> int:
+    """Write the dataset; return the Arrow bytes per row of the read columns."""
+    gen = np.random.default_rng(0)
+    ids = np.arange(rows, dtype=np.int64)
+    payload = pa.FixedSizeListArray.from_arrays(pa.array(gen.integers(0, 255, 512 * rows, dtype=np.uint8)), 512)
+    table = pa.table({"id": ids, "label": (ids % 10).astype(np.int32), "payload": payload})
+    lance.write_dataset(table, uri, storage_options=options, max_rows_per_file=rows)
+    return table.nbytes // rows
+
+
+def read_epoch(loader: Any, cap_s: float) -> tuple[int, bool]:
+    rows, started = 0, time.perf_counter()
+    for batch in loader:
+        rows += len(batch["id"])
+        if time.perf_counter() - started > cap_s:
+            return rows, True
+    return rows, False
+
+
+def measure(
+    uri: str, options: dict[str, str], proxy: FaultProxy, pattern: dict[str, Any], workers: int, cache: Path | None
+) -> tuple[Phase, Phase, str]:
+    remote_cache = RemoteCache(directory=str(cache)) if cache is not None else RemoteCache(enabled=False)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=COLUMNS, filter=pattern.get("filter"), storage_options=options),
+        batch_size=BATCH,
+        shuffle=pattern["shuffle"](),
+        drop_last=False,
+        num_workers=workers,
+        remote_cache=remote_cache,
+    )
+    phases = []
+    for epoch in range(2):
+        gets, sent, started = proxy.gets, proxy.bytes_sent, time.perf_counter()
+        if epoch == 0:
+            dm.setup("fit")
+        rows, capped = read_epoch(dm.train_dataloader(), args.epoch_cap_s)
+        phases.append(Phase(rows, time.perf_counter() - started, proxy.gets - gets, proxy.bytes_sent - sent, capped))
+    method = dm.plans["train"].method
+    dm.teardown("fit")
+    return phases[0], phases[1], method
+
+
+def main() -> None:
+    logging.getLogger("lance_lightning").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    lines = [
+        f"# Object store: rows/s, requests and bytes per epoch ({args.rows:,} rows, {args.latency_ms} ms per request)",
+        "",
+        f"Command: `{common.command_line()}`  ",
+        f"Date: {dt.date.today().isoformat()}; machine: {common.machine()}  ",
+        "cold = setup (plan, and the copy when the cache applies) + epoch 0; warm = epoch 1. "
+        "amplification = bytes sent by the store / bytes of the rows delivered.",
+        "",
+        "| pattern | workers | cache | read | cold rows/s | cold requests | cold MiB | cold amplification "
+        "| warm rows/s | warm requests | warm MiB | x NoShuffle rows/s (cold) |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    with S3Server.serving("bench") as s3, FaultProxy.serving(s3.endpoint, args.latency_ms / 1e3) as proxy:
+        options = {**s3.storage_options(), "aws_endpoint": proxy.endpoint}
+        uri = "s3://bench/table.lance"
+        row_bytes = write_table(uri, args.rows, s3.storage_options())
+        baseline: dict[int, float] = {}
+        with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
+            for name, pattern in PATTERNS.items():
+                for workers in args.workers:
+                    for cached in (False, True):
+                        cache = Path(tmp) / f"{name}-{workers}" if cached else None
+                        cold, warm, method = measure(uri, options, proxy, pattern, workers, cache)
+                        if name == "NoShuffle" and not cached:
+                            baseline[workers] = cold.rate()
+                        amplification = cold.bytes / max(1, cold.rows * row_bytes)
+                        capped = " (capped)" if cold.capped else ""
+                        lines.append(
+                            f"| {name} | {workers} | {'on' if cached else 'off'} | {method} "
+                            f"| {cold.rate():,.0f}{capped} | {cold.requests:,} | {cold.bytes / 2**20:,.1f} "
+                            f"| {amplification:.2f} | {warm.rate():,.0f}{' (capped)' if warm.capped else ''} "
+                            f"| {warm.requests:,} | {warm.bytes / 2**20:,.1f} "
+                            f"| {cold.rate() / baseline.get(workers, cold.rate()):.2f} |"
+                        )
+                        print(lines[-1], flush=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--epoch-cap-s", type=float, default=120.0)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "object_store.md")
+    args = parser.parse_args()
+    main()

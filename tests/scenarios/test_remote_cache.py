@@ -1,0 +1,236 @@
+"""The remote cache against a real S3-compatible server on loopback, behind a proxy that counts
+the bytes it serves: a split read by take from the store is copied once and read locally, in the
+same order, with the same cursor, through ``Trainer.fit`` (and a resume with the cache on or off).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import lance
+import pytest
+
+from lance_lightning import ConfigError, LanceDataModule, LanceSource, NoShuffle, RemoteCache, RowShuffle
+from lance_lightning.materialize.cache import cached_bytes
+from lance_lightning.materialize.space import estimate_view_bytes
+from lance_lightning.source import pin_source
+from tests.fault_proxy import FaultProxy
+from tests.harness import assert_exact, ckpt_file, fit
+from tests.helpers import flat, make_table
+from tests.s3_server import S3Server
+
+ROWS, BATCH, FILE_ROWS = 2_000, 20, 500
+COLUMNS = ["id", "x", "vec"]
+
+
+@pytest.fixture(scope="module")
+def proxy(s3: S3Server) -> Iterator[FaultProxy]:
+    with FaultProxy.serving(s3.endpoint) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def s3_uri(s3: S3Server) -> str:
+    uri = "s3://data/cached.lance"
+    lance.write_dataset(make_table(ROWS), uri, storage_options=s3.storage_options(), max_rows_per_file=FILE_ROWS)
+    return uri
+
+
+def _options(s3: S3Server, proxy: FaultProxy) -> dict[str, str]:
+    return {**s3.storage_options(), "aws_endpoint": proxy.endpoint}
+
+
+def _module(uri: str, options: dict[str, str], cache: RemoteCache | None, **kwargs: object) -> LanceDataModule:
+    return LanceDataModule(
+        train=LanceSource(uri, columns=COLUMNS, storage_options=options, filter=kwargs.pop("filter", None)),
+        batch_size=kwargs.pop("batch_size", BATCH),
+        shuffle=kwargs.pop("shuffle", RowShuffle(seed=3)),
+        remote_cache=cache,
+        **kwargs,
+    )
+
+
+def _column_bytes(uri: str, options: dict[str, str]) -> int:
+    return lance.dataset(uri, storage_options=options).to_table(columns=COLUMNS).nbytes
+
+
+def test_a_row_shuffle_reads_one_local_copy_in_the_same_order(
+    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str
+) -> None:
+    options = _options(s3, proxy)
+    cache = RemoteCache(directory=str(tmp_path / "cache"))
+    uncached = fit(tmp_path, _module(s3_uri, options, RemoteCache(enabled=False)), name="off", max_epochs=2)
+
+    before = proxy.bytes_sent
+    dm = _module(s3_uri, options, cache)
+    cold = fit(tmp_path, dm, name="cold", max_epochs=2)
+    cold_bytes = proxy.bytes_sent - before
+    assert cold.seen == uncached.seen  # same batches, same order, both epochs
+    assert "cache:" in dm.explain() and "downloaded in" in dm.explain() and str(tmp_path / "cache") in dm.explain()
+    assert len(list((tmp_path / "cache").glob("*.lance"))) == 1
+    # One sequential copy of the read columns: far below the take path's re-downloads.
+    assert cold_bytes <= 1.5 * _column_bytes(s3_uri, s3.storage_options()) + 200_000, cold_bytes
+
+    before = proxy.bytes_sent
+    warm_dm = _module(s3_uri, options, cache)
+    warm = fit(tmp_path, warm_dm, name="warm", max_epochs=2)
+    warm_bytes = proxy.bytes_sent - before
+    assert warm.seen == uncached.seen
+    assert "reused" in warm_dm.explain()
+    assert warm_bytes < 0.2 * cold_bytes, f"a warm run downloaded {warm_bytes} bytes (cold: {cold_bytes})"
+
+
+@pytest.mark.parametrize(("first", "then"), [(True, False), (False, True)], ids=["on-then-off", "off-then-on"])
+def test_a_resume_with_the_cache_turned_on_or_off_is_exact(
+    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str, first: bool, then: bool
+) -> None:
+    options, k = _options(s3, proxy), 7
+    cache = {True: RemoteCache(directory=str(tmp_path / "cache")), False: RemoteCache(enabled=False)}
+    whole = fit(tmp_path, _module(s3_uri, options, cache[False]), name="C", max_epochs=2)
+    fit(tmp_path, _module(s3_uri, options, cache[first]), name="A", max_steps=k, ckpt_every=k)
+    stopped = whole.seen[:k]
+    resumed = fit(
+        tmp_path, _module(s3_uri, options, cache[then]), name="B", max_epochs=2, ckpt_path=ckpt_file(tmp_path, "A", k)
+    )
+    assert_exact(stopped, resumed.seen, whole.seen, k)
+
+
+def test_a_selective_filter_read_by_take_is_copied_and_scanned_locally(
+    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str
+) -> None:
+    options = _options(s3, proxy)
+    selective = {"filter": "id % 50 = 7", "shuffle": NoShuffle()}  # 2%: read by take from the store
+    plain = _module(s3_uri, options, RemoteCache(enabled=False), **dict(selective))
+    plain.setup("fit")
+    assert plain.plans["train"].method == "take"
+    dm = _module(s3_uri, options, RemoteCache(directory=str(tmp_path / "cache")), batch_size=4, **dict(selective))
+    seen = flat(fit(tmp_path, dm, name="cached").seen)
+    assert seen == list(range(7, ROWS, 50))
+    text = dm.explain()
+    assert "read: scan" in text and "id % 50 = 7" in text and "selectivity 2.00%" in text, text
+
+
+def test_a_split_larger_than_the_limit_is_read_from_the_store(
+    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str
+) -> None:
+    options = _options(s3, proxy)
+    largest = max(
+        f.file_size_bytes
+        for frag in lance.dataset(s3_uri, storage_options=options).get_fragments()
+        for f in frag.metadata.files
+    )
+    limit_gb = 1.5 * largest / 1e9  # one data file fits, the split does not
+    dm = _module(s3_uri, options, RemoteCache(directory=str(tmp_path / "cache"), limit_gb=limit_gb))
+    model = fit(tmp_path, dm, name="over")
+    assert "exceed limit_gb" in dm.explain() and "read: take" in dm.explain()
+    assert not list((tmp_path / "cache").glob("*.lance"))
+    reference = fit(tmp_path, _module(s3_uri, options, RemoteCache(enabled=False)), name="ref")
+    assert model.seen == reference.seen
+
+
+def test_a_limit_below_one_data_file_is_refused_before_training(
+    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str
+) -> None:
+    dm = _module(s3_uri, _options(s3, proxy), RemoteCache(directory=str(tmp_path / "c"), limit_gb=1e-7))
+    with pytest.raises(ConfigError) as error:
+        fit(tmp_path, dm, name="tiny")
+    assert error.value.param == "remote_cache.limit_gb" and "below one data file" in str(error.value)
+
+
+def test_a_directory_that_cannot_be_made_is_refused(tmp_path: Path, s3: S3Server, s3_uri: str) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    dm = _module(s3_uri, s3.storage_options(), RemoteCache(directory=str(blocker / "cache")))
+    with pytest.raises(ConfigError) as error:
+        dm.setup("fit")
+    assert error.value.param == "remote_cache.directory" and "cannot be created" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [({"limit_gb": 0}, "remote_cache.limit_gb"), ({"directory": "s3://b/c"}, "remote_cache.directory")],
+)
+def test_bad_settings_name_the_parameter(kwargs: dict[str, object], param: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        RemoteCache(**kwargs)
+    assert error.value.param == param and "Fix:" in str(error.value)
+
+
+_MAKE_COPY = """
+import sys
+from lance_lightning import LanceDataModule, LanceSource, RemoteCache, RowShuffle
+import json
+uri, options, directory = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+dm = LanceDataModule(train=LanceSource(uri, columns=["id"], storage_options=options), batch_size=4,
+                     shuffle=RowShuffle(seed=0), remote_cache=RemoteCache(directory=directory))
+dm.setup("fit")
+"""
+
+
+def test_least_recently_used_copies_not_in_use_are_evicted(tmp_path: Path, s3: S3Server, s3_uri: str) -> None:
+    import json
+
+    directory = tmp_path / "cache"
+    other = "s3://data/other.lance"
+    lance.write_dataset(make_table(ROWS), other, storage_options=s3.storage_options(), max_rows_per_file=FILE_ROWS)
+    # A copy made by a process that has ended: nothing holds it.
+    subprocess.run(
+        [sys.executable, "-c", _MAKE_COPY, other, json.dumps(s3.storage_options()), str(directory)], check=True
+    )
+    (old,) = directory.glob("*.lance")
+    pinned = pin_source(LanceSource(s3_uri, columns=["id"], storage_options=s3.storage_options()), "train")
+    new = estimate_view_bytes(pinned, pinned.open(), pinned.total_rows, staged=False)
+    room = (new + 0.5 * cached_bytes(directory)) / 1e9  # the new copy fits, the old one must go
+    dm = LanceDataModule(
+        train=LanceSource(s3_uri, columns=["id"], storage_options=s3.storage_options()),
+        batch_size=4,
+        shuffle=RowShuffle(seed=0),
+        remote_cache=RemoteCache(directory=str(directory), limit_gb=room),
+    )
+    dm.setup("fit")
+    (kept,) = directory.glob("*.lance")
+    assert kept != old and not old.with_suffix(".json").exists()
+    # The copy this process reads is in use: a later copy does not evict it, even over the limit.
+    subprocess.run(
+        [sys.executable, "-c", _MAKE_COPY, other, json.dumps(s3.storage_options()), str(directory)], check=True
+    )
+    assert kept.is_dir() and kept.with_suffix(".json").exists()
+
+
+def test_workers_read_the_local_copy(tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str) -> None:
+    options = _options(s3, proxy)
+    cache = RemoteCache(directory=str(tmp_path / "cache"))
+    in_process = fit(tmp_path, _module(s3_uri, options, cache), name="threads")
+    with_workers = fit(tmp_path, _module(s3_uri, options, cache, num_workers=2), name="workers")
+    assert with_workers.seen == in_process.seen
+
+
+def test_object_store_figures_reach_the_logger_and_the_report(
+    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str
+) -> None:
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lance_lightning import DataLoadingMonitor
+    from lance_lightning.metrics.figures import figures
+    from lance_lightning.metrics.meter import Snapshot
+
+    monitor = DataLoadingMonitor(log_every_n_steps=5)
+    dm = _module(s3_uri, _options(s3, proxy), RemoteCache(enabled=False))  # takes from the store
+    fit(tmp_path, dm, name="figures", callbacks=[monitor], logger=CSVLogger(str(tmp_path), name="csv"))
+    rows = list(csv.DictReader((tmp_path / "csv" / "version_0" / "metrics.csv").open()))
+    logged: dict[str, float] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key.startswith("data/io_") and value:
+                logged[key] = max(logged.get(key, 0.0), float(value))
+    for name in ("io_requests", "io_bytes", "io_amplification", "io_ms_per_request"):
+        assert logged.get(f"data/{name}", 0.0) > 0, (name, logged)
+    assert "x the rows' bytes" in monitor.report() and "ms per request" in monitor.report()
+    # The figure is io_bytes over the rows' own bytes.
+    span = Snapshot({"io_bytes": 3_000.0, "read_row_bytes": 1_000.0, "io_requests": 4.0, "read_seconds": 0.02})
+    assert figures(span)["io_amplification"] == 3.0 and figures(span)["io_ms_per_request"] == 5.0
