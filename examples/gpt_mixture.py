@@ -23,9 +23,14 @@ and saved as ``tokenizer.json``; its token 0 is ``<|endoftext|>`` (``EOS_ID``). 
 An existing complete output is left alone (idempotent); :class:`GPT` trains on the packed
 batches of ``TokenPacking`` (see ``configs/gpt_mixture.yaml``).
 
+With ``ray=True`` (``--ray``; needs the ``ray`` extra: ``uv sync --extra ray``) the tokenize-and-write
+step runs on Ray Data and lance-ray writes the datasets: the same rows in the same order as the
+default single-process path (``tests/scenarios/test_ray.py``); the tokenizer is trained as before.
+The default path imports nothing of Ray.
+
 Usage::
 
-    python examples/gpt_mixture.py [OUT_DIR] [--max-bytes N] [--vocab-size V]   # default data/gpt
+    python examples/gpt_mixture.py [OUT_DIR] [--max-bytes N] [--vocab-size V] [--ray]   # default data/gpt
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ VAL_EVERY = 20
 DATASETS = ("code", "prose", "val")
 _COLUMNS = ("tokens", "n_tokens", "path")
 _PROSE_NAMES = ("LICENSE*", "*.md", "*.rst", "METADATA")
+RAY_DOCS_PER_FILE = 1024  # --ray: documents per write task and Lance data file, at least (the last one fewer)
 
 Document = tuple[str, str]  # (path#chunk, text)
 
@@ -162,6 +168,7 @@ def prepare(
     max_bytes: int | None = 4_000_000,
     vocab_size: int = 4096,
     overwrite: bool = False,
+    ray: bool = False,
 ) -> str:
     """Write the tokenizer and the code, prose and val datasets under ``out_dir``; return ``out_dir``.
 
@@ -169,6 +176,8 @@ def prepare(
         max_bytes: Text per corpus, at most (documents are thinned evenly); ``None``: all of it.
         vocab_size: BPE vocabulary size (the 256 bytes and ``EOS`` included).
         overwrite: Rewrite an existing output.
+        ray: Tokenize and write on Ray Data with lance-ray (the ``ray`` extra), on the running Ray
+            instance or a local one that Ray Data starts.
 
     Idempotent: if ``out_dir`` already holds a complete output and ``overwrite`` is False, nothing
     is written (whatever the other arguments say).
@@ -194,11 +203,55 @@ def prepare(
     val = {name: docs[::VAL_EVERY] for name, docs in corpora.items()}
     tokenizer = train_tokenizer([text for docs in train.values() for _, text in docs], vocab_size)
     tokenizer.save(str(path / "tokenizer.json"))
+    if ray:
+        val_rows = [(document, corpus) for corpus, docs in val.items() for document in docs]
+        datasets = {name: [(document, None) for document in docs] for name, docs in train.items()}
+        _write_on_ray(tokenizer, {**datasets, "val": val_rows}, path, "overwrite" if overwrite else "create")
+        return os.fspath(out_dir)
     tables = {name: _table(tokenizer, docs) for name, docs in train.items()}
     tables["val"] = pa.concat_tables([_table(tokenizer, docs, corpus) for corpus, docs in val.items()])
     for name, table in tables.items():
         lance.write_dataset(table, str(path / f"{name}.lance"), mode="overwrite" if overwrite else "create")
     return os.fspath(out_dir)
+
+
+# -- the tokenize-and-write step on Ray Data (the `ray` extra) --------------------------------------
+def _tokenize_batch(batch, tokenizer_json: str):
+    """A Ray Data batch (Arrow: ``path``, ``text``, ``corpus``) -> the rows :func:`_table` makes."""
+    import pyarrow as pa
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    table = _table(tokenizer, list(zip(batch["path"].to_pylist(), batch["text"].to_pylist())))
+    corpus = batch["corpus"].to_pylist()
+    if any(c is not None for c in corpus):
+        table = table.append_column("corpus", pa.array(corpus, pa.string()))
+    return table
+
+
+def _write_on_ray(tokenizer, datasets: dict[str, list[tuple[Document, str | None]]], path: Path, mode: str) -> None:
+    """Tokenize each dataset's documents on Ray Data and write it with lance-ray, in document order."""
+    # Under `uv run`, Ray would start its local workers with `uv run` in a copy of this directory (a
+    # new environment); they use this interpreter instead. Read when Ray is first imported.
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    import ray.data
+    from lance_ray import write_lance
+
+    context = ray.data.DataContext.get_current()
+    preserve_order = context.execution_options.preserve_order
+    context.execution_options.preserve_order = True  # the fragments are committed in the documents' order
+    try:
+        for name, rows in datasets.items():
+            items = [{"path": doc_path, "text": text, "corpus": corpus} for (doc_path, text), corpus in rows]
+            tokenized = ray.data.from_items(items).map_batches(
+                _tokenize_batch, batch_format="pyarrow", batch_size=64, fn_kwargs={"tokenizer_json": tokenizer.to_str()}
+            )
+            schema = _table(tokenizer, [], "" if name == "val" else None).schema
+            write_lance(
+                tokenized, str(path / f"{name}.lance"), mode=mode, schema=schema, min_rows_per_file=RAY_DOCS_PER_FILE
+            )
+    finally:
+        context.execution_options.preserve_order = preserve_order
 
 
 # -- the model --------------------------------------------------------------------------------------
@@ -347,8 +400,9 @@ def _main(argv: list[str]) -> int:
     parser.add_argument("out_dir", nargs="?", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     parser.add_argument("--max-bytes", type=int, default=4_000_000, help="text per corpus, at most")
     parser.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size")
+    parser.add_argument("--ray", action="store_true", help="tokenize and write on Ray Data (the `ray` extra)")
     args = parser.parse_args(argv)
-    out = prepare(args.out_dir, max_bytes=args.max_bytes, vocab_size=args.vocab_size)
+    out = prepare(args.out_dir, max_bytes=args.max_bytes, vocab_size=args.vocab_size, ray=args.ray)
     import lance
 
     print(out)

@@ -220,13 +220,18 @@ def _fit(root: Path, job: Job) -> dict[str, Any]:
     else:
         spec = dict(job.mixture)
         train = LanceMixture([LanceSource(uri, columns=columns) for uri in spec.pop("uris")], **spec)
+    extra = dict(job.extra)
+    if isinstance(extra.get("remote_cache"), dict):  # jobs travel as JSON
+        from lance_lightning import RemoteCache
+
+        extra["remote_cache"] = RemoteCache(**extra["remote_cache"])
     dm = LanceDataModule(
         train=train,
         batch_size=setup.batch_size,
         shuffle=make_shuffle(job.shuffle),
         num_workers=setup.num_workers,
         packing=packing,
-        **job.extra,
+        **extra,
     )
     callbacks: list[Any] = [DataCursorCheckpoint()]
     if job.ckpt_every:

@@ -18,9 +18,9 @@ from lance_lightning.materialize.cache import cached_bytes
 from lance_lightning.materialize.space import estimate_view_bytes
 from lance_lightning.source import pin_source
 from tests.fault_proxy import FaultProxy
-from tests.harness import assert_exact, ckpt_file, fit
+from tests.harness import Job, Setup, assert_exact, ckpt_file, fit, run_and_check_resume
 from tests.helpers import flat, make_table
-from tests.s3_server import S3Server
+from tests.s3_server import S3Server, environment_credentials
 
 ROWS, BATCH, FILE_ROWS = 2_000, 20, 500
 COLUMNS = ["id", "x", "vec"]
@@ -234,3 +234,23 @@ def test_object_store_figures_reach_the_logger_and_the_report(
     # The figure is io_bytes over the rows' own bytes.
     span = Snapshot({"io_bytes": 3_000.0, "read_row_bytes": 1_000.0, "io_requests": 4.0, "read_seconds": 0.02})
     assert figures(span)["io_amplification"] == 3.0 and figures(span)["io_ms_per_request"] == 5.0
+
+
+@pytest.mark.slow
+def test_two_ranks_share_one_copy_and_resume_exactly_on_one(
+    tmp_path: Path, s3: S3Server, s3_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 DDP ranks (gloo) read one copy made by whichever rank took the lock first; the run stops
+    mid-epoch and resumes on one rank with the cache off: exactly once, every epoch."""
+    for name, value in environment_credentials(s3).items():
+        monkeypatch.setenv(name, value)  # the ranks' subprocesses read them
+    directory = tmp_path / "cache"
+
+    def job(name: str, setup: Setup, **kw: object) -> Job:
+        cache = {"directory": str(directory)} if setup.devices == 2 else {"enabled": False}
+        return Job(name, s3_uri, "row:2", setup, max_epochs=2, extra={"remote_cache": cache}, **kw)
+
+    run_and_check_resume(
+        tmp_path, job, rows=ROWS, k=13, setup_a=Setup(devices=2), setup_b=Setup(devices=1), max_epochs=2
+    )
+    assert len(list(directory.glob("*.lance"))) == 1
