@@ -26,7 +26,7 @@ import numpy as np
 from benchmarks.common import DEFAULT_CACHE, RESULTS_DIR, command_line, machine, vec_dataset
 from lance_lightning import LanceDataModule, LanceMixture, LanceSource, RowShuffle
 from lance_lightning.plan.blocks import block_counts, epoch_positions
-from lance_lightning.plan.mixture import MixturePlan
+from lance_lightning.plan.mixture_plan import MixturePlan
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.source import PinnedSource
 

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import lance
@@ -369,3 +370,32 @@ def plan_of(
 
     settings = SplitSettings(strategy or NoShuffle(), filter_read or FilterRead(), batch_size, drop_last)
     return build_plan(split, source, settings)
+
+
+def run_ddp_script(script: str, args: list[str], timeout: float) -> str:
+    """Run ``python script args`` from the repository root in its own session (Lightning starts
+    the other DDP ranks from it); kill every rank and fail the test when it outlives ``timeout``.
+    Returns the output (stdout and stderr); fails the test on a non-zero exit."""
+    import signal
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    env.pop("LOCAL_RANK", None)
+    proc = subprocess.Popen(
+        [sys.executable, script, *args],
+        cwd=root,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # our own session: every rank
+        output, _ = proc.communicate()
+        pytest.fail(f"DDP run hung\n{output[-4000:]}")
+    assert proc.returncode == 0, output[-6000:]
+    return output

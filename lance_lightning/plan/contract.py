@@ -4,7 +4,7 @@ Guarantees:
 - `Plan` names everything the stages after planning (the cursor, the loader, the dataset, the
   producer, the schema check, the device guard, the monitor, the data module) read from a plan.
   Both kinds of plan satisfy it: `lance_lightning.plan.planner.ReadPlan` (one source, rows or
-  packed windows) and `lance_lightning.plan.mixture.MixturePlan` (weighted sources). A third kind
+  packed windows) and `lance_lightning.plan.mixture_plan.MixturePlan` (weighted sources). A third kind
   implements these members, one planning branch in `lance_lightning.plan.split` and one reader
   in `lance_lightning.read.factory`; nothing else changes. ``tests/unit/test_layering.py`` checks
   that modules outside ``plan/`` and the kind-specific readers ask a plan for nothing else.

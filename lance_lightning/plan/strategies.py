@@ -3,7 +3,7 @@
 Guarantees:
 - Each strategy is a small typed class whose arguments are validated in ``__init__``
   (a `ConfigError` names the argument, the value and the fix).
-- ``describe()`` returns plain types only; it feeds plan fingerprints and checkpointed cursors.
+- ``describe()`` returns plain types only; it feeds plan identities and checkpointed cursors.
 - A strategy only shapes the epoch order (see `lance_lightning.plan.order`); it never does I/O.
 """
 

@@ -11,7 +11,7 @@ Guarantees:
 from __future__ import annotations
 
 from lance_lightning.plan.contract import Plan
-from lance_lightning.plan.mixture import MixturePlan
+from lance_lightning.plan.mixture_plan import MixturePlan
 from lance_lightning.read.mixture_reader import MixtureReader
 from lance_lightning.read.packed import PackedReader
 from lance_lightning.read.reader import TAKE_GROUP_BYTES, PlanReader

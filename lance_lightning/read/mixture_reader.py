@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from lance_lightning.plan.mixture import MixturePlan
+from lance_lightning.plan.mixture_plan import MixturePlan
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.read.packed import PackedReader
 from lance_lightning.read.reader import (

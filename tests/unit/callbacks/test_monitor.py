@@ -9,8 +9,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,7 +31,7 @@ from lance_lightning.metrics.clock import StageClock  # noqa: E402
 from lance_lightning.metrics.figures import FIGURES, batch_size_and_bytes, figures  # noqa: E402
 from lance_lightning.metrics.meter import LatencyHistogram  # noqa: E402
 from lance_lightning.metrics.report import MODEL_BOUND_BELOW, diagnose, format_report  # noqa: E402
-from tests.helpers import RecordingModel, write_dataset  # noqa: E402
+from tests.helpers import RecordingModel, run_ddp_script, write_dataset  # noqa: E402
 
 LOG_EVERY = 5
 BATCH = 32
@@ -452,24 +450,7 @@ DDP_SLOW_DECODE_S = 0.2
 def test_ddp_logs_figures_reduced_across_ranks(tmp_path):
     uri = write_dataset(tmp_path / "ds.lance", 256, fragment_rows=64)
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
-    env.pop("LOCAL_RANK", None)
-    proc = subprocess.Popen(
-        [sys.executable, __file__, str(out), uri],
-        cwd=REPO_ROOT,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=DDP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # our own session: both ranks
-        output, _ = proc.communicate()
-        pytest.fail(f"DDP run hung\n{output[-4000:]}")
-    assert proc.returncode == 0, output[-6000:]
+    output = run_ddp_script(__file__, [str(out), uri], timeout=DDP_TIMEOUT_S)
     assert list((out / "csv").iterdir()) == [out / "csv" / "version_0"]  # rank zero alone writes
     rows = _read_csv(out / "csv" / "version_0" / "metrics.csv")
     batches = 256 // 2 // 8

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,7 +28,7 @@ from lance_lightning.errors import ConfigError  # noqa: E402
 from lance_lightning.metrics.figures import REPLAY_FIGURES, REPLAY_PARTS, figures  # noqa: E402
 from lance_lightning.metrics.meter import Snapshot  # noqa: E402
 from lance_lightning.metrics.report import format_report  # noqa: E402
-from tests.helpers import RecordingModel, write_dataset  # noqa: E402
+from tests.helpers import RecordingModel, run_ddp_script, write_dataset  # noqa: E402
 
 BATCH = 16
 STEPS = 6
@@ -276,24 +273,7 @@ def test_replay_on_cuda_caches_device_batches_and_restores_the_model(uri, tmp_pa
 @pytest.mark.slow
 def test_ddp_ranks_replay_together_and_keep_identical_models(tmp_path):
     uri = write_dataset(tmp_path / "ds.lance", 256)
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    env.pop("LOCAL_RANK", None)
-    proc = subprocess.Popen(
-        [sys.executable, __file__, uri, str(tmp_path)],
-        cwd=REPO_ROOT,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # our own session: both ranks
-        output, _ = proc.communicate()
-        pytest.fail(f"DDP run hung\n{output[-4000:]}")
-    assert proc.returncode == 0, output[-6000:]
+    output = run_ddp_script(__file__, [uri, str(tmp_path)], timeout=300)
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for result in ranks:
         assert result["steps"] == STEPS + 4 and result["replayed"] == result["first"] + result["first"]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.plan.blocks import block_counts, epoch_positions
-from lance_lightning.plan.mixture import MixturePlan
+from lance_lightning.plan.mixture_plan import MixturePlan
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.strategies import NoShuffle, RowShuffle, ShuffleStrategy
 from lance_lightning.source import PinnedSource
