@@ -53,7 +53,7 @@ from lance_lightning.load.loader import LanceDataLoader, check_start_method
 from lance_lightning.materialize.cache import RemoteCache
 from lance_lightning.materialize.view import MaterializedView
 from lance_lightning.plan.contract import Plan, SplitSettings
-from lance_lightning.plan.cursor import CursorTracker, repin_target, repin_versions
+from lance_lightning.plan.cursor import CursorTracker
 from lance_lightning.plan.mixture import LanceMixture
 from lance_lightning.plan.packing import TokenPacking
 from lance_lightning.plan.planner import check_fits
@@ -63,7 +63,7 @@ from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow, check_p
 from lance_lightning.produce.schema import check_read_schema
 from lance_lightning.read.reader import TAKE_GROUP_BYTES
 from lance_lightning.read.retry import RetryPolicy
-from lance_lightning.redaction import redact_userinfo
+from lance_lightning.restore import TrainCursorRestore
 from lance_lightning.source import LanceSource
 from lance_lightning.vocabulary import SPLITS_OF_STAGE, STAGE_OF_SPLIT, BatchTransform, Split
 
@@ -75,7 +75,7 @@ _HOLD_KEY = "version_hold"
 warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
 
 
-class LanceDataModule(DeviceStage, pl.LightningDataModule):
+class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
     """Train/val/test/predict dataloaders planned from Lance sources.
 
     Args:
@@ -252,6 +252,8 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         self.materialize = materialize
         self.remote_cache = remote_cache if remote_cache is not None else RemoteCache()
         self.packing = packing
+        #: How each split is planned besides its source: built once, here.
+        self.split_settings: dict[Split, SplitSettings] = {split: self._settings(split) for split in self.sources}
         self.plans: dict[Split, Plan] = {}
         self.train_cursor: CursorTracker | None = None
         self.version_hold = VersionHold(hold_versions)
@@ -314,7 +316,7 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
             source = self.sources[split]
             if self.materialize is not None and not isinstance(source, LanceMixture):
                 source = self.materialize.apply(source, split)
-        settings = self._settings(split)
+        settings = self.split_settings[split]
         self.plans[split] = self.remote_cache.apply(split, plan_split(split, source, settings), settings, self.retry)
         self._drop_loader(split)
         if split == "train":
@@ -481,75 +483,6 @@ class LanceDataModule(DeviceStage, pl.LightningDataModule):
         if _HOLD_KEY in state_dict:
             self.version_hold.adopt(state_dict[_HOLD_KEY])
         self._restore_cursor(state_dict.get(_STATE_KEY, {}))
-
-    def _restore_cursor(self, cursor: dict[str, Any]) -> None:
-        """Resume the train split from a saved cursor, planned at the version it was read at.
-
-        Under a trainer the split is planned here for the first time (`setup` left it to the
-        restore), so a resume surveys the data once. With ``resume_data=False`` the cursor is
-        not checked: its epoch restarts at row 0.
-        """
-        if not cursor:
-            return
-        if self.resume_data and isinstance(cursor, dict):
-            if isinstance(self.sources["train"], LanceMixture):
-                self._repin_mixture(cursor)
-            else:
-                self._repin_source(cursor)
-        self._ensure_planned("train")
-        self.train_cursor.restore(cursor)
-
-    def _repin_source(self, cursor: dict[str, Any]) -> None:
-        """Plan the train split at the version (or view) the cursor was read at, where that differs."""
-        plan, configured = self.plans.get("train"), self.sources["train"]
-        identity = plan.source.identity() if plan is not None else {"uri": redact_userinfo(configured.uri)}
-        current = (identity["uri"], identity.get("version"))
-        target = repin_target(cursor, *current, configured.version, self.materialize is not None)
-        if target is not None and target[0] == "view":
-            view = self.materialize.reopen(target[1])
-            if view is not None:
-                self._plan_restored(view)
-        elif target is not None:
-            source = self.sources["train"]
-            try:
-                self._plan_restored(
-                    LanceSource(source.uri, source.columns, source.filter, target[1], source.storage_options)
-                )
-            except ConfigError as error:
-                raise ConfigError(
-                    "train.version",
-                    target[1],
-                    "the checkpoint's data cursor was read at this version, which no longer exists",
-                    "restore that version, or resume with `resume_data=False` to start the data epoch fresh",
-                ) from error
-
-    def _repin_mixture(self, cursor: dict[str, Any]) -> None:
-        """Re-pin each mixture source to the version the cursor was read at (as a plain source is)."""
-        mixture = self.sources["train"]
-        plan = self.plans.get("train")
-        current = (
-            [source.identity() for source in plan.sources]
-            if plan is not None
-            else [{"uri": redact_userinfo(source.uri), "version": None} for source in mixture.sources]
-        )
-        versions = repin_versions(cursor, current, [source.version for source in mixture.sources])
-        if versions is None:
-            return
-        try:
-            self._plan_restored(mixture.at_versions(versions))
-        except ConfigError as error:
-            if not error.param.endswith(".version"):
-                raise
-            raise ConfigError(
-                error.param,
-                error.value,
-                "the checkpoint's data cursor was read at this version, which no longer exists",
-                "restore that version, or resume with `resume_data=False` to start the data epoch fresh",
-            ) from error
-
-    def _plan_restored(self, source: Any) -> None:
-        self._plan("train", source)
-        self._check_plans()
 
 
 def _check_mixture_settings(materialize: MaterializedView | None, bad_rows: BadRowPolicy | None) -> None:

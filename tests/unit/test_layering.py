@@ -28,7 +28,7 @@ STAGES: list[tuple[str, ...]] = [
     ("transforms",),
     ("device",),
     ("load",),
-    ("hold",),
+    ("hold", "restore"),
     ("datamodule",),
     ("callbacks",),
     ("cli",),
