@@ -31,6 +31,7 @@ import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.materialize.copy import tree_bytes
@@ -122,7 +123,7 @@ class RemoteCache:
                 "read from the store by take"
             )
             return replace(plan, cache=note)
-        _evict(root, self.limit_bytes - needed)
+        _evict(root, self.limit_bytes - needed, keep=(pinned.uri, pinned.version, list(pinned.columns), pinned.filter))
         wanted = LanceSource(
             pinned.location, list(pinned.columns), pinned.filter, pinned.version, pinned.storage_options
         )
@@ -169,12 +170,17 @@ def _hold(view: Path) -> None:
     os.utime(view.with_suffix(".json"))  # recently used
 
 
-def _evict(root: Path, room: int) -> None:
-    """Delete least recently used copies not in use until the others take at most ``room`` bytes."""
+def _evict(root: Path, room: int, keep: tuple[Any, ...]) -> None:
+    """Delete least recently used copies not in use until the others take at most ``room`` bytes;
+    never the copy of ``keep`` (uri, version, columns, filter), which another rank of this node
+    may have just made for the same split."""
     copies = []
     for manifest in root.glob("*.json"):
         try:
-            size = int(json.loads(manifest.read_text())["bytes"])
+            content = json.loads(manifest.read_text())
+            size, source = int(content["bytes"]), content["source"]
+            if (source["uri"], source["version"], source["columns"], source["filter"]) == keep:
+                continue
         except (OSError, ValueError, KeyError, TypeError):
             continue
         copies.append((manifest.stat().st_mtime, manifest, size))
