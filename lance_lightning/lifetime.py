@@ -59,8 +59,10 @@ _POLL_S = 0.5
 class ParentWatch:
     """Kills this process when its parent process dies (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self._parent = os.getppid()
+    def __init__(self, parent: int | None = None) -> None:
+        #: The process to die with: given by a parent that started us (so that its death before
+        #: this line still counts), else the current parent.
+        self._parent = parent if parent is not None else os.getppid()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -58,7 +58,7 @@ def find_matches(source: PinnedSource, child_from_rows: int | None = None) -> Ro
             "out_fd": out.fileno(),
         }
         done = subprocess.run(
-            [sys.executable, "-m", __name__],
+            [sys.executable, "-m", __name__, str(os.getpid())],  # the parent it must die with
             input=json.dumps(request),
             capture_output=True,
             text=True,
@@ -93,7 +93,7 @@ def _child() -> None:
     """The child's side: scan, write the result's arrays, exit."""
     from lance_lightning.lifetime import ParentWatch
 
-    ParentWatch().start()
+    ParentWatch(parent=int(sys.argv[1])).start()  # also if the parent died while this module was imported
     import lance
 
     request = json.loads(sys.stdin.read())

@@ -181,3 +181,13 @@ def test_a_gloo_group_is_destroyed_before_the_interpreter_finalizes(tmp_path: Pa
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "group alive at exit: False" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+def test_a_child_whose_parent_died_before_its_watch_started_dies_at_once() -> None:
+    """The filter-scan child is told its parent's pid: when that parent is gone by the time the
+    child's `ParentWatch` starts (it died while the child imported its modules), the child ends."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that is not our child's parent (and no longer runs)
+    probe = f"from lance_lightning.lifetime import ParentWatch; ParentWatch(parent={gone.pid}).start(); print('alive')"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL and "alive" not in done.stdout
