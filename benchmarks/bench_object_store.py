@@ -147,11 +147,13 @@ def main() -> None:
         baseline: dict[int, float] = {}
         with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
             for name, pattern in PATTERNS.items():
+                if args.patterns and name not in args.patterns:
+                    continue
                 for workers in args.workers:
-                    for cached in (False, True):
+                    for cached in (mode == "on" for mode in args.cache):
                         cache = Path(tmp) / f"{name}-{workers}" if cached else None
                         cold, warm, method = measure(uri, options, proxy, pattern, workers, cache)
-                        if name == "NoShuffle" and not cached:
+                        if name == "NoShuffle" and workers not in baseline:  # a scan: the cache never applies
                             baseline[workers] = cold.rate()
                         amplification = cold.bytes / max(1, cold.rows * row_bytes)
                         capped = " (capped)" if cold.capped else ""
@@ -173,6 +175,8 @@ if __name__ == "__main__":
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--epoch-cap-s", type=float, default=120.0)
+    parser.add_argument("--patterns", nargs="+", choices=list(PATTERNS), help="only these (default: all)")
+    parser.add_argument("--cache", nargs="+", choices=["off", "on"], default=["off", "on"])
     parser.add_argument("--out", type=Path, default=HERE / "results" / "object_store.md")
     args = parser.parse_args()
     main()
