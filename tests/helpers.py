@@ -399,3 +399,31 @@ def run_ddp_script(script: str, args: list[str], timeout: float) -> str:
         pytest.fail(f"DDP run hung\n{output[-4000:]}")
     assert proc.returncode == 0, output[-6000:]
     return output
+
+
+def mixture_cli_config(tmp_path: Path, train: str, uri: str) -> Path:
+    """A `lance-lightning fit` config (4 CPU steps of `RecordingModel`) whose ``data:`` holds the
+    ``train`` YAML given, a val split read from ``uri`` and a row shuffle; a new file per call."""
+    text = f"""\
+seed_everything: 0
+trainer:
+  accelerator: cpu
+  devices: 1
+  max_steps: 4
+  logger: false
+  enable_progress_bar: false
+  enable_model_summary: false
+  enable_checkpointing: false
+  num_sanity_val_steps: 0
+  default_root_dir: {tmp_path / "root"}
+model:
+  class_path: tests.helpers.RecordingModel
+data:
+{train}
+  val: {{uri: {uri}, columns: [id, x]}}
+  batch_size: 10
+  shuffle: {{class_path: lance_lightning.RowShuffle, init_args: {{seed: 1}}}}
+"""
+    path = tmp_path / f"config_{len(list(tmp_path.glob('config_*')))}.yaml"
+    path.write_text(text)
+    return path

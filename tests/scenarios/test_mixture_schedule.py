@@ -189,7 +189,7 @@ def test_cli_yaml_schedule(tmp_path):
     import sys
 
     from tests.harness import REPO_ROOT
-    from tests.scenarios.test_mixture_training import _cli_config
+    from tests.helpers import mixture_cli_config
 
     a, b = _write(tmp_path)
     train = f"""\
@@ -207,7 +207,7 @@ def test_cli_yaml_schedule(tmp_path):
         - {{weights: [0.4, 0.6]}}
       interpolate: linear"""
     proc = subprocess.run(
-        [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(_cli_config(tmp_path, train, a))],
+        [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(mixture_cli_config(tmp_path, train, a))],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -217,7 +217,7 @@ def test_cli_yaml_schedule(tmp_path):
     assert "stage 0: samples [0, 250) = until step 25 at 10 samples/step" in proc.stdout + proc.stderr
     bad = train.replace("weights: [1, 0]}", "weights: [1, -1]}")
     proc = subprocess.run(
-        [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(_cli_config(tmp_path, bad, a))],
+        [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(mixture_cli_config(tmp_path, bad, a))],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

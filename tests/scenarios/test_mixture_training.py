@@ -27,7 +27,7 @@ from lance_lightning import (
     RowShuffle,
 )
 from tests.harness import REPO_ROOT, Job, Setup, run_and_check_resume
-from tests.helpers import RecordingModel, make_table
+from tests.helpers import RecordingModel, make_table, mixture_cli_config
 
 OFFSET = 100_000  # ids of source "b" start here, so an id names its source and row
 WEIGHTS = [0.6, 0.4]
@@ -184,32 +184,6 @@ def test_elastic_resume_two_ranks_to_one_with_another_batch_size(tmp_path):
     assert abs(sum(i < OFFSET for i in ids) / len(ids) - WEIGHTS[0]) < 0.01
 
 
-def _cli_config(tmp_path: Path, train: str, uri: str) -> Path:
-    text = f"""\
-seed_everything: 0
-trainer:
-  accelerator: cpu
-  devices: 1
-  max_steps: 4
-  logger: false
-  enable_progress_bar: false
-  enable_model_summary: false
-  enable_checkpointing: false
-  num_sanity_val_steps: 0
-  default_root_dir: {tmp_path / "root"}
-model:
-  class_path: tests.helpers.RecordingModel
-data:
-{train}
-  val: {{uri: {uri}, columns: [id, x]}}
-  batch_size: 10
-  shuffle: {{class_path: lance_lightning.RowShuffle, init_args: {{seed: 1}}}}
-"""
-    path = tmp_path / f"config_{len(list(tmp_path.glob('config_*')))}.yaml"
-    path.write_text(text)
-    return path
-
-
 @pytest.mark.slow
 def test_cli_yaml_mixture_by_class_path_and_plain_mapping(tmp_path):
     a, b = _write(tmp_path)
@@ -223,7 +197,7 @@ def test_cli_yaml_mixture_by_class_path_and_plain_mapping(tmp_path):
       block: 100"""
     plain = f"  train: {{uri: {a}, columns: [id, x]}}"
     for train, expect in ((mixture, "mixture of 2 sources"), (plain, f"split 'train': {a}")):
-        config = _cli_config(tmp_path, train, a)
+        config = mixture_cli_config(tmp_path, train, a)
         proc = subprocess.run(
             [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)],
             cwd=REPO_ROOT,
