@@ -131,9 +131,12 @@ class RemoteCache:
         _hold(Path(result.uri))
         local = replace(pin_source(LanceSource(result.uri, list(pinned.columns)), split), stands_for=pinned)
         cached = build_plan(split, local, settings)
-        mb = result.manifest["bytes"] / 1e6
         how = "reused" if result.reused else f"downloaded in {result.seconds:.1f} s"
-        note = f"{mb:,.1f} MB local copy {result.uri} ({how}); limit_gb={self.limit_gb:g}, least recently used evicted"
+        size = _size(result.manifest["bytes"])
+        note = (
+            f"local copy of {result.manifest['rows']:,} rows, {size}: {result.uri} ({how}); "
+            f"limit_gb={self.limit_gb:g}, least recently used evicted"
+        )
         log.info("split '%s': %s", split, note)
         return replace(cached, cache=note)
 
@@ -153,6 +156,16 @@ class RemoteCache:
                 "remote_cache.directory", str(root), "is not writable", "choose a writable local directory"
             )
         return root
+
+
+def _size(nbytes: float) -> str:
+    if nbytes < 1000:
+        return f"{nbytes:,.0f} bytes"
+    for unit in ("KB", "MB"):
+        nbytes /= 1000
+        if nbytes < 1000:
+            return f"{nbytes:,.1f} {unit}"
+    return f"{nbytes / 1000:,.1f} GB"
 
 
 def _remote(location: str) -> bool:
