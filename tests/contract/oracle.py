@@ -39,8 +39,10 @@ from typing import Any
 import numpy as np
 
 from tests.contract import truth
+from tests.contract.replay import check_replay
 from tests.contract.runner import Phase, Run, held_after_stop
 from tests.contract.scenario import Scenario, Topology
+from tests.contract.store import check_cache
 
 Step = list[list[int]]  # one global step: each rank's units
 
@@ -557,5 +559,6 @@ def _diff(got: list[int], want: np.ndarray | list[int]) -> str:
 
 
 def check(run: Run) -> list[str]:
-    """Everything the scenario's phases got wrong (empty: the contract holds)."""
-    return Oracle(run).check()
+    """Everything the scenario's phases got wrong (empty: the contract holds), with the remote
+    cache's and the replay probe's own checks (`store.check_cache`, `replay.check_replay`)."""
+    return Oracle(run).check() + check_cache(run) + check_replay(run)

@@ -12,8 +12,10 @@ Guarantees:
   trained batch (trainer epoch, batch index, global step, units), each epoch's length as Lightning
   took it, the data module's cursor at each epoch end and in each checkpoint, every validation
   and predict run's units, the calls before fit, the fit's end (or its error) and the
-  ``RuntimeWarning``s that mention the data cursor. A run killed with SIGKILL keeps every line
-  written before it died.
+  ``RuntimeWarning``s that mention the data cursor; the model's weight and global step at the
+  train end and at the fit's end, with the train plan's remote cache line, and (apart from the
+  trained batches) each step the compute-floor probe replays after the train end. A run killed
+  with SIGKILL keeps every line written before it died.
 - Each checkpoint holds ``checkpoint["contract"]["batches"]``: the batches the run had trained
   when it was written, so the oracle knows which prefix of the stopped run it resumes after.
 - The roles: ``reference`` (1 rank, ``drop_last=False``: every epoch's whole sequence, no stop),
@@ -42,7 +44,7 @@ from lightning.pytorch.callbacks import Callback  # noqa: E402
 from torch import nn  # noqa: E402
 
 from lance_lightning import LanceDataModule  # noqa: E402
-from tests.contract import truth  # noqa: E402
+from tests.contract import replay, truth  # noqa: E402
 from tests.contract.scenario import Scenario, Topology  # noqa: E402
 
 #: Batch size of the reference run (any size gives the same sequence: the order is topology-free).
@@ -112,10 +114,15 @@ class ContractModel(pl.LightningModule):
         self.sleep = sleep
         self.weight = nn.Parameter(torch.zeros(1))
         self.batches = 0
+        #: Set at the train end: later training steps are the compute-floor probe's replay.
+        self.replaying = False
         self._val: list[int] = []
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         units = units_of(batch)
+        if self.replaying:
+            self.recorder.write({"t": "replay", "units": units})
+            return (self.weight - float(len(units))).pow(2).sum()
         self.batches += 1
         self.recorder.write(
             {"t": "batch", "epoch": self.current_epoch, "idx": batch_idx, "gstep": self.global_step, "units": units}
@@ -169,14 +176,30 @@ class Probe(Callback):
         cursor = trainer.datamodule.state_dict().get("train_cursor")
         self.recorder.write({"t": "epoch_end", "epoch": trainer.current_epoch, "cursor": _plain(cursor)})
 
+    def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        # Runs before the other callbacks' (the replay probe's): what the replay must leave as it is.
+        pl_module.replaying = True
+        self.recorder.write({"t": "train_end", **_model_state(trainer, pl_module)})
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        plan = trainer.datamodule.plans.get("train")
+        self.recorder.write({"t": "fit_end", **_model_state(trainer, pl_module), "cache": getattr(plan, "cache", None)})
+
+
+def _model_state(trainer: pl.Trainer, pl_module: Any) -> dict[str, Any]:
+    return {"weight": float(pl_module.weight.detach().cpu().item()), "gstep": trainer.global_step}
+
 
 def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str)) if value is not None else None
 
 
 # -- what the user's script (or YAML) holds -----------------------------------------------------------
-def data_arguments(scenario: Scenario, topology: Topology, uris: list[str], *, reference: bool) -> dict[str, Any]:
-    """The data module's arguments, as a YAML ``data:`` section holds them (class_path/init_args)."""
+def data_arguments(
+    scenario: Scenario, topology: Topology, uris: list[str], *, reference: bool, cache: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The data module's arguments, as a YAML ``data:`` section holds them (class_path/init_args);
+    ``cache``: the ``remote_cache`` arguments of a scenario on S3 (`tests.contract.store`)."""
     columns = ["tokens", "n_tokens"] if scenario.packing is not None else ["id", "x"]
 
     def source(index: int, filter: str | None) -> dict[str, Any]:
@@ -221,6 +244,8 @@ def data_arguments(scenario: Scenario, topology: Topology, uris: list[str], *, r
         "take_group_bytes": topology.take_group_bytes,
         "hold_versions": "off" if reference else scenario.hold,
     }
+    if cache is not None:
+        data["remote_cache"] = {k: v for k, v in cache.items() if k != "exceeds"}
     if scenario.packing is not None:
         packing = scenario.packing
         data["packing"] = {
@@ -256,6 +281,8 @@ def callback_arguments(scenario: Scenario, role: str, root: str) -> list[dict[st
     if spec.on_exception:
         exception = {"dirpath": folder, "filename": "on_exception"}
         callbacks.append({"class_path": "lightning.pytorch.callbacks.OnExceptionCheckpoint", "init_args": exception})
+    if scenario.replay is not None:  # after `Probe`, whose train end marks the model as replaying
+        callbacks.append(replay.callback(scenario.replay))
     return callbacks
 
 
@@ -356,8 +383,13 @@ def run_phase(spec: dict[str, Any]) -> None:
 
 def _run_python(scenario: Scenario, role: str, root: str, spec: dict[str, Any], out: Recorder) -> None:
     topology = _topology(scenario, role)
-    data = data_arguments(scenario, topology, spec["uris"], reference=role == "reference")
-    dm = LanceDataModule(**{k: instantiate(v) for k, v in data.items()})
+    data = data_arguments(scenario, topology, spec["uris"], reference=role == "reference", cache=spec.get("cache"))
+    arguments = {k: instantiate(v) for k, v in data.items()}
+    if "remote_cache" in arguments:
+        from lance_lightning import RemoteCache
+
+        arguments["remote_cache"] = RemoteCache(**arguments["remote_cache"])
+    dm = LanceDataModule(**arguments)
     for name in {"stop": scenario.calls, "resume": scenario.resume.calls}.get(role, []):
         _call(name, dm, out)
     model = ContractModel(root, role, sleep=scenario.step_sleep if role == "stop" else 0.0)
@@ -370,7 +402,9 @@ def _run_python(scenario: Scenario, role: str, root: str, spec: dict[str, Any], 
     out.write({"t": "end", "batches": model.batches, "cursor": _plain(dm.state_dict().get("train_cursor"))})
 
 
-def cli_config(scenario: Scenario, role: str, root: str, uris: list[str]) -> dict[str, Any]:
+def cli_config(
+    scenario: Scenario, role: str, root: str, uris: list[str], cache: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The YAML config of the phase for ``lance-lightning fit --config`` (the runner runs it)."""
     topology = _topology(scenario, role)
     trainer = trainer_arguments(scenario, role, topology, root)
@@ -379,7 +413,7 @@ def cli_config(scenario: Scenario, role: str, root: str, uris: list[str]) -> dic
     return {
         "trainer": trainer,
         "model": {"class_path": "tests.contract.phase.ContractModel", "init_args": model_args},
-        "data": data_arguments(scenario, topology, uris, reference=False),
+        "data": data_arguments(scenario, topology, uris, reference=False, cache=cache),
     }
 
 

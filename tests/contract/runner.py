@@ -15,6 +15,10 @@ Guarantees:
   A scenario with ``resume.maintenance`` runs `truth.maintain` in between (only when a checkpoint
   is resumed: a fresh run would read the compacted layout); the resume must then fail with a
   clear error unless the stopped run left the checkpoint's version held.
+- A scenario on S3 (`tests.contract.store`) writes its tables under its own key prefix of the
+  server the caller passes (the soak's one server), or of one started for this scenario alone
+  and stopped when it ends; the server's credentials reach every phase (subprocesses included)
+  through the environment only. Each run gets its own ``remote_cache`` arguments (`Run.caches`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +38,7 @@ from typing import Any
 import torch
 import yaml
 
-from tests.contract import truth
+from tests.contract import store, truth
 from tests.contract.phase import REFERENCE_BATCH, cli_config, run_phase
 from tests.contract.scenario import Scenario, Topology
 
@@ -83,6 +88,8 @@ class Run:
     #: The package's tags on each table after a run: role -> URI -> tag -> version.
     holds: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     maintained: bool = False
+    #: Each run's ``remote_cache`` arguments on S3 (`tests.contract.store.cache_arguments`).
+    caches: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
 
 def held_after_stop(scenario: Scenario) -> bool:
@@ -91,25 +98,37 @@ def held_after_stop(scenario: Scenario) -> bool:
     return scenario.hold == "keep" or (scenario.hold == "fit" and scenario.stop.kind in ("exception", "sigkill"))
 
 
-def run_scenario(scenario: Scenario, root: Path, isolate: bool = False) -> Run:
-    """Write the scenario's tables under ``root`` and run its phases; return what they recorded."""
+def run_scenario(scenario: Scenario, root: Path, isolate: bool = False, s3: Any = None) -> Run:
+    """Write the scenario's tables under ``root`` (or on S3: on the started server ``s3``, or one
+    started for this scenario) and run its phases; return what they recorded."""
     root.mkdir(parents=True, exist_ok=True)
-    uris = truth.write_tables(scenario, root)
+    if scenario.store is None:
+        return _run_scenario(scenario, root, isolate, truth.write_tables(scenario, root))
+    with store.serving() if s3 is None else nullcontext(s3) as server:
+        return _run_scenario(scenario, root, isolate, store.write_tables(scenario, root, server))
+
+
+def _run_scenario(scenario: Scenario, root: Path, isolate: bool, uris: list[str]) -> Run:
     run = Run(scenario)
+    run.caches = {role: store.cache_arguments(scenario, role, root, uris) for role in ("reference", "stop", "resume")}
     first, then = scenario.topology, scenario.resume.topology
     run.expected_errors = {
         "reference": truth.expected_error(scenario, 1, REFERENCE_BATCH, drop_last=False),
         "stop": truth.expected_error(scenario, first.world_size, first.batch_size, scenario.drop_last),
         "resume": truth.expected_error(scenario, then.world_size, then.batch_size, scenario.drop_last),
     }
+    if run.expected_errors["stop"] is None:
+        run.expected_errors["stop"] = store.expected_error(scenario)
     run.versions = truth.latest_versions(uris)
     if run.expected_errors["stop"] is not None:
-        run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate)
+        run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate, run.caches["stop"])
         run.holds["stop"] = truth.holds(uris)
         return run
     if run.expected_errors["reference"] is None:
-        run.phases["reference"] = _run_phase(scenario, "reference", Topology(), root, uris, None, isolate)
-    run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate)
+        run.phases["reference"] = _run_phase(
+            scenario, "reference", Topology(), root, uris, None, isolate, run.caches["reference"]
+        )
+    run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate, run.caches["stop"])
     run.holds["stop"] = truth.holds(uris)
     run.checkpoints = _checkpoints(root / "ckpt_stop")
     run.chosen = choose(run.checkpoints, scenario.checkpoints.pick)
@@ -119,7 +138,7 @@ def run_scenario(scenario: Scenario, root: Path, isolate: bool = False) -> Run:
         run.maintained = True
         if run.expected_errors["resume"] is None and not held_after_stop(scenario):
             run.expected_errors["resume"] = "the checkpoint's version was cleaned up and nothing held it"
-    run.phases["resume"] = _run_phase(scenario, "resume", then, root, uris, ckpt, isolate)
+    run.phases["resume"] = _run_phase(scenario, "resume", then, root, uris, ckpt, isolate, run.caches["resume"])
     run.holds["resume"] = truth.holds(uris)
     return run
 
@@ -143,15 +162,23 @@ def _checkpoints(folder: Path) -> list[Checkpoint]:
 
 
 def _run_phase(
-    scenario: Scenario, role: str, topology: Topology, root: Path, uris: list[str], ckpt: str | None, isolate: bool
+    scenario: Scenario,
+    role: str,
+    topology: Topology,
+    root: Path,
+    uris: list[str],
+    ckpt: str | None,
+    isolate: bool,
+    cache: dict[str, Any] | None,
 ) -> Phase:
     spec = {"scenario": json.loads(scenario.to_json()), "role": role, "root": str(root), "uris": uris}
+    spec["cache"] = cache
     if ckpt is not None:
         spec["ckpt_path"] = ckpt
     killed = role == "stop" and scenario.stop.kind == "sigkill"
     started = time.perf_counter()
     if scenario.cli and role != "reference":
-        return _run_command(scenario, role, topology, root, uris, ckpt, started)
+        return _run_command(scenario, role, topology, root, uris, ckpt, started, cache)
     if not isolate and topology.world_size == 1 and not killed:
         returncode = 0
         try:
@@ -167,13 +194,20 @@ def _run_phase(
 
 
 def _run_command(
-    scenario: Scenario, role: str, topology: Topology, root: Path, uris: list[str], ckpt: str | None, started: float
+    scenario: Scenario,
+    role: str,
+    topology: Topology,
+    root: Path,
+    uris: list[str],
+    ckpt: str | None,
+    started: float,
+    cache: dict[str, Any] | None,
 ) -> Phase:
     """``lance-lightning fit --config <yaml> [--ckpt_path ...]`` in a subprocess; a non-zero exit is
     recorded as the error (``CommandError``: the exit status and stderr's end) of as many ranks as
     printed a one-screen error (rank 0 at least)."""
     config = root / f"{role}.yaml"
-    config.write_text(yaml.safe_dump(cli_config(scenario, role, str(root), uris)))
+    config.write_text(yaml.safe_dump(cli_config(scenario, role, str(root), uris, cache)))
     command = [str(Path(sys.executable).with_name("lance-lightning")), "fit", "--config", str(config)]
     if ckpt is not None:
         command += ["--ckpt_path", ckpt]

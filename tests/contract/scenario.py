@@ -12,7 +12,9 @@ Guarantees:
   sample or by step, zero weights; drawn from its own random stream), world size 1/2, workers
   0/2, reader threads, batch size, ``drop_last``, calls before fit, Lightning loop options, the
   stop, the checkpoint resumed from, changes on resume, a maintenance job (compaction and cleanup
-  of old versions) between the runs, ``hold_versions``, and steps after fit.
+  of old versions) between the runs, ``hold_versions``, steps after fit, tables on S3 with each
+  run's remote cache (on, off, changed on resume, a limit the split exceeds; `tests.contract.store`)
+  and the compute-floor replay probe (`tests.contract.replay`), each from its own random stream.
   A new option of the package joins `generate` (and `truth`/`phase` where it needs to).
 """
 
@@ -24,6 +26,8 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from tests.contract import truth
+from tests.contract.replay import Replay, draw_replay
+from tests.contract.store import Store, with_store
 
 #: Calls a user script makes on the data module before ``trainer.fit`` (in order).
 CALLS_BEFORE_FIT = ("explain", "setup", "train_dataloader", "state_dict", "peek", "dataset")
@@ -167,6 +171,10 @@ class Scenario:
     step_sleep: float = 0.0
     #: The data module's ``hold_versions`` (the reference run never holds).
     hold: Literal["fit", "keep", "off"] = "fit"
+    #: Tables on S3 and each run's remote cache (None: local tables; absent from the JSON).
+    store: Store | None = None
+    #: ``DataLoadingMonitor(replay_batches=..., replay_steps=...)`` among the callbacks (None: absent from the JSON).
+    replay: Replay | None = None
 
     @property
     def sources(self) -> list[Source]:
@@ -182,6 +190,9 @@ class Scenario:
         if mixture is not None and mixture["schedule"] is None:  # as scenarios were written before schedules
             for key in _SCHEDULE_FIELDS:
                 del mixture[key]
+        for key in _LATER_FIELDS:  # as scenarios were written before these options
+            if plain[key] is None:
+                del plain[key]
         return json.dumps(plain, sort_keys=True)
 
     @classmethod
@@ -191,6 +202,8 @@ class Scenario:
 
 #: Fields of `Mixture` left out of the JSON of a mixture without a schedule.
 _SCHEDULE_FIELDS = ("schedule", "interpolate", "step_samples")
+#: Fields of `Scenario` left out of the JSON when None.
+_LATER_FIELDS = ("store", "replay")
 
 
 def _build(kind: Any, value: Any) -> Any:
@@ -255,7 +268,7 @@ def generate(seed: int) -> Scenario:
             epochs = stop_epoch + 3
             mixture = _schedule(scheduled, scenario.mixture, epochs, topology.world_size * batch_size)
             scenario = replace(scenario, mixture=mixture)
-    return replace(
+    scenario = replace(
         scenario,
         topology=topology,
         loop=replace(loop, epochs=stop_epoch + 3),  # the resumed epoch and two more
@@ -265,6 +278,7 @@ def generate(seed: int) -> Scenario:
         resume=replace(resume, maintenance=later.random() < 0.25),
         hold=later.choices(["fit", "keep", "off"], weights=[8, 1, 1])[0],
     )
+    return replace(with_store(seed, scenario), replay=draw_replay(seed))
 
 
 def _table(rng: random.Random, index: int, tokens: bool) -> Table:

@@ -6,6 +6,10 @@ findings, to ``--out``: replay one with ``--replay FILE`` or add it to
 ``tests/contract/cases.jsonl`` (see ``tests/contract/test_contract.py``). ``--shrink`` retries a
 failing scenario with simpler settings and reports the simplest one that still fails.
 
+Scenarios on S3 share one S3 server (moto on loopback), started at the first of them and stopped
+when the soak ends; the remote caches' default directory (``XDG_CACHE_HOME``) is a temporary one,
+never the user's.
+
 Leave the package's files alone while a soak runs: its one process keeps a forkserver whose
 modules were imported at its start, and DataLoader workers forked from it that import a changed
 module fail to start (``WorkerDiedError``), which is the edit, not the package.
@@ -14,7 +18,10 @@ module fail to start (``WorkerDiedError``), which is the edit, not the package.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -22,6 +29,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from tests.contract import store
 from tests.contract.oracle import Inapplicable, check
 from tests.contract.runner import run_scenario
 from tests.contract.scenario import Scenario, Topology, generate
@@ -56,7 +64,25 @@ def describe(scenario: Scenario) -> str:
         parts.append("calls=" + ",".join(scenario.calls) + "|" + ",".join(scenario.resume.calls))
     if scenario.hold != "fit" or scenario.resume.maintenance:
         parts.append(f"hold={scenario.hold}" + ("+maintenance" if scenario.resume.maintenance else ""))
+    if scenario.store is not None:
+        small = scenario.store.cache.small or scenario.store.resume_cache.small
+        tiny = " tiny-limit(refused)" if scenario.store.cache.tiny else ""
+        parts.append(f"s3 cache={scenario.store.mode}" + (" small-limit" if small else "") + tiny)
+    if scenario.replay is not None:
+        parts.append(f"replay={scenario.replay.batches}x{scenario.replay.steps}")
     return " ".join(parts)
+
+
+_SERVER: list[object] = []
+_EXIT = contextlib.ExitStack()
+
+
+def s3_server() -> object:
+    """The soak's one S3 server, started on first use, stopped when the process exits."""
+    if not _SERVER:
+        _SERVER.append(_EXIT.enter_context(store.serving()))
+        atexit.register(_EXIT.close)
+    return _SERVER[0]
 
 
 def run_one(scenario: Scenario, isolate: bool = False) -> tuple[list[str] | None, float]:
@@ -65,7 +91,8 @@ def run_one(scenario: Scenario, isolate: bool = False) -> tuple[list[str] | None
     root = Path(tempfile.mkdtemp(prefix=f"contract{scenario.id}_"))
     started = time.perf_counter()
     try:
-        failures: list[str] | None = check(run_scenario(scenario, root, isolate=isolate))
+        s3 = s3_server() if scenario.store is not None else None
+        failures: list[str] | None = check(run_scenario(scenario, root, isolate=isolate, s3=s3))
     except Inapplicable:
         failures = None
     except Exception as error:  # the checker itself broke: report, do not stop the soak
@@ -109,6 +136,10 @@ def simpler(scenario: Scenario) -> list[Scenario]:
         out.append(replace(scenario, cursor_callback=True))
     if scenario.resume.maintenance or scenario.hold != "fit":
         out.append(replace(scenario, hold="fit", resume=replace(scenario.resume, maintenance=False)))
+    if scenario.replay is not None:
+        out.append(replace(scenario, replay=None))
+    if scenario.store is not None:
+        out.append(replace(scenario, store=None))
     return out
 
 
@@ -138,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shrink", action="store_true", help="shrink failing scenarios")
     parser.add_argument("--isolate", action="store_true", help="run every phase in its own process")
     args = parser.parse_args(argv)
+    os.environ["XDG_CACHE_HOME"] = cache_home = tempfile.mkdtemp(prefix="contract-xdg-cache-")
+    atexit.register(shutil.rmtree, cache_home, True)
     if args.replay:
         lines = [line.removeprefix("FAILED ").strip() for line in args.replay.read_text().splitlines() if line.strip()]
         scenarios = [Scenario.from_json(json.loads(line).get("scenario", json.loads(line))) for line in lines]
@@ -163,7 +196,25 @@ def main(argv: list[str] | None = None) -> int:
             with args.out.open("a") as out:
                 out.write(line + "\n")
     total = time.perf_counter() - started
-    print(f"{len(scenarios)} scenarios, {failed} failed, {skipped} refused by Lightning, {total:.0f}s", flush=True)
+    counts = ", ".join(
+        f"{sum(map(has, scenarios))} {name}"
+        for name, has in (
+            ("on S3", lambda s: s.store is not None),
+            (
+                "with the cache changed on resume",
+                lambda s: s.store is not None and s.store.mode in ("on->off", "off->on"),
+            ),
+            (
+                "with a small cache limit",
+                lambda s: s.store is not None and (s.store.cache.small or s.store.resume_cache.small),
+            ),
+            ("with the replay probe", lambda s: s.replay is not None),
+        )
+    )
+    print(
+        f"{len(scenarios)} scenarios ({counts}), {failed} failed, {skipped} refused by Lightning, {total:.0f}s",
+        flush=True,
+    )
     return 1 if failed else 0
 
 

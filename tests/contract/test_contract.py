@@ -2,7 +2,8 @@
 oracle's own tests.
 
 - `test_sample`: scenarios drawn from fixed seeds (`SAMPLE_SEEDS`, about 4 minutes on a 2-core
-  machine), each through real ``Trainer.fit(ckpt_path=...)`` (real 2-rank DDP where it draws 2).
+  machine), each through real ``Trainer.fit(ckpt_path=...)`` (real 2-rank DDP where it draws 2; a
+  scenario on S3 starts its own S3 server on loopback for the test).
 - `test_found_defect`: every scenario in ``cases.jsonl``: each failed on the code where the checker
   found it (its ``found`` says how) and must pass for good.
 - `test_oracle_*`: the oracle reports what a wrong run would look like (a repeated or a skipped
@@ -91,6 +92,11 @@ def test_sample_covers_the_options() -> None:
         **{f"hold_versions {mode}": any(s.hold == mode for s in scenarios) for mode in ("fit", "keep", "off")},
         "maintenance, version held": any(s.resume.maintenance and held_after_stop(s) for s in scenarios),
         "maintenance, version not held": any(s.resume.maintenance and not held_after_stop(s) for s in scenarios),
+        "s3": any(s.store is not None for s in scenarios),
+        "cache changed on resume": any(
+            s.store is not None and s.store.mode in ("on->off", "off->on") for s in scenarios
+        ),
+        "replay probe": any(s.replay is not None for s in scenarios),
     }
     assert all(covered.values()), [name for name, yes in covered.items() if not yes]
 
@@ -200,6 +206,11 @@ def _tag_left_behind(run: Run) -> None:
     run.holds["resume"][uri] = {"lance-lightning-20261125-000000-abcdef-v1": 1}
 
 
+def _replay_changed_model(run: Run) -> None:
+    end = next(e for e in run.phases["resume"].ranks[0] if e["t"] == "fit_end")
+    end["weight"] += 0.5
+
+
 def _tag_missing(run: Run) -> None:
     run.scenario = replace(run.scenario, hold="keep")  # the stopped run should have kept its tag
 
@@ -215,8 +226,9 @@ def _tag_missing(run: Run) -> None:
         (_wrong_reference_order, "reference epoch 0"),
         (_tag_left_behind, "carries the tags {'lance-lightning-20261125-000000-abcdef-v1': 1}, expected {}"),
         (_tag_missing, "carries the tags {}, expected one per version in [1]"),
+        (_replay_changed_model, "the replay changed the model"),
     ],
-    ids=["order", "repeat", "skip", "length", "cursor", "reference", "tag-left", "tag-missing"],
+    ids=["order", "repeat", "skip", "length", "cursor", "reference", "tag-left", "tag-missing", "replay-model"],
 )
 def test_oracle_reports_a_wrong_run(clean_run: Run, mutate: Callable[[Run], None], expected: str) -> None:
     run = copy.deepcopy(clean_run)

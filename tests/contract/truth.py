@@ -223,16 +223,19 @@ def expected_error(scenario: Scenario, world_size: int, batch_size: int, drop_la
 
 
 # -- writing -------------------------------------------------------------------------------------
-def write_tables(scenario: Scenario, root: Path) -> list[str]:
-    """Write every table of ``scenario`` under ``root`` (once: an existing one is kept); return the URIs."""
+def write_tables(
+    scenario: Scenario, root: Path, base: str | None = None, storage_options: dict[str, str] | None = None
+) -> list[str]:
+    """Write every table of ``scenario`` under ``root`` (once: an existing one is kept), or under the
+    object store prefix ``base`` (with ``storage_options``); return the URIs."""
     import lance
     import pyarrow as pa
 
     uris = []
     for index, table in enumerate(scenario.tables):
-        uri = str(root / f"table{index}.lance")
+        uri = f"{base}/table{index}.lance" if base is not None else str(root / f"table{index}.lance")
         uris.append(uri)
-        if Path(uri).exists():
+        if base is None and Path(uri).exists():
             continue
         ids = table.start + np.arange(table.rows, dtype=np.int64)
         if table.tokens:
@@ -251,7 +254,7 @@ def write_tables(scenario: Scenario, root: Path) -> list[str]:
                 "label": pa.array(ids % 10),
                 "x": pa.array((ids % 1000).astype(np.float32) / 1000),
             }
-        kwargs: dict[str, Any] = {"mode": "create"}
+        kwargs: dict[str, Any] = {"mode": "create", "storage_options": storage_options}
         if table.fragment_rows is not None:
             kwargs["max_rows_per_file"] = table.fragment_rows
             kwargs["max_rows_per_group"] = table.fragment_rows
