@@ -151,6 +151,29 @@ READ_CLIENT_OPTIONS = {"client_max_retries": "0", "lance_aimd_max_retries": "0",
 _LOCAL_SCHEMES = ("file", "file+uring", "memory")
 
 
+#: Prefixes of the environment variables object-store clients read (credentials, endpoints, regions).
+STORE_ENV_PREFIXES = ("AWS_", "GOOGLE_", "GCS_", "AZURE_", "OBJECT_STORE_")
+
+
+class StoreEnvironment(dict):
+    """This process's object-store variables, for a worker process to adopt (`adopt`): a worker
+    forked from a forkserver started before they were set would not have them. Its repr names no
+    value (they hold credentials)."""
+
+    @classmethod
+    def capture(cls) -> StoreEnvironment:
+        return cls({k: v for k, v in os.environ.items() if k.startswith(STORE_ENV_PREFIXES)})
+
+    def adopt(self) -> None:
+        """Make this process's object-store variables exactly these."""
+        for name in [k for k in os.environ if k.startswith(STORE_ENV_PREFIXES) and k not in self]:
+            del os.environ[name]
+        os.environ.update(self)
+
+    def __repr__(self) -> str:
+        return f"StoreEnvironment({sorted(self)})"
+
+
 def _read_options(location: str, options: dict[str, str] | None) -> dict[str, str] | None:
     scheme = location.split("://", 1)[0].lower() if "://" in location else "file"
     if scheme in _LOCAL_SCHEMES:

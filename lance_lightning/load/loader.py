@@ -63,6 +63,7 @@ from lance_lightning.load.progress import TrainerProgress
 from lance_lightning.load.workers import STARTING_HINT, guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
 from lance_lightning.plan.cursor import CursorTracker, finished
+from lance_lightning.source import StoreEnvironment
 from lance_lightning.vocabulary import Batch
 
 
@@ -103,10 +104,13 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(np.random.SeedSequence(numpy_seed).generate_state(4))
 
 
-def init_worker(worker_id: int, shipping: Shipping) -> None:
-    """A worker's start: it dies with its parent (`watch_parent`), its copy of the dataset ships
-    what the loader unpacks (``shipping``), then it is seeded (`seed_worker`)."""
+def init_worker(worker_id: int, shipping: Shipping, environment: StoreEnvironment) -> None:
+    """A worker's start: it dies with its parent (`watch_parent`), takes the object-store variables
+    the loader's process had when the loader was made (``environment``: a forkserver started
+    earlier has older ones), its copy of the dataset ships what the loader unpacks (``shipping``),
+    then it is seeded (`seed_worker`)."""
     watch_parent(worker_id)
+    environment.adopt()
     ship_from_worker(shipping)
     seed_worker(worker_id)
 
@@ -223,7 +227,9 @@ class LanceDataLoader(DataLoader):
             pin_memory=pin_memory and num_workers > 0,
             prefetch_factor=prefetch_factor if num_workers > 0 else None,
             multiprocessing_context=context,
-            worker_init_fn=functools.partial(init_worker, shipping=Shipping(True, ship_positions))
+            worker_init_fn=functools.partial(
+                init_worker, shipping=Shipping(True, ship_positions), environment=StoreEnvironment.capture()
+            )
             if num_workers > 0
             else None,
         )
