@@ -8,7 +8,6 @@ and continued with ``on_schedule_change="continue"``."""
 from __future__ import annotations
 
 import csv
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,7 @@ from lance_lightning import (
     LanceSource,
     RowShuffle,
 )
-from lance_lightning.plan import cursor
-from tests.harness import Job, Setup, Trained, fit, run_and_check_resume
+from tests.harness import Job, Setup, Trained, ckpt_file, fit, run_and_check_resume
 from tests.helpers import make_table
 
 OFFSET = 100_000  # ids of source "b" start here
@@ -142,12 +140,6 @@ def _state_after(dm: LanceDataModule, batches: int) -> dict[str, Any]:
     return dm.state_dict()
 
 
-def _continues() -> bool:
-    """Whether the cursor compares a saved plan through the plan's `resume_identity` (the contract
-    member that ``on_schedule_change`` needs from `lance_lightning.plan.cursor.check_state`)."""
-    return "resume_identity" in inspect.getsource(cursor.check_state)
-
-
 def test_a_checkpoint_of_another_schedule_is_refused_naming_the_field(tmp_path):
     a, b = _write(tmp_path)
     state = _state_after(LanceDataModule(train=_mixture(a, b), batch_size=20, shuffle=RowShuffle(seed=5)), 3)
@@ -166,7 +158,6 @@ def test_a_checkpoint_of_another_schedule_is_refused_naming_the_field(tmp_path):
     same.load_state_dict(state)  # the same schedule resumes
 
 
-@pytest.mark.skipif(not _continues(), reason="plan/cursor.py check_state does not consult plan.resume_identity yet")
 def test_on_schedule_change_continue_reads_on_with_the_new_schedule(tmp_path):
     a, b = _write(tmp_path)
     state = _state_after(LanceDataModule(train=_mixture(a, b), batch_size=20, shuffle=RowShuffle(seed=5)), 3)
@@ -224,3 +215,25 @@ def test_cli_yaml_schedule(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 1 and "data.train.schedule[0].weights[1]" in proc.stdout + proc.stderr
+
+
+def test_a_changed_schedule_through_fit_ckpt_path_is_refused_or_continued(tmp_path):
+    """The user's path: a fit stopped at step 3 with a checkpoint, then ``Trainer.fit(ckpt_path=...)``
+    under another schedule: refused naming the field, or, with ``on_schedule_change="continue"``,
+    the resumed epoch is the new schedule's sequence from where it stopped and the next epoch is
+    the new schedule's whole epoch."""
+    a, b = _write(tmp_path)
+    later = [{"until_sample": 300, "weights": [0.6, 0.4]}, {"weights": [0.4, 0.6]}]
+
+    def module(schedule: Any, **kwargs: Any) -> LanceDataModule:
+        return LanceDataModule(train=_mixture(a, b, schedule, **kwargs), batch_size=20, shuffle=RowShuffle(seed=5))
+
+    fit(tmp_path, module(CONSTANT), name="A", max_steps=3, ckpt_every=3, max_epochs=2)
+    ckpt = ckpt_file(tmp_path, "A", 3)
+    with pytest.raises(CursorMismatchError) as info:
+        fit(tmp_path, module(later), name="refused", ckpt_path=ckpt, max_epochs=2)
+    assert info.value.field == "plan.schedule"
+    resumed = fit(tmp_path, module(later, on_schedule_change="continue"), name="B", ckpt_path=ckpt, max_epochs=2)
+    whole = fit(tmp_path, module(later), name="C", max_epochs=2)
+    steps = SAMPLES // 20
+    assert resumed.seen == whole.seen[3:steps] + whole.seen[steps:]
