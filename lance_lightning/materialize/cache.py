@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from lance_lightning.errors import ConfigError
-from lance_lightning.materialize.copy import tree_bytes
 from lance_lightning.materialize.space import estimate_view_bytes
 from lance_lightning.materialize.view import materialize_view
 from lance_lightning.plan.contract import Plan, SplitSettings
@@ -107,7 +106,8 @@ class RemoteCache:
         pinned = plan.source
         dataset = pinned.open()
         files = sum(len(fragment.metadata.files) for fragment in dataset.get_fragments())
-        per_file = estimate_view_bytes(pinned, dataset, pinned.total_rows, staged=False) / max(1, files)
+        every_row = estimate_view_bytes(pinned, dataset, pinned.total_rows, staged=False)  # reads statistics once
+        per_file = every_row / max(1, files)
         if per_file > self.limit_bytes:
             raise ConfigError(
                 "remote_cache.limit_gb",
@@ -115,7 +115,7 @@ class RemoteCache:
                 f"is below one data file's share of the read columns of {pinned.uri} ({per_file / 1e9:.3g} GB)",
                 f"set limit_gb to {per_file / 1e9 * 4:.3g} or more, or enabled: false to read from the store",
             )
-        needed = estimate_view_bytes(pinned, dataset, plan.matched_documents, staged=False)
+        needed = every_row * plan.matched_documents // max(1, pinned.total_rows)
         root = self._root()
         if needed > self.limit_bytes:
             note = (
@@ -220,8 +220,3 @@ def _delete_unused(view: Path, manifest: Path) -> bool:
     finally:
         os.close(fd)
     return True
-
-
-def cached_bytes(root: str | os.PathLike[str]) -> int:
-    """Bytes of the copies under ``root`` (for reports and tests)."""
-    return sum(tree_bytes(path) for path in Path(root).glob("*.lance"))

@@ -14,7 +14,7 @@ import lance
 import pytest
 
 from lance_lightning import ConfigError, LanceDataModule, LanceSource, NoShuffle, RemoteCache, RowShuffle
-from lance_lightning.materialize.cache import cached_bytes
+from lance_lightning.materialize.copy import tree_bytes
 from lance_lightning.materialize.space import estimate_view_bytes
 from lance_lightning.source import pin_source
 from tests.fault_proxy import FaultProxy
@@ -183,7 +183,9 @@ def test_least_recently_used_copies_not_in_use_are_evicted(tmp_path: Path, s3: S
     (old,) = directory.glob("*.lance")
     pinned = pin_source(LanceSource(s3_uri, columns=["id"], storage_options=s3.storage_options()), "train")
     new = estimate_view_bytes(pinned, pinned.open(), pinned.total_rows, staged=False)
-    room = (new + 0.5 * cached_bytes(directory)) / 1e9  # the new copy fits, the old one must go
+    room = (
+        new + 0.5 * sum(tree_bytes(copy) for copy in directory.glob("*.lance"))
+    ) / 1e9  # the new copy fits, the old one must go
     dm = LanceDataModule(
         train=LanceSource(s3_uri, columns=["id"], storage_options=s3.storage_options()),
         batch_size=4,
