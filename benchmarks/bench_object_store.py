@@ -2,7 +2,9 @@
 with the remote cache on and off, at workers 0 and 2: rows/s, requests, bytes and amplification.
 
 Set-up: moto's S3 server on 127.0.0.1 (started here) holds one Lance dataset of ``--rows`` rows of
-about 524 bytes (``id`` int64, ``label`` int32, ``payload`` 512 uint8) in one data file. Every
+about 524 bytes (``id`` int64, ``label = id % 100`` int32 with a bitmap index, ``payload`` 512
+uint8) in one data file (``--rows-per-file`` to split it). The 1% filters are ``id % 100 = 7``
+(evaluated on the ``id`` column) and ``label = 7`` (answered by the index). Every
 request goes through `tests.fault_proxy.FaultProxy` with ``--latency-ms`` of added latency (20 ms
 by default, a cross-zone object store's order of magnitude); the proxy counts the GET requests and
 the body bytes it returns. For each configuration a fresh data module is planned (``setup``: the
@@ -67,6 +69,7 @@ PATTERNS: dict[str, dict[str, Any]] = {
     "BufferShuffle(8192)": {"shuffle": lambda: BufferShuffle(buffer_rows=8192, seed=1)},
     "RowShuffle()": {"shuffle": lambda: RowShuffle(seed=1)},
     "1% filter (take)": {"shuffle": lambda: NoShuffle(), "filter": "id % 100 = 7"},
+    "1% filter, indexed (take)": {"shuffle": lambda: NoShuffle(), "filter": "label = 7"},
 }
 
 
@@ -82,14 +85,23 @@ class Phase:
         return self.rows / self.seconds if self.seconds else 0.0
 
 
-def write_table(uri: str, rows: int, options: dict[str, str]) -> int:
-    """Write the dataset; return the Arrow bytes per row of the read columns."""
+def write_table(uri: str, rows: int, options: dict[str, str], rows_per_file: int) -> int:
+    """Write the dataset, a million rows at a time; return the Arrow bytes per row of the read columns."""
     gen = np.random.default_rng(0)
-    ids = np.arange(rows, dtype=np.int64)
-    payload = pa.FixedSizeListArray.from_arrays(pa.array(gen.integers(0, 255, 512 * rows, dtype=np.uint8)), 512)
-    table = pa.table({"id": ids, "label": (ids % 10).astype(np.int32), "payload": payload})
-    lance.write_dataset(table, uri, storage_options=options, max_rows_per_file=rows)
-    return table.nbytes // rows
+    schema = pa.schema([("id", pa.int64()), ("label", pa.int32()), ("payload", pa.list_(pa.uint8(), 512))])
+
+    def batches() -> Any:
+        for start in range(0, rows, 1_000_000):
+            ids = np.arange(start, min(rows, start + 1_000_000), dtype=np.int64)
+            payload = pa.FixedSizeListArray.from_arrays(
+                pa.array(gen.integers(0, 255, 512 * len(ids), dtype=np.uint8)), 512
+            )
+            yield pa.record_batch([pa.array(ids), pa.array((ids % 100).astype(np.int32)), payload], schema=schema)
+
+    reader = pa.RecordBatchReader.from_batches(schema, batches())
+    lance.write_dataset(reader, uri, storage_options=options, max_rows_per_file=rows_per_file)
+    lance.dataset(uri, storage_options=options).create_scalar_index("label", "BITMAP")
+    return 8 + 4 + 512
 
 
 def read_epoch(loader: Any, cap_s: float) -> tuple[int, bool]:
@@ -143,7 +155,7 @@ def main() -> None:
     with S3Server.serving("bench") as s3, FaultProxy.serving(s3.endpoint, args.latency_ms / 1e3) as proxy:
         options = {**s3.storage_options(), "aws_endpoint": proxy.endpoint}
         uri = "s3://bench/table.lance"
-        row_bytes = write_table(uri, args.rows, s3.storage_options())
+        row_bytes = write_table(uri, args.rows, s3.storage_options(), args.rows_per_file or args.rows)
         baseline: dict[int, float] = {}
         with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
             for name, pattern in PATTERNS.items():
@@ -172,6 +184,7 @@ def main() -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--rows-per-file", type=int, help="rows per data file (default: all in one)")
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--epoch-cap-s", type=float, default=120.0)

@@ -110,7 +110,9 @@ class PinnedSource:
         key, options = self._handle(reads)
         dataset = _OPEN_DATASETS.get(key)
         if dataset is None:
-            dataset = lance.dataset(self.location, version=self.version, storage_options=options)
+            dataset = lance.dataset(
+                self.location, version=self.version, storage_options=options, session=dataset_session(self.location)
+            )
             _OPEN_DATASETS[key] = dataset
         return dataset
 
@@ -140,6 +142,20 @@ class PinnedSource:
 
 
 _OPEN_DATASETS: dict[tuple, lance.LanceDataset] = {}
+_SESSIONS: dict[tuple[int, str], lance.Session] = {}
+
+
+def dataset_session(location: str) -> lance.Session:
+    """This process's one Lance session for the dataset at ``location``: every handle on it (the
+    planning one, the reading one, another version's) shares its caches of manifests, file footers
+    and indices, so on an object store each is downloaded once per process, not once per handle."""
+    where = location if "://" in location else os.path.abspath(location)
+    key = (os.getpid(), where)
+    session = _SESSIONS.get(key)
+    if session is None:
+        session = _SESSIONS[key] = lance.Session()
+    return session
+
 
 #: Lance client options of the handle for training reads on object stores: no retries with backoff
 #: of its own (the object-store client's, the AIMD throttle's, the body download's), so a request
@@ -231,7 +247,7 @@ def _data_tag(dataset: lance.LanceDataset) -> str:
 
 def _open_latest(source: LanceSource, param: str) -> lance.LanceDataset:
     try:
-        return lance.dataset(source.uri, storage_options=source.storage_options)
+        return lance.dataset(source.uri, storage_options=source.storage_options, session=dataset_session(source.uri))
     except (ValueError, OSError) as error:
         shown = redact_text(str(error), secret_values({"storage_options": source.storage_options}))
         raise _open_error(source.uri, param, shown) from None

@@ -9,6 +9,11 @@ Guarantees:
   resumable after a crash, one writer per node through a file lock, the ranks and workers of
   the node then share the copy) and planned again over the copy. Scans and local sources are
   read in place. ``RemoteCache(enabled=False)`` turns it off.
+- A sparse split (matching under `SPARSE_SHARE` of its source's rows) is copied by ``take`` of
+  the rows its plan already found, through a handle that merges byte ranges only closer than
+  `SPARSE_BLOCK_BYTES`: the copy downloads those rows (and the narrow columns' encoded chunks
+  around them), not the table, and the filter is not evaluated again. A ``block_size`` the user
+  sets in ``storage_options`` wins.
 - Transparent to the order and the cursor: the copy holds exactly the matching rows in storage
   order, so the plan over it has the same units, the same per-(seed, epoch) order and the same
   identity (`PinnedSource.stands_for`): a checkpoint resumes with the cache on or off, on any
@@ -46,6 +51,14 @@ log = logging.getLogger(__name__)
 
 #: Default bound on the bytes of all copies in the cache directory.
 DEFAULT_LIMIT_GB = 50.0
+#: A split matching less than this share of its source's rows is sparse: its copy fetches the
+#: matching rows' byte ranges only (`SPARSE_BLOCK_BYTES`), not the ranges between them.
+SPARSE_SHARE = 0.125
+#: Lance's ``block_size`` for the copy of a sparse split: byte ranges closer than this are merged
+#: into one request. Lance's default for object stores merges rows up to 64 KiB apart, so a 1%
+#: filter of 524-byte rows (52 KB apart) downloaded the whole table; 4 KiB fetches each row alone
+#: and still merges the narrow columns' neighbouring values.
+SPARSE_BLOCK_BYTES = 4096
 #: URI schemes read in place: a local copy of a local dataset gains nothing.
 _LOCAL_SCHEMES = ("file", "file+uring", "memory")
 #: Open ``<key>.inuse`` files of this process (a shared lock each: their copies are not evicted).
@@ -124,14 +137,25 @@ class RemoteCache:
             )
             return replace(plan, cache=note)
         _evict(root, self.limit_bytes - needed, keep=(pinned.uri, pinned.version, list(pinned.columns), pinned.filter))
-        wanted = LanceSource(
-            pinned.location, list(pinned.columns), pinned.filter, pinned.version, pinned.storage_options
+        sparse = plan.selectivity < SPARSE_SHARE
+        options = dict(pinned.storage_options or {})
+        if sparse:
+            options.setdefault("block_size", str(SPARSE_BLOCK_BYTES))
+        wanted = LanceSource(pinned.location, list(pinned.columns), pinned.filter, pinned.version, options or None)
+        result = materialize_view(
+            wanted,
+            str(root),
+            retry=retry,
+            param=split,
+            matched_rows=plan.matched_documents,
+            matches=plan.matches if sparse else None,
         )
-        result = materialize_view(wanted, str(root), retry=retry, param=split)
         _hold(Path(result.uri))
         local = replace(pin_source(LanceSource(result.uri, list(pinned.columns)), split), stands_for=pinned)
         cached = build_plan(split, local, settings)
         how = "reused" if result.reused else f"downloaded in {result.seconds:.1f} s"
+        if sparse and not result.reused:
+            how += f", by take of the matching {plan.selectivity:.2%} of the rows"
         size = _size(result.manifest["bytes"])
         note = (
             f"local copy of {result.manifest['rows']:,} rows, {size}: {result.uri} ({how}); "

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.metrics.clock import StageClock
+from lance_lightning.plan.rowset import RowSet
 from lance_lightning.read.retry import RetryPolicy
 from lance_lightning.source import PinnedSource
 
@@ -52,6 +53,11 @@ class ViewCopier:
         retry: How each chunk rides out transient storage errors.
         on_chunk: Called with ``(rows_done, rows_total)`` after each commit.
         filter_param: How errors name the filter (e.g. ``"train.filter"``).
+        matched_rows: The rows the filter matches when the caller counted them already (a plan
+            did): the filter is not evaluated again to count them.
+        matches: With ``matched_rows``, the matching rows' offsets (a plan's `RowSet`): the copy
+            takes them in order instead of scanning with the filter, so on an object store it
+            fetches those rows' byte ranges, not the pages around them (a sparse selection).
     """
 
     def __init__(
@@ -64,15 +70,20 @@ class ViewCopier:
         retry: RetryPolicy,
         on_chunk: Callable[[int, int], None] | None,
         filter_param: str = "filter",
+        matched_rows: int | None = None,
+        matches: RowSet | None = None,
     ) -> None:
         self.pinned = pinned
+        self.matches = matches
         self.dataset = dataset
         self.shuffle_seed = shuffle_seed
         self.chunk_rows = chunk_rows
         self.retry = retry
         self.on_chunk = on_chunk
         self.columns = list(pinned.columns)
-        self.rows = dataset.count_rows(pinned.filter) if pinned.filter else pinned.total_rows
+        if matched_rows is None:
+            matched_rows = dataset.count_rows(pinned.filter) if pinned.filter else pinned.total_rows
+        self.rows = matched_rows
         self.schema = dataset.scanner(columns=self.columns).projected_schema
         self.chunks = 0
         self.stats: dict[str, float] = {"retries": 0.0}
@@ -99,7 +110,11 @@ class ViewCopier:
                 self._fill(stage, self._source_batches, "source")
             staged = lance.dataset(str(stage))
             order = np.random.default_rng(self.shuffle_seed).permutation(self.rows)
-            self._fill(view, lambda start: _take_batches(staged, order, start, self.columns), "staging copy")
+            self._fill(
+                view,
+                lambda start: _take_batches(staged, order.__getitem__, start, self.rows, self.columns),
+                "staging copy",
+            )
         rows = count_rows(view)
         if rows != self.rows:  # pragma: no cover - a bug, not an input problem
             raise RuntimeError(f"materialized {rows} rows of {self.pinned.uri}, expected {self.rows}")
@@ -117,6 +132,9 @@ class ViewCopier:
         return rows
 
     def _source_batches(self, start: int) -> Iterator[pa.RecordBatch]:
+        if self.matches is not None:
+            yield from _take_batches(self.dataset, self.matches.select, start, self.rows, self.columns)
+            return
         scanner = self.dataset.scanner(
             columns=self.columns,
             filter=self.pinned.filter,
@@ -192,10 +210,15 @@ class _Rechunker:
 
 
 def _take_batches(
-    dataset: lance.LanceDataset, order: np.ndarray, start: int, columns: list[str]
+    dataset: lance.LanceDataset,
+    offsets: Callable[[Any], np.ndarray],
+    start: int,
+    total: int,
+    columns: list[str],
 ) -> Iterator[pa.RecordBatch]:
-    for first in range(start, len(order), READ_BATCH_ROWS):
-        table = dataset.take(order[first : first + READ_BATCH_ROWS], columns=columns)
+    """Rows ``offsets(positions)`` of ``dataset`` for positions ``start`` .. ``total``, in order."""
+    for first in range(start, total, READ_BATCH_ROWS):
+        table = dataset.take(offsets(np.arange(first, min(total, first + READ_BATCH_ROWS))), columns=columns)
         yield from table.combine_chunks().to_batches()
 
 

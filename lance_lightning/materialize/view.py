@@ -69,6 +69,7 @@ from lance_lightning.materialize.space import (
     out_of_space_errno,
     space_error,
 )
+from lance_lightning.plan.rowset import RowSet
 from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
 from lance_lightning.vocabulary import SPLITS
@@ -224,10 +225,13 @@ def materialize_view(
     retry: RetryPolicy | None = None,
     on_chunk: Callable[[int, int], None] | None = None,
     param: str = "materialize",
+    matched_rows: int | None = None,
+    matches: RowSet | None = None,
 ) -> ViewResult:
     """`materialize`, returning a `ViewResult`; ``on_chunk(rows_done, rows_total)`` runs after each commit.
 
-    ``param`` names the source in errors (``"train"`` when a data module materializes its split).
+    ``param`` names the source in errors (``"train"`` when a data module materializes its split);
+    ``matched_rows`` and ``matches`` are the filter's matches when the caller found them (`ViewCopier`).
     """
     started = time.perf_counter()
     config = MaterializedView(str(cache_dir), shuffle_seed=shuffle_seed, chunk_rows=chunk_rows)  # validates
@@ -257,6 +261,8 @@ def materialize_view(
             retry=retry or DEFAULT_POLICY,
             on_chunk=on_chunk,
             filter_param=f"{param}.filter",
+            matched_rows=matched_rows,
+            matches=matches,
         )
         needed = estimate_view_bytes(pinned, dataset, copier.rows, staged=shuffle_seed is not None)
         work = adopt_partial(root, key, owner=str(os.getpid()))

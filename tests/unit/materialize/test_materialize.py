@@ -35,6 +35,7 @@ from lance_lightning import (
 )
 from lance_lightning.materialize.space import estimate_view_bytes
 from lance_lightning.materialize.view import materialize_view
+from lance_lightning.plan.filter_scan import find_matches
 from lance_lightning.read.retry import RetryPolicy
 from lance_lightning.source import pin_source
 from tests.harness import ckpt_file, fit
@@ -112,6 +113,23 @@ def test_view_of_local_source_is_filtered_column_subset_in_source_order(tmp_path
     assert (manifest["rows"], manifest["columns"], manifest["filter"]) == (800, COLUMNS, FILTER)
     assert manifest["source"]["uri"] == source_uri and manifest["source"]["version"] == 1
     assert leftovers(tmp_path / "views") == sorted([Path(result.uri).name, Path(result.uri).with_suffix(".json").name])
+
+
+def test_a_copy_by_take_of_the_known_matches_equals_the_filtered_scan(
+    tmp_path: Path, source_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The remote cache copies a sparse split by take of its plan's matches (`ViewCopier` with
+    ``matches``): the same rows, columns and order as the filtered scan, over several read batches
+    and commits, and the same view key (a later filtered-scan request reuses it)."""
+    monkeypatch.setattr("lance_lightning.materialize.copy.READ_BATCH_ROWS", 128)
+    source = LanceSource(source_uri, columns=COLUMNS, filter=FILTER)
+    matches = find_matches(pin_source(source, "train"))
+    taken = materialize_view(source, tmp_path / "taken", chunk_rows=300, matched_rows=matches.rows, matches=matches)
+    scanned = materialize_view(source, tmp_path / "scanned", chunk_rows=300)
+    assert lance.dataset(taken.uri).to_table() == lance.dataset(scanned.uri).to_table()
+    assert ids(taken.uri) == expected_ids(FILTER) and taken.chunks == -(-800 // 300)
+    assert Path(taken.uri).name == Path(scanned.uri).name
+    assert materialize_view(source, tmp_path / "taken").reused
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
