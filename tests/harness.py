@@ -201,6 +201,34 @@ def assert_exact(a_seen: list[list[int]], b_seen: list[list[int]], c_seen: list[
         assert got == want, f"step {step} (resumed at {k}): got ids {got}, uninterrupted run had {want}"
 
 
+# -- the resume scenarios (tests/scenarios/test_resume_*.py) ---------------------------------------
+ROWS = 300  # rows of their `uri` dataset (tests/scenarios/conftest.py): ids 0..299, label = id % 10
+BATCH = 16  # `make_dm`'s batch size
+FILTER = "label < 7"  # 210 of 300 rows
+DM_KEY = "LanceDataModule"  # where Lightning stores `dm.state_dict()` (type(dm).__qualname__)
+
+
+def matching_ids(uri: str, filter: str | None) -> set[int]:
+    import lance
+
+    table = lance.dataset(uri).to_table(columns=["id"], filter=filter)
+    return set(table.column("id").to_pylist())
+
+
+def assert_epoch_once(ids: list[int], uri: str, filter: str | None, world_batch: int) -> None:
+    """Each id once, only matching rows, and fewer than one step (the drop_last tail) missing."""
+    assert len(ids) == len(set(ids)), f"duplicated ids: {sorted({i for i in ids if ids.count(i) > 1})}"
+    expected = matching_ids(uri, filter)
+    assert set(ids) <= expected, f"ids outside the split: {sorted(set(ids) - expected)[:10]}"
+    missing = expected - set(ids)
+    assert len(missing) < world_batch, f"{len(missing)} rows never trained (tail is < {world_batch})"
+
+
+def epoch_batches(model: Any, epoch: int) -> list[list[int]]:
+    """The batches a `RecordingModel` trained in ``epoch``."""
+    return [ids for ids, e in zip(model.seen, model.seen_epochs) if e == epoch]
+
+
 # -- fits in subprocesses (DDP) -----------------------------------------------------------------------
 # -- running jobs -----------------------------------------------------------------------------------
 def _fit(root: Path, job: Job) -> dict[str, Any]:
