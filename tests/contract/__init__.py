@@ -8,6 +8,10 @@
 - `phase`: one real ``Trainer.fit`` of a scenario (in this process, or as a script that Lightning's
   DDP launcher runs once per rank), recording every trained batch, epoch length, cursor and checkpoint.
 - `runner`: runs a scenario's phases (reference, stopped, resumed) and returns their records.
-- `oracle`: checks the records against the reference run and the documented rules.
+- `reference`: checks the reference run's sequences of units against `truth` and the documented order
+  and mixture rules.
+- `expected`: lays out, from the reference sequences, the batches each run must train (the documented
+  layout, epoch lengths, cursors and where a resume continues).
+- `oracle`: checks every phase's records against `reference` and `expected` (`oracle.check`).
 - `soak`: the command that draws and checks many scenarios (``python -m tests.contract.soak``).
 """

@@ -1,21 +1,13 @@
-"""The oracle: what every phase of a scenario must have trained, from the reference run and the docs.
+"""The oracle: `check` reports everything a scenario's phases got wrong against the reference run and the docs.
 
 Guarantees (each failure is one line of `check`'s result, naming the phase, epoch and step):
-- The reference run's sequence of each epoch holds exactly the units `truth` computes: each
-  matching row (or window) once, in storage order under `NoShuffle`; a mixture's draws obey the
-  documented rules (counts per whole block, under a schedule those `truth.scheduled_counts` gives;
-  a source's draws in its own order, no repeat within a pass through the source); a row shuffle
-  orders each epoch anew.
-- The stopped and the resumed run train exactly the documented layout of those sequences: global
-  step ``i`` takes units ``[start + i*W*B, start + (i+1)*W*B)``, rank ``r`` the ``r``-th slice of
-  ``B``; the tail is dropped with ``drop_last``, else split across ranks, a rank without a tail
-  unit repeating one; ``limit_train_batches`` cuts each epoch; a run stops where its ``max_steps``,
-  exception, kill or epochs say. So every unit is trained exactly once per epoch (less the
-  documented tail), in the uninterrupted order, whatever the world size, batch size or workers.
-- Resume: the resumed run continues the data exactly where the checkpoint's batches end: in the
-  same epoch when Lightning resumes mid-epoch; when Lightning counts an epoch it stopped as
-  finished (``max_steps``, ``max_time``), the next trainer epoch reads the rest of that data
-  epoch, then every later epoch is whole.
+- The reference run's sequences hold exactly the units `truth` computes, under the documented
+  order and mixture rules (`reference.sequences`); a wrong reference stops the check there.
+- The stopped and the resumed run train exactly the batches `expected` lays out from those
+  sequences: a rank without a tail unit repeats one; ``limit_train_batches`` cuts each epoch; a
+  run stops where its ``max_steps``, exception, kill or epochs say. So every unit is trained
+  exactly once per epoch (less the documented tail), in the uninterrupted order, whatever the
+  world size, batch size or workers, and a resume continues exactly where its checkpoint's batches end.
 - Every rank trains the same number of batches; each epoch's length as Lightning took it equals
   the batches it trains; the data module's cursor (at each epoch end, in each checkpoint and at
   the end) names the data epoch and the units consumed, and says ``finished`` exactly when the
@@ -31,159 +23,15 @@ Guarantees (each failure is one line of `check`'s result, naming the phase, epoc
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from tests.contract import truth
+from tests.contract.expected import Batch, Step, batches, fresh_plans, layout, resumed_plans, until_max_steps
+from tests.contract.reference import sequences
 from tests.contract.replay import check_replay
 from tests.contract.runner import Phase, Run, held_after_stop
-from tests.contract.scenario import Scenario, Topology
+from tests.contract.scenario import Topology
 from tests.contract.store import check_cache
-
-Step = list[list[int]]  # one global step: each rank's units
-
-
-def layout(seq: list[int], start: int, world_size: int, batch_size: int, drop_last: bool) -> list[Step]:
-    """The documented layout of ``seq[start:]`` (docs/concepts.md, "Layout: ranks, workers and the tail")."""
-    rest, per_step = seq[start:], world_size * batch_size
-    full = len(rest) // per_step
-    steps = [
-        [rest[i * per_step + r * batch_size : i * per_step + (r + 1) * batch_size] for r in range(world_size)]
-        for i in range(full)
-    ]
-    tail = rest[full * per_step :]
-    if tail and not drop_last:
-        share, extra = divmod(len(tail), world_size)
-        bounds = np.cumsum([0] + [share + (1 if r < extra else 0) for r in range(world_size)])
-        steps.append([tail[bounds[r] : bounds[r + 1]] for r in range(world_size)])
-    return steps
-
-
-@dataclass
-class EpochPlan:
-    """What one trainer epoch of a run reads: data epoch, where it starts, its steps and its length."""
-
-    trainer_epoch: int
-    data_epoch: int
-    first_batch: int  # Lightning's batch index of the first batch this run trains in the epoch
-    start: int
-    steps: list[Step]
-    length: int  # the epoch's batches as Lightning counts them (restored ones included, limit applied)
-    rows: int  # units in the data epoch's sequence
-    step_rows: int
-
-    @property
-    def trained(self) -> list[Step]:
-        return self.steps[: max(0, self.length - self.first_batch)]
-
-    def consumed(self, done: int) -> int:
-        """Units of the data epoch consumed once ``done`` of this plan's steps were trained."""
-        return self.rows if done >= len(self.steps) else self.start + done * self.step_rows
-
-
-@dataclass
-class Batch:
-    """One expected batch: where it sits and what the cursor says after it."""
-
-    trainer_epoch: int
-    batch_idx: int
-    data_epoch: int
-    step: Step
-    consumed: int
-    rows: int
-    optimizer_step: bool
-    last_of_epoch: bool
-
-
-def epoch_plan(
-    seqs: list[list[int]],
-    trainer_epoch: int,
-    data_epoch: int,
-    first: int,
-    start: int,
-    topology: Topology,
-    scenario: Scenario,
-    restarted: bool = False,
-) -> EpochPlan:
-    """``restarted``: the epoch a resumed fit restarts in. Lightning's restarting epoch loop takes a
-    batch before it checks its end (it waits for a validation run), so an epoch restarted at an
-    index ``limit_train_batches`` already reached still trains one batch."""
-    seq = seqs[data_epoch]
-    steps = layout(seq, start, topology.world_size, topology.batch_size, scenario.drop_last)
-    length = first + len(steps)
-    if scenario.loop.limit_train_batches is not None:
-        length = min(length, scenario.loop.limit_train_batches)
-        if restarted and first > 0 and length <= first:
-            length = first + min(1, len(steps))
-    return EpochPlan(
-        trainer_epoch, data_epoch, first, start, steps, length, len(seq), topology.world_size * topology.batch_size
-    )
-
-
-def batches(plans: Iterator[EpochPlan], accumulate: int) -> Iterator[Batch]:
-    for plan in plans:
-        trained = plan.trained
-        for done, step in enumerate(trained, start=1):
-            idx = plan.first_batch + done - 1
-            yield Batch(
-                plan.trainer_epoch,
-                idx,
-                plan.data_epoch,
-                step,
-                plan.consumed(done),
-                plan.rows,
-                (idx + 1) % accumulate == 0 or idx + 1 == plan.length,
-                idx + 1 == plan.length,
-            )
-
-
-def fresh_plans(seqs: list[list[int]], scenario: Scenario, topology: Topology, epochs: int) -> Iterator[EpochPlan]:
-    for epoch in range(epochs):
-        yield epoch_plan(seqs, epoch, epoch, 0, 0, topology, scenario)
-
-
-def resumed_plans(
-    seqs: list[list[int]],
-    scenario: Scenario,
-    topology: Topology,
-    after: Batch | None,
-    resumed_at: tuple[int, int],
-    epochs: int,
-) -> Iterator[EpochPlan]:
-    """The plans of a run resumed after batch ``after`` of the stopped run, where Lightning resumes
-    at trainer epoch and batch index ``resumed_at``, up to trainer epoch ``epochs`` (excluded)."""
-    epoch, batch_idx = resumed_at
-    rest = []
-    if after is not None:
-        seq = seqs[after.data_epoch]
-        rest = layout(seq, after.consumed, topology.world_size, topology.batch_size, scenario.drop_last)
-    if after is None:
-        data_epoch, first, start = epoch, 0, 0
-    elif epoch == after.trainer_epoch:  # mid-epoch: continue at the same unit
-        data_epoch, first, start = after.data_epoch, batch_idx, after.consumed
-    elif after.last_of_epoch or not rest:  # the epoch ended (or nothing of it makes a step): the next one
-        data_epoch, first, start = after.data_epoch + 1, batch_idx, 0
-    else:  # Lightning counted an epoch it stopped as finished: its rest comes first
-        data_epoch, first, start = after.data_epoch, batch_idx, after.consumed
-    # (The first trainer epoch that reads continues the data, whichever trainer epoch it is.)
-    restarted = after is not None
-    while epoch < epochs:
-        yield epoch_plan(seqs, epoch, data_epoch, first, start, topology, scenario, restarted)
-        epoch, data_epoch, first, start, restarted = epoch + 1, data_epoch + 1, 0, 0, False
-
-
-def until_max_steps(expected: Iterator[Batch], max_steps: int | None, global_step: int = 0) -> list[Batch]:
-    out = []
-    for batch in expected:
-        if max_steps is not None and global_step >= max_steps:
-            break
-        out.append(batch)
-        global_step += batch.optimizer_step
-    return out
 
 
 # -- the check -------------------------------------------------------------------------------------
@@ -210,10 +58,10 @@ class Oracle:
         if self.run.expected_errors["stop"] is not None:
             self._check_refused(phases["stop"], self.run.expected_errors["stop"])
             return self.failures
-        known = len(self.failures)
-        seqs = self.seqs = self._sequences(phases["reference"])
-        if len(self.failures) > known:  # a wrong reference makes every later comparison noise
-            return self.failures
+        seqs, wrong = sequences(self.scenario, phases["reference"])
+        if wrong:  # a wrong reference makes every later comparison noise
+            return self.failures + wrong
+        self.seqs = seqs
         stop_topology, resume_topology = self.scenario.topology, self.scenario.resume.topology
         epochs = self.scenario.stop.at if self.scenario.stop.kind == "epoch_end" else self.scenario.loop.epochs
         expected_a = list(
@@ -301,64 +149,6 @@ class Oracle:
         unexpected = phase is not None and phase.error is not None and self.run.expected_errors.get(role) is None
         return phase is None or phase.timed_out or unexpected
 
-    # -- the reference sequences -------------------------------------------------------------------
-    def _sequences(self, phase: Phase) -> list[list[int]]:
-        by_epoch: dict[int, list[int]] = {}
-        for event in phase.events("batch"):
-            by_epoch.setdefault(event["epoch"], []).extend(event["units"])
-        seqs = [by_epoch.get(e, []) for e in range(self.scenario.loop.epochs + 1)]
-        sources = [truth.source_units(self.scenario, j) for j in range(len(self.scenario.sources))]
-        for epoch, seq in enumerate(seqs):
-            if self.scenario.mixture is None:
-                self._check_plain_sequence(epoch, seq, sources[0])
-            else:
-                self._check_mixture_sequence(epoch, seq, sources)
-        shuffle = self.scenario.shuffle
-        if shuffle.kind == "row" and len(seqs[0]) >= 8 * shuffle.clump_rows and seqs[0] == seqs[1]:
-            self.fail("reference: epochs 0 and 1 of a row shuffle have the same order")
-        return seqs
-
-    def _check_plain_sequence(self, epoch: int, seq: list[int], units: np.ndarray) -> None:
-        if self.scenario.shuffle.kind == "none":
-            if seq != units.tolist():
-                self.fail(f"reference epoch {epoch}: NoShuffle order differs from storage order: {_diff(seq, units)}")
-        elif sorted(seq) != sorted(units.tolist()):
-            self.fail(f"reference epoch {epoch}: not each unit once: {_diff(sorted(seq), np.sort(units))}")
-
-    def _check_mixture_sequence(self, epoch: int, seq: list[int], sources: list[np.ndarray]) -> None:
-        mixture = self.scenario.mixture
-        counts = truth.block_counts(mixture.weights, mixture.block) if mixture.schedule is None else []
-        expected = truth.epoch_units(self.scenario)
-        where = f"reference epoch {epoch} (mixture)"
-        if len(seq) != expected:
-            self.fail(f"{where}: {len(seq)} draws, the epoch rule gives {expected}")
-            return
-        array = np.asarray(seq, dtype=np.int64)
-        source = array // truth.BIG
-        scheduled = truth.scheduled_counts(mixture, epoch) if mixture.schedule is not None else None
-        for block in range(len(seq) // mixture.block):
-            if scheduled is not None:  # the counts scheduled at the block's first sample
-                counts = scheduled[block]
-            got = np.bincount(source[block * mixture.block : (block + 1) * mixture.block], minlength=len(counts))
-            if got.tolist() != counts:
-                self.fail(f"{where}: block {block} holds {got.tolist()} draws per source, not {counts}")
-                return
-        for j, units in enumerate(sources):
-            draws = array[source == j]
-            n = len(units)
-            if self.scenario.shuffle.kind == "none":
-                want = np.resize(units, len(draws))
-                if not np.array_equal(draws, want):
-                    self.fail(f"{where}: source {j}'s draws are not its storage order: {_diff(draws.tolist(), want)}")
-                continue
-            members = set(units.tolist())
-            for first in range(0, len(draws), n):
-                chunk = draws[first : first + n].tolist()
-                if len(set(chunk)) != len(chunk) or not set(chunk) <= members:
-                    repeats = [u for u, c in Counter(chunk).items() if c > 1][:5]
-                    self.fail(f"{where}: source {j}'s pass {first // n} repeats or strays: repeated {repeats}")
-                    break
-
     # -- the stopped run ---------------------------------------------------------------------------
     def _check_stopped(self, phase: Phase, expected: list[Batch]) -> None:
         """How many batches the stopped run trained: exactly what its stop says."""
@@ -401,7 +191,7 @@ class Oracle:
 
     def _check_lengths(self, phase: Phase, expected: list[Batch]) -> None:
         lengths: dict[int, int] = {}
-        limit = self.scenario.loop.limit_train_batches  # a restarted epoch may train one past it (`epoch_plan`)
+        limit = self.scenario.loop.limit_train_batches  # a restarted epoch may train one past it: `expected.epoch_plan`
         for batch in expected:
             if batch.last_of_epoch or batch.trainer_epoch not in lengths:
                 count = batch.batch_idx + 1 if batch.last_of_epoch else -1
@@ -548,14 +338,6 @@ def _step_problem(got: list[list[int]], want: Step) -> str | None:
         elif len(units) != 1 or units[0] not in tail_units:
             return f"rank {rank} (no tail unit) got {units}, expected one repeated tail unit"
     return None
-
-
-def _diff(got: list[int], want: np.ndarray | list[int]) -> str:
-    want = list(want)
-    for i, (a, b) in enumerate(zip(got, want)):
-        if a != b:
-            return f"first difference at {i}: {a} vs {b} ({len(got)} vs {len(want)} units)"
-    return f"{len(got)} vs {len(want)} units"
 
 
 def check(run: Run) -> list[str]:
