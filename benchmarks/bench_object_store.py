@@ -1,7 +1,9 @@
 """Object-store benchmark: every strategy from a real S3-compatible server behind a latency proxy,
 with the remote cache on and off, at workers 0 and 2: rows/s, requests, bytes and amplification.
 
-Set-up: moto's S3 server on 127.0.0.1 (started here) holds one Lance dataset of ``--rows`` rows of
+Set-up: an S3 server on 127.0.0.1 (started here: ``--server moto``, the tests' server, or
+``ministack``, `ministack_server.py`, whose cost per ranged GET does not grow with the object as
+moto's does) holds one Lance dataset of ``--rows`` rows of
 about 524 bytes (``id`` int64, ``label = id % 100`` int32 with a bitmap index, ``payload`` 512
 uint8) in one data file (``--rows-per-file`` to split it). The 1% filters are ``id % 100 = 7``
 (evaluated on the ``id`` column) and ``label = 7`` (answered by the index). Every
@@ -48,6 +50,7 @@ import common  # noqa: E402
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
+from ministack_server import MiniStackServer  # noqa: E402
 
 from lance_lightning import (  # noqa: E402
     BufferShuffle,
@@ -60,6 +63,8 @@ from lance_lightning import (  # noqa: E402
 )
 from tests.fault_proxy import FaultProxy  # noqa: E402
 from tests.s3_server import S3Server  # noqa: E402
+
+SERVERS = {"moto": S3Server, "ministack": MiniStackServer}
 
 BATCH = 256
 COLUMNS = ["id", "label", "payload"]
@@ -144,7 +149,7 @@ def main() -> None:
         f"# Object store: rows/s, requests and bytes per epoch ({args.rows:,} rows, {args.latency_ms} ms per request)",
         "",
         f"Command: `{common.command_line()}`  ",
-        f"Date: {dt.date.today().isoformat()}; machine: {common.machine()}  ",
+        f"Date: {dt.date.today().isoformat()}; machine: {common.machine()}; server: {args.server}  ",
         "cold = setup (plan, and the copy when the cache applies) + epoch 0; warm = epoch 1. "
         "amplification = bytes sent by the store / bytes of the rows delivered.",
         "",
@@ -152,7 +157,7 @@ def main() -> None:
         "| warm rows/s | warm requests | warm MiB | x NoShuffle rows/s (cold) |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    with S3Server.serving("bench") as s3, FaultProxy.serving(s3.endpoint, args.latency_ms / 1e3) as proxy:
+    with SERVERS[args.server].serving("bench") as s3, FaultProxy.serving(s3.endpoint, args.latency_ms / 1e3) as proxy:
         options = {**s3.storage_options(), "aws_endpoint": proxy.endpoint}
         uri = "s3://bench/table.lance"
         row_bytes = write_table(uri, args.rows, s3.storage_options(), args.rows_per_file or args.rows)
@@ -185,6 +190,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--rows-per-file", type=int, help="rows per data file (default: all in one)")
+    parser.add_argument("--server", choices=list(SERVERS), default="moto", help="the S3 server on loopback")
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--epoch-cap-s", type=float, default=120.0)

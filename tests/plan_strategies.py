@@ -9,6 +9,9 @@ from typing import Any
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from lance_lightning import BufferShuffle, NoShuffle, RowShuffle, ShardShuffle
+from lance_lightning.plan.order import EpochOrder
+
 PURE = settings(max_examples=150, deadline=None)  # property tests without I/O
 
 seeds = st.integers(0, 2**31 - 1)
@@ -16,8 +19,6 @@ seeds = st.integers(0, 2**31 - 1)
 
 @st.composite
 def buffer_shuffles(draw: st.DrawFn, max_rows: int = 400) -> Any:
-    from lance_lightning import BufferShuffle
-
     shard = draw(st.integers(1, max_rows // 2))
     buffer = draw(st.integers(shard, max_rows))
     return BufferShuffle(buffer_rows=buffer, seed=draw(seeds), shard_rows=shard)
@@ -25,8 +26,6 @@ def buffer_shuffles(draw: st.DrawFn, max_rows: int = 400) -> Any:
 
 def shuffle_strategies(max_rows: int = 400) -> st.SearchStrategy[Any]:
     """Any `ShuffleStrategy`, with shards and buffers of up to ``max_rows`` rows."""
-    from lance_lightning import NoShuffle, RowShuffle, ShardShuffle
-
     return st.one_of(
         st.just(NoShuffle()),
         st.builds(ShardShuffle, shard_rows=st.integers(1, max_rows), seed=seeds, shuffle_within_shard=st.booleans()),
@@ -37,9 +36,6 @@ def shuffle_strategies(max_rows: int = 400) -> st.SearchStrategy[Any]:
 
 def enough_units(matched: int, strategy: Any) -> bool:
     """True when a new epoch reorders rows with overwhelming probability (>= 12 permuted items)."""
-    from lance_lightning import BufferShuffle, NoShuffle, ShardShuffle
-    from lance_lightning.plan.order import EpochOrder
-
     order = EpochOrder(matched, strategy, 0)
     if isinstance(strategy, NoShuffle):
         return False

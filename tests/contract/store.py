@@ -19,7 +19,8 @@ Guarantees:
   is below one data file's share: the run must refuse it with a clear error (`expected_error`).
 - `check_cache` (part of `tests.contract.oracle.check`): the plan's cache line says what the run's
   cache was set to do: nothing when off or for a mixture (read in place), a local copy for a row
-  shuffle when on, the store when the limit is exceeded. The oracle's expectations of the rows,
+  shuffle when on, the store when the limit is exceeded; a copy made for a split matching under
+  `SPARSE_SHARE` of its rows was made by take of those rows, any other by a scan. The oracle's expectations of the rows,
   their order and the resume do not change with the store or the cache.
 """
 
@@ -205,4 +206,19 @@ def check_cache(run: Run) -> list[str]:
             failures.append(f"{role}: the split fits the cache, yet its cache line says {note!r}")
         elif note is None and scenario.shuffle.kind == "row":
             failures.append(f"{role}: a row shuffle read by take from S3 with the cache on was not cached")
+        if note is not None and "downloaded" in note:
+            from lance_lightning.materialize.cache import SPARSE_SHARE
+
+            share = _selectivity(scenario)
+            if (share < SPARSE_SHARE) != ("by take of the matching" in note):
+                failures.append(f"{role}: a split matching {share:.2%} of its rows was copied as {note!r}")
     return failures
+
+
+def _selectivity(scenario: Scenario) -> float:
+    """The matching share of the single source's live rows (what the plan calls selectivity)."""
+    from tests.contract import truth
+
+    source = scenario.sources[0]
+    columns = truth.columns(scenario.tables[source.table])
+    return int(truth.matches(source.filter, columns).sum()) / len(columns["id"])

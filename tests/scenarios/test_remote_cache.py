@@ -127,8 +127,9 @@ def test_a_sparse_filter_downloads_its_rows_not_the_table(tmp_path: Path, s3: S3
     options, columns = _options(s3, proxy), ["id", "x", "payload"]
     table_bytes = lance.dataset(uri, storage_options=options).to_table(columns=columns).nbytes
 
-    def module(cache: RemoteCache) -> LanceDataModule:
-        source = LanceSource(uri, columns=columns, filter="id % 100 = 7", storage_options=options)
+    def module(cache: RemoteCache, **more_options: str) -> LanceDataModule:
+        given = {**options, **more_options}
+        source = LanceSource(uri, columns=columns, filter="id % 100 = 7", storage_options=given)
         return LanceDataModule(train=source, batch_size=BATCH, shuffle=RowShuffle(seed=5), remote_cache=cache)
 
     uncached = fit(tmp_path, module(RemoteCache(enabled=False)), name="store")
@@ -141,6 +142,11 @@ def test_a_sparse_filter_downloads_its_rows_not_the_table(tmp_path: Path, s3: S3
     delivered = (rows // 100) * (8 + 4 + 512)
     assert downloaded < 0.1 * table_bytes, f"downloaded {downloaded:,} bytes for {delivered:,} (table: {table_bytes:,})"
     assert "by take of the matching 1.00% of the rows" in dm.explain(), dm.explain()
+
+    before = proxy.bytes_sent  # a block_size the user sets wins: Lance merges the ranges again
+    merged = fit(tmp_path, module(RemoteCache(directory=str(tmp_path / "merged")), block_size="65536"), name="merged")
+    assert merged.seen == uncached.seen
+    assert proxy.bytes_sent - before > 0.5 * table_bytes
 
 
 def test_a_split_larger_than_the_limit_is_read_from_the_store(
