@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,21 +19,17 @@ from contextlib import contextmanager
 
 import boto3
 
+from tests.ports import free_port
+
 VERSION = "1.5.33"
 _CREDENTIALS = {"aws_access_key_id": "bench", "aws_secret_access_key": "bench"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class MiniStackServer:
     """``ministack`` serving S3 on ``endpoint``."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen | None = None
 

@@ -17,21 +17,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.ports import free_port
+
 #: Requests moto serves before it starts checking signatures: the IAM set-up in `start()`.
 _SETUP_REQUESTS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class S3Server:
     """moto_server on a free loopback port."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen | None = None
         self.access_key = ""

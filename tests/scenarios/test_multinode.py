@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 from torch import nn
 
 from tests.helpers import run_cli_process, write_dataset
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -76,15 +76,9 @@ data:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _two_nodes(root: Path, config: Path) -> list[tuple[int, str]]:
     """Start both node agents (node ranks 0 and 1) and wait for them; (exit status, output) each."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
     env["PYTHONPATH"] = str(REPO_ROOT)
     agents = []

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,16 +31,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from tests.harness import BATCH, DM_KEY, FILTER, assert_exact, ckpt_file, fit, make_dm
 from tests.helpers import RecordingModel, flat, write_dataset
+from tests.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER = REPO_ROOT / "tests" / "resume_worker.py"
 
 
 # -- 1. across world sizes (DDP on CPU, subprocess) -------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _worker_env() -> dict[str, str]:
@@ -52,7 +48,7 @@ def _worker_env() -> dict[str, str]:
     }
     env.update(
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(free_port()),
         PYTHONUNBUFFERED="1",
         PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
     )
