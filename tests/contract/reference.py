@@ -34,9 +34,20 @@ def sequences(scenario: Scenario, phase: Phase) -> tuple[list[list[int]], list[s
         else:
             failures += _mixture_sequence_failures(scenario, epoch, seq, sources)
     shuffle = scenario.shuffle
-    if shuffle.kind == "row" and len(seqs[0]) >= 8 * shuffle.clump_rows and seqs[0] == seqs[1]:
+    clumps = min(len(sources[j]) for j in _drawn(scenario)) // shuffle.clump_rows
+    if shuffle.kind == "row" and len(seqs[0]) >= 8 * shuffle.clump_rows and clumps >= 8 and seqs[0] == seqs[1]:
         failures.append("reference: epochs 0 and 1 of a row shuffle have the same order")
     return seqs, failures
+
+
+def _drawn(scenario: Scenario) -> list[int]:
+    """The sources an epoch draws from: every source, or a mixture's with a weight above 0 in a
+    stage (a source of one clump keeps its order, whatever the epoch)."""
+    mixture = scenario.mixture
+    if mixture is None:
+        return [0]
+    stages = [stage["weights"] for stage in mixture.schedule] if mixture.schedule else [mixture.weights]
+    return [j for j in range(len(mixture.sources)) if any(weights[j] > 0 for weights in stages)]
 
 
 def _plain_sequence_failures(scenario: Scenario, epoch: int, seq: list[int], units: np.ndarray) -> list[str]:
