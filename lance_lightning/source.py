@@ -121,10 +121,8 @@ class PinnedSource:
         return _OPEN_DATASETS.get(self._handle(reads)[0])
 
     def _handle(self, reads: bool) -> tuple[tuple, dict[str, str] | None]:
-        # A relative path names another dataset after a chdir: key local paths by their absolute path.
-        where = self.location if "://" in self.location else os.path.abspath(self.location)
         options = _read_options(self.location, self.storage_options) if reads else self.storage_options
-        return (os.getpid(), where, self.version, self.data_tag, _options_key(options)), options
+        return (os.getpid(), _where(self.location), self.version, self.data_tag, _options_key(options)), options
 
     def identity(self) -> dict[str, Any]:
         """Plain, credential-free description used in checkpointed cursors: ``data`` (the pinned
@@ -145,12 +143,17 @@ _OPEN_DATASETS: dict[tuple, lance.LanceDataset] = {}
 _SESSIONS: dict[tuple[int, str], lance.Session] = {}
 
 
+def _where(location: str) -> str:
+    """``location`` as a key: a relative path names another dataset after a chdir, so local paths
+    are keyed by their absolute path."""
+    return location if "://" in location else os.path.abspath(location)
+
+
 def dataset_session(location: str) -> lance.Session:
     """This process's one Lance session for the dataset at ``location``: every handle on it (the
     planning one, the reading one, another version's) shares its caches of manifests, file footers
     and indices, so on an object store each is downloaded once per process, not once per handle."""
-    where = location if "://" in location else os.path.abspath(location)
-    key = (os.getpid(), where)
+    key = (os.getpid(), _where(location))
     session = _SESSIONS.get(key)
     if session is None:
         session = _SESSIONS[key] = lance.Session()

@@ -304,7 +304,9 @@ def _merge(records: list[dict[str, Any]]) -> Trained:
     return Trained(steps, list(records[0]["epochs"]))
 
 
-def _worker_env() -> dict[str, str]:
+def subprocess_env() -> dict[str, str]:
+    """This environment for a test's training subprocess (DDP ranks): no rank variables inherited,
+    the repository importable, output unbuffered."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -325,7 +327,7 @@ def _launch_ddp(root: Path, jobs: list[Job]) -> dict[str, Trained]:
     proc = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), str(spec)],
         cwd=REPO_ROOT,
-        env=_worker_env(),
+        env=subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -55,7 +55,7 @@ class ViewCopier:
         filter_param: How errors name the filter (e.g. ``"train.filter"``).
         matched_rows: The rows the filter matches when the caller counted them already (a plan
             did): the filter is not evaluated again to count them.
-        matches: With ``matched_rows``, the matching rows' offsets (a plan's `RowSet`): the copy
+        matches: The matching rows' offsets (a plan's `RowSet`, its ``rows`` the count): the copy
             takes them in order instead of scanning with the filter, so on an object store it
             fetches those rows' byte ranges, not the pages around them (a sparse selection).
     """
@@ -81,7 +81,9 @@ class ViewCopier:
         self.retry = retry
         self.on_chunk = on_chunk
         self.columns = list(pinned.columns)
-        if matched_rows is None:
+        if matches is not None:
+            matched_rows = matches.rows
+        elif matched_rows is None:
             matched_rows = dataset.count_rows(pinned.filter) if pinned.filter else pinned.total_rows
         self.rows = matched_rows
         self.schema = dataset.scanner(columns=self.columns).projected_schema

@@ -17,7 +17,6 @@ Exact means: A's first k batches followed by B's batches equal C's batches, same
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from tests.harness import BATCH, DM_KEY, FILTER, assert_exact, ckpt_file, fit, make_dm
+from tests.harness import BATCH, DM_KEY, FILTER, assert_exact, ckpt_file, fit, make_dm, subprocess_env
 from tests.helpers import RecordingModel, flat, write_dataset
 from tests.ports import free_port
 
@@ -41,18 +40,7 @@ WORKER = REPO_ROOT / "tests" / "resume_worker.py"
 
 
 def _worker_env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK", "MASTER_PORT")
-    }
-    env.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
-    )
-    return env
+    return {**subprocess_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
 
 
 def run_worker(out: Path, *args: str, timeout: float = 240) -> list[dict[str, Any]]:
