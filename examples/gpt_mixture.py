@@ -26,7 +26,9 @@ batches of ``TokenPacking`` (see ``configs/gpt_mixture.yaml``).
 With ``ray=True`` (``--ray``; needs the ``ray`` extra: ``uv sync --extra ray``) the tokenize-and-write
 step runs on Ray Data and lance-ray writes the datasets: the same rows in the same order as the
 default single-process path (``tests/scenarios/test_ray.py``); the tokenizer is trained as before.
-The default path imports nothing of Ray.
+Without the extra, ``ray=True`` raises `RayExtraMissing` (``--ray``: one line, exit status 1)
+before anything is written, so the same command without ``--ray`` then runs. The default path
+imports nothing of Ray.
 
 Usage::
 
@@ -53,7 +55,7 @@ if __package__ in (None, ""):  # run as a script: make the `examples` package im
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from examples.lm_pretrain import chunk_lines, stdlib_files
 
-__all__ = ["EOS_ID", "GPT", "code_documents", "prepare", "prose_documents"]
+__all__ = ["EOS_ID", "GPT", "RayExtraMissing", "code_documents", "prepare", "prose_documents"]
 
 DEFAULT_OUT = "data/gpt"
 EOS = "<|endoftext|>"
@@ -184,6 +186,7 @@ def prepare(
 
     Raises:
         FileExistsError: ``out_dir`` is not empty but not a complete output, and ``overwrite`` is False.
+        RayExtraMissing: ``ray`` is True and Ray Data or lance-ray cannot be imported (nothing is written).
     """
     import lance
     import pyarrow as pa
@@ -197,6 +200,8 @@ def prepare(
             f"(tokenizer.json, {', '.join(f'{n}.lance' for n in DATASETS)}); "
             "remove it, choose another directory, or pass overwrite=True"
         )
+    if ray:
+        _check_ray_extra(out_dir)  # before anything is written: a failed --ray run leaves no half output
     path.mkdir(parents=True, exist_ok=True)
     corpora = {"code": _thin(code_documents(), max_bytes), "prose": _thin(prose_documents(), max_bytes)}
     train = {name: [d for i, d in enumerate(docs) if i % VAL_EVERY] for name, docs in corpora.items()}
@@ -216,6 +221,26 @@ def prepare(
 
 
 # -- the tokenize-and-write step on Ray Data (the `ray` extra) --------------------------------------
+class RayExtraMissing(ImportError):
+    """``--ray`` without the ``ray`` extra (Ray Data, lance-ray); raised before anything is written."""
+
+
+def _check_ray_extra(out_dir: str) -> None:
+    """Import what ``--ray`` uses, or raise `RayExtraMissing` saying what to install."""
+    # Under `uv run`, Ray would start its local workers with `uv run` in a copy of this directory (a
+    # new environment); they use this interpreter instead. Read when Ray is first imported.
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    try:
+        import ray.data  # noqa: F401
+        from lance_ray import write_lance  # noqa: F401
+    except ImportError as error:
+        raise RayExtraMissing(
+            f"--ray needs Ray Data and lance-ray, which the `ray` extra installs: install `lance-lightning[ray]` "
+            f"(`uv sync --extra ray` in this checkout, or `pip install 'lance-lightning[ray]'`), or run without "
+            f"--ray. Nothing was written to {os.fspath(out_dir)!r}. ({type(error).__name__}: {error})"
+        ) from error
+
+
 def _tokenize_batch(batch, tokenizer_json: str):
     """A Ray Data batch (Arrow: ``path``, ``text``, ``corpus``) -> the rows :func:`_table` makes."""
     import pyarrow as pa
@@ -231,9 +256,7 @@ def _tokenize_batch(batch, tokenizer_json: str):
 
 def _write_on_ray(tokenizer, datasets: dict[str, list[tuple[Document, str | None]]], path: Path, mode: str) -> None:
     """Tokenize each dataset's documents on Ray Data and write it with lance-ray, in document order."""
-    # Under `uv run`, Ray would start its local workers with `uv run` in a copy of this directory (a
-    # new environment); they use this interpreter instead. Read when Ray is first imported.
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    _check_ray_extra(os.fspath(path))  # also sets Ray's environment before its first import
     import ray.data
     from lance_ray import write_lance
 
@@ -402,7 +425,11 @@ def _main(argv: list[str]) -> int:
     parser.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size")
     parser.add_argument("--ray", action="store_true", help="tokenize and write on Ray Data (the `ray` extra)")
     args = parser.parse_args(argv)
-    out = prepare(args.out_dir, max_bytes=args.max_bytes, vocab_size=args.vocab_size, ray=args.ray)
+    try:
+        out = prepare(args.out_dir, max_bytes=args.max_bytes, vocab_size=args.vocab_size, ray=args.ray)
+    except (RayExtraMissing, FileExistsError) as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 1
     import lance
 
     print(out)

@@ -46,7 +46,7 @@ from lance_lightning.checks import check_int
 from lance_lightning.device.hooks import DeviceStage
 from lance_lightning.device.transfer import DeviceTransfer, host_columns
 from lance_lightning.errors import ConfigError
-from lance_lightning.hold import VersionHold
+from lance_lightning.hold import VersionHold, describe_holds
 from lance_lightning.lifetime import destroy_gloo_group_at_exit
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.loader import LanceDataLoader, check_start_method
@@ -59,6 +59,7 @@ from lance_lightning.plan.packing import TokenPacking
 from lance_lightning.plan.planner import check_fits
 from lance_lightning.plan.split import plan_split
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
+from lance_lightning.preflight import note_checkpoint_error
 from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow, check_packed_policy
 from lance_lightning.produce.schema import check_read_schema
 from lance_lightning.read.reader import TAKE_GROUP_BYTES
@@ -262,6 +263,10 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
         #: Each split's device bad-row guard and the loader and device it serves (`DeviceStage`).
         self._device_guards: dict[Split, tuple[LanceDataLoader, torch.device, Any]] = {}
         self._user_reload_every: int | None = None  # the trainer's setting while a re-read is pending
+        #: The trainer whose fit the train cursor counts for: a new trainer's fit starts a new cursor.
+        self._fit_trainer: Any = None
+        #: What restoring the checkpoint's loop state changed (`normalize_loop_state`), for the resume line.
+        self._loop_note: str | None = None
 
     # -- topology ---------------------------------------------------------------------------
     @property
@@ -277,6 +282,8 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
         """Pin, validate and plan every split the stage uses (all configured ones for ``None``)."""
         stage = getattr(stage, "value", stage)  # Lightning passes a TrainerFn: its value is the name ("fit")
         destroy_gloo_group_at_exit()  # DDP on CPU: no SIGABRT at exit after the run (lance_lightning.lifetime)
+        if stage == "fit" and self.trainer is not None and self.trainer is not self._fit_trainer:
+            self._start_fit()
         needed = SPLITS_OF_STAGE.get(stage or "", tuple(s for s, src in self.sources.items() if src))
         required = {stage_: split for split, stage_ in STAGE_OF_SPLIT.items()}.get(stage or "")
         if required and self.sources[required] is None:
@@ -349,7 +356,9 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
             if self.sources.get(split) is None:
                 raise ConfigError("split", split, "that split is not configured", f"configure `data.{split}`")
             self._plan(split)
-        return self.plans[split].explain(self.world_size)
+        plan = self.plans[split]
+        holds = describe_holds([source.stands_for or source for source in plan.sources], self.version_hold.run)
+        return plan.explain(self.world_size) + (f"\n{holds}" if holds else "")
 
     # -- dataloaders ------------------------------------------------------------------------
     def train_dataloader(self) -> LanceDataLoader:
@@ -360,8 +369,7 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
         loader = self._loader("train")
         if self.trainer is not None:
             if not built and self.global_rank == 0:  # only rank 0 prints: other ranks build no text
-                resume = self.train_cursor.describe_resume(self.world_size)
-                rank_zero_info(self.explain("train") + (f"\n{resume}" if resume else ""))
+                rank_zero_info("\n".join([self.explain("train"), *self._resume_lines(loader)]))
             if self.global_rank == 0 and getattr(self.trainer.state.fn, "value", None) == "fit":
                 self.version_hold.acquire(self._held_sources())
             self._reread_length_next_epoch()
@@ -373,25 +381,6 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
             return ()
         return tuple(source.stands_for or source for source in self.plans["train"].sources)
 
-    def _reread_length_next_epoch(self) -> None:
-        """Make the trainer read the train loader's length again at the next epoch start.
-
-        Lightning reads ``len(train loader)`` once per fit and caps every epoch with it, and reads
-        it before deciding which epoch a checkpoint resumes (the saved one, or the next when the
-        saved one had ended). While a restored cursor is pending, or the epoch read began from
-        one, the trainer's ``reload_dataloaders_every_n_epochs`` is 1: Lightning reads the length
-        again at the next epoch start (the epoch it actually runs, whole); the user's setting is
-        put back at the reload after that.
-        """
-        trainer = self.trainer
-        if self.train_cursor is not None and self.train_cursor.restoring(trainer.current_epoch):
-            if self._user_reload_every is None:
-                self._user_reload_every = trainer.reload_dataloaders_every_n_epochs
-            trainer.reload_dataloaders_every_n_epochs = 1
-        elif self._user_reload_every is not None:
-            trainer.reload_dataloaders_every_n_epochs = self._user_reload_every
-            self._user_reload_every = None
-
     def val_dataloader(self) -> LanceDataLoader:
         return self._loader("val")
 
@@ -402,8 +391,9 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
         return self._loader("predict")
 
     def _loader_key(self) -> tuple[Any, ...]:
-        """What a loader is built for: a trainer or none, the world size and rank, pinning."""
-        return (self.trainer is not None, self.world_size, self.global_rank, self._pin())
+        """What a loader is built for: the trainer (or none) whose loop it reads, the world size and
+        rank, pinning. A new trainer gets a new loader: nothing of an earlier trainer's loop is kept."""
+        return (self.trainer, self.world_size, self.global_rank, self._pin())
 
     def _drop_loader(self, split: Split) -> None:
         _, loader = self._loaders.pop(split, (None, None))
@@ -464,12 +454,19 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
         if getattr(stage, "value", stage) == "fit":
             self.version_hold.finish_fit()
 
+    def on_exception(self, exception: BaseException) -> None:
+        """A fit stopped by an error or SIGTERM (after ``OnExceptionCheckpoint`` wrote its checkpoint):
+        release the tags no checkpoint of the run can need (`VersionHold.stopped`); a checkpoint
+        Lightning could not migrate is named, with the field, under the traceback."""
+        self.version_hold.stopped()
+        note_checkpoint_error(exception, self.trainer.ckpt_path if self.trainer is not None else None)
+
     # -- checkpoint state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state = self.train_cursor.state() if self.train_cursor is not None else {}
         saved: dict[str, Any] = {_STATE_KEY: state} if state else {}
         if self.version_hold.holding:
-            saved[_HOLD_KEY] = self.version_hold.run
+            saved[_HOLD_KEY] = self.version_hold.record()
         return saved
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -7,12 +7,20 @@ Guarantees:
   files: with its default ``error_if_tagged_old_versions=True`` it refuses to run and names the
   tag; with ``False`` it cleans everything else.
 - With ``hold_versions="fit"`` (the default) the tags are removed when the fit ends normally
-  (`VersionHold.finish_fit`, from the data module's ``teardown``). A fit stopped by an error,
-  SIGTERM or a kill keeps them, so its checkpoints stay resumable; the run's name is in its
-  checkpoints, so a resumed fit takes the same tags over and removes them when it ends. With
-  ``"keep"`` a fit that ends normally keeps them too (time-boxed jobs that resume later); with
-  ``"off"`` nothing is tagged. ``lance-lightning holds URI`` lists a dataset's tags of this
-  package and ``--release`` removes them (`list_holds`, `release_holds`).
+  (`VersionHold.finish_fit`, from the data module's ``teardown``). A fit stopped by an error or
+  SIGTERM (`VersionHold.stopped`, from the data module's ``on_exception``) keeps them only when a
+  checkpoint can need them: one of its checkpoints recorded the run's name (`VersionHold.record`,
+  from the data module's ``state_dict``; ``OnExceptionCheckpoint``'s counts), or it resumed from
+  one (`VersionHold.adopt`). A fit that failed before any checkpoint removes them. A kill keeps
+  them, so its checkpoints stay resumable; the run's name is in its checkpoints, so a resumed fit
+  takes the same tags over and removes them when it ends. With ``"keep"`` a fit that ends normally
+  keeps them too (time-boxed jobs that resume later); with ``"off"`` nothing is tagged.
+  ``lance-lightning holds URI`` lists a dataset's tags of this package and ``--release`` removes
+  them (`list_holds`, `release_holds`).
+- Every tag a fit places is said in one line on rank zero's output, with the command that
+  releases it (`release_command`), and so is what a stopped fit did with it (kept or removed);
+  `describe_holds` lists the tags of this package on a dataset, each with that command (the data
+  module's ``explain()`` shows it, so a tag a killed run left is seen at the next fit).
 - A store that refuses a tag (read-only, no permission, an old format) never stops training:
   one warning names the URI, the version and what a cleanup could then do.
 - Tags are written through a dataset handle of their own (never the one reader threads share),
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import shlex
 import time
 import warnings
 from collections.abc import Iterable
@@ -76,6 +85,8 @@ class VersionHold:
         self.run = new_run_name()
         self._held: dict[tuple[str, int], tuple[PinnedSource, str]] = {}
         self._refused: set[tuple[str, int]] = set()
+        #: Whether a checkpoint may name this run: one recorded it, or the run was resumed from one.
+        self._needed = False
 
     @property
     def holding(self) -> bool:
@@ -87,6 +98,12 @@ class VersionHold:
         if run != self.run:
             self.release()
             self.run = run
+        self._needed = True  # the checkpoint resumed from needs them
+
+    def record(self) -> str:
+        """The run's name, for a checkpoint being written: from now on a checkpoint may need the tags."""
+        self._needed = True
+        return self.run
 
     def acquire(self, sources: Iterable[PinnedSource]) -> None:
         """Hold exactly the versions of ``sources``: tag the new ones, release those no longer read."""
@@ -113,11 +130,36 @@ class VersionHold:
                 )
                 continue
             self._held[key] = (source, tag)
+            ends = (
+                "kept after the fit ends (hold_versions='keep')"
+                if self.mode == "keep"
+                else "removed when the fit ends normally or fails before its first checkpoint"
+            )
+            _say(
+                f"version hold: the Lance tag {tag} holds version {source.version} of {source.uri} while this fit "
+                f"trains ({ends}); release it by hand with: {release_command(source, tag)}"
+            )
 
     def finish_fit(self) -> None:
         """The fit ended normally: release the tags unless the mode keeps them."""
         if self.mode == "fit":
             self.release()
+
+    def stopped(self) -> None:
+        """The fit was stopped by an error or SIGTERM: release the tags no checkpoint can need (none
+        was written and none was resumed from); otherwise keep them, saying how to release them."""
+        if not self._held:
+            return
+        if not self._needed:
+            tags = ", ".join(tag for _, tag in self._held.values())
+            self.release()
+            _say(f"version hold: removed {tags}: the fit stopped before writing any checkpoint that could need it")
+            return
+        for source, tag in self._held.values():
+            _say(
+                f"version hold: kept {tag} (version {source.version} of {source.uri}) so that this run's checkpoints "
+                f"can resume; once they are no longer needed: {release_command(source, tag)}"
+            )
 
     def release(self) -> None:
         """Remove every tag this run holds (one the store refuses to delete is left, with a warning)."""
@@ -152,6 +194,49 @@ def _delete_tag(source: PinnedSource, tag: str) -> None:
             f"{source.version} stays held; remove it with `lance-lightning holds {source.uri} --release {tag}`",
             stacklevel=2,
         )
+
+
+def release_command(source: PinnedSource, tag: str | None = None) -> str:
+    """The command that removes ``tag`` (all of this package's tags without one) from ``source``'s dataset."""
+    words = ["lance-lightning", "holds", source.uri, "--release", *([tag] if tag else [])]
+    command = shlex.join(words)
+    if source.storage_options:
+        command += " --storage-option KEY=VALUE ..."  # the store's options, never printed
+    return command
+
+
+def describe_holds(sources: Iterable[PinnedSource], run: str | None = None) -> str:
+    """Lines naming this package's tags on each of ``sources``' datasets, each with the version it
+    holds and the command that releases it (``run``'s own tags marked); empty when there are none.
+    A dataset whose tags cannot be listed is said to be so, in one line."""
+    lines: list[str] = []
+    seen: set[str] = set()
+    for source in sources:
+        if source.location in seen:
+            continue
+        seen.add(source.location)
+        try:
+            held = list_holds(lance.dataset(source.location, storage_options=source.storage_options))
+        except Exception as error:  # noqa: BLE001 - a listing never fails the caller
+            lines.append(f"  holds on {source.uri}: could not be listed ({_first_line(error, source)})")
+            continue
+        if not held:
+            continue
+        lines.append(
+            f"  holds on {source.uri}: {len(held)} Lance tag(s) of lance-lightning keep these versions from "
+            "cleanup_old_versions; release one that no checkpoint needs:"
+        )
+        for name, version in held.items():
+            mine = " (this run's)" if run is not None and name.startswith(f"{run}-v") else ""
+            lines.append(f"    {name}  version {version}{mine}: {release_command(source, name)}")
+    return "\n".join(lines)
+
+
+def _say(text: str) -> None:
+    """One line on the fit's output (Lightning's info log, which ``lance-lightning`` and scripts show)."""
+    from lightning.pytorch.utilities import rank_zero_info
+
+    rank_zero_info(text)
 
 
 def list_holds(dataset: Any) -> dict[str, int]:

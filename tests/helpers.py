@@ -427,3 +427,90 @@ data:
     path = tmp_path / f"config_{len(list(tmp_path.glob('config_*')))}.yaml"
     path.write_text(text)
     return path
+
+
+#: The kinds of damage `damage_cached_copy` does.
+DAMAGE_KINDS = ("truncate", "flip", "replace", "delete")
+
+
+def damage_cached_copy(where: Any, kind: str) -> list[Path]:
+    """Damage local copies on disk as a disk, a person or another program would; return the files damaged.
+
+    Where copies live: a `RemoteCache` keeps each copy at ``<directory>/<key>.lance`` (``directory``
+    defaults to ``~/.cache/lance-lightning/remote``; `lance_lightning.materialize.cache.default_directory`),
+    a `MaterializedView` at ``<cache_dir>/<key>.lance``. A copy is a Lance dataset whose rows are in
+    ``<key>.lance/data/*.lance``; ``<key>.json`` beside it is the package's record of the copy (its
+    files' sizes and SHA-256). ``where`` is one copy (a ``.lance`` directory) or such a directory,
+    whose every copy is damaged (`ValueError` if it holds none). Neither ``<key>.json`` nor Lance's
+    own manifests are touched, so Lance still opens the copy and its row count is unchanged.
+
+    ``kind`` (`DAMAGE_KINDS`):
+    - ``"truncate"``: the largest data file loses its second half.
+    - ``"flip"``: three bits flipped in the largest data file's first quarter (its data pages, not
+      its footer): the size and the mtime are kept, and Lance reads other values without an error.
+    - ``"replace"``: each data file is rewritten in place with other rows of the same columns and
+      count (neighbouring rows swapped, so every position holds another row; Lance's encoding then
+      gives the same size), the mtime kept: Lance reads other rows without an error.
+    - ``"delete"``: the largest data file is deleted.
+    """
+    import tempfile
+
+    root = Path(where)
+    copies = [root] if root.suffix == ".lance" else sorted(root.glob("*.lance"))
+    if not copies or not all(copy.is_dir() for copy in copies):
+        raise ValueError(f"no copy (a <key>.lance directory) at {root}")
+    if kind not in DAMAGE_KINDS:
+        raise ValueError(f"kind must be one of {DAMAGE_KINDS}, not {kind!r}")
+    damaged: list[Path] = []
+    for copy in copies:
+        largest = max((copy / "data").glob("*.lance"), key=lambda path: path.stat().st_size)
+        if kind == "delete":
+            largest.unlink()
+            damaged.append(largest)
+            continue
+        if kind == "truncate":
+            os.truncate(largest, largest.stat().st_size // 2)
+            damaged.append(largest)
+            continue
+        if kind == "flip":
+            data = bytearray(largest.read_bytes())
+            for offset in (len(data) // 16, len(data) // 8, len(data) // 5):
+                data[offset] ^= 1 << (offset % 8)
+            _rewrite_in_place(largest, bytes(data))
+            damaged.append(largest)
+            continue
+        dataset = lance.dataset(str(copy))
+        for fragment in dataset.get_fragments():
+            files = fragment.metadata.files
+            table = fragment.to_table()
+            if len(files) != 1 or table.num_rows < 2:
+                continue
+            order = np.arange(table.num_rows)
+            if table.num_rows % 2 == 0:
+                order = order.reshape(-1, 2)[:, ::-1].reshape(-1)
+            else:
+                order = np.roll(order, 1)
+            with tempfile.TemporaryDirectory() as scratch:
+                lance.write_dataset(
+                    table.take(pa.array(order)),
+                    scratch,
+                    mode="overwrite",
+                    max_rows_per_file=table.num_rows,
+                    data_storage_version=dataset.data_storage_version,
+                )
+                (written,) = (Path(scratch) / "data").glob("*.lance")
+                target = copy / "data" / files[0].path
+                _rewrite_in_place(target, written.read_bytes())
+            damaged.append(target)
+        if not damaged:
+            raise ValueError(f"no fragment of {copy} has two rows to swap")
+    return damaged
+
+
+def _rewrite_in_place(path: Path, data: bytes) -> None:
+    """Write ``data`` into ``path``'s own inode and set its times back (only the ctime changes)."""
+    before = path.stat()
+    with open(path, "r+b") as file:
+        file.write(data)
+        file.truncate(len(data))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))

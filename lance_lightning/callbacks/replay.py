@@ -16,6 +16,12 @@ Guarantees:
   before the replay: the trained model is unchanged. Not undone: Python attributes the training
   step sets on the module, and what callback hooks run inside the step (``on_before_backward``,
   ``on_after_backward``, ``on_before_optimizer_step``) do.
+- A SIGTERM received before or during the replay (Lightning's ``trainer.received_sigterm``) stops it
+  before the next step: the state is restored as above and Lightning's ``SIGTERMException`` is
+  raised, so the fit ends as Lightning ends one stopped by SIGTERM (``on_exception`` checkpoints,
+  then status 143 under `lance_lightning.lifetime.exit_on_sigterm` and ``lance-lightning``), never
+  after the remaining steps with status 0. Under DDP rank zero's flag is broadcast before each step
+  (as Lightning's loop does), so every rank stops at the same step.
 - `floor_figures` sets the floor beside the real run's figures (`REPLAY_FIGURES`).
 
 Caveats, by design: the replay runs after training, on warm caches and a warm allocator, with no
@@ -72,6 +78,7 @@ class ReplayProbe:
 
     def replay(self, trainer: Any, module: Any) -> float:
         """Seconds per step of ``steps`` training steps on the cached batches; the model is left unchanged."""
+        _stop_on_sigterm(trainer)
         saved = _TrainingState(trainer, module)
         self.threads = torch.get_num_threads()
         try:
@@ -79,11 +86,14 @@ class ReplayProbe:
                 _synchronize(module.device)
                 start = time.perf_counter()
                 for index in range(self.steps):
+                    _stop_on_sigterm(trainer)
                     _step(trainer, module, self.cached[index % len(self.cached)], index)
                 _synchronize(module.device)
-                return (time.perf_counter() - start) / self.steps
+                seconds = (time.perf_counter() - start) / self.steps
         finally:
             saved.restore()
+        _stop_on_sigterm(trainer)  # received during the last step
+        return seconds
 
 
 def floor_figures(
@@ -205,6 +215,19 @@ def _no_logging(module: Any) -> Iterator[None]:
 
 def _ignore(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+def _stop_on_sigterm(trainer: Any) -> None:
+    """Raise Lightning's ``SIGTERMException`` if the trainer received SIGTERM (under DDP: rank zero did)."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    received = bool(getattr(trainer, "received_sigterm", False))
+    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        flag = torch.tensor([int(received)], device=trainer.strategy.root_device)
+        torch.distributed.broadcast(flag, src=0)
+        received = bool(flag.item())
+    if received:
+        raise SIGTERMException()
 
 
 def _synchronize(device: torch.device) -> None:

@@ -11,8 +11,19 @@ Guarantees:
   names the field inside it (``data.train.weights[0]``), exit status 1.
 - At the end of ``fit`` every rank takes part in the collective calls (log directory, final
   checkpoint), so a DDP run ends with status 0; rank 0 prints where the logs and checkpoints are
-  and the exact command that resumes the run, with every credential it gives redacted (pass those
-  through the environment to resume).
+  and the command that resumes the run, with every credential it gives redacted (pass those
+  through the environment to resume). It runs as printed from the directory the fit was started
+  in: the words that started the fit (``uv run [its options] lance-lightning`` when ``uv run``
+  started it, found from the parent process's command line; else ``lance-lightning``, or the
+  script's path or ``python -m lance_lightning.cli`` when ``lance-lightning`` is not on ``PATH``),
+  the fit's arguments as given, and the checkpoint's path relative to that directory when it
+  lies inside it (else absolute). The final checkpoint is written with ``weights_only`` set
+  explicitly (the ``ModelCheckpoint``'s ``save_weights_only``), so Lightning logs nothing about it.
+- A ``fit --ckpt_path`` that trains nothing because the checkpoint's run is complete (its
+  ``max_epochs`` or ``max_steps`` is reached; Lightning's own decision, read after it restored
+  the checkpoint) says so: which limit, the epochs and steps the run trained, and the command
+  that trains on with a higher limit. It writes no checkpoint and leaves no new logger version
+  folder (one the fit's loggers created is removed), exit status 0.
 - A ``ModelCheckpoint`` with ``save_last`` holds the final state of a finished fit in its last
   checkpoint, even when ``every_n_train_steps`` does not divide the number of steps.
 - A fit refuses (before training) to write into a checkpoint directory that holds an earlier
@@ -21,24 +32,27 @@ Guarantees:
   (`lance_lightning.preflight`): a missing, damaged or edited checkpoint, or a directory it cannot
   write, is one `ConfigError` naming it.
 - A subcommand that Lightning stops on SIGTERM exits with status 143, after the checkpoint that
-  ``OnExceptionCheckpoint`` writes (`lance_lightning.lifetime.exit_on_sigterm`), on every rank.
+  ``OnExceptionCheckpoint`` writes (`lance_lightning.lifetime.exit_on_sigterm`), on every rank; a
+  fit that received SIGTERM where Lightning no longer stops (after its last step, e.g. during the
+  replay probe's last step or another ``on_train_end`` hook) exits with status 143 too.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lance_lightning.cli.parser import OneScreenParser
 from lance_lightning.errors import ConfigError
-from lance_lightning.lifetime import exit_on_sigterm
+from lance_lightning.lifetime import SIGTERM_EXIT_STATUS, exit_on_sigterm
 from lance_lightning.plan.mixture import LanceMixture
 from lance_lightning.preflight import check_checkpoint_file, check_writable
 from lance_lightning.redaction import redact_command
@@ -78,6 +92,9 @@ class LanceLightningCLI(LightningCLI):
         if self.config_init[self.subcommand].get("ckpt_path") is None:
             for callback in _model_checkpoints(self.trainer):
                 _refuse_overwriting(callback)
+        self._log_folders = {root: _entries(root) for root in _logger_roots(self.trainer)}
+        self._train_started = _TrainStarted()
+        self.trainer.callbacks.append(self._train_started)
 
     def before_validate(self) -> None:
         self._preflight()
@@ -108,17 +125,55 @@ class LanceLightningCLI(LightningCLI):
     def after_fit(self) -> None:
         trainer = self.trainer
         log_dir = trainer.log_dir  # a collective: every rank must call it
-        callback = next(iter(_model_checkpoints(trainer)), None)
-        if callback is not None and callback.save_last is True and not trainer.interrupted:
-            last = callback.last_model_path or callback.format_checkpoint_name({}, callback.CHECKPOINT_NAME_LAST)
-            trainer.save_checkpoint(last)  # the final state: also a collective
-            callback.last_model_path = last
+        if trainer.ckpt_path and not self._train_started.started and not trainer.interrupted:
+            self._nothing_trained(str(trainer.ckpt_path))
+        else:
+            callback = next(iter(_model_checkpoints(trainer)), None)
+            if callback is not None and callback.save_last is True and not trainer.interrupted:
+                last = callback.last_model_path or callback.format_checkpoint_name({}, callback.CHECKPOINT_NAME_LAST)
+                # the final state (a collective); its kind set, so that Lightning does not log the default
+                trainer.save_checkpoint(last, weights_only=callback.save_weights_only)
+                callback.last_model_path = last
+            if trainer.is_global_zero:
+                print(f"logs: {os.path.abspath(log_dir)}\ncheckpoints: {callback.dirpath if callback else None}")
+                latest = callback.last_model_path or callback.best_model_path if callback is not None else ""
+                if latest:
+                    print(f"resume with: {resume_command(self._command, latest)}")
+        if trainer.received_sigterm:  # after Lightning's last check (the last step, on_train_end hooks)
+            raise SystemExit(SIGTERM_EXIT_STATUS)
+
+    def _nothing_trained(self, checkpoint: str) -> None:
+        """The fit resumed a complete run and trained nothing: say so (rank 0), write nothing, remove
+        the logger version folders this fit created."""
+        trainer = self.trainer
         if not trainer.is_global_zero:
             return
-        print(f"logs: {os.path.abspath(log_dir)}\ncheckpoints: {callback.dirpath if callback else None}")
-        latest = callback.last_model_path or callback.best_model_path if callback is not None else ""
-        if latest:
-            print(f"resume with: {resume_command(self._command, latest)}")
+        for root, before in self._log_folders.items():
+            _remove_new_log_folder(root, before, trainer)
+        loop = trainer.fit_loop
+        epochs, steps = loop.epoch_progress.current.processed, trainer.global_step
+        reached, raised = [], []
+        if loop.max_steps != -1 and steps >= loop.max_steps:
+            per_epoch = trainer.num_training_batches
+            more = per_epoch if isinstance(per_epoch, int) and per_epoch > 0 else loop.max_steps
+            reached.append(f"max_steps={loop.max_steps}")
+            raised.append(f"--trainer.max_steps={loop.max_steps + more}")
+        if loop.max_epochs not in (None, -1) and epochs >= loop.max_epochs:
+            reached.append(f"max_epochs={loop.max_epochs}")
+            raised.append(f"--trainer.max_epochs={epochs + 1}")
+        if not reached and trainer.limit_train_batches == 0:
+            reached.append("limit_train_batches=0")
+        shown = _shown_path(checkpoint)
+        if raised:
+            why = " and ".join(reached)
+            done = f"the run in {shown} is complete: it trained {steps} step(s) in {epochs} epoch(s), and {why} "
+            done += "is reached" if len(reached) == 1 else "are reached"
+        else:
+            done = f"the fit resumed from {shown} trained no step ({', '.join(reached) or 'stopped before its first'})"
+        print(f"nothing to train: {done}. No checkpoint or log was written.")
+        if raised:
+            command = resume_command(self._command, checkpoint, extra=raised)
+            print(f"to train on, raise the limit, e.g.: {command}")
 
 
 #: What the data module builds for these arguments when they are None.
@@ -130,8 +185,9 @@ _POLICY_DEFAULTS = {
 }
 
 
-def resume_command(argv: list[str] | None, checkpoint: str) -> str:
-    """The command line that continues the run of ``argv`` from ``checkpoint``, its credentials redacted."""
+def resume_command(argv: list[str] | None, checkpoint: str, extra: list[str] | None = None) -> str:
+    """The command line that continues the run of ``argv`` (``extra`` arguments added) from
+    ``checkpoint``, its credentials redacted, to run from the current directory (see the module docstring)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     kept: list[str] = []
     skip = False
@@ -142,7 +198,93 @@ def resume_command(argv: list[str] | None, checkpoint: str) -> str:
             skip = True
         elif not arg.startswith("--ckpt_path="):
             kept.append(arg)
-    return shlex.join(["lance-lightning", *redact_command(kept), "--ckpt_path", os.path.abspath(checkpoint)])
+    program = _launched_with(sys.argv[1:] if argv == sys.argv[1:] else None)
+    words = [*redact_command(program), *redact_command(kept), *(extra or []), "--ckpt_path", _shown_path(checkpoint)]
+    return shlex.join(words)
+
+
+def _launched_with(arguments: list[str] | None) -> list[str]:
+    """The words before the arguments that started this command, to run it again from the same
+    directory: ``uv run [its options] <program>`` when ``uv run`` started this process with
+    ``arguments`` (the parent's command line, on Linux; elsewhere the ``UV`` variable that ``uv run``
+    sets), else the program."""
+    parent = _parent_command()
+    if arguments and parent and Path(parent[0]).name in ("uv", "uv.exe") and "run" in parent[1:]:
+        if len(parent) > len(arguments) and parent[-len(arguments) :] == arguments:
+            prefix = parent[: len(parent) - len(arguments)]
+            uv = shutil.which("uv")
+            if uv and os.path.exists(prefix[0]) and os.path.samefile(uv, prefix[0]):
+                prefix[0] = "uv"
+            return prefix
+    if parent is None and arguments and os.environ.get("UV") and os.environ.get("UV_RUN_RECURSION_DEPTH"):
+        return ["uv", "run", *_program()]
+    return _program()
+
+
+def _parent_command() -> list[str] | None:
+    """The parent process's command line (Linux ``/proc``), or None where it cannot be read."""
+    try:
+        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [word.decode(errors="replace") for word in raw.split(b"\0")[:-1]]
+
+
+def _program() -> list[str]:
+    """How to start ``lance-lightning`` from here: its name when ``PATH`` finds this installation's
+    script, else the script's path, or ``python -m lance_lightning.cli``."""
+    found = shutil.which("lance-lightning")
+    started = sys.argv[0] if sys.argv else ""
+    if Path(started).name == "lance-lightning":
+        if os.sep not in started or (found and os.path.exists(started) and os.path.samefile(found, started)):
+            return ["lance-lightning"]
+        return [_shown_path(started)]
+    if found and os.path.samefile(Path(found).parent, Path(sys.executable).parent):
+        return ["lance-lightning"]
+    python = shutil.which("python")  # the same path, not only the same binary: a venv's python is a link
+    same = python is not None and os.path.abspath(python) == os.path.abspath(sys.executable)
+    return ["python" if same else sys.executable, "-m", "lance_lightning.cli"]
+
+
+def _shown_path(path: str) -> str:
+    """``path`` relative to the current directory when it lies inside it, else absolute."""
+    absolute = os.path.abspath(path)
+    relative = os.path.relpath(absolute, os.getcwd())
+    return absolute if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
+
+
+class _TrainStarted(Callback):
+    """Whether the fit started training (Lightning skips it when a restored run's limits are reached)."""
+
+    def __init__(self) -> None:
+        self.started = False
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.started = True
+
+
+def _logger_roots(trainer: Any) -> list[str]:
+    """The folders in which the trainer's loggers make their version folders."""
+    roots = [getattr(logger, "root_dir", None) for logger in trainer.loggers]
+    return [str(root) for root in roots if root and "://" not in str(root)]
+
+
+def _entries(folder: str) -> set[str] | None:
+    """The names in ``folder``, or None when it does not exist."""
+    return set(os.listdir(folder)) if os.path.isdir(folder) else None
+
+
+def _remove_new_log_folder(root: str, before: set[str] | None, trainer: Any) -> None:
+    """Remove what the fit's loggers made under ``root``: ``root`` itself when it did not exist
+    before the fit, else the loggers' version folders that did not."""
+    if before is None:
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    for logger in trainer.loggers:
+        log_dir = getattr(logger, "log_dir", None)
+        if log_dir and os.path.dirname(os.path.abspath(log_dir)) == os.path.abspath(root):
+            if os.path.basename(log_dir) not in before:
+                shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def _model_checkpoints(trainer: Any) -> list[ModelCheckpoint]:
@@ -176,7 +318,7 @@ def run(args: list[str] | None, description: str) -> None:
             subclass_mode_model=True,
             parser_class=RedactingParser,
             save_config_kwargs={"overwrite": True},
-            parser_kwargs={"description": description},
+            parser_kwargs={"description": description, "prog": "lance-lightning"},
             args=args,
             command=args,
         )

@@ -7,6 +7,10 @@ Guarantees:
   ``as <class path>:``, or for a plain typed field (``list[str] | None``) what was expected and what
   was given. Members that only say they do not apply ("Expected a <class 'NoneType'>", "Option 'uri'
   is not accepted", "Subclasses are disabled ...") are dropped; the dump of the given value is dropped.
+  When several members remain and exactly one of them failed on a ``class_path`` the value names
+  (the class could not be imported or built: an optional extra not installed, a typo in its
+  arguments), that member's error is the one shown, whole: it is what the user wrote, and it may
+  say what to install (``RayCheckpointReport`` in ``trainer.callbacks`` without the ``ray`` extra).
 - Text without such a block is returned unchanged; a block it cannot read is kept as it is.
 """
 
@@ -58,6 +62,9 @@ def _shorten_block(block: list[str], indent: int) -> str | None:
     if subtypes is None or errors is None:
         return None
     kept = [error for error in errors if not any(pattern.search(error.strip()) for pattern in _NOT_THIS_MEMBER)]
+    named = [error for error in kept if _CLASS_PATH.match(error.strip())]
+    if len(kept) > 1 and len(named) == 1:
+        kept = named
     if len(kept) == 1:
         member = _CLASS_PATH.match(kept[0].strip())
         inner = shorten(_dedent(kept[0]))

@@ -24,6 +24,10 @@ Guarantees:
   cycle split into compute, the rest of the step and the wait by loader part, and the speed-up.
   A ``--replay`` or ``--replay_steps`` that is not an integer >= 1, a ``--replay`` above
   ``--batches`` or another split is a `ConfigError` before anything is built.
+- A `ConfigError` ends the command as it ends ``lance-lightning fit`` (`lance_lightning.cli.main`):
+  a few lines (what, the parameter, the value, the fix), exit status 1; a parser error is exit
+  status 2. A ``--replay`` fit stopped by SIGTERM (during the fit or the replay) exits with
+  status 143, as ``fit`` does.
 - Worker processes it started are shut down before it returns.
 - ``--help`` lists the profiler's own options and imports no Lightning; the data module's
   options are those of ``lance-lightning fit --help``.
@@ -154,16 +158,16 @@ def main(args: list[str]) -> int:
     parser = build_parser(data_options=not {"-h", "--help"} & set(args))
     cfg = parser.parse_args(args)
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
-    try:
-        if cfg.replay is not None:
+    # A ConfigError reaches `lance_lightning.cli.main`, which prints it as for `fit` (exit status 1).
+    if cfg.replay is not None:
+        from lance_lightning.lifetime import exit_on_sigterm
+
+        with exit_on_sigterm():
             run_fit_profile(
                 _without_own_options(args), cfg.replay, cfg.replay_steps, cfg.batches, cfg.split, cfg.progress
             )
-        else:
-            run_profile(instantiate(cfg).data, cfg.split, cfg.batches, progress=cfg.progress)
-    except ConfigError as error:
-        print(f"lance-lightning profile: error: {error}", file=sys.stderr)
-        return 2
+    else:
+        run_profile(instantiate(cfg).data, cfg.split, cfg.batches, progress=cfg.progress)
     return 0
 
 

@@ -43,8 +43,10 @@ try:
     import ray.train
 except ImportError as error:  # pragma: no cover - the message is the point
     raise ImportError(
-        "lance_lightning.integrations.ray needs Ray: install the extra with `uv sync --extra ray` "
-        "(or `pip install 'lance-lightning[ray]'`)"
+        f"lance_lightning.integrations.ray (RayCheckpointReport, lightning_checkpoint) needs Ray, which the "
+        f"`ray` extra installs: install `lance-lightning[ray]` (`pip install 'lance-lightning[ray]'`, or "
+        f"`uv sync --extra ray` in a checkout of lance-lightning) ({type(error).__name__}: {error})",
+        name="ray",
     ) from error
 
 __all__ = ["CHECKPOINT_NAME", "RayCheckpointReport", "lightning_checkpoint"]

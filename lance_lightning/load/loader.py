@@ -5,7 +5,9 @@ Guarantees:
   yields, equal on every rank (predict may end one batch earlier on some ranks: it does not pad).
   After a restore it is the rest of the epoch. With a ``trainer`` (the data module's train loader)
   it is the batch index Lightning gives the epoch's first batch plus those batches, so Lightning
-  stops the epoch exactly at its last batch, also after a restart (`lance_lightning.load.progress`).
+  stops the epoch exactly at its last batch, also after a restart, and ``limit_train_batches``
+  scales a whole epoch's count (`lance_lightning.load.progress`). Both are read from the cursor
+  and the trainer each time Lightning asks; the data module builds a new loader for each trainer.
   Because the length is known, Lightning does not fetch a batch ahead, so the cursor counts only
   batches handed to the training loop.
 - Lightning may rebuild the loader from its constructor arguments (``Trainer.predict`` does, to
@@ -261,8 +263,6 @@ class LanceDataLoader(DataLoader):
         batches = self.cursor.length(epoch, dataset.world_size, dataset.rank)
         if self.progress is None:
             return batches
-        if self.cursor.restored_before(epoch):  # a restart moved on to a new epoch
-            return self.progress.carried_index() + batches
         return self.cursor.first_index(epoch, dataset.world_size) + batches
 
     def __iter__(self) -> Iterator[Batch]:

@@ -7,11 +7,12 @@ Guarantees:
   imports Lightning before a fit it trains is stopped: loaders stay free of it in worker processes.
 - A train loader's ``len`` is the batch index Lightning gives the first batch it fetches of an
   epoch plus the batches the loader yields, so that Lightning stops exactly at the loader's last
-  batch. That index is a restored mid-epoch cursor's steps, 0 for a fresh epoch, and
-  `TrainerProgress.carried_index` when a restart moves on to a new epoch: Lightning 2.6
-  (``_TrainingEpochLoop.reset``) carries the restored epoch's count over as the new epoch's first
-  index (after a checkpoint written at an epoch's last batch, or at a stop it counted as the
-  epoch's end, with ``max_steps`` set), unless the new epoch is no longer than that count.
+  batch and ``limit_train_batches`` scales a whole epoch's count. That index is a restored
+  mid-epoch cursor's steps, else 0: Lightning carries no count over into a new epoch once the data
+  module normalized the checkpoint's loop state (`lance_lightning.load.loop_state`).
+- `TrainerProgress.stop_reason` and `TrainerProgress.batches_left` say, before the first step,
+  whether the trainer will train at all and how many batches ``max_steps`` still allows, so a
+  resume line never promises steps that will not run.
 - `TrainerProgress.sigterm_stop` is what Lightning raises when it stops a fit on SIGTERM, once the
   trainer has received one; a train loader raises it instead of `WorkerDiedError` for workers
   that died with the trainer's SIGTERM (see `lance_lightning.load.loader`).
@@ -50,15 +51,25 @@ class TrainerProgress:
         batches = self._batches()
         return max(0, batches.ready - batches.processed)
 
-    def carried_index(self) -> int:
-        """The first batch index of an epoch that a restarted fit moved on to: the restored epoch's
-        count, which Lightning carries over (read once it set its restart stage, at the epoch's
-        start); 0 when the fit is not restarting."""
-        loop = self.trainer.fit_loop.epoch_loop
-        if not loop.restarting:
-            return 0
-        done = self._batches().completed
-        return done + 1 if loop.restarted_on_train_batch_end else done
+    def stop_reason(self) -> str | None:
+        """Why the fit will train nothing more (``max_steps`` or ``max_epochs`` reached), else None.
+        Read after the checkpoint's loops were restored, before the first step."""
+        trainer = self.trainer
+        if 0 <= trainer.max_steps <= trainer.global_step:
+            return f"max_steps={trainer.max_steps} reached (global step {trainer.global_step:,})"
+        max_epochs = trainer.max_epochs
+        finished = trainer.fit_loop.epoch_progress.current.processed
+        if max_epochs is not None and 0 <= max_epochs <= finished:
+            return f"max_epochs={max_epochs} reached ({finished} epoch(s) done)"
+        return None
+
+    def batches_left(self) -> int | None:
+        """The batches ``max_steps`` still allows (optimizer steps times ``accumulate_grad_batches``),
+        None when it is not set."""
+        trainer = self.trainer
+        if trainer.max_steps < 0:
+            return None
+        return max(0, trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
 
     def sigterm_stop(self) -> BaseException | None:
         """Lightning's ``SIGTERMException`` if the trainer has received SIGTERM (it then stops the fit

@@ -15,14 +15,28 @@ Guarantees:
   a process dies, so a killed writer never blocks the next one).
 - Writes that run out of space raise Lance's error unchanged; `lance_lightning.materialize.space`
   recognises it and cleans up.
+- A finished copy is bound to its files (`bind_files`): every file under it (data files, Lance's
+  version manifests and transactions) with its size and SHA-256, taken right after the copy, plus
+  each file's (inode, mtime, ctime) when its checksum was last confirmed. `verify_files` checks a
+  reused copy against that record: the file set and every size by ``stat`` always; the SHA-256 of
+  every file whose (inode, mtime, ctime) changed since its checksum was confirmed (any write,
+  truncation, replacement or ``touch`` through the file system changes the ctime, which no
+  program can set back); with ``full=True`` the SHA-256 of every file. SHA-256, not CRC-32:
+  CRC-32 does not detect every 3-bit error in files over about 11 KB, SHA-256 misses none in
+  practice, and it costs 0.6-0.9 s per GB from the page cache and 1.3-1.4 s per GB from disk
+  (2-core VM; `HASH_SECONDS_PER_GB`, `measure_hash`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +54,11 @@ log = logging.getLogger(__name__)
 
 #: Rows per batch read from the source (and taken from the staging copy).
 READ_BATCH_ROWS = 8192
+#: Seconds per GB to re-read and SHA-256 a copy, measured on a 2-core VM (pages cached / from disk):
+#: ``uv run python -c "from lance_lightning.materialize.copy import measure_hash; print(measure_hash())"``.
+HASH_SECONDS_PER_GB = (0.6, 1.4)
+#: Bytes read per call while hashing a file.
+_HASH_CHUNK = 1 << 22
 
 
 class ViewCopier:
@@ -281,3 +300,138 @@ def count_rows(uri: Path) -> int:
 def tree_bytes(path: Path) -> int:
     """Bytes of the files under ``path``."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+# -- binding a copy to its files ---------------------------------------------------------------------
+def file_stats(root: Path) -> dict[str, os.stat_result]:
+    """Every file under ``root`` by its path relative to ``root`` (``/``-separated), with its ``stat``."""
+    found: dict[str, os.stat_result] = {}
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                found[Path(os.path.relpath(path, root)).as_posix()] = os.stat(path)
+            except FileNotFoundError:  # pragma: no cover - deleted while listed: missing
+                continue
+    return found
+
+
+def stamp(stat: os.stat_result) -> list[int]:
+    """What changes whenever a file is written, truncated, replaced or touched: (inode, mtime, ctime)."""
+    return [stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns]
+
+
+def sha256(path: Path) -> str:
+    """The SHA-256 of the file at ``path`` (read sequentially; the hash releases the GIL)."""
+    digest = hashlib.sha256()
+    buffer = bytearray(_HASH_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as file:
+        while count := file.readinto(buffer):
+            digest.update(view[:count])
+    return digest.hexdigest()
+
+
+def _hash_all(root: Path, names: list[str]) -> dict[str, str | OSError]:
+    """SHA-256 of each of ``names`` under ``root``, several files at once; an unreadable file's error."""
+
+    def one(name: str) -> str | OSError:
+        try:
+            return sha256(root / name)
+        except OSError as error:
+            return error
+
+    if len(names) <= 1:
+        return {name: one(name) for name in names}
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1, len(names))) as pool:
+        return dict(zip(names, pool.map(one, names)))
+
+
+def bind_files(root: Path) -> tuple[dict[str, dict[str, Any]], dict[str, list[int]]]:
+    """The record of a finished copy's files: ``{name: {"bytes", "sha256"}}`` and ``{name: stamp}``."""
+    stats = file_stats(root)
+    hashes = _hash_all(root, sorted(stats))
+    files: dict[str, dict[str, Any]] = {}
+    for name, stat in sorted(stats.items()):
+        digest = hashes[name]
+        if isinstance(digest, OSError):
+            raise digest
+        files[name] = {"bytes": stat.st_size, "sha256": digest}
+    return files, {name: stamp(stat) for name, stat in stats.items()}
+
+
+@dataclass
+class FileCheck:
+    """What `verify_files` found: ``problem`` is None when the copy is intact."""
+
+    problem: str | None
+    files: int
+    hashed: int = 0
+    hashed_bytes: int = 0
+    seconds: float = 0.0
+    #: The stamps to record when files were hashed and matched (None: nothing new to record).
+    stamps: dict[str, list[int]] | None = None
+
+    def describe(self) -> str:
+        """``4 files checked by size and change time in 0.2 ms`` (+ what was hashed)."""
+        text = f"{self.files} files checked by size and change time"
+        if self.hashed:
+            text += f", {self.hashed} re-read by SHA-256 ({self.hashed_bytes / 1e6:,.1f} MB)"
+        return text + f" in {_duration(self.seconds)}"
+
+
+def verify_files(
+    root: Path, files: dict[str, dict[str, Any]], stamps: dict[str, list[int]], *, full: bool
+) -> FileCheck:
+    """Check the copy at ``root`` against its record (`bind_files`): see the module's guarantees."""
+    started = time.perf_counter()
+    found = file_stats(root)
+    for name in sorted(files):
+        if name not in found:
+            return FileCheck(f"{name} is missing (file set check)", len(files))
+    for name in sorted(found):
+        if name not in files:
+            return FileCheck(f"{name} was not part of the copy (file set check)", len(files))
+    for name, record in sorted(files.items()):
+        if found[name].st_size != record["bytes"]:
+            return FileCheck(
+                f"{name} has {found[name].st_size:,} bytes, {record['bytes']:,} when copied (size check)", len(files)
+            )
+    changed = sorted(name for name in files if full or stamps.get(name) != stamp(found[name]))
+    hashes = _hash_all(root, changed)
+    for name in changed:
+        digest = hashes[name]
+        why = "" if full else ", re-read because it changed on disk since it was checked"
+        if isinstance(digest, OSError):
+            return FileCheck(f"{name} cannot be read ({digest.strerror or digest}){why}", len(files))
+        if digest != files[name]["sha256"]:
+            return FileCheck(f"{name} differs from the copy (SHA-256 check{why})", len(files))
+    after = {name: stamp(stat) for name, stat in found.items()}
+    return FileCheck(
+        None,
+        len(files),
+        hashed=len(changed),
+        hashed_bytes=sum(files[name]["bytes"] for name in changed),
+        seconds=time.perf_counter() - started,
+        stamps=after if changed and after != stamps else None,
+    )
+
+
+def measure_hash(size_mb: int = 512) -> str:
+    """Seconds per GB to SHA-256 a file of ``size_mb`` MB in a temporary directory, from the page cache."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "probe"
+        with open(path, "wb") as file:
+            for _ in range(size_mb):
+                file.write(os.urandom(1 << 20))
+        sha256(path)  # into the page cache
+        started = time.perf_counter()
+        sha256(path)
+        seconds = time.perf_counter() - started
+    return f"SHA-256: {seconds / (size_mb * (1 << 20) / 1e9):.2f} s per GB (page cache)"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.1f} s"

@@ -9,7 +9,8 @@ and the command line `lance_lightning.cli.materialize` (``lance-lightning materi
 Layout of ``cache_dir``::
 
     <key>.lance            the finished view (a Lance dataset)
-    <key>.json             its manifest: source URI, version, rows, columns, filter, seed, created
+    <key>.json             its manifest: source URI, version, rows, columns, filter, seed, created,
+                           and the view's files (name, size, SHA-256) taken when it was copied
     <key>.partial-<pid>/   an unfinished copy (never read as a view)
     <key>.lock             serialises processes materializing the same view
 
@@ -21,6 +22,23 @@ Guarantees:
   ``<key>.lance`` in one ``rename``, and only then is ``<key>.json`` written (atomically, via a
   temporary file). A view counts as complete only when both exist, the manifest's source version
   matches and the row count agrees, so an interrupted copy never looks complete.
+- Bound to its files: the manifest records every file of the view with its size and SHA-256,
+  taken right after the copy (`lance_lightning.materialize.copy.bind_files`; it adds about 0.6 s
+  per GB to a copy, whose files are still in the page cache). Every reuse checks, before any row
+  is read, the file set and each size (``stat`` only) and re-reads by SHA-256 each file that
+  changed on disk since its checksum was last confirmed (its inode, mtime or ctime differ: any
+  write, truncation, replacement or ``touch`` changes the ctime). ``verify="checksum"`` re-reads
+  every file once per process (0.6-0.9 s per GB from the page cache, 1.3-1.4 s per GB from disk,
+  measured on a 2-core VM; another rank's full check of unchanged files made since this process
+  started counts): it also catches damage below the file system (a disk's bit rot), which
+  changes no ctime.
+- A damaged view is never read: a view that fails these checks, that Lance cannot open, or
+  whose row count differs, is deleted and copied again, with one warning line naming the view,
+  the file and the check. A view made before views recorded their files cannot be checked and is
+  copied again the same way. When the copy again fails, a `ConfigError` names the view, the
+  cause and the option (``cache_param``: ``materialize.cache_dir``, ``remote_cache.directory``),
+  without Lance's traceback; the damaged view is gone, so a rerun copies it once what stopped
+  the copy (an unreachable source, a full disk) is fixed.
 - Resumable: rows are appended in commits of ``chunk_rows`` rows. A rerun after an interruption
   (crash, SIGKILL, Ctrl-C, network failure) adopts the partial copy and continues after its last
   committed chunk; the result is the same as an uninterrupted copy (``resumed_from_rows`` in the
@@ -39,7 +57,8 @@ Guarantees:
   materializing <uri> (version V) into <dir>: <what to do> (<the system's message>); no view was
   left behind``, and the partial copy is deleted: no view, manifest or partial directory is left.
 - `MaterializedView.reopen` finds a complete view by its path (a checkpoint's cursor names the
-  view it was read from), so a run can resume on it after the source moved on.
+  view it was read from), so a run can resume on it after the source moved on; it checks the view
+  as a reuse does, and copies a damaged one again from the source version it recorded.
 - A filter matching no rows is a `ConfigError` (an empty view would train on nothing).
 """
 
@@ -50,18 +69,28 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lance
 
 from lance_lightning.checks import check_int
 from lance_lightning.errors import ConfigError
-from lance_lightning.materialize.copy import ViewCopier, WriterLock, adopt_partial, tree_bytes
+from lance_lightning.materialize.copy import (
+    HASH_SECONDS_PER_GB,
+    FileCheck,
+    ViewCopier,
+    WriterLock,
+    adopt_partial,
+    bind_files,
+    tree_bytes,
+    verify_files,
+)
 from lance_lightning.materialize.space import (
     MaterializeError,
     check_space,
@@ -70,12 +99,13 @@ from lance_lightning.materialize.space import (
     space_error,
 )
 from lance_lightning.plan.rowset import RowSet
-from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
+from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy, first_line
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
 from lance_lightning.vocabulary import SPLITS
 
 __all__ = [
     "DEFAULT_CHUNK_ROWS",
+    "VERIFY_MODES",
     "MaterializeError",
     "MaterializedView",
     "ViewResult",
@@ -85,7 +115,17 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+#: The manifest's format: 2 records the view's files; a view of format 1 cannot be verified.
+FORMAT = 2
+#: The format hashed into a view's key: unchanged, so a view keeps its path (a checkpoint names it).
+_KEY_FORMAT = 1
+#: How a reused view is checked (see the module's guarantees).
+VERIFY_MODES = ("stat", "checksum")
+#: When this process started (imported this module): a full check of unchanged files that ended
+#: later, by another rank of the node, counts as this process's own.
+_STARTED = time.time()
+#: Views this process re-read in full (``verify="checksum"``): path -> the manifest's ``created``.
+_FULLY_CHECKED: dict[str, str] = {}
 #: Rows per commit: the unit of resumption.
 DEFAULT_CHUNK_ROWS = 131_072
 
@@ -99,12 +139,18 @@ class MaterializedView:
         shuffle_seed: Pre-shuffle each view's rows with this seed; ``None`` keeps source order.
         splits: Splits to materialize (default: every configured split).
         chunk_rows: Rows per commit: an interrupted copy resumes after its last committed chunk.
+        verify: How a reused view is checked against the files recorded when it was copied:
+            ``"stat"`` checks the file set and sizes and re-reads by SHA-256 each file changed on
+            disk since (about a millisecond when none did); ``"checksum"`` re-reads every file
+            once per process, 0.6-1.4 s per GB, and also catches a disk's bit rot. A damaged
+            view is copied again (module docstring).
     """
 
     cache_dir: str
     shuffle_seed: int | None = None
     splits: list[str] | None = None
     chunk_rows: int = DEFAULT_CHUNK_ROWS
+    verify: Literal["stat", "checksum"] = "stat"
 
     def __post_init__(self) -> None:
         if not isinstance(self.cache_dir, (str, os.PathLike)) or not str(self.cache_dir):
@@ -130,6 +176,7 @@ class MaterializedView:
             optional=True,
         )
         check_int("materialize.chunk_rows", self.chunk_rows, 1, f"use e.g. {DEFAULT_CHUNK_ROWS}")
+        check_verify("materialize.verify", self.verify)
         known = set(SPLITS)
         if self.splits is not None and (not isinstance(self.splits, (list, tuple)) or set(self.splits) - known):
             raise ConfigError(
@@ -144,9 +191,14 @@ class MaterializedView:
         if self.splits is not None and split not in self.splits:
             return source
         result = materialize_view(
-            source, self.cache_dir, shuffle_seed=self.shuffle_seed, chunk_rows=self.chunk_rows, param=split
+            source,
+            self.cache_dir,
+            shuffle_seed=self.shuffle_seed,
+            chunk_rows=self.chunk_rows,
+            param=split,
+            verify=self.verify,
         )
-        how = "reused" if result.reused else f"made in {result.seconds:.1f} s"
+        how = f"reused, {result.verified}" if result.reused else f"made in {result.seconds:.1f} s"
         log.info(
             "split '%s': reading the materialized view %s of %s @ version %s (%s rows, %s)",
             split,
@@ -163,12 +215,53 @@ class MaterializedView:
 
         A checkpoint's data cursor names the view it was read from. Views are kept when the source
         moves on, so a resumed run can read that view again instead of a view of the new version.
+        The view is checked as a reused one is (``verify``); a damaged one is copied again from its
+        source at the version it recorded, or a `ConfigError` names it when that cannot be done.
         """
         view = Path(view_uri)
-        if view.suffix != ".lance" or view.parent != _cache_root(self.cache_dir, "materialize.cache_dir"):
+        root = _cache_root(self.cache_dir, "materialize.cache_dir")
+        if view.suffix != ".lance" or view.parent != root:
             return None
-        manifest = _complete_manifest(view, view.with_suffix(".json"), None)
-        return LanceSource(uri=str(view), columns=list(manifest["columns"])) if manifest is not None else None
+        manifest_path = view.with_suffix(".json")
+        with WriterLock(view.with_suffix(".lock")):
+            found = _check_view(view, manifest_path, None, self.verify)
+        if found.manifest is not None:
+            return LanceSource(uri=str(view), columns=list(found.manifest["columns"]))
+        if found.problem is None or found.recorded is None:
+            return None  # no view, or not a complete one: never read
+        recorded = found.recorded
+        source = LanceSource(
+            recorded["source"]["uri"],
+            columns=list(recorded["columns"]),
+            filter=recorded["filter"],
+            version=recorded["source"]["version"],
+        )
+        try:
+            result = materialize_view(
+                source,
+                root,
+                shuffle_seed=recorded.get("shuffle_seed"),
+                chunk_rows=self.chunk_rows,
+                param="train",
+                verify=self.verify,
+            )
+        except ConfigError as error:
+            if error.param == "materialize.cache_dir":
+                raise
+            result = None
+            cause = f"{error.problem} ({error.param})"
+        else:
+            cause = f"the copy again went to {result.uri}"
+        if result is not None and result.uri == str(view):
+            return LanceSource(uri=str(view), columns=list(result.manifest["columns"]))
+        raise ConfigError(
+            "materialize.cache_dir",
+            str(root),
+            f"the view {view} that the checkpoint's data cursor was read from is damaged ({found.problem}) "
+            f"and could not be copied again from {source.uri} (version {source.version}): {cause}",
+            "make that source version readable and resume again, or resume with `resume_data=False` to "
+            "start the data epoch fresh",
+        )
 
 
 @dataclass
@@ -182,6 +275,8 @@ class ViewResult:
     resumed_rows: int = 0
     chunks: int = 0
     stats: dict[str, float] = field(default_factory=dict)
+    #: How a reused view was checked (e.g. ``7 files checked by size and change time in 0.2 ms``).
+    verified: str = ""
 
 
 def materialize(
@@ -227,14 +322,21 @@ def materialize_view(
     param: str = "materialize",
     matched_rows: int | None = None,
     matches: RowSet | None = None,
+    verify: str = "stat",
+    cache_param: str | None = None,
+    unreadable: tuple[str, str] | None = None,
 ) -> ViewResult:
     """`materialize`, returning a `ViewResult`; ``on_chunk(rows_done, rows_total)`` runs after each commit.
 
     ``param`` names the source in errors (``"train"`` when a data module materializes its split);
     ``matched_rows`` and ``matches`` are the filter's matches when the caller found them (`ViewCopier`).
+    ``verify`` is how a reused view is checked (`MaterializedView.verify`); ``cache_param`` names the
+    cache directory's option in the error raised when a damaged view cannot be copied again.
+    ``unreadable`` is ``(created, problem)`` when the caller could not read the view whose manifest
+    was created at ``created``: that view is copied again (unless another process already did).
     """
     started = time.perf_counter()
-    config = MaterializedView(str(cache_dir), shuffle_seed=shuffle_seed, chunk_rows=chunk_rows)  # validates
+    config = MaterializedView(str(cache_dir), shuffle_seed=shuffle_seed, chunk_rows=chunk_rows, verify=verify)
     wanted = LanceSource(
         uri=source.uri,
         columns=columns if columns is not None else source.columns,
@@ -246,30 +348,53 @@ def materialize_view(
     dataset = pinned.open()
     identity = _identity(pinned, dataset, shuffle_seed)
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
-    root = _cache_root(config.cache_dir, "cache_dir" if param == "materialize" else "materialize.cache_dir")
+    if cache_param is None:
+        cache_param = "cache_dir" if param == "materialize" else "materialize.cache_dir"
+    root = _cache_root(config.cache_dir, cache_param)
     view, manifest_path = root / f"{key}.lance", root / f"{key}.json"
     with WriterLock(root / f"{key}.lock"):
-        manifest = _complete_manifest(view, manifest_path, pinned)
-        if manifest is not None:
-            return ViewResult(str(view), manifest, reused=True, seconds=time.perf_counter() - started)
-        _remove_stale(view, manifest_path, root, key)
-        copier = ViewCopier(
-            pinned,
-            dataset,
-            shuffle_seed=shuffle_seed,
-            chunk_rows=chunk_rows,
-            retry=retry or DEFAULT_POLICY,
-            on_chunk=on_chunk,
-            filter_param=f"{param}.filter",
-            matched_rows=matched_rows,
-            matches=matches,
-        )
-        needed = estimate_view_bytes(pinned, dataset, copier.rows, staged=shuffle_seed is not None)
-        work = adopt_partial(root, key, owner=str(os.getpid()))
+        found = _check_view(view, manifest_path, pinned, verify)
+        damaged = found.problem
+        if found.manifest is not None and unreadable is not None and found.manifest["created"] == unreadable[0]:
+            damaged = unreadable[1]
+        elif found.manifest is not None:
+            return ViewResult(
+                str(view), found.manifest, reused=True, seconds=time.perf_counter() - started, verified=found.note
+            )
+        if damaged is not None:
+            log.warning(
+                "lance-lightning: the local copy %s of %s (version %s) is damaged: %s; copying it again",
+                view,
+                pinned.uri,
+                pinned.version,
+                damaged,
+            )
+        _remove_stale(view, manifest_path, root, key, quiet=damaged is not None)
+        try:
+            copier = ViewCopier(
+                pinned,
+                dataset,
+                shuffle_seed=shuffle_seed,
+                chunk_rows=chunk_rows,
+                retry=retry or DEFAULT_POLICY,
+                on_chunk=on_chunk,
+                filter_param=f"{param}.filter",
+                matched_rows=matched_rows,
+                matches=matches,
+            )
+            needed = estimate_view_bytes(pinned, dataset, copier.rows, staged=shuffle_seed is not None)
+            work = adopt_partial(root, key, owner=str(os.getpid()))
+        except ConfigError:
+            raise
+        except Exception as error:
+            if damaged is None:
+                raise
+            raise _cannot_copy_again(view, pinned, damaged, error, cache_param, root) from None
         try:
             check_space(pinned, root, needed - tree_bytes(work))
             view_rows, resumed = copier.run(work)
             os.rename(work / "view.lance", view)  # complete, but not a view until its manifest exists
+            files, stamps = bind_files(view)
             manifest = {
                 "format": FORMAT,
                 "key": key,
@@ -289,20 +414,27 @@ def materialize_view(
                 "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds"),
                 "copy_seconds": round(time.perf_counter() - started, 3),
                 "resumed_from_rows": resumed,
+                "files": files,
+                "checked": {"at": time.time(), "full": True, "stamps": stamps},
             }
-            tmp = root / f"{key}.json.tmp-{os.getpid()}"
-            tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-            os.replace(tmp, manifest_path)  # the commit point of the view
-        except MaterializeError:
+            _write_manifest(manifest_path, manifest)  # the commit point of the view
+        except MaterializeError as error:
             shutil.rmtree(work, ignore_errors=True)
-            raise
+            if damaged is None:
+                raise
+            raise _cannot_copy_again(view, pinned, damaged, error, cache_param, root) from None
         except BaseException as error:  # noqa: BLE001 - out of space is turned into a clear error
             code = out_of_space_errno(error)
             if code is None:
-                raise  # anything else keeps the partial copy: a rerun resumes it
+                if damaged is None or not isinstance(error, Exception):
+                    raise  # anything else keeps the partial copy: a rerun resumes it
+                raise _cannot_copy_again(view, pinned, damaged, error, cache_param, root) from None
             shutil.rmtree(work, ignore_errors=True)
             _remove_stale(view, manifest_path, root, key)
-            raise space_error(pinned, root, needed, error, code) from error
+            failure = space_error(pinned, root, needed, error, code)
+            if damaged is None:
+                raise failure from error
+            raise _cannot_copy_again(view, pinned, damaged, failure, cache_param, root) from None
         shutil.rmtree(work, ignore_errors=True)
     return ViewResult(
         str(view),
@@ -344,7 +476,7 @@ def _identity(pinned: PinnedSource, dataset: lance.LanceDataset, shuffle_seed: i
     if endpoint is None and "://" in pinned.uri:
         endpoint = os.environ.get("AWS_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
     return {
-        "format": FORMAT,
+        "format": _KEY_FORMAT,
         "uri": pinned.uri,
         "endpoint": endpoint,
         "version": pinned.version,
@@ -355,32 +487,117 @@ def _identity(pinned: PinnedSource, dataset: lance.LanceDataset, shuffle_seed: i
     }
 
 
-def _complete_manifest(view: Path, manifest_path: Path, pinned: PinnedSource | None) -> dict[str, Any] | None:
-    """The manifest of a complete view (of ``pinned``, when given), or None."""
+def check_verify(param: str, value: Any) -> None:
+    """Raise `ConfigError` unless ``value`` is one of `VERIFY_MODES`."""
+    if value not in VERIFY_MODES:
+        raise ConfigError(
+            param,
+            value,
+            f"must be one of {list(VERIFY_MODES)}",
+            "set verify: stat (size and change time; files changed on disk re-read) or verify: checksum "
+            f"(every file re-read once per process, about {HASH_SECONDS_PER_GB[0]}-{HASH_SECONDS_PER_GB[1]} s per GB)",
+        )
+
+
+@dataclass
+class _Found:
+    """What `_check_view` found: the manifest of an intact, complete view, or else why not."""
+
+    manifest: dict[str, Any] | None = None
+    #: Why an existing view must be copied again (None: no view, or one never completed).
+    problem: str | None = None
+    #: The manifest of a view that is damaged (what it was a copy of).
+    recorded: dict[str, Any] | None = None
+    note: str = ""
+
+
+def _check_view(view: Path, manifest_path: Path, pinned: PinnedSource | None, verify: str) -> _Found:
+    """Whether ``view`` is a complete, intact view (of ``pinned``, when given). Call it holding the
+    view's `WriterLock`: a view checked intact is rewritten only under it."""
     if not (view.is_dir() and manifest_path.is_file()):
-        return None
+        return _Found()
     try:
         manifest = json.loads(manifest_path.read_text())
-        if manifest.get("format") != FORMAT:
-            return None
         if pinned is not None and (manifest["source"]["version"], manifest["source"]["uri"]) != (
             pinned.version,
             pinned.uri,
         ):
-            return None
-        if lance.dataset(str(view)).count_rows() != manifest["rows"]:
-            return None
+            return _Found()
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return manifest
+        return _Found()
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+        return _Found(
+            problem="it was made before copies recorded their files' sizes and checksums, so it cannot be verified",
+            recorded=manifest,
+        )
+    checked = manifest.get("checked") or {}
+    stamps = checked.get("stamps") or {}
+    full = verify == "checksum" and not (
+        _FULLY_CHECKED.get(str(view)) == manifest["created"] or (checked.get("full") and checked["at"] >= _STARTED)
+    )
+    try:
+        check = verify_files(view, manifest["files"], stamps, full=full)
+    except OSError as error:  # pragma: no cover - the directory itself cannot be listed
+        check = FileCheck(f"it cannot be listed ({error.strerror or error})", 0)
+    except (KeyError, TypeError, ValueError):  # pragma: no cover - a record edited by hand
+        check = FileCheck("the record of its files in its manifest cannot be read", 0)
+    if check.problem is not None:
+        return _Found(problem=check.problem, recorded=manifest)
+    try:
+        rows = lance.dataset(str(view)).count_rows()
+    except Exception as error:  # noqa: BLE001 - any failure to open it is damage
+        return _Found(problem=f"Lance cannot open it ({first_line(error)})", recorded=manifest)
+    if rows != manifest["rows"]:
+        return _Found(problem=f"it holds {rows:,} rows, {manifest['rows']:,} when copied", recorded=manifest)
+    if full:
+        _FULLY_CHECKED[str(view)] = manifest["created"]
+    if full or check.stamps is not None:  # files re-read and intact: remember them as checked
+        manifest["checked"] = {"at": time.time(), "full": full, "stamps": check.stamps or stamps}
+        _write_manifest(manifest_path, manifest)
+    return _Found(manifest=manifest, note=check.describe())
 
 
-def _remove_stale(view: Path, manifest_path: Path, root: Path, key: str) -> None:
-    """Remove a view without a valid manifest (a crash between rename and manifest) and temp files."""
-    if view.exists():
-        log.warning("removing the incomplete view %s (no valid manifest)", view)
-        shutil.rmtree(view, ignore_errors=True)
+def _write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest`` to ``path`` atomically (a temporary file, then one rename)."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _cannot_copy_again(
+    view: Path, pinned: PinnedSource, damaged: str, error: BaseException, cache_param: str, root: Path
+) -> ConfigError:
+    """The error for a damaged view that could not be copied again: the view, why, and what to do."""
+    if cache_param.startswith("remote_cache"):
+        fix = (
+            "remove what stopped the copy and rerun (the damaged copy was deleted: the next run copies it again), "
+            "set remote_cache.directory to another local disk, or set remote_cache.enabled: false to read the "
+            "split from the store"
+        )
+    else:
+        fix = (
+            "remove what stopped the copy and rerun (the damaged view was deleted: the next run copies it again), "
+            f"set {cache_param} to another local disk, or drop `materialize` to read the source in place"
+        )
+    cause = re.split(r"\s*(?:Detail: Python exception|Traceback \(most recent call last\))", first_line(error))[0]
+    return ConfigError(
+        cache_param,
+        str(root),
+        f"the local copy {view} of {pinned.uri} (version {pinned.version}) was damaged ({damaged}), and copying "
+        f"it again failed: {cause}",
+        fix,
+    )
+
+
+def _remove_stale(view: Path, manifest_path: Path, root: Path, key: str, quiet: bool = False) -> None:
+    """Remove a view without a valid manifest (a crash between rename and manifest), or a damaged
+    one (``quiet``: the caller said why), and temp files. The manifest goes first: without it a
+    view is never read."""
     if manifest_path.exists():
         manifest_path.unlink()
+    if view.exists():
+        if not quiet:
+            log.warning("removing the incomplete view %s (no valid manifest)", view)
+        shutil.rmtree(view, ignore_errors=True)
     for tmp in root.glob(f"{key}.json.tmp-*"):
         tmp.unlink(missing_ok=True)

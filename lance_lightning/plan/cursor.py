@@ -4,7 +4,7 @@ Guarantees:
 - The state is a small versioned dict of plain types (loads with ``weights_only=True``), of
   constant size whatever the dataset size::
 
-      {"format": 4, "epoch": int, "rows_consumed": int, "trainer_epoch": int, "steps": int,
+      {"format": 5, "epoch": int, "rows_consumed": int, "trainer_epoch": int, "steps": int,
        "epoch_steps": int, "plan": {"uri", "version", "data", "columns", "filter", "shuffle", "rows"[, "packing"]}}
 
   ``epoch`` is the data epoch being read (its order) and ``rows_consumed`` the units of its
@@ -20,21 +20,20 @@ Guarantees:
   length, so Lightning does not fetch ahead), `DataCursorCheckpoint` reports the batches whose
   training step ended, and a batch handed out whose step has not ended (a checkpoint written on an
   exception, e.g. by ``OnExceptionCheckpoint``) is not counted (``in_flight``: the trainer's count).
-- The data follows on exactly across a restore: where the trainer resumes in the checkpoint's
-  epoch, at ``rows_consumed``; otherwise the first trainer epoch that reads continues the data
-  where it stopped: the rest of an epoch that a stop cut short and the trainer counts as finished
-  (``max_steps``, ``max_time``, ``should_stop``: fewer ``steps`` than ``epoch_steps``), else the
-  next data epoch (after a finished epoch, or one its ``limit_train_batches`` ended), also when
-  the trainer ran an epoch that read nothing in between (Lightning does, restarting from an
-  epoch-end checkpoint with ``max_steps`` set). Later epochs keep that offset between trainer and
-  data epochs. Nothing is skipped, nothing read twice.
+- Trainer epoch ``e`` reads data epoch ``e``: a restore resumes the saved epoch at
+  ``rows_consumed`` where the trainer resumes inside it, and any later trainer epoch reads its own
+  data epoch from its first unit. A checkpoint that Lightning wrote after a stop cut an epoch short
+  (``max_steps``, ``max_time``, ``should_stop``: fewer ``steps`` than ``epoch_steps``) resumes
+  inside that epoch too: the data module rewrites its loop state to the one Lightning saves inside
+  an epoch (`lance_lightning.load.loop_state`). Nothing is skipped, nothing read twice.
 - Restore is strict: any plan field that differs raises `CursorMismatchError` naming the field.
   Seeking is O(1): nothing is replayed. With ``resume=False`` a saved state is not checked: the
   epoch it names restarts at its first unit (Lightning still counts the steps trained before).
 - ``length(epoch, ...)`` is what iterating trainer epoch ``epoch`` yields: a whole epoch, or the
   rest of a restored one; ``first_index`` the trainer's batch index of its first batch (the steps
-  trained before a restored state). Lightning stops an epoch at ``len(loader)``, so a trainer's
-  loader reports their sum (`lance_lightning.load.progress`).
+  trained before a restored state). Lightning stops an epoch at ``len(loader)`` (scaled by
+  ``limit_train_batches``), so a trainer's loader reports their sum: the whole epoch's batches
+  whenever the topology is the one the state was saved with.
 """
 
 from __future__ import annotations
@@ -47,10 +46,10 @@ from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.planner import ReadPlan
 
 #: Bumped whenever the meaning of a state or the epoch order of a plan changes (3: every
-#: permutation is a keyed bijection; 4: data epochs apart from trainer epochs, a mixture slot
-#: takes its source's next draw), so that an older checkpoint is refused instead of resuming at
-#: the same row count of a different order.
-CURSOR_FORMAT = 4
+#: permutation is a keyed bijection; 4: a mixture slot takes its source's next draw; 5: trainer
+#: epoch ``e`` always reads data epoch ``e``), so that an older checkpoint is refused instead of
+#: resuming at the same row count of a different order.
+CURSOR_FORMAT = 5
 STATE_KEYS = ("format", "epoch", "rows_consumed", "trainer_epoch", "steps", "epoch_steps", "plan")
 
 
@@ -69,7 +68,6 @@ class CursorTracker:
         self.in_flight = in_flight
         self.epoch: int | None = None  # data epoch being read
         self.trainer_epoch: int | None = None
-        self.offset = 0  # trainer epoch - data epoch, for the epochs after a restore
         self.layout: Layout | None = None
         self.steps_before = 0
         self.epoch_steps = 0
@@ -94,13 +92,12 @@ class CursorTracker:
         by default every batch of the layout. ``first_index``: the trainer's index of the epoch's
         first batch, by default the restored steps (``steps`` counts on from it).
         """
-        data_epoch, start, steps_before = self._resume_point(trainer_epoch, world_size)
+        data_epoch, start, steps_before = self._resume_point(trainer_epoch)
         if first_index is not None:
             steps_before = first_index
         self.restored_epoch = trainer_epoch if self._pending is not None else None
         self._pending = None
         self.epoch, self.trainer_epoch = data_epoch, trainer_epoch
-        self.offset = trainer_epoch - data_epoch
         self.layout = self.plan.layout(world_size, start)
         self.steps_before = steps_before
         self.epoch_steps = steps_before + self.layout.rank_steps(rank) if planned_steps is None else planned_steps
@@ -121,20 +118,13 @@ class CursorTracker:
         """A training step finished on the latest yielded batch (reported by the callback)."""
         self.consumed = min(self.yielded, (self.consumed or 0) + 1)
 
-    def _resume_point(self, trainer_epoch: int, world_size: int) -> tuple[int, int, int]:
-        """(data epoch, first sequence unit, steps trained before) of ``trainer_epoch`` read by
-        ``world_size`` ranks."""
+    def _resume_point(self, trainer_epoch: int) -> tuple[int, int, int]:
+        """(data epoch, first sequence unit, steps trained before) of ``trainer_epoch``: where the
+        restored state was taken in it, the state's position, else its data epoch from the start."""
         pending = self._pending
-        if pending is None:
-            return trainer_epoch - self.offset, 0, 0
-        data_epoch, rows = pending["epoch"], pending["rows_consumed"]
-        if trainer_epoch == pending["trainer_epoch"]:
-            return data_epoch, rows, pending["steps"]
-        # The first trainer epoch that reads after a restore goes on where the data stopped: the rest
-        # of an epoch a stop cut short (which the trainer counts as finished), if it makes a step,
-        # else the next data epoch; also when the trainer ran epochs that read nothing in between.
-        cut = pending["steps"] < pending["epoch_steps"] and self.plan.layout(world_size, rows).steps > 0
-        return (data_epoch, rows, 0) if cut else (data_epoch + 1, 0, 0)
+        if pending is not None and trainer_epoch == pending["trainer_epoch"]:
+            return pending["epoch"], pending["rows_consumed"], pending["steps"]
+        return trainer_epoch, 0, 0
 
     def length(self, trainer_epoch: int, world_size: int, rank: int) -> int:
         """Rank ``rank``'s batches when iterating ``trainer_epoch``: while this topology reads it,
@@ -142,7 +132,7 @@ class CursorTracker:
         layout = self.layout
         if self._reading(trainer_epoch, world_size):
             return layout.rank_steps(rank)
-        _, start, _ = self._resume_point(trainer_epoch, world_size)
+        _, start, _ = self._resume_point(trainer_epoch)
         return self.plan.layout(world_size, start).rank_steps(rank)
 
     def first_index(self, trainer_epoch: int, world_size: int) -> int:
@@ -150,11 +140,7 @@ class CursorTracker:
         the steps trained before a restored mid-epoch state, else 0."""
         if self._reading(trainer_epoch, world_size):
             return self.steps_before
-        return self._resume_point(trainer_epoch, world_size)[2]
-
-    def restored_before(self, trainer_epoch: int) -> bool:
-        """Whether a restored state, still to be read, was taken in an earlier trainer epoch."""
-        return self._pending is not None and self._pending["trainer_epoch"] < trainer_epoch
+        return self._resume_point(trainer_epoch)[2]
 
     def _reading(self, trainer_epoch: int, world_size: int) -> bool:
         layout = self.layout
@@ -172,8 +158,12 @@ class CursorTracker:
         the loader's length. The data module has the trainer read the length again next epoch."""
         return self._pending is not None or self.restored_epoch == trainer_epoch
 
-    def describe_resume(self, world_size: int) -> str | None:
-        """One line on where the restored data resumes and what its last step leaves out."""
+    def describe_resume(self, world_size: int, budget: int | None = None) -> str | None:
+        """One line on where the restored data resumes and what its last step leaves out.
+
+        ``budget``: the batches the trainer still runs (``max_steps``), when fewer than the rest of
+        the epoch: the line promises only those.
+        """
         pending = self._pending
         if pending is None or (pending["rows_consumed"] == 0 and pending["steps"] == 0):
             return None
@@ -185,6 +175,8 @@ class CursorTracker:
         if start >= rows:
             return line + ": finished; the next epoch is read whole"
         layout = self.plan.layout(world_size, start)
+        if budget is not None and budget < layout.steps:
+            return line + f": {budget:,} more step(s) of {layout.step_rows:,} {unit}(s) before the trainer stops"
         line += f": {layout.steps:,} more step(s) of {layout.step_rows:,} {unit}(s)"
         if layout.dropped_rows:
             line += f"; drop_last skips the last {layout.dropped_rows:,} {unit}(s) of this epoch"
@@ -263,6 +255,8 @@ def check_state(state: dict[str, Any], plan: ReadPlan) -> None:
         value = state[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise _damaged(f"train_cursor.{key}", value, "is not a non-negative integer")
+    if state["epoch"] != state["trainer_epoch"]:
+        raise _damaged("train_cursor.epoch", state["epoch"], f"differs from trainer_epoch {state['trainer_epoch']}")
     if not isinstance(state["plan"], dict):
         raise _damaged("train_cursor.plan", state["plan"], "is not a mapping")
     field = first_difference(plan.resume_identity(state["plan"]), plan.identity(), "plan")

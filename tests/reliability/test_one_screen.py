@@ -8,7 +8,8 @@ has to fix (the parameter, the value). The cases, by group:
 - a plain source with a value of the wrong type: named as a `LanceSource` field;
 - sources that cannot be read (no dataset, a filter matching nothing);
 - ``--ckpt_path`` that is missing, empty, truncated, random bytes, or a checkpoint with an edited
-  Lightning version, a cursor replaced by a string or a step count edited to text;
+  Lightning version (not a version, or an older one than its contents), a cursor replaced by a
+  string or a step count edited to text;
 - output directories that cannot be written;
 - errors raised while reading, in the training process and in DataLoader worker processes (a
   null, a row the transform cannot decode, the pinned version's files deleted mid-run).
@@ -131,6 +132,10 @@ CHECKPOINT_CASES: dict[str, tuple[Callable[[Path, Path], None], list[str]]] = {
     "an edited Lightning version": (
         lambda good, path: _edited(good, path, lambda s: s.__setitem__("pytorch-lightning_version", "garbage")),
         ["ckpt_path", "'garbage'"],
+    ),
+    "a Lightning version edited to an older one": (  # Lightning's migration would end in a bare KeyError
+        lambda good, path: _edited(good, path, lambda s: s.__setitem__("pytorch-lightning_version", "0.0.1")),
+        ["ckpt_path", "bad.ckpt", "`pytorch-lightning_version` says '0.0.1'", "edited or damaged"],
     ),
     "a cursor replaced by a string": (
         lambda good, path: _edited(good, path, lambda s: s["LanceDataModule"].__setitem__("train_cursor", "abc")),

@@ -167,7 +167,11 @@ def test_quickstart_config_runs_and_resumes(tmp_path, monkeypatch):
     assert (root / "tensorboard" / "version_0" / "config.yaml").is_file()
     resume = next(line for line in out.splitlines() if line.startswith("resume with: "))
     command = shlex.split(resume[len("resume with: ") :])
-    assert command[:2] == ["lance-lightning", "fit"] and command[-2:] == ["--ckpt_path", str(last)]
+    # in-process, the program is `lance-lightning`; the checkpoint is relative to the directory the fit ran in
+    assert command[:2] == ["lance-lightning", "fit"] and command[-2:] == [
+        "--ckpt_path",
+        str(last.relative_to(tmp_path)),
+    ]
     assert command[2:-2] == common + ["--trainer.max_epochs=1"]
 
     # The printed command (one more epoch) continues the run; its checkpoints go to version_1.

@@ -242,7 +242,8 @@ def test_resume_after_max_steps_continues_the_stopped_epoch(tmp_path: Path) -> N
     """``max_steps=13`` stops in epoch 1 (10 steps an epoch); the checkpoint written after ``fit``
     resumes with ``max_steps=30``. Lightning counts epoch 1 as finished; before the fix the data
     did too (70 of its rows skipped, with a warning). Now the 30 steps are exactly those of an
-    uninterrupted run to 30 steps."""
+    uninterrupted run to 30 steps, and the trainer resumes inside epoch 1 (its loop state is
+    normalized on restore), so its epochs are the data's."""
     uri = write_dataset(tmp_path / "ds.lance", 100)
 
     def dm() -> LanceDataModule:
@@ -258,14 +259,15 @@ def test_resume_after_max_steps_continues_the_stopped_epoch(tmp_path: Path) -> N
         resumed = fit(tmp_path, dm(), name="resume", ckpt_path=final, max_steps=30, max_epochs=10)
     assert stopped.seen + resumed.seen == whole.seen
     assert not [w for w in caught if "data cursor" in str(w.message)]
-    assert Counter(resumed.seen_epochs) == {2: 7, 3: 10}  # Lightning's epochs are one ahead of the data's
+    assert Counter(resumed.seen_epochs) == {1: 7, 2: 10}  # Lightning's epochs are the data's
 
 
 def test_an_epoch_lightning_skips_after_a_restart_loses_no_data(tmp_path: Path) -> None:
     """``last.ckpt`` written at the end of epoch 0 (``max_steps`` reached there, validation every
     half epoch), resumed with ``max_steps`` set: Lightning restores the epoch's ``is_last_batch`` and
-    runs epoch 1 without a batch. Before the fix the data followed Lightning's epoch number, so
-    data epoch 1 was never read; now the first epoch that reads continues the data where it stopped."""
+    would run epoch 1 without a batch. Before the first fix the data followed Lightning's epoch
+    number, so data epoch 1 was never read; now the restored loop state starts epoch 1 as any epoch
+    starts, and trainer epoch e reads data epoch e."""
     uri = write_dataset(tmp_path / "ds.lance", 5)
 
     def dm() -> LanceDataModule:
@@ -273,7 +275,7 @@ def test_an_epoch_lightning_skips_after_a_restart_loses_no_data(tmp_path: Path) 
         return LanceDataModule(train=source, val=source, batch_size=5, drop_last=False, shuffle=RowShuffle(seed=1))
 
     loop = dict(val_check_interval=0.5, limit_val_batches=None)
-    whole = fit(tmp_path, dm(), name="whole", max_epochs=3, **loop)
+    whole = fit(tmp_path, dm(), name="whole", max_epochs=4, **loop)
     last = ModelCheckpoint(dirpath=str(ckpt_dir(tmp_path, "stop")), every_n_train_steps=2, save_last=True)
     stopped = fit(
         tmp_path, dm(), name="stop", max_steps=1, max_epochs=4, callbacks=[last], enable_checkpointing=True, **loop
@@ -287,5 +289,5 @@ def test_an_epoch_lightning_skips_after_a_restart_loses_no_data(tmp_path: Path) 
         max_epochs=4,
         **loop,
     )
-    assert resumed.seen_epochs == [2, 3]  # Lightning ran epoch 1 without a batch
-    assert stopped.seen + resumed.seen == whole.seen  # data epochs 0, 1 and 2, in order
+    assert resumed.seen_epochs == [1, 2, 3]  # no epoch without a batch
+    assert stopped.seen + resumed.seen == whole.seen  # data epochs 0 to 3, in order

@@ -123,10 +123,10 @@ def test_profile_command_line_overrides_and_workers(tmp_path, uri):
 def test_profile_errors_name_the_problem(tmp_path, uri):
     cfg = _config(tmp_path, uri)
     code, _, err = run_cli(["profile", "--config", cfg, "--split", "val"])
-    assert code == 2
-    assert "lance-lightning profile: error: `val`=None: the config has no val split to profile" in err
+    assert code == 1  # a ConfigError, as for `fit` (a parser error is 2)
+    assert "lance-lightning profile: error: the config has no val split to profile\n  parameter: val" in err
     code, _, err = run_cli(["profile", "--config", cfg, "--batches", "0"])
-    assert code == 2 and "`batches`=0: must be an integer >= 1" in err
+    assert code == 1 and "error: must be an integer >= 1\n  parameter: batches\n  value:     0" in err
     code, _, err = run_cli(["profile", "--config", cfg, "--data.batch_sise=3"])
     assert code != 0 and "batch_sise" in err
 

@@ -1,13 +1,17 @@
 """The remote cache against a real S3-compatible server on loopback, behind a proxy that counts
 the bytes it serves: a split read by take from the store is copied once and read locally, in the
 same order, with the same cursor, through ``Trainer.fit`` (and a resume with the cache on or off).
+A copy damaged on disk (truncated, bits flipped, rows replaced, a file deleted) is copied again with
+one line before ``Trainer.fit`` trains a row of it, and trains the source's rows; one that cannot be
+copied again ends ``lance-lightning fit`` with one error naming the copy and the option.
 """
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import lance
@@ -20,8 +24,8 @@ from lance_lightning.materialize.copy import tree_bytes
 from lance_lightning.materialize.space import estimate_view_bytes
 from lance_lightning.source import pin_source
 from tests.fault_proxy import FaultProxy
-from tests.harness import Job, Setup, assert_exact, ckpt_file, fit, run_and_check_resume
-from tests.helpers import flat, make_table
+from tests.harness import Job, Setup, assert_exact, ckpt_file, fit, run_and_check_resume, subprocess_env
+from tests.helpers import DAMAGE_KINDS, RecordingModel, damage_cached_copy, flat, make_table
 from tests.s3_server import S3Server, environment_credentials
 
 ROWS, BATCH, FILE_ROWS = 2_000, 20, 500
@@ -292,3 +296,135 @@ def test_two_ranks_share_one_copy_and_resume_exactly_on_one(
         tmp_path, job, rows=ROWS, k=13, setup_a=Setup(devices=2), setup_b=Setup(devices=1), max_epochs=2
     )
     assert len(list(directory.glob("*.lance"))) == 1
+
+
+# -- a damaged copy ---------------------------------------------------------------------------------
+class _RowModel(RecordingModel):
+    """Records every trained row's ``x`` and ``vec`` by its id, to compare with the source's rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[int, tuple[float, list[float]]] = {}
+
+    def training_step(self, batch: Mapping[str, object], batch_idx: int) -> object:
+        for i, x, vec in zip(batch["id"].tolist(), batch["x"].tolist(), batch["vec"].tolist()):  # type: ignore[union-attr]
+            self.rows[i] = (x, vec)
+        return super().training_step(batch, batch_idx)
+
+
+def _source_rows(uri: str, s3: S3Server) -> dict[int, tuple[float, list[float]]]:
+    table = lance.dataset(uri, storage_options=s3.storage_options()).to_table(columns=COLUMNS).to_pydict()
+    return {i: (x, vec) for i, x, vec in zip(table["id"], table["x"], table["vec"])}
+
+
+def _damage_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "damaged" in r.getMessage()]
+
+
+@pytest.mark.parametrize("kind", DAMAGE_KINDS)
+def test_a_damaged_copy_is_copied_again_before_fit_trains_a_row_of_it(
+    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    options, directory = _options(s3, proxy), tmp_path / "cache"
+    cold = fit(tmp_path, _module(s3_uri, options, RemoteCache(directory=str(directory))), name="cold")
+    (copy,) = directory.glob("*.lance")
+    source = lance.dataset(s3_uri, storage_options=s3.storage_options()).to_table(columns=COLUMNS)
+    damaged = damage_cached_copy(copy, kind)
+    if kind in ("flip", "replace"):  # what the bug trained: other values, read without an error
+        assert lance.dataset(str(copy)).to_table() != source
+
+    caplog.set_level(logging.INFO, logger="lance_lightning.materialize.view")
+    before = proxy.bytes_sent
+    dm = _module(s3_uri, options, RemoteCache(directory=str(directory)))
+    model = fit(tmp_path, dm, name="again", model=_RowModel())
+    assert model.seen == cold.seen, "the same batches in the same order as from the intact copy"
+    assert model.rows == _source_rows(s3_uri, s3), "a trained row differs from the source's"
+    (line,) = _damage_lines(caplog)
+    assert str(copy) in line and damaged[0].name in line and "copying it again" in line and "\n" not in line, line
+    assert "downloaded in" in dm.explain(), dm.explain()
+    assert proxy.bytes_sent - before > 0.5 * _column_bytes(s3_uri, s3.storage_options()), "not copied again"
+    assert lance.dataset(str(copy)).to_table() == source
+
+    # Intact now: the next run reuses it by stat alone, without a line or a download of its rows.
+    caplog.clear()
+    before = proxy.bytes_sent
+    warm = _module(s3_uri, options, RemoteCache(directory=str(directory)))
+    warm.setup("fit")
+    note = warm.plans["train"].cache or ""
+    assert "(reused), verified: " in note and "checked by size and change time" in note, note
+    assert "re-read" not in note, note
+    assert not _damage_lines(caplog)
+    assert proxy.bytes_sent - before < 0.5 * _column_bytes(s3_uri, s3.storage_options())
+
+
+_DAMAGED_FIT_CONFIG = """\
+seed_everything: 0
+trainer:
+  accelerator: cpu
+  devices: 1
+  max_steps: 4
+  logger: false
+  enable_progress_bar: false
+  enable_model_summary: false
+  enable_checkpointing: false
+  default_root_dir: {root}
+model:
+  class_path: tests.helpers.RecordingModel
+data:
+  train: {{uri: {uri}, columns: [id, x, vec], storage_options: {options}}}
+  batch_size: 20
+  shuffle: {{class_path: lance_lightning.RowShuffle, init_args: {{seed: 3}}}}
+  remote_cache: {{directory: {directory}, verify: checksum}}
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_damaged_copy_that_cannot_be_copied_again_ends_fit_with_one_error(
+    tmp_path: Path, s3: S3Server, s3_uri: str
+) -> None:
+    """The disk cannot hold the copy again (a file size limit: the kernel refuses the write with
+    EFBIG): ``lance-lightning fit`` ends with exit status 1 and one error naming the copy, the
+    damage and ``remote_cache.directory``; no Lance traceback. Once the copy fits, a run recovers."""
+    import json
+
+    directory = tmp_path / "cache"
+    _module(s3_uri, s3.storage_options(), RemoteCache(directory=str(directory))).setup("fit")
+    (copy,) = directory.glob("*.lance")
+    damage_cached_copy(copy, "flip")
+    config = tmp_path / "fit.yaml"
+    config.write_text(
+        _DAMAGED_FIT_CONFIG.format(
+            root=tmp_path / "root", uri=s3_uri, options=json.dumps(s3.storage_options()), directory=directory
+        )
+    )
+    limit = min(f.stat().st_size for f in (copy / "data").glob("*.lance")) // 2
+    setup = (
+        "import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+        "from lance_lightning.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", setup, "fit", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        # Never write bytecode under the limit: a .pyc cut at the limit breaks every later import of it.
+        env={**subprocess_env(), "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "most recent call last" not in result.stderr, result.stderr[-3000:]
+    error = result.stderr[result.stderr.index("lance-lightning fit: error:") :].strip().splitlines()
+    assert len(error) <= 6, error
+    assert str(copy) in error[0] and "SHA-256 check" in error[0] and "copying it again failed" in error[0], error
+    assert "File too large" in error[0], error
+    assert any("remote_cache.directory" in line for line in error[1:]), error
+    assert any("remote_cache.enabled: false" in line for line in error[1:]), error
+    assert sum("is damaged" in line for line in result.stderr.splitlines()) == 1, result.stderr[-3000:]
+    assert not copy.with_suffix(".json").exists(), "the damaged copy must not stay readable"
+
+    dm = _module(s3_uri, s3.storage_options(), RemoteCache(directory=str(directory)))
+    dm.setup("fit")
+    assert "downloaded in" in (dm.plans["train"].cache or "")
+    source = lance.dataset(s3_uri, storage_options=s3.storage_options()).to_table(columns=COLUMNS)
+    assert lance.dataset(str(copy)).to_table() == source

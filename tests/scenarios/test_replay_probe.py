@@ -129,15 +129,15 @@ def test_profile_replay_fits_the_model_and_prints_the_compute_floor(uri, tmp_pat
 def test_profile_replay_refuses_bad_input_before_building_anything(uri, tmp_path):
     cfg = Path(_config(tmp_path, uri))
     cfg.write_text(cfg.read_text().replace("tests.helpers.RecordingModel", "no_such_package.NoSuchModel"))
-    cases = {
-        ("--replay", "0"): "`replay`=0: must be an integer >= 1. Fix: pass the number of training batches",
-        ("--replay", "two"): "`replay`='two': must be an integer >= 1",
-        ("--replay", "2.5"): "`replay`=2.5: must be an integer >= 1",
-        ("--replay", "2", "--replay_steps", "0"): "`replay_steps`=0: must be an integer >= 1",
-        ("--replay", "20", "--batches", "10"): "`replay`=20: caches more batches than the fit trains",
-        ("--replay", "2", "--split", "val"): "`split`='val': `--replay` replays training steps",
+    cases = {  # a ConfigError: exit status 1 and its few lines, as for `fit`
+        ("--replay", "0"): "must be an integer >= 1\n  parameter: replay\n  value:     0\n  fix:       pass the number",
+        ("--replay", "two"): "must be an integer >= 1\n  parameter: replay\n  value:     'two'",
+        ("--replay", "2.5"): "must be an integer >= 1\n  parameter: replay\n  value:     2.5",
+        ("--replay", "2", "--replay_steps", "0"): "must be an integer >= 1\n  parameter: replay_steps",
+        ("--replay", "20", "--batches", "10"): "caches more batches than the fit trains (`--batches` 10)",
+        ("--replay", "2", "--split", "val"): "`--replay` replays training steps: it profiles the train split",
     }
     for extra, message in cases.items():
         code, _, err = run_cli(["profile", "--config", str(cfg), *extra])
-        assert code == 2 and f"lance-lightning profile: error: {message}" in err, (extra, err[-2000:])
+        assert code == 1 and f"lance-lightning profile: error: {message}" in err, (extra, err[-2000:])
     assert not (tmp_path / "runs").exists()

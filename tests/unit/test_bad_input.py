@@ -230,17 +230,17 @@ def test_cursor_from_another_plan_is_refused(dataset_uri, change, field, saved, 
     assert "resume_data=False" in message
 
 
-@pytest.mark.parametrize("old", [1, 2, 3])
+@pytest.mark.parametrize("old", [1, 2, 3, 4])
 def test_cursor_of_an_older_format_is_refused(dataset_uri, old):
     # Older cursors count rows of epoch orders that later formats changed (2: the short shard last;
-    # 3: every permutation a keyed bijection; 4: data epochs apart from trainer epochs, mixture draws).
+    # 3: every permutation a keyed bijection; 4: mixture draws; 5: trainer epoch e reads data epoch e).
     state = _state_after(_dm(dataset_uri, shuffle=RowShuffle(seed=0)))
     state["train_cursor"] = {**state["train_cursor"], "format": old}
     with pytest.raises(CursorMismatchError) as info:
         _dm(dataset_uri, shuffle=RowShuffle(seed=0)).load_state_dict(state)
     assert info.value.field == "format"
     message = str(info.value)
-    assert f"the checkpoint has {old}, the current plan has 4" in message
+    assert f"the checkpoint has {old}, the current plan has 5" in message
     assert "another lance-lightning version" in message and "needs that version" in message
     assert "resume_data=False" in message and "Restore the original setting" not in message
 

@@ -7,6 +7,7 @@ The DDP test runs this file as a 2-rank ``strategy='ddp'`` script (see `_ddp_mai
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import sys
@@ -243,7 +244,9 @@ class StateAt(pl.Callback):
         self.cached_on: set[str] = set()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.state = _state(trainer, pl_module)
+        # a copy: the optimizer's state_dict holds its live tensors (Adam's "step" on the CPU), which
+        # the replay's steps advance in place before the probe restores the saved state
+        self.state = copy.deepcopy(_state(trainer, pl_module))
         self.cached_on = {batch["x"].device.type for batch in self.monitor._probe.cached}
 
 

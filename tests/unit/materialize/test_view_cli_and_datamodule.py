@@ -224,6 +224,7 @@ data:
         "shuffle_seed": 5,
         "splits": None,
         "chunk_rows": 256,
+        "verify": "stat",
     }
     code, _, err = run_cli(["fit", "--config", str(config)])
     assert code == 0, err

@@ -1,0 +1,291 @@
+"""Where Lightning's loop meets the loader's length and position: every resume trains what the
+uninterrupted run trains, whatever checkpoint it resumes from (issue #37, items 1-3).
+
+Each test runs real ``Trainer.fit`` calls on a real Lance dataset: an uninterrupted run, then a
+stopped run resumed with ``ckpt_path``, and compares the ids of every training step, in order.
+- A fractional (or count) ``limit_train_batches`` resumed from the last batch of a limited epoch,
+  from a periodic, an epoch-end or a ``trainer.save_checkpoint`` checkpoint, with and without
+  ``max_steps`` in the resumed run (Lightning carries the batch count into the next epoch then).
+- A stop by ``max_steps`` resumed from ``last.ckpt``, from ``trainer.save_checkpoint`` or from the
+  periodic checkpoint of the same step, under ``max_epochs`` 1 and 2 (Lightning counts the stopped
+  epoch as finished; the rest of it is still trained) and under ``max_steps``.
+- A second ``fit`` of one data module with a new trainer trains what a fresh data module resuming
+  the same checkpoint trains, after ``validate``/``test``/``predict`` calls in between too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lance_lightning import DataCursorCheckpoint, LanceSource
+from tests.harness import make_dm
+from tests.helpers import RecordingModel, run_cli_process, write_dataset
+
+ROWS, BATCH = 600, 10  # 60 batches per epoch
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_dataset(tmp_path_factory.mktemp("loop") / "d.lance", ROWS, fragment_rows=150)
+
+
+def _trainer(root: Path, *, every: int = 0, save_last: bool = False, **kwargs: Any) -> pl.Trainer:
+    callbacks: list[Any] = [DataCursorCheckpoint()]
+    if every or save_last:
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=root / "ckpt",
+                filename="{step}",
+                every_n_train_steps=every or None,
+                save_top_k=-1 if every else 0,
+                save_last=save_last,
+            )
+        )
+    options: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=str(root),
+        enable_checkpointing=bool(every or save_last),
+        callbacks=callbacks,
+    )
+    options.update(kwargs)
+    return pl.Trainer(**options)
+
+
+def _fit(root: Path, uri: str, *, ckpt: Path | None = None, dm: Any = None, **kwargs: Any) -> list[list[int]]:
+    model = RecordingModel()
+    trainer = _trainer(root, **kwargs)
+    trainer.fit(model, datamodule=dm or make_dm(uri, "row:3", batch_size=BATCH), ckpt_path=ckpt)
+    return model.seen
+
+
+def _stopped(root: Path, uri: str, kind: str, **kwargs: Any) -> tuple[list[list[int]], Path]:
+    """A stopped first run and the checkpoint of kind ``kind`` it wrote at its last step."""
+    model, dm = RecordingModel(), make_dm(uri, "row:3", batch_size=BATCH)
+    every = kwargs.pop("every", 0)
+    trainer = _trainer(root, every=every if kind == "periodic" else 0, save_last=kind == "last", **kwargs)
+    trainer.fit(model, datamodule=dm)
+    if kind == "saved":
+        trainer.save_checkpoint(root / "after.ckpt")
+        return model.seen, root / "after.ckpt"
+    if kind == "last":
+        return model.seen, root / "ckpt" / "last.ckpt"
+    return model.seen, root / "ckpt" / f"step={trainer.global_step}.ckpt"
+
+
+@pytest.mark.parametrize("limit", [0.5, 30, 0.75], ids=["fraction", "count", "fraction_uneven"])
+@pytest.mark.parametrize("kind", ["periodic", "last", "saved"])
+@pytest.mark.parametrize("resume_max_steps", [-1, 1000], ids=["epochs", "with_max_steps"])
+def test_a_limited_epoch_resumed_at_its_last_batch_trains_every_later_epoch_whole(
+    tmp_path: Path, uri: str, limit: float, kind: str, resume_max_steps: int
+) -> None:
+    """Issue #37.1: ``limit_train_batches=0.5`` resumed from the checkpoint of the limited epoch's last
+    step trained 30 of the next epoch's 60 batches (the loader's length counted the carried index)."""
+    whole = _fit(tmp_path / "whole", uri, max_epochs=3, limit_train_batches=limit)
+    per_epoch = len(whole) // 3
+    first, ckpt = _stopped(tmp_path / "a", uri, kind, max_epochs=1, limit_train_batches=limit, every=per_epoch)
+    assert len(first) == per_epoch
+    rest = _fit(tmp_path / "b", uri, ckpt=ckpt, max_epochs=3, max_steps=resume_max_steps, limit_train_batches=limit)
+    assert first + rest == whole
+
+
+@pytest.mark.parametrize("kind", ["last", "saved", "periodic"])
+@pytest.mark.parametrize("max_epochs", [1, 2])
+def test_a_max_steps_stop_resumed_under_max_epochs_trains_the_rest_of_the_stopped_epoch(
+    tmp_path: Path, uri: str, kind: str, max_epochs: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue #37.3: Lightning counts an epoch stopped by ``max_steps`` as finished; resumed from
+    ``last.ckpt`` under ``max_epochs: 2`` the package read one data epoch and a fraction, under
+    ``max_epochs: 1`` nothing while promising 35 more steps."""
+    whole = _fit(tmp_path / "whole", uri, max_epochs=max_epochs)
+    first, ckpt = _stopped(tmp_path / "a", uri, kind, max_steps=25, max_epochs=5, every=25)
+    assert len(first) == 25
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        rest = _fit(tmp_path / "b", uri, ckpt=ckpt, max_epochs=max_epochs)
+    assert first + rest == whole
+    assert "35 more step(s)" in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["last", "saved"])
+def test_a_max_steps_stop_resumed_under_max_steps_follows_on(tmp_path: Path, uri: str, kind: str) -> None:
+    whole = _fit(tmp_path / "whole", uri, max_steps=100, max_epochs=-1)
+    first, ckpt = _stopped(tmp_path / "a", uri, kind, max_steps=25, max_epochs=5)
+    rest = _fit(tmp_path / "b", uri, ckpt=ckpt, max_steps=100, max_epochs=-1)
+    assert first + rest == whole
+
+
+def test_a_resume_that_trains_nothing_says_so_and_promises_no_step(
+    tmp_path: Path, uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    first, ckpt = _stopped(tmp_path / "a", uri, "last", max_steps=25, max_epochs=5)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        rest = _fit(tmp_path / "b", uri, ckpt=ckpt, max_steps=25, max_epochs=5)
+    text = caplog.text
+    assert rest == []
+    assert "nothing more is trained: max_steps=25 reached" in text
+    assert "more step(s)" not in text
+
+
+@pytest.mark.parametrize("between", [(), ("validate", "test", "predict")], ids=["fit_only", "eval_calls"])
+def test_a_second_fit_of_one_data_module_trains_what_a_fresh_one_trains(
+    tmp_path: Path, uri: str, between: tuple[str, ...]
+) -> None:
+    """Issue #37.2: the second fit reused the loader bound to the first trainer: 80 of 100 batches."""
+    source = LanceSource(uri)
+    dm = make_dm(uri, "row:3", batch_size=BATCH, val=source, test=source, predict=source)
+    model = RecordingModel()
+    trainer = _trainer(tmp_path / "a", every=10, max_steps=30, max_epochs=5)
+    trainer.fit(model, datamodule=dm)
+    for call in between:
+        getattr(_trainer(tmp_path / call), call)(model, datamodule=dm)
+    ckpt = tmp_path / "a" / "ckpt" / "step=20.ckpt"
+    again = _fit(tmp_path / "b", uri, ckpt=ckpt, dm=dm, max_epochs=2)
+    fresh = _fit(tmp_path / "c", uri, ckpt=ckpt, max_epochs=2)
+    whole = _fit(tmp_path / "whole", uri, max_epochs=2)
+    assert len(again) == 100
+    assert again == fresh == whole[20:]
+
+
+class IdLogModel(RecordingModel):
+    """`RecordingModel` that also appends each step's ids, one JSON line per step, to
+    ``<log>.<global rank>`` (a CLI run in a subprocess, DDP ranks included)."""
+
+    def __init__(self, log: str) -> None:
+        super().__init__()
+        self.log_path = log
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        with open(f"{self.log_path}.{self.global_rank}", "a") as out:
+            out.write(json.dumps([self.current_epoch, self._ids(batch)]) + "\n")
+        return super().training_step(batch, batch_idx)
+
+
+def _cli_config(root: Path, uri: str, devices: int) -> Path:
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": devices,
+            "strategy": "ddp" if devices > 1 else "auto",
+            "logger": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "num_sanity_val_steps": 0,
+            "callbacks": [
+                {"class_path": "lance_lightning.DataCursorCheckpoint"},
+                {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_last": True}},
+            ],
+        },
+        "model": {"class_path": "tests.scenarios.test_loop_semantics.IdLogModel"},
+        "data": {"train": {"uri": uri}, "batch_size": BATCH, "shuffle": {"class_path": "lance_lightning.RowShuffle"}},
+    }
+    path = root / "config.yaml"
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _cli_fit(root: Path, config: Path, name: str, *args: str) -> tuple[list[Any], str]:
+    log = root / f"{name}.ids"
+    code, out = run_cli_process(
+        ["fit", "--config", str(config), f"--model.log={log}", f"--trainer.default_root_dir={root / name}", *args],
+        cwd=root,
+    )
+    assert code == 0, out
+    steps = [json.loads(line) for path in sorted(root.glob(f"{name}.ids.*")) for line in path.read_text().splitlines()]
+    return steps, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [1, 2], ids=["one_process", "ddp"])
+def test_the_cli_resumes_a_max_steps_stop_from_last_ckpt_under_max_epochs(
+    tmp_path: Path, uri: str, devices: int
+) -> None:
+    """Issue #37.3 through ``lance-lightning fit`` in a subprocess (2-rank gloo DDP too): stopped by
+    ``max_steps``, resumed from ``last.ckpt`` under ``max_epochs: 1`` it trains the rest of epoch 0
+    (was: nothing, while promising the steps), under ``max_epochs: 3`` also epochs 1 and 2 whole."""
+    config = _cli_config(tmp_path, uri, devices)
+    whole, _ = _cli_fit(tmp_path, config, "whole", "--trainer.max_epochs=3")
+    stop = 12 if devices == 1 else 7
+    first, _ = _cli_fit(tmp_path, config, "first", f"--trainer.max_steps={stop}")
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    one, out = _cli_fit(tmp_path, config, "one", "--trainer.max_epochs=1", f"--ckpt_path={last}")
+    assert "the rest of it is trained first" in out and "more step(s)" in out
+    three, _ = _cli_fit(tmp_path, config, "three", "--trainer.max_epochs=3", f"--ckpt_path={last}")
+
+    def ids(steps: list[Any]) -> list[tuple[int, int]]:
+        return sorted((epoch, i) for epoch, batch in steps for i in batch)
+
+    assert len(first) == stop * devices
+    assert ids(first + one) == ids([s for s in whole if s[0] == 0])
+    assert ids(first + three) == ids(whole)
+    if devices == 1:
+        assert first + three == whole  # the same order, step for step
+
+
+class ValTimingModel(RecordingModel):
+    """`RecordingModel` that records the global step at each validation run and what
+    ``estimated_stepping_batches`` was when the optimizers were configured."""
+
+    def __init__(self) -> None:
+        super().__init__(read_estimated_stepping_batches=True)
+        self.validated_at: list[int] = []
+
+    def on_validation_start(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.validated_at.append(self.trainer.global_step)
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [
+        dict(val_check_interval=0.25, limit_train_batches=0.5),
+        dict(val_check_interval=7, accumulate_grad_batches=2),
+        dict(check_val_every_n_epoch=2, reload_dataloaders_every_n_epochs=1, limit_train_batches=40),
+    ],
+    ids=["val_fraction_limit_fraction", "val_count_accumulate", "val_every_2_reload"],
+)
+@pytest.mark.parametrize("stop", ["periodic", "max_steps_last"])
+def test_options_that_read_the_loaders_length_see_an_uninterrupted_runs_numbers(
+    tmp_path: Path, uri: str, loop: dict[str, Any], stop: str
+) -> None:
+    """Every Lightning option that reads or rescales ``len(loader)`` after a resume: validation at
+    the steps of the uninterrupted run, the same batches, the same stepping estimate."""
+    source = LanceSource(uri)
+
+    def run(name: str, ckpt: Path | None = None, **kwargs: Any) -> ValTimingModel:
+        model = ValTimingModel()
+        dm = make_dm(uri, "row:3", batch_size=BATCH, val=source)
+        options = dict(max_epochs=3, limit_val_batches=1, **loop, **kwargs)
+        trainer = _trainer(tmp_path / name, **options)
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+        if ckpt is None and stop == "max_steps_last":
+            trainer.save_checkpoint(tmp_path / name / "after.ckpt")
+        return model
+
+    whole = run("whole")
+    if stop == "periodic":
+        first = run("a", every=9, save_last=False, max_steps=9)
+        ckpt = tmp_path / "a" / "ckpt" / "step=9.ckpt"
+    else:
+        first = run("a", max_steps=9)
+        ckpt = tmp_path / "a" / "after.ckpt"
+    rest = run("b", ckpt=ckpt)
+    assert whole.validated_at and rest.seen
+    assert first.seen + rest.seen == whole.seen
+    assert first.validated_at + rest.validated_at == whole.validated_at
+    assert rest.estimated_stepping_batches == whole.estimated_stepping_batches
