@@ -10,7 +10,12 @@ Needs a CUDA device; records into ``benchmarks/results/gpu.md``, naming the devi
    ``device_transform``). Measured over the steps after a warm-up: the step time, and the share
    of it the training loop spent between steps (fetching the batch, copying it, decoding: waiting
    for data; target < 2%); then the same fit fed from batches already on the GPU (target: Lance
-   step time <= 1.05x).
+   step time <= 1.05x). ``--variants`` adds rows for other ways of feeding the same fit, each
+   timed in the same run: ``cpu=F`` decodes the first fraction F of each batch on CPU threads
+   while the GPU decodes the rest (``DecodeImage(cpu_share=F)``; ``threads=N`` sets the threads),
+   ``prio`` trains on a high-priority CUDA stream (so the decode's kernels yield to the model's),
+   joined by ``+``. ``--model2`` adds the same rows for a second fit where the data path matters
+   more: ResNet-18 at 128x128 (JPEGs of 144x144), batch ``--batch2``.
 3. Copies: `DeviceTransfer` (the data module's side-stream copy) of a pinned batch against a
    plain ``pinned.to("cuda", non_blocking=True)`` of the same bytes, timed with CUDA events
    (target >= 0.8x the bandwidth); and proof of overlap: a copy issued by `DeviceTransfer` while
@@ -21,6 +26,7 @@ Usage (from the repository root)::
 
     python benchmarks/bench_gpu.py                    # on a CUDA machine, ~5 minutes
     python benchmarks/bench_gpu.py --device cpu --rows 64 --steps 3 --out /tmp/gpu.md   # CPU smoke run
+    python benchmarks/bench_gpu.py --variants cpu=0.25 cpu=0.5 prio --model2 --batch2 1024
 
 ``--device cpu`` runs the same code at tiny sizes on the CPU (the decode and fit sections, with
 the CPU in place of the GPU; the copy sections need CUDA and are skipped): a test runs it, so the
@@ -74,11 +80,14 @@ def jpegs(rows: int, side: int, seed: int = 0) -> list[bytes]:
 
 
 def image_dataset(root: Path, rows: int, side: int) -> str:
-    """A Lance dataset of ``rows`` ``side`` x ``side`` JPEGs (``image``) and labels, written once."""
+    """A Lance dataset of ``rows`` ``side`` x ``side`` JPEGs (``image``) and labels, written once
+    (the JPEGs are made in chunks of 1,024 on a thread per core)."""
     path = root / f"gpu_images_{rows}_{side}.lance"
     if path.exists() and lance.dataset(str(path)).count_rows() == rows:
         return str(path)
-    blobs = jpegs(rows, side)
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        chunks = pool.map(lambda first: jpegs(min(1024, rows - first), side, seed=first), range(0, rows, 1024))
+        blobs = [blob for chunk in chunks for blob in chunk]
     labels = np.arange(rows, dtype=np.int64) % CLASSES
     table = pa.table({"image": pa.array(blobs, pa.binary()), "label": pa.array(labels)})
     lance.write_dataset(table, str(path), mode="overwrite")
@@ -162,11 +171,30 @@ def decode_rates(device: torch.device, sides: list[int], batches: int, min_secon
 
 # -- 2. fit --------------------------------------------------------------------------------------------
 class ResNet(pl.LightningModule):
-    def __init__(self) -> None:
+    """ResNet-18; with ``priority`` (CUDA, e.g. -1) it trains on a stream of that priority."""
+
+    def __init__(self, priority: int = 0) -> None:
         super().__init__()
         import torchvision
 
         self.net = torchvision.models.resnet18(num_classes=CLASSES).to(memory_format=torch.channels_last)
+        self.priority = priority
+        self._streams: Any = None
+
+    def on_train_start(self) -> None:
+        if self.priority and self.device.type == "cuda":
+            previous = torch.cuda.current_stream(self.device)
+            stream = torch.cuda.Stream(self.device, priority=self.priority)
+            stream.wait_stream(previous)
+            torch.cuda.set_stream(stream)
+            self._streams = (previous, stream)
+
+    def on_train_end(self) -> None:
+        if self._streams is not None:
+            previous, stream = self._streams
+            previous.wait_stream(stream)
+            torch.cuda.set_stream(previous)
+            self._streams = None
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         images = batch["image"].contiguous(memory_format=torch.channels_last)
@@ -218,27 +246,91 @@ class DeviceBatches:
         return (self.batches[i % len(self.batches)] for i in range(self.steps))
 
 
+def parse_variant(text: str) -> dict[str, Any]:
+    """``cpu=F``, ``threads=N``, ``prio`` joined by ``+`` (see the module docstring)."""
+    out: dict[str, Any] = {"name": text, "cpu_share": 0.0, "cpu_threads": None, "priority": 0}
+    for part in text.split("+"):
+        key, _, value = part.partition("=")
+        try:
+            if key == "cpu" and value:
+                out["cpu_share"] = float(value)
+            elif key == "threads" and value:
+                out["cpu_threads"] = int(value)
+            elif key == "prio" and not value:
+                out["priority"] = -1
+            else:
+                raise ValueError(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: a variant is cpu=F (0..1), threads=N, prio, joined by '+'"
+            ) from None
+    return out
+
+
+def variant_label(variant: dict[str, Any]) -> str:
+    parts = []
+    if variant["cpu_share"]:
+        threads = variant["cpu_threads"] or decoders_threads()
+        parts.append(f"first {100 * variant['cpu_share']:.0f}% of each batch decoded on {threads} CPU threads")
+    if variant["priority"]:
+        parts.append(f"training on a stream of priority {variant['priority']}")
+    return "Lance, `device_ahead=2`, " + ", ".join(parts or ["as above"]) + f" (`{variant['name']}`)"
+
+
+def decoders_threads() -> int:
+    from lance_lightning.transforms.host_share import default_threads
+
+    return default_threads()
+
+
 def fit_rates(
-    uri: str, device: torch.device, size: int, batch: int, steps: int, warmup: int, threads: int
+    uri: str,
+    device: torch.device,
+    size: int,
+    batch: int,
+    steps: int,
+    warmup: int,
+    threads: int,
+    variants: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    in_hooks: bool = True,
 ) -> dict[str, Any]:
-    decode = DecodeImage(size=size, mean=MEAN, std=STD, device=str(device) if device.type == "cuda" else None)
+    on = str(device) if device.type == "cuda" else None
+    decode = DecodeImage(size=size, mean=MEAN, std=STD, device=on)
     kwargs = fit_trainer_kwargs(device.type, steps)
 
-    def module(device_ahead: int) -> LanceDataModule:
+    def module(device_ahead: int, transform: DecodeImage = decode) -> LanceDataModule:
         return LanceDataModule(
             train=LanceSource(uri, columns=["image", "label"]),
             batch_size=batch,
             shuffle=RowShuffle(seed=0, clump_rows=64),
-            device_transform=decode,
+            device_transform=transform,
             reader_threads=threads,
             device_ahead=device_ahead,
         )
 
-    out: dict[str, Any] = {"batch": batch, "size": size, "read": read_rate(module(0), steps)}
-    for name, device_ahead in (("lance", 2), ("in_hooks", 0)):
+    def timed(dm: LanceDataModule, priority: int = 0) -> dict[str, float]:
         clock = StepClock(warmup)
-        pl.Trainer(callbacks=[clock], **kwargs).fit(ResNet(), datamodule=module(device_ahead))
-        out[name] = clock.result()
+        pl.Trainer(callbacks=[clock], **kwargs).fit(ResNet(priority), datamodule=dm)
+        return clock.result()
+
+    out: dict[str, Any] = {"batch": batch, "size": size, "read": read_rate(module(0), steps), "variants": []}
+    out["lance"] = timed(module(2))
+    print(f"  lance: {out['lance']}", flush=True)
+    if in_hooks:
+        out["in_hooks"] = timed(module(0))
+    for variant in variants:
+        split = DecodeImage(
+            size=size,
+            mean=MEAN,
+            std=STD,
+            device=on,
+            cpu_share=variant["cpu_share"],
+            cpu_threads=variant["cpu_threads"],
+        )
+        result = timed(module(2, split), variant["priority"])
+        split.host_share.close()
+        print(f"  {variant['name']}: {result}", flush=True)
+        out["variants"].append({**variant, **result})
     table = lance.dataset(uri).to_table(columns=["image", "label"], limit=batch * 4)
     ready = []
     for first in range(0, table.num_rows - batch + 1, batch):
@@ -363,6 +455,7 @@ def report(
     copies: dict[str, float] | None,
     lap: dict[str, float] | None,
     seconds: float,
+    fit2: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         "# GPU: decode, a ResNet-18 fit fed from Lance, copies that overlap",
@@ -382,27 +475,9 @@ def report(
             f"| {r['side']}x{r['side']} | {r['cpu']:,.0f} ({r['cores']} threads) | {cells} | "
             f"{max(rates.values()) / r['cpu']:.2f}x |"
         )
-    lance_fit, in_hooks, ready = fit["lance"], fit["in_hooks"], fit["ready"]
-    ratio = lance_fit["step_ms"] / ready["step_ms"]
-    lines += [
-        "",
-        f"## ResNet-18 fit, bf16 mixed precision, batch {fit['batch']}, {fit['size']}x{fit['size']}",
-        "",
-        "| fed from | step time | share of step time between steps (waiting for data) | steps timed |",
-        "|---|---:|---:|---:|",
-        f"| Lance (RowShuffle, decode on the device, `device_ahead=2`) | {lance_fit['step_ms']:.1f} ms | "
-        f"{100 * lance_fit['wait_share']:.2f}% (target < 2%: {'PASS' if lance_fit['wait_share'] < 0.02 else 'FAIL'}) "
-        f"| {lance_fit['steps']} |",
-        f"| Lance, copy and decode in the loop's hooks (`device_ahead=0`) | {in_hooks['step_ms']:.1f} ms | "
-        f"{100 * in_hooks['wait_share']:.2f}% | {in_hooks['steps']} |",
-        f"| batches already on the device | {ready['step_ms']:.1f} ms | {100 * ready['wait_share']:.2f}% | "
-        f"{ready['steps']} |",
-        "",
-        f"Lance / on-device step time: {ratio:.3f}x (target ≤ 1.05x: {'PASS' if ratio <= 1.05 else 'FAIL'}); "
-        f"with `device_ahead=0`: {in_hooks['step_ms'] / ready['step_ms']:.3f}x. The train loader alone (read, "
-        f"convert, pin; no GPU work) delivers {fit['read']:,.0f} images/s; the on-device fit consumes "
-        f"{1e3 * fit['batch'] / ready['step_ms']:,.0f} images/s.",
-    ]
+    lines += fit_section(fit)
+    if fit2 is not None:
+        lines += fit_section(fit2)
     if copies is not None and lap is not None:
         lines += [
             "",
@@ -430,6 +505,41 @@ def report(
     return "\n".join(lines)
 
 
+def fit_section(fit: dict[str, Any]) -> list[str]:
+    """The table of one fit: the Lance rows against the on-device baseline, each with its two targets."""
+    ready = fit["ready"]
+
+    def row(label: str, result: dict[str, float]) -> str:
+        ratio = result["step_ms"] / ready["step_ms"]
+        wait = result["wait_share"]
+        return (
+            f"| {label} | {result['step_ms']:.1f} ms | {ratio:.3f}x ({'PASS' if ratio <= 1.05 else 'FAIL'}) | "
+            f"{100 * wait:.2f}% ({'PASS' if wait < 0.02 else 'FAIL'}) | {result['steps']} |"
+        )
+
+    lines = [
+        "",
+        f"## ResNet-18 fit, bf16 mixed precision, batch {fit['batch']}, {fit['size']}x{fit['size']}",
+        "",
+        "| fed from | step time | / on-device (target ≤ 1.05x) | between steps, waiting for data (target < 2%) "
+        "| steps timed |",
+        "|---|---:|---:|---:|---:|",
+        row("Lance (RowShuffle, decode on the device, `device_ahead=2`)", fit["lance"]),
+    ]
+    if "in_hooks" in fit:
+        lines.append(row("Lance, copy and decode in the loop's hooks (`device_ahead=0`)", fit["in_hooks"]))
+    for variant in fit["variants"]:
+        lines.append(row(variant_label(variant), variant))
+    lines += [
+        f"| batches already on the device | {ready['step_ms']:.1f} ms | 1x | {100 * ready['wait_share']:.2f}% | "
+        f"{ready['steps']} |",
+        "",
+        f"The train loader alone (read, convert, pin; no GPU work) delivers {fit['read']:,.0f} images/s; the "
+        f"on-device fit consumes {1e3 * fit['batch'] / ready['step_ms']:,.0f} images/s.",
+    ]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -447,6 +557,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60, help="training steps per fit (the first 10 are warm-up)")
     parser.add_argument("--quick", action="store_true", help="a shorter run: 30 steps, 30 batches of data")
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each copy measurement")
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        type=parse_variant,
+        default=[],
+        metavar="VARIANT",
+        help="more Lance rows for each fit: cpu=F (the first fraction F of each batch decoded on CPU threads), "
+        "threads=N, prio (training on a high-priority stream), joined by '+'",
+    )
+    parser.add_argument(
+        "--model2", action="store_true", help="a second fit: ResNet-18 at 128x128 (JPEGs of 144x144), batch --batch2"
+    )
+    parser.add_argument("--batch2", type=int, default=1024, help="the second fit's batch size (CUDA)")
+    parser.add_argument("--steps2", type=int, default=40, help="the second fit's steps (the first 10 are warm-up)")
+    parser.add_argument("--skip-decode", action="store_true", help="skip the decode section (1)")
     parser.add_argument("--out", type=Path, default=common.RESULTS_DIR / "gpu.md", help="where to write the report")
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_CACHE, help="where datasets are cached")
     args = parser.parse_args(argv)
@@ -474,11 +599,15 @@ def main(argv: list[str] | None = None) -> int:
     args.data_dir.mkdir(parents=True, exist_ok=True)
     print("[1/3] decode", flush=True)
     # two batches per core keep every CPU thread busy
-    decode = decode_rates(
-        device,
-        [16, 32] if smoke else [64, 256],
-        1 if smoke else max(8, 2 * (os.cpu_count() or 1)),
-        0.01 if smoke else 1.0,
+    decode = (
+        []
+        if args.skip_decode
+        else decode_rates(
+            device,
+            [16, 32] if smoke else [64, 256],
+            1 if smoke else max(8, 2 * (os.cpu_count() or 1)),
+            0.01 if smoke else 1.0,
+        )
     )
     print("[2/3] fit", flush=True)
     side, size = (40, 32) if smoke else (256, 224)
@@ -491,13 +620,31 @@ def main(argv: list[str] | None = None) -> int:
         args.steps,
         warmup=1 if smoke else 10,
         threads=2 if smoke else min(8, os.cpu_count() or 1),
+        variants=args.variants,
     )
+    fit2 = None
+    if args.model2:
+        print("[2/3] fit, second model", flush=True)
+        batch2 = 8 if smoke else args.batch2
+        steps2 = args.steps if smoke else args.steps2
+        side2, size2 = (24, 16) if smoke else (144, 128)
+        fit2 = fit_rates(
+            image_dataset(args.data_dir, steps2 * batch2, side2),
+            device,
+            size2,
+            batch2,
+            steps2,
+            warmup=1 if smoke else 10,
+            threads=2 if smoke else min(8, os.cpu_count() or 1),
+            variants=args.variants,
+            in_hooks=False,
+        )
     copies = lap = None
     if not smoke:
         print("[3/3] copies", flush=True)
         copies = copy_rates(device, 256, args.reps)
         lap = overlap(device, 512)
-    text = report(args, device, decode, fit, copies, lap, time.perf_counter() - started)
+    text = report(args, device, decode, fit, copies, lap, time.perf_counter() - started, fit2)
     args.out.write_text(text)
     print(text)
     return 0

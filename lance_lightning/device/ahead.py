@@ -5,8 +5,9 @@ Guarantees:
   bad-row policy) on up to ``depth`` batches ahead of the training loop, in one thread
   (`AheadThread`, named ``lance-device-ahead``) that issues its work on its own CUDA stream, so a
   GPU decode's host work and kernels overlap the step before. The training thread receives the
-  batches in order; its compute stream waits on an event recorded after each batch's work, and
-  every CUDA tensor of the batch is marked as used by the compute stream (allocator safety).
+  batches in order; its current stream (read when each batch is handed over) waits on an event
+  recorded after the batch's work, and every CUDA tensor of the batch is marked as used by that
+  stream, so its memory is not reused by a later batch while the step still reads it.
 - An exception raised while reading or preparing a batch (a `BadRowError`, a decode error, a
   worker's failure) is raised on the training thread when that batch is due, after the batches
   before it: nothing is lost or reordered.
@@ -67,13 +68,16 @@ class DeviceAhead:
     Args:
         prepare: ``prepare(batch, positions)`` returns the batch ready for the step (on the device).
         device: The device of this process (CUDA: the work runs on a side stream; elsewhere it is
-            simply done ahead, in the thread).
+            simply done ahead, in the thread). ``"cuda"`` without an index is the current device.
         depth: Batches prepared ahead (>= 1).
     """
 
     def __init__(self, prepare: Callable[[Any, Any], Any], device: torch.device, depth: int = 2) -> None:
         self.prepare = prepare
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # the thread's torch.cuda.set_device needs an index (torch 2.11 refuses a bare "cuda")
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.depth = depth
 
     def iterate(self, items: Iterator[Item]) -> Iterator[Item]:
@@ -112,7 +116,6 @@ class AheadThread:
 
     def __iter__(self) -> Iterator[Item]:
         cuda = self.ahead.device.type == "cuda"
-        compute = torch.cuda.current_stream(self.ahead.device) if cuda else None
         while True:
             entry = self._ready.get()
             if entry is _END:
@@ -120,7 +123,10 @@ class AheadThread:
             if isinstance(entry, BaseException):
                 raise entry
             (batch, shipped, positions), done = entry
-            if compute is not None:
+            if cuda:
+                # the consumer's stream now (it may have changed since the first batch, e.g. a
+                # model that trains on a stream of its own)
+                compute = torch.cuda.current_stream(self.ahead.device)
                 compute.wait_event(done)
                 record_stream(batch, compute)
             yield batch, shipped, positions

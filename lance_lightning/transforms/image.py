@@ -18,8 +18,10 @@ runs in cache-sized chunks. With
 ``device="cuda"`` the JPEGs (found with one vectorised comparison) go to one
 batched nvJPEG call on the GPU; use it as the data module's ``device_transform``.
 If that call fails, the JPEGs are decoded one call each, so a bad row is named
-exactly as on the CPU. The decoder backend (TorchCodec, or torchvision as the
-fallback) is chosen in ``__init__``, see `lance_lightning.transforms.decoders`.
+exactly as on the CPU. With ``cpu_share`` the first rows of each batch are decoded on
+CPU threads while the GPU decodes the rest (`lance_lightning.transforms.host_share`), then copied
+to the GPU and resized and normalised with them. The decoder backend (TorchCodec, or torchvision
+as the fallback) is chosen in ``__init__``, see `lance_lightning.transforms.decoders`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from torchvision.transforms.v2 import functional as F
 from lance_lightning.errors import ConfigError, ImageDecodeError
 from lance_lightning.produce.convert import Ragged
 from lance_lightning.transforms import decoders
+from lance_lightning.transforms.host_share import HostShare
 from lance_lightning.transforms.sizes import check_size, fit_batch
 
 __all__ = ["DecodeImage", "ImageDecodeError"]
@@ -83,6 +86,14 @@ class DecodeImage:
             (its decoders are deprecated since torchvision 0.29), or
             ``"auto"`` (TorchCodec when installed, else torchvision). Both give
             the same images; see docs/performance.md for their speed.
+        cpu_share: with a CUDA ``device``, the fraction of each batch (its first
+            rows) decoded on CPU threads while the GPU decodes the rest, so
+            that the GPU's decode work competes less with the model's kernels
+            (benchmarks/results/gpu.md measures the shares). ``0`` (the
+            default): the GPU decodes every JPEG. Without a device it has no
+            effect (every row is decoded on the CPU).
+        cpu_threads: threads for the CPU share (``None``: half the cores, at
+            most 8).
 
     Raises:
         ConfigError: ``backend`` is unknown, or names a backend that is not installed.
@@ -102,6 +113,8 @@ class DecodeImage:
         fit: Literal["stretch", "crop"] = "stretch",
         device: str | None = None,
         backend: Literal["auto", "torchcodec", "torchvision"] = "auto",
+        cpu_share: float = 0.0,
+        cpu_threads: int | None = None,
     ) -> None:
         if not isinstance(column, str) or not column:
             raise ConfigError("DecodeImage.column", column, "must be a non-empty column name", "e.g. column='image'")
@@ -117,6 +130,16 @@ class DecodeImage:
         self.device = _check_device(device)
         self.mean, self.std = _check_mean_std(mean, std, self.normalize, mode)
         self.backend = decoders.resolve_backend(backend)
+        self.host_share = HostShare(cpu_share, cpu_threads)
+
+    @property
+    def cpu_share(self) -> float:
+        """The fraction of each batch decoded on CPU threads beside a GPU decode (see ``__init__``)."""
+        return self.host_share.share
+
+    @property
+    def cpu_threads(self) -> int | None:
+        return self.host_share.threads
 
     @property
     def host_columns(self) -> tuple[str, ...]:
@@ -141,7 +164,8 @@ class DecodeImage:
         return (
             f"{type(self).__name__}(column={self.column!r}, size={self.size!r}, mode={self.mode!r}, "
             f"normalize={self.normalize!r}, mean={self.mean!r}, std={self.std!r}, fit={self.fit!r}, "
-            f"device={self.device!r}, backend={self.backend!r})"
+            f"device={self.device!r}, backend={self.backend!r}"
+            + (f", cpu_share={self.cpu_share!r}, cpu_threads={self.cpu_threads!r})" if self.cpu_share else ")")
         )
 
     # -- decoding -----------------------------------------------------------
@@ -174,36 +198,60 @@ class DecodeImage:
         joined, bounds = self._joined(values)
         kinds = decoders.formats(joined, bounds)
         if self.device is None:
-            return self._decode_host(joined, bounds, kinds)
+            stacked, images = self._decode_host(joined, bounds, kinds)
+            return images or stacked
         return self._decode_on(torch.device(self.device), joined, bounds, kinds)
 
     def _decode_host(
-        self, joined: torch.Tensor, bounds: list[int], kinds: torch.Tensor
-    ) -> torch.Tensor | list[torch.Tensor]:
+        self, joined: torch.Tensor, bounds: list[int], kinds: torch.Tensor, first: int = 0
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Rows ``joined[bounds[i]:bounds[i + 1]]`` decoded on the CPU, ``(stacked, [])`` or
+        ``(empty, images)``; a bad row is named as row ``first + i`` of the batch."""
         try:
-            stacked, images = decoders.decode_rows(self.backend, joined, bounds, kinds, _MODES[self.mode])
+            return decoders.decode_rows(self.backend, joined, bounds, kinds, _MODES[self.mode])
         except (RuntimeError, ValueError):  # decode one by one to find the row at fault
-            images = [self._decode_one(i, joined[bounds[i] : bounds[i + 1]]) for i in range(len(bounds) - 1)]
-        return images or stacked
+            images = [self._decode_one(first + i, joined[bounds[i] : bounds[i + 1]]) for i in range(len(bounds) - 1)]
+        return torch.empty(0), images
 
     def _decode_on(
         self, device: torch.device, joined: torch.Tensor, bounds: list[int], kinds: torch.Tensor
     ) -> list[torch.Tensor]:
         """Every row decoded onto ``device``: the JPEGs in one batched call, the other rows on the
-        CPU, then copied without blocking."""
+        CPU, then copied without blocking. The first ``host_share.rows(n)`` rows are decoded on CPU
+        threads meanwhile (`HostShare`); a bad row among them is named before one of the GPU's."""
         if joined.device.type != "cpu":
             joined = joined.cpu()  # the decoders parse the encoded bytes on the host
         if device.type == "cuda" and not joined.is_pinned():
             joined = joined.pin_memory()  # the decoder's host-to-device copy of the bytes can then be async
         rows = [joined[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-        jpegs = torch.nonzero(kinds == decoders.JPEG).flatten().tolist()
+        on_host = self.host_share.rows(len(rows))
+        pending = None
+        if on_host:
+            pending = self.host_share.submit(
+                lambda start, stop: self._decode_host_rows(joined, bounds, kinds, start, stop), on_host, device
+            )
+        jpegs = (torch.nonzero(kinds[on_host:] == decoders.JPEG).flatten() + on_host).tolist()
         images: list[torch.Tensor | None] = [None] * len(rows)
-        for i, image in zip(jpegs, self._decode_jpegs(device, rows, jpegs)):
+        try:
+            decoded = self._decode_jpegs(device, rows, jpegs)
+        except ImageDecodeError as error:
+            first = pending.first_error() if pending is not None else None
+            raise (first or error) from None
+        for i, image in zip(jpegs, decoded):
             images[i] = image
+        if pending is not None:
+            images[:on_host] = pending.result()
         for i in (i for i, image in enumerate(images) if image is None):
             image = self._decode_one(i, rows[i])
             images[i] = image.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else image.to(device)
         return images  # type: ignore[return-value]
+
+    def _decode_host_rows(
+        self, joined: torch.Tensor, bounds: list[int], kinds: torch.Tensor, start: int, stop: int
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """Rows ``[start, stop)`` decoded on the CPU (on a thread of `HostShare`)."""
+        stacked, images = self._decode_host(joined, bounds[start : stop + 1], kinds[start:stop], first=start)
+        return images or stacked
 
     def _decode_jpegs(self, device: torch.device, rows: list[torch.Tensor], jpegs: list[int]) -> list[torch.Tensor]:
         """Rows ``jpegs`` decoded on ``device`` by one batched call; if that call fails, by one call

@@ -39,6 +39,9 @@ def test_cpu_smoke_run_writes_every_section(tmp_path: Path) -> None:
             str(out),
             "--data-dir",
             str(tmp_path),
+            "--variants",
+            "cpu=0.5+threads=2+prio",
+            "--model2",
         ],
         capture_output=True,
         text=True,
@@ -48,9 +51,24 @@ def test_cpu_smoke_run_writes_every_section(tmp_path: Path) -> None:
     text = out.read_text()
     assert "device: CPU (smoke run, no GPU)" in text
     assert "| 16x16 |" in text and "| 32x32 |" in text  # decode rows, both backends measured
-    assert "| Lance (RowShuffle, decode on the device, `device_ahead=2`) |" in text
-    assert "(`device_ahead=0`) |" in text and "| batches already on the device |" in text
+    assert text.count("| Lance (RowShuffle, decode on the device, `device_ahead=2`) |") == 2  # both models
+    assert "(`device_ahead=0`) |" in text and text.count("| batches already on the device |") == 2
+    assert (
+        text.count("(`cpu=0.5+threads=2+prio`) |") == 2
+        and "## ResNet-18 fit, bf16 mixed precision, batch 8, 16x16" in text
+    )
     assert "Copies: skipped (they need CUDA)." in text
+
+
+@pytest.mark.parametrize("variant", ["cpu", "cpu=x", "threads=1.5", "prio=1", "fast"])
+def test_a_variant_it_cannot_read_is_refused(tmp_path: Path, variant: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--variants", variant, "--out", str(tmp_path / "gpu.md")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "a variant is cpu=F" in done.stderr
 
 
 def test_rows_too_few_for_the_steps_is_refused(tmp_path: Path) -> None:

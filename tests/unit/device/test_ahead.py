@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import torch
 
@@ -18,8 +19,11 @@ from lance_lightning import LanceDataModule, LanceSource, RowShuffle
 from lance_lightning.device.ahead import DeviceAhead
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.loader import LanceDataLoader
+from lance_lightning.produce.convert import to_torch_batch
+from lance_lightning.transforms import DecodeImage
 from tests.harness import Job, Setup, run_and_check_resume
 from tests.helpers import write_dataset
+from tests.images import colour, image_blobs
 
 CPU = torch.device("cpu")
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -140,3 +144,61 @@ def test_resume_on_cuda_is_exact_with_batches_prepared_ahead(tmp_path: Path, dev
         return Job(name, uri, "row:2", setup, epochs, extra=extra, accelerator="cuda", **kw)
 
     run_and_check_resume(tmp_path, job, rows=rows, k=k, setup_a=a, setup_b=b, max_epochs=epochs)
+
+
+@cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("priority", [0, -1])
+def test_a_batch_prepared_ahead_is_not_overwritten_while_the_step_reads_it(priority: int) -> None:
+    """Each batch is allocated on the ahead thread's stream; the step reads it only after queued
+    matmuls and drops it at once. Without the event and ``record_stream`` the allocator would hand
+    its memory to the next batches (same stream) before the read ran; the sums show it did not.
+    ``priority=-1`` trains on a high-priority stream of its own (the consumer's current stream)."""
+    device = torch.device("cuda")
+    elements, count = 1 << 22, 24
+
+    def prepare(batch: dict[str, torch.Tensor], positions: Any) -> dict[str, torch.Tensor]:
+        return {"x": torch.full((elements,), float(batch["x"]), device=device)}
+
+    busy = torch.randn(4096, 4096, device=device)
+    sums = []
+    stream = torch.cuda.Stream(device, priority=priority) if priority else torch.cuda.current_stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for batch, _, _ in DeviceAhead(prepare, device, depth=2).iterate(iter(Source(count))):
+            for _ in range(4):
+                busy = (busy @ busy).div_(4096)  # the step's kernels, queued before its read of the batch
+            sums.append(batch["x"].sum())
+            del batch  # nothing but the stream marks keep the batch's memory from the next batches
+        got = torch.stack(sums).cpu()
+    assert got.tolist() == [float(i * elements) for i in range(count)]
+
+
+@cuda
+@pytest.mark.cuda
+def test_decoded_batches_prepared_ahead_reach_the_step_intact() -> None:
+    """The same through `DecodeImage(device="cuda", cpu_share=0.5)`: each batch is a different set
+    of solid colours, read by the step after queued matmuls."""
+    device = torch.device("cuda")
+    blobs = image_blobs(64, "jpeg")
+    batches = [
+        to_torch_batch(pa.table({"image": pa.array(blobs[i : i + 16] * 16, pa.binary())})) for i in (0, 16, 32, 48)
+    ]
+    decode = DecodeImage(size=64, normalize=False, device="cuda", cpu_share=0.5, cpu_threads=4)
+
+    class Batches:
+        def __iter__(self) -> Iterator[Any]:
+            for n in range(12):
+                yield batches[n % 4], None, [n]
+
+    busy = torch.randn(4096, 4096, device=device)
+    means, firsts = [], []
+    for batch, _, positions in DeviceAhead(lambda b, p: decode(b), device, depth=2).iterate(iter(Batches())):
+        for _ in range(4):
+            busy = (busy @ busy).div_(4096)
+        means.append(batch["image"].float().mean(dim=(2, 3)))
+        firsts.append(positions[0] % 4)
+        del batch
+    for first, got in zip(firsts, torch.stack(means).cpu()):
+        expected = torch.tensor([colour(16 * first + i % 16) for i in range(256)], dtype=torch.float32)
+        assert torch.allclose(got, expected, atol=3)

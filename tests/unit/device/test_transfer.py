@@ -168,6 +168,23 @@ def test_gpu_jpeg_decode_matches_the_cpu(backend: str) -> None:
 
 @cuda
 @pytest.mark.cuda
+@pytest.mark.parametrize("share", [0.25, 1.0])
+def test_gpu_decode_with_a_cpu_share_matches_the_cpu(share: float) -> None:
+    blobs = image_blobs(12, "jpeg") + image_blobs(4, "png")
+    batch = pin_batch(to_torch_batch(pa.table({"image": pa.array(blobs, pa.binary())})))
+    split = DecodeImage(size=8, device="cuda", cpu_share=share, cpu_threads=2)
+    gpu = split(batch)["image"]
+    cpu = DecodeImage(size=8)({"image": blobs})["image"]
+    assert gpu.is_cuda and gpu.shape == cpu.shape == (16, 3, 8, 8)
+    assert (gpu.cpu() - cpu).abs().max() < 0.05
+    assert_images_match_ids(gpu[:12].cpu(), torch.arange(12))
+    with pytest.raises(ImageDecodeError) as info:
+        split({"image": to_torch_batch(pa.table({"image": image_blobs(12, "jpeg", bad=(1, 9))}))["image"]})
+    assert info.value.index == 1
+
+
+@cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("backend", DECODER_BACKENDS)
 def test_gpu_decode_names_a_bad_row_of_the_batch(backend: str) -> None:
     # the batched nvJPEG call fails; one call per image then names the row, as on the CPU
