@@ -55,8 +55,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.materialize.integrity import check_verify
 from lance_lightning.materialize.space import estimate_view_bytes
-from lance_lightning.materialize.view import check_verify, materialize_view
+from lance_lightning.materialize.view import materialize_view
 from lance_lightning.plan.contract import Plan, SplitSettings
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.survey import build_plan

@@ -69,7 +69,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -82,14 +81,19 @@ import lance
 from lance_lightning.checks import check_int
 from lance_lightning.errors import ConfigError
 from lance_lightning.materialize.copy import (
-    HASH_SECONDS_PER_GB,
-    FileCheck,
     ViewCopier,
     WriterLock,
     adopt_partial,
     bind_files,
     tree_bytes,
-    verify_files,
+)
+from lance_lightning.materialize.integrity import (
+    FORMAT,
+    VERIFY_MODES,
+    cannot_copy_again,
+    check_verify,
+    check_view,
+    write_manifest,
 )
 from lance_lightning.materialize.space import (
     MaterializeError,
@@ -99,7 +103,7 @@ from lance_lightning.materialize.space import (
     space_error,
 )
 from lance_lightning.plan.rowset import RowSet
-from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy, first_line
+from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
 from lance_lightning.vocabulary import SPLITS
 
@@ -115,17 +119,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The manifest's format: 2 records the view's files; a view of format 1 cannot be verified.
-FORMAT = 2
 #: The format hashed into a view's key: unchanged, so a view keeps its path (a checkpoint names it).
 _KEY_FORMAT = 1
-#: How a reused view is checked (see the module's guarantees).
-VERIFY_MODES = ("stat", "checksum")
-#: When this process started (imported this module): a full check of unchanged files that ended
-#: later, by another rank of the node, counts as this process's own.
-_STARTED = time.time()
-#: Views this process re-read in full (``verify="checksum"``): path -> the manifest's ``created``.
-_FULLY_CHECKED: dict[str, str] = {}
 #: Rows per commit: the unit of resumption.
 DEFAULT_CHUNK_ROWS = 131_072
 
@@ -224,7 +219,7 @@ class MaterializedView:
             return None
         manifest_path = view.with_suffix(".json")
         with WriterLock(view.with_suffix(".lock")):
-            found = _check_view(view, manifest_path, None, self.verify)
+            found = check_view(view, manifest_path, None, self.verify)
         if found.manifest is not None:
             return LanceSource(uri=str(view), columns=list(found.manifest["columns"]))
         if found.problem is None or found.recorded is None:
@@ -353,7 +348,7 @@ def materialize_view(
     root = _cache_root(config.cache_dir, cache_param)
     view, manifest_path = root / f"{key}.lance", root / f"{key}.json"
     with WriterLock(root / f"{key}.lock"):
-        found = _check_view(view, manifest_path, pinned, verify)
+        found = check_view(view, manifest_path, pinned, verify)
         damaged = found.problem
         if found.manifest is not None and unreadable is not None and found.manifest["created"] == unreadable[0]:
             damaged = unreadable[1]
@@ -389,7 +384,7 @@ def materialize_view(
         except Exception as error:
             if damaged is None:
                 raise
-            raise _cannot_copy_again(view, pinned, damaged, error, cache_param, root) from None
+            raise cannot_copy_again(view, pinned, damaged, error, cache_param, root) from None
         try:
             check_space(pinned, root, needed - tree_bytes(work))
             view_rows, resumed = copier.run(work)
@@ -417,24 +412,24 @@ def materialize_view(
                 "files": files,
                 "checked": {"at": time.time(), "full": True, "stamps": stamps},
             }
-            _write_manifest(manifest_path, manifest)  # the commit point of the view
+            write_manifest(manifest_path, manifest)  # the commit point of the view
         except MaterializeError as error:
             shutil.rmtree(work, ignore_errors=True)
             if damaged is None:
                 raise
-            raise _cannot_copy_again(view, pinned, damaged, error, cache_param, root) from None
+            raise cannot_copy_again(view, pinned, damaged, error, cache_param, root) from None
         except BaseException as error:  # noqa: BLE001 - out of space is turned into a clear error
             code = out_of_space_errno(error)
             if code is None:
                 if damaged is None or not isinstance(error, Exception):
                     raise  # anything else keeps the partial copy: a rerun resumes it
-                raise _cannot_copy_again(view, pinned, damaged, error, cache_param, root) from None
+                raise cannot_copy_again(view, pinned, damaged, error, cache_param, root) from None
             shutil.rmtree(work, ignore_errors=True)
             _remove_stale(view, manifest_path, root, key)
             failure = space_error(pinned, root, needed, error, code)
             if damaged is None:
                 raise failure from error
-            raise _cannot_copy_again(view, pinned, damaged, failure, cache_param, root) from None
+            raise cannot_copy_again(view, pinned, damaged, failure, cache_param, root) from None
         shutil.rmtree(work, ignore_errors=True)
     return ViewResult(
         str(view),
@@ -485,108 +480,6 @@ def _identity(pinned: PinnedSource, dataset: lance.LanceDataset, shuffle_seed: i
         "filter": pinned.filter,
         "shuffle_seed": shuffle_seed,
     }
-
-
-def check_verify(param: str, value: Any) -> None:
-    """Raise `ConfigError` unless ``value`` is one of `VERIFY_MODES`."""
-    if value not in VERIFY_MODES:
-        raise ConfigError(
-            param,
-            value,
-            f"must be one of {list(VERIFY_MODES)}",
-            "set verify: stat (size and change time; files changed on disk re-read) or verify: checksum "
-            f"(every file re-read once per process, about {HASH_SECONDS_PER_GB[0]}-{HASH_SECONDS_PER_GB[1]} s per GB)",
-        )
-
-
-@dataclass
-class _Found:
-    """What `_check_view` found: the manifest of an intact, complete view, or else why not."""
-
-    manifest: dict[str, Any] | None = None
-    #: Why an existing view must be copied again (None: no view, or one never completed).
-    problem: str | None = None
-    #: The manifest of a view that is damaged (what it was a copy of).
-    recorded: dict[str, Any] | None = None
-    note: str = ""
-
-
-def _check_view(view: Path, manifest_path: Path, pinned: PinnedSource | None, verify: str) -> _Found:
-    """Whether ``view`` is a complete, intact view (of ``pinned``, when given). Call it holding the
-    view's `WriterLock`: a view checked intact is rewritten only under it."""
-    if not (view.is_dir() and manifest_path.is_file()):
-        return _Found()
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        if pinned is not None and (manifest["source"]["version"], manifest["source"]["uri"]) != (
-            pinned.version,
-            pinned.uri,
-        ):
-            return _Found()
-    except (OSError, ValueError, KeyError, TypeError):
-        return _Found()
-    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
-        return _Found(
-            problem="it was made before copies recorded their files' sizes and checksums, so it cannot be verified",
-            recorded=manifest,
-        )
-    checked = manifest.get("checked") or {}
-    stamps = checked.get("stamps") or {}
-    full = verify == "checksum" and not (
-        _FULLY_CHECKED.get(str(view)) == manifest["created"] or (checked.get("full") and checked["at"] >= _STARTED)
-    )
-    try:
-        check = verify_files(view, manifest["files"], stamps, full=full)
-    except OSError as error:  # pragma: no cover - the directory itself cannot be listed
-        check = FileCheck(f"it cannot be listed ({error.strerror or error})", 0)
-    except (KeyError, TypeError, ValueError):  # pragma: no cover - a record edited by hand
-        check = FileCheck("the record of its files in its manifest cannot be read", 0)
-    if check.problem is not None:
-        return _Found(problem=check.problem, recorded=manifest)
-    try:
-        rows = lance.dataset(str(view)).count_rows()
-    except Exception as error:  # noqa: BLE001 - any failure to open it is damage
-        return _Found(problem=f"Lance cannot open it ({first_line(error)})", recorded=manifest)
-    if rows != manifest["rows"]:
-        return _Found(problem=f"it holds {rows:,} rows, {manifest['rows']:,} when copied", recorded=manifest)
-    if full:
-        _FULLY_CHECKED[str(view)] = manifest["created"]
-    if full or check.stamps is not None:  # files re-read and intact: remember them as checked
-        manifest["checked"] = {"at": time.time(), "full": full, "stamps": check.stamps or stamps}
-        _write_manifest(manifest_path, manifest)
-    return _Found(manifest=manifest, note=check.describe())
-
-
-def _write_manifest(path: Path, manifest: dict[str, Any]) -> None:
-    """Write ``manifest`` to ``path`` atomically (a temporary file, then one rename)."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    os.replace(tmp, path)
-
-
-def _cannot_copy_again(
-    view: Path, pinned: PinnedSource, damaged: str, error: BaseException, cache_param: str, root: Path
-) -> ConfigError:
-    """The error for a damaged view that could not be copied again: the view, why, and what to do."""
-    if cache_param.startswith("remote_cache"):
-        fix = (
-            "remove what stopped the copy and rerun (the damaged copy was deleted: the next run copies it again), "
-            "set remote_cache.directory to another local disk, or set remote_cache.enabled: false to read the "
-            "split from the store"
-        )
-    else:
-        fix = (
-            "remove what stopped the copy and rerun (the damaged view was deleted: the next run copies it again), "
-            f"set {cache_param} to another local disk, or drop `materialize` to read the source in place"
-        )
-    cause = re.split(r"\s*(?:Detail: Python exception|Traceback \(most recent call last\))", first_line(error))[0]
-    return ConfigError(
-        cache_param,
-        str(root),
-        f"the local copy {view} of {pinned.uri} (version {pinned.version}) was damaged ({damaged}), and copying "
-        f"it again failed: {cause}",
-        fix,
-    )
 
 
 def _remove_stale(view: Path, manifest_path: Path, root: Path, key: str, quiet: bool = False) -> None:
