@@ -16,6 +16,8 @@ stopped run resumed with ``ckpt_path``, and compares the ids of every training s
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lance_lightning import DataCursorCheckpoint, LanceSource
 from tests.harness import make_dm
-from tests.helpers import RecordingModel, run_cli_process, write_dataset
+from tests.helpers import RecordingModel, run_cli_process, run_ddp_script, write_dataset
 
 ROWS, BATCH = 600, 10  # 60 batches per epoch
 
@@ -289,3 +291,42 @@ def test_options_that_read_the_loaders_length_see_an_uninterrupted_runs_numbers(
     assert first.seen + rest.seen == whole.seen
     assert first.validated_at + rest.validated_at == whole.validated_at
     assert rest.estimated_stepping_batches == whole.estimated_stepping_batches
+
+
+# -- real DDP: both fixes through Trainer.fit on 2 gloo ranks ---------------------------------------
+def _ddp_main(out: str, uri: str) -> None:
+    """Run on each rank (Lightning starts rank 1 from this script): a fit stopped by ``max_steps``,
+    a second fit of the SAME data module from its step=10 checkpoint under a fractional limit, the
+    same resume with a fresh data module, and the uninterrupted run; each rank writes its ids."""
+    runs: dict[str, list[list[int]]] = {}
+    root = Path(out)
+    ddp = dict(devices=2, strategy="ddp")
+
+    def run(name: str, dm: Any, ckpt: Path | None = None, **kwargs: Any) -> None:
+        model = RecordingModel()
+        _trainer(root / name, **ddp, **kwargs).fit(model, datamodule=dm, ckpt_path=ckpt)
+        runs[name] = model.seen
+
+    dm = make_dm(uri, "row:3", batch_size=BATCH)
+    run("first", dm, every=5, max_steps=12, max_epochs=5)
+    ckpt = root / "first" / "ckpt" / "step=10.ckpt"
+    run("again", dm, ckpt, max_epochs=3, limit_train_batches=0.5)
+    run("fresh", make_dm(uri, "row:3", batch_size=BATCH), ckpt, max_epochs=3, limit_train_batches=0.5)
+    run("whole", make_dm(uri, "row:3", batch_size=BATCH), max_epochs=3, limit_train_batches=0.5)
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    (root / f"seen.{rank}.json").write_text(json.dumps(runs))
+
+
+@pytest.mark.slow
+def test_under_ddp_a_second_fit_and_a_fractional_limit_resume_as_an_uninterrupted_run(tmp_path: Path, uri: str) -> None:
+    run_ddp_script(__file__, [str(tmp_path), uri], timeout=480)
+    for rank in (0, 1):
+        runs = json.loads((tmp_path / f"seen.{rank}.json").read_text())
+        assert len(runs["whole"]) == 3 * (ROWS // BATCH // 2) // 2  # 15 of each rank's 30 batches, 3 epochs
+        assert runs["again"] == runs["fresh"] == runs["whole"][10:], rank
+        assert runs["first"][:10] == runs["whole"][:10], rank
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    _ddp_main(*sys.argv[1:3])
