@@ -39,7 +39,7 @@ def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _trainer(root: Path, *, every: int = 0, save_last: bool = False, **kwargs: Any) -> pl.Trainer:
-    callbacks: list[Any] = [DataCursorCheckpoint()]
+    callbacks: list[Any] = [DataCursorCheckpoint(), *kwargs.pop("callbacks", [])]
     if every or save_last:
         callbacks.append(
             ModelCheckpoint(
@@ -103,16 +103,31 @@ def test_a_limited_epoch_resumed_at_its_last_batch_trains_every_later_epoch_whol
     assert first + rest == whole
 
 
+class StopAtStep(pl.Callback):
+    """Sets ``trainer.should_stop`` after a step, as Lightning's ``Timer`` does when ``max_time``
+    runs out (a stop at a known step, whatever the machine's speed)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
 @pytest.mark.parametrize("kind", ["last", "saved", "periodic"])
 @pytest.mark.parametrize("max_epochs", [1, 2])
+@pytest.mark.parametrize("stop", ["max_steps", "max_time"])
 def test_a_max_steps_stop_resumed_under_max_epochs_trains_the_rest_of_the_stopped_epoch(
-    tmp_path: Path, uri: str, kind: str, max_epochs: int, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, uri: str, kind: str, max_epochs: int, stop: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue #37.3: Lightning counts an epoch stopped by ``max_steps`` as finished; resumed from
-    ``last.ckpt`` under ``max_epochs: 2`` the package read one data epoch and a fraction, under
-    ``max_epochs: 1`` nothing while promising 35 more steps."""
+    """Issue #37.3: Lightning counts an epoch stopped by ``max_steps`` (or ``max_time``: the
+    ``Timer`` sets ``should_stop``) as finished; resumed from ``last.ckpt`` under ``max_epochs: 2``
+    the package read one data epoch and a fraction, under ``max_epochs: 1`` nothing while promising
+    35 more steps."""
     whole = _fit(tmp_path / "whole", uri, max_epochs=max_epochs)
-    first, ckpt = _stopped(tmp_path / "a", uri, kind, max_steps=25, max_epochs=5, every=25)
+    limit: dict[str, Any] = dict(max_steps=25) if stop == "max_steps" else dict(callbacks=[StopAtStep(25)])
+    first, ckpt = _stopped(tmp_path / "a", uri, kind, max_epochs=5, every=25, **limit)
     assert len(first) == 25
     caplog.clear()
     with caplog.at_level("INFO"):
