@@ -14,8 +14,10 @@ Guarantees:
   2. **An epoch read to its end**, also saved at the end of its last step (``is_last_batch``):
      Lightning carries the epoch's batch count over as the next epoch's first batch index (with
      ``max_steps`` set, or when the next epoch is longer: another batch size) and stops that epoch
-     early, or runs it without a batch. The counters become those of the finished epoch, with the
-     current epoch's batch counters at zero, as Lightning sets them at any epoch start.
+     early, or runs it without a batch; saved in ``on_train_epoch_end`` (the epoch processed, not
+     yet completed) and restarted, Lightning runs that epoch again. The counters become those of
+     the finished, completed epoch, with the current epoch's batch counters at zero, as Lightning
+     sets them at any epoch start.
 
 - Which case applies is read from the saved data cursor (its trainer epoch, the steps it trained
   and the steps the trainer had planned), never guessed from Lightning's counters alone; a state
@@ -57,9 +59,7 @@ def normalize_loop_state(checkpoint: dict[str, Any] | None, cursor: Any) -> str 
             f"{counts[1]:,} of {counts[2]:,} (Lightning counts it finished): the rest of it is trained first"
         )
     saved = dict(done)
-    for key in _COUNTERS:
-        done[key] = 0
-    batches["is_last_batch"] = False
+    _start_next_epoch(checkpoint, fit)
     if cut:
         return (
             f"  resume: trainer epoch {epoch} ended at step {counts[1]:,} of {counts[2]:,} and Lightning's "
@@ -122,6 +122,20 @@ def _close_epoch(checkpoint: dict[str, Any], fit: dict[str, Any]) -> None:
     if isinstance(stepped.get("_batches_that_stepped"), int):
         stepped["_batches_that_stepped"] += 1
     checkpoint["epoch"] = fit["epoch_progress"]["current"]["completed"]
+
+
+def _start_next_epoch(checkpoint: dict[str, Any], fit: dict[str, Any]) -> None:
+    """The finished epoch counted completed (a checkpoint written in ``on_train_epoch_end`` holds it
+    processed, not completed: restarted so, Lightning runs that epoch again), and the next epoch's
+    batch counters at zero."""
+    for part in ("current", "total"):
+        epochs = fit["epoch_progress"][part]
+        epochs["completed"] = epochs["processed"]
+    checkpoint["epoch"] = fit["epoch_progress"]["current"]["completed"]
+    batches = fit["epoch_loop.batch_progress"]
+    for key in _COUNTERS:
+        batches["current"][key] = 0
+    batches["is_last_batch"] = False
 
 
 def _reopen_epoch(checkpoint: dict[str, Any], fit: dict[str, Any], epoch: int) -> None:

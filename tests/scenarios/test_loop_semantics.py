@@ -345,3 +345,24 @@ def test_under_ddp_a_second_fit_and_a_fractional_limit_resume_as_an_uninterrupte
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     _ddp_main(*sys.argv[1:3])
+
+
+@pytest.mark.parametrize("resume_max_steps", [-1, 1000], ids=["epochs", "with_max_steps"])
+@pytest.mark.parametrize("reload", [0, 2])
+def test_an_epoch_end_checkpoint_resumes_every_later_epoch_whole(
+    tmp_path: Path, uri: str, resume_max_steps: int, reload: int
+) -> None:
+    """``ModelCheckpoint``'s own epoch-end checkpoint (written in ``on_train_epoch_end``: the epoch
+    processed, not yet completed), resumed with ``max_steps`` set: Lightning ran epoch 0 again and
+    one data epoch was lost (found by the contract checker's soak, scenario 3726)."""
+    loop = dict(reload_dataloaders_every_n_epochs=reload)
+    whole = _fit(tmp_path / "whole", uri, max_epochs=4, **loop)
+    model = RecordingModel()
+    saving = ModelCheckpoint(dirpath=tmp_path / "a" / "ckpt", filename="{epoch}", save_top_k=-1)
+    trainer = _trainer(
+        tmp_path / "a", max_epochs=4, max_steps=75, enable_checkpointing=True, callbacks=[saving], **loop
+    )
+    trainer.fit(model, datamodule=make_dm(uri, "row:3", batch_size=BATCH))
+    ckpt = tmp_path / "a" / "ckpt" / "epoch=0.ckpt"
+    rest = _fit(tmp_path / "b", uri, ckpt=ckpt, max_epochs=4, max_steps=resume_max_steps, **loop)
+    assert model.seen[:60] + rest == whole

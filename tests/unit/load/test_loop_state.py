@@ -71,3 +71,14 @@ def test_a_cut_epoch_whose_counters_disagree_with_the_cursor_says_what_is_not_tr
     ckpt = _checkpoint(_progress(1, 1, 1, 1), _progress(31, 31, 30, 30), epoch=1)
     note = normalize_loop_state(ckpt, _cursor(30, 120))
     assert note is not None and "last 90 step(s) are not trained" in note
+
+
+def test_an_epoch_saved_processed_but_not_completed_is_completed() -> None:
+    """``ModelCheckpoint``'s epoch-end save (in ``on_train_epoch_end``) holds the epoch processed but
+    not completed: restarted with ``max_steps`` set, Lightning ran that epoch again (one data epoch
+    lost in the contract checker's soak, scenario 3726)."""
+    ckpt = _checkpoint(_progress(1, 1, 1, 0), _progress(60, 60, 60, 60), last=True, epoch=0)
+    assert normalize_loop_state(ckpt, _cursor(60, 60)) is None
+    fit = ckpt["loops"]["fit_loop"]
+    assert fit["epoch_progress"]["current"] == _progress(1, 1, 1, 1) and ckpt["epoch"] == 1
+    assert fit["epoch_loop.batch_progress"]["current"] == _progress(0, 0, 0, 0)
