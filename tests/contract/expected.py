@@ -1,23 +1,34 @@
-"""What each run of a scenario must train: the documented layout of the reference run's sequences.
+"""What each run of a scenario must train: the user's intent, laid out from the reference sequences.
 
-Guarantees (computed from the reference sequences and the scenario alone, never from the run checked):
+Written from what a user asks of Lightning's loop, independently of the package (nothing here reads
+the run checked, the package's cursor or its own description of what it will train) and of
+Lightning's epoch bookkeeping after a restart:
+
 - `layout` splits a data epoch's sequence from a unit on into global steps as docs/concepts.md
   documents: global step ``i`` takes units ``[start + i*W*B, start + (i+1)*W*B)``, rank ``r`` the
   ``r``-th slice of ``B``; the tail is dropped with ``drop_last``, else split across ranks.
-- `fresh_plans` gives a run from the start one `EpochPlan` per trainer epoch, each reading its
-  data epoch whole; ``limit_train_batches`` cuts each epoch (`epoch_plan`).
-- `resumed_plans` continues the data exactly where a checkpoint's batches end: in the same epoch
-  when Lightning resumes mid-epoch; when Lightning counts an epoch it stopped as finished
-  (``max_steps``, ``max_time``), the next trainer epoch reads the rest of that data epoch, then
-  every later epoch is whole.
-- `batches` lists a run's expected `Batch`es (where each sits, which optimizer steps it ends, what
-  the cursor says after it); `until_max_steps` cuts them where ``max_steps`` stops the run.
+- The uninterrupted run: trainer epoch ``e`` reads data epoch ``e``, in that epoch's own order,
+  from its first unit. ``limit_train_batches`` as a count ``L`` trains the first ``min(L, n)`` of
+  an epoch's ``n`` batches, as a fraction ``f`` the first ``int(n * f)`` (`epoch_cap`).
+  ``max_epochs`` E promises data epochs ``0..E-1``, each so limited; ``max_steps`` S the batches up
+  to the S-th optimizer step (an optimizer step ends every ``accumulate_grad_batches``-th batch of
+  an epoch and its last batch: Lightning's documented accumulation).
+- A resumed run continues that same sequence after the batches its checkpoint had trained (the
+  checkpoint's ``contract.batches``): nothing lost, nothing repeated, whichever writer wrote the
+  checkpoint (periodic, ``last.ckpt``, epoch end, on exception or SIGTERM, ``save_checkpoint``
+  after fit) and whatever stopped the run that wrote it. So a checkpoint written after
+  ``max_steps`` or ``max_time`` cut data epoch ``e`` short continues inside epoch ``e`` (trainer
+  epoch ``e``, batch index where the cut left it), and the rest of that epoch is trained whenever
+  the resumed ``max_epochs`` covers epoch ``e`` (`after`, `intent`). On another topology the rest
+  of the epoch is laid out from the unit reached; the resumed epoch's batch count is the batches
+  trained before plus those of the rest, limited as above.
+- `intent` lists a run's `Batch`es (where each sits, which optimizer steps it ends, what the
+  cursor says after it) and each trainer epoch's batch count as Lightning must take it (``caps``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,28 +54,6 @@ def layout(seq: list[int], start: int, world_size: int, batch_size: int, drop_la
 
 
 @dataclass
-class EpochPlan:
-    """What one trainer epoch of a run reads: data epoch, where it starts, its steps and its length."""
-
-    trainer_epoch: int
-    data_epoch: int
-    first_batch: int  # Lightning's batch index of the first batch this run trains in the epoch
-    start: int
-    steps: list[Step]
-    length: int  # the epoch's batches as Lightning counts them (restored ones included, limit applied)
-    rows: int  # units in the data epoch's sequence
-    step_rows: int
-
-    @property
-    def trained(self) -> list[Step]:
-        return self.steps[: max(0, self.length - self.first_batch)]
-
-    def consumed(self, done: int) -> int:
-        """Units of the data epoch consumed once ``done`` of this plan's steps were trained."""
-        return self.rows if done >= len(self.steps) else self.start + done * self.step_rows
-
-
-@dataclass
 class Batch:
     """One expected batch: where it sits and what the cursor says after it."""
 
@@ -78,88 +67,69 @@ class Batch:
     last_of_epoch: bool
 
 
-def epoch_plan(
-    seqs: list[list[int]],
-    trainer_epoch: int,
-    data_epoch: int,
-    first: int,
-    start: int,
-    topology: Topology,
-    scenario: Scenario,
-    restarted: bool = False,
-) -> EpochPlan:
-    """``restarted``: the epoch a resumed fit restarts in. Lightning's restarting epoch loop takes a
-    batch before it checks its end (it waits for a validation run), so an epoch restarted at an
-    index ``limit_train_batches`` already reached still trains one batch."""
-    seq = seqs[data_epoch]
-    steps = layout(seq, start, topology.world_size, topology.batch_size, scenario.drop_last)
-    length = first + len(steps)
-    if scenario.loop.limit_train_batches is not None:
-        length = min(length, scenario.loop.limit_train_batches)
-        if restarted and first > 0 and length <= first:
-            length = first + min(1, len(steps))
-    return EpochPlan(
-        trainer_epoch, data_epoch, first, start, steps, length, len(seq), topology.world_size * topology.batch_size
-    )
+@dataclass(frozen=True)
+class Position:
+    """Where a run starts: data epoch ``epoch``, ``consumed`` units of it trained, in ``done`` batches."""
+
+    epoch: int = 0
+    consumed: int = 0
+    done: int = 0
 
 
-def batches(plans: Iterator[EpochPlan], accumulate: int) -> Iterator[Batch]:
-    for plan in plans:
-        trained = plan.trained
-        for done, step in enumerate(trained, start=1):
-            idx = plan.first_batch + done - 1
-            yield Batch(
-                plan.trainer_epoch,
-                idx,
-                plan.data_epoch,
-                step,
-                plan.consumed(done),
-                plan.rows,
-                (idx + 1) % accumulate == 0 or idx + 1 == plan.length,
-                idx + 1 == plan.length,
-            )
+@dataclass
+class Intent:
+    """A run's expected batches, and each trainer epoch's batch count as Lightning must take it."""
+
+    batches: list[Batch] = field(default_factory=list)
+    caps: dict[int, int] = field(default_factory=dict)
 
 
-def fresh_plans(seqs: list[list[int]], scenario: Scenario, topology: Topology, epochs: int) -> Iterator[EpochPlan]:
-    for epoch in range(epochs):
-        yield epoch_plan(seqs, epoch, epoch, 0, 0, topology, scenario)
+def epoch_cap(batches: int, limit: int | float | None) -> int:
+    """How many of an epoch's ``batches`` ``limit_train_batches`` lets train."""
+    if limit is None:
+        return batches
+    if isinstance(limit, float):
+        return int(batches * limit)
+    return min(batches, limit)
 
 
-def resumed_plans(
+def after(batch: Batch | None) -> Position:
+    """Where the data continues after ``batch`` (None: from the start): the next epoch after the
+    last batch its limit lets an epoch train, else the rest of the same data epoch."""
+    if batch is None:
+        return Position()
+    if batch.last_of_epoch:
+        return Position(batch.data_epoch + 1)
+    return Position(batch.data_epoch, batch.consumed, batch.batch_idx + 1)
+
+
+def intent(
     seqs: list[list[int]],
     scenario: Scenario,
     topology: Topology,
-    after: Batch | None,
-    resumed_at: tuple[int, int],
-    epochs: int,
-) -> Iterator[EpochPlan]:
-    """The plans of a run resumed after batch ``after`` of the stopped run, where Lightning resumes
-    at trainer epoch and batch index ``resumed_at``, up to trainer epoch ``epochs`` (excluded)."""
-    epoch, batch_idx = resumed_at
-    rest = []
-    if after is not None:
-        seq = seqs[after.data_epoch]
-        rest = layout(seq, after.consumed, topology.world_size, topology.batch_size, scenario.drop_last)
-    if after is None:
-        data_epoch, first, start = epoch, 0, 0
-    elif epoch == after.trainer_epoch:  # mid-epoch: continue at the same unit
-        data_epoch, first, start = after.data_epoch, batch_idx, after.consumed
-    elif after.last_of_epoch or not rest:  # the epoch ended (or nothing of it makes a step): the next one
-        data_epoch, first, start = after.data_epoch + 1, batch_idx, 0
-    else:  # Lightning counted an epoch it stopped as finished: its rest comes first
-        data_epoch, first, start = after.data_epoch, batch_idx, after.consumed
-    # (The first trainer epoch that reads continues the data, whichever trainer epoch it is.)
-    restarted = after is not None
-    while epoch < epochs:
-        yield epoch_plan(seqs, epoch, data_epoch, first, start, topology, scenario, restarted)
-        epoch, data_epoch, first, start, restarted = epoch + 1, data_epoch + 1, 0, 0, False
-
-
-def until_max_steps(expected: Iterator[Batch], max_steps: int | None, global_step: int = 0) -> list[Batch]:
-    out = []
-    for batch in expected:
+    start: Position,
+    max_epochs: int,
+    max_steps: int | None = None,
+    global_step: int = 0,
+) -> Intent:
+    """The batches a run on ``topology`` trains from ``start`` up to data epoch ``max_epochs``
+    (excluded) or optimizer step ``max_steps`` (``global_step`` already taken), in order."""
+    out = Intent()
+    accumulate, per_step = scenario.loop.accumulate, topology.world_size * topology.batch_size
+    for epoch in range(start.epoch, max_epochs):
+        first, begin = (start.done, start.consumed) if epoch == start.epoch else (0, 0)
+        seq = seqs[epoch]
+        steps = layout(seq, begin, topology.world_size, topology.batch_size, scenario.drop_last)
+        cap = epoch_cap(first + len(steps), scenario.loop.limit_train_batches)
+        out.caps[epoch] = cap
+        for i, step in enumerate(steps[: max(0, cap - first)]):
+            if max_steps is not None and global_step >= max_steps:
+                return out
+            idx = first + i
+            consumed = len(seq) if i + 1 >= len(steps) else begin + (i + 1) * per_step
+            optimizer_step = (idx + 1) % accumulate == 0 or idx + 1 == cap
+            out.batches.append(Batch(epoch, idx, epoch, step, consumed, len(seq), optimizer_step, idx + 1 == cap))
+            global_step += optimizer_step
         if max_steps is not None and global_step >= max_steps:
-            break
-        out.append(batch)
-        global_step += batch.optimizer_step
+            return out
     return out

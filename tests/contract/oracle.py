@@ -3,15 +3,21 @@
 Guarantees (each failure is one line of `check`'s result, naming the phase, epoch and step):
 - The reference run's sequences hold exactly the units `truth` computes, under the documented
   order and mixture rules (`reference.sequences`); a wrong reference stops the check there.
-- The stopped and the resumed run train exactly the batches `expected` lays out from those
-  sequences: a rank without a tail unit repeats one; ``limit_train_batches`` cuts each epoch; a
-  run stops where its ``max_steps``, exception, kill or epochs say. So every unit is trained
-  exactly once per epoch (less the documented tail), in the uninterrupted order, whatever the
-  world size, batch size or workers, and a resume continues exactly where its checkpoint's batches end.
+- The stopped and the resumed run train exactly the batches the user's intent gives
+  (`expected.intent`, written from Lightning's options, never from the package or from where
+  Lightning says it resumed): trainer epoch ``e`` reads data epoch ``e``; ``limit_train_batches``
+  (count or fraction) cuts each epoch; ``max_epochs``, ``max_steps`` (optimizer steps), an
+  exception or a kill stop the run where they say (``max_time`` and SIGTERM: a prefix); a resume,
+  from any checkpoint the stopped run wrote and in a new process or as a second ``fit`` of the
+  same data module, continues after exactly the batches its checkpoint had trained, also when a
+  stop cut that epoch short. A rank without a tail unit repeats one. So every unit is trained
+  exactly once per epoch (less the documented tail and limit), in the uninterrupted order,
+  whatever the world size, batch size or workers, with nothing lost or repeated across a resume.
 - Every rank trains the same number of batches; each epoch's length as Lightning took it equals
-  the batches it trains; the data module's cursor (at each epoch end, in each checkpoint and at
-  the end) names the data epoch and the units consumed, and says ``finished`` exactly when the
-  data epoch is; each validation sees every val unit once (padding aside), predict every unit once.
+  the batches the intent gives that epoch (those trained before a resume included, limit
+  applied); the data module's cursor (at each epoch end, in each checkpoint and at the end) names
+  the data epoch and the units consumed, and says ``finished`` exactly when the data epoch is;
+  each validation sees every val unit once (padding aside), test and predict every unit once.
 - A scenario that must fail does so with a `ConfigError` before any batch, on every rank, and no
   phase hangs or raises anything else.
 - Version holds (`lance_lightning.hold`): after the stopped run each train table carries exactly
@@ -26,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.contract import truth
-from tests.contract.expected import Batch, Step, batches, fresh_plans, layout, resumed_plans, until_max_steps
+from tests.contract.expected import Batch, Intent, Position, Step, after, intent, layout
 from tests.contract.reference import sequences
 from tests.contract.replay import check_replay
 from tests.contract.runner import Phase, Run, held_after_stop
@@ -46,9 +52,9 @@ class Oracle:
 
     def check(self) -> list[str]:
         phases = self.run.phases
-        for phase in phases.values():
+        for phase in phases.values():  # the resumed run's refusal is judged against the intent's length
             error = phase.error
-            if error is not None and _LIGHTNING_VAL_CHECK in error["message"]:
+            if error is not None and _LIGHTNING_VAL_CHECK in error["message"] and phase.role != "resume":
                 raise Inapplicable(f"{phase.role}: Lightning refuses the configuration: {error['message'][:200]}")
         for phase in phases.values():
             self._check_health(phase)
@@ -62,19 +68,17 @@ class Oracle:
         if wrong:  # a wrong reference makes every later comparison noise
             return self.failures + wrong
         self.seqs = seqs
-        stop_topology, resume_topology = self.scenario.topology, self.scenario.resume.topology
-        epochs = self.scenario.stop.at if self.scenario.stop.kind == "epoch_end" else self.scenario.loop.epochs
-        expected_a = list(
-            batches(fresh_plans(seqs, self.scenario, stop_topology, int(epochs)), self.scenario.loop.accumulate)
-        )
-        limit = int(self.scenario.stop.at) if self.scenario.stop.kind == "max_steps" else None
-        expected_a = until_max_steps(iter(expected_a), limit)
-        self._check_stopped(phases["stop"], expected_a)
+        scenario = self.scenario
+        stop_topology, resume_topology = scenario.topology, scenario.resume.topology
+        epochs = scenario.stop.at if scenario.stop.kind == "epoch_end" else scenario.loop.epochs
+        limit = int(scenario.stop.at) if scenario.stop.kind == "max_steps" else None
+        expected_a = intent(seqs, scenario, stop_topology, Position(), int(epochs), limit)
+        self._check_stopped(phases["stop"], expected_a.batches)
         self._check_phase(phases["stop"], expected_a, stop_topology, [])
         if self.run.expected_errors["resume"] is not None:
             self._check_refused(phases["resume"], self.run.expected_errors["resume"])
             return self.failures
-        self._check_resumed(phases["resume"], seqs, expected_a, resume_topology)
+        self._check_resumed(phases["resume"], expected_a.batches, resume_topology)
         return self.failures
 
     # -- health, errors ------------------------------------------------------------------------
@@ -84,7 +88,8 @@ class Oracle:
         expected = self.run.expected_errors.get(phase.role)
         error = phase.error
         killed = phase.role == "stop" and self.scenario.stop.kind == "sigkill"  # its other ranks lose their peer
-        if error is not None and expected is None and not killed:
+        refused_epoch = phase.role == "resume" and _LIGHTNING_PAST_EPOCHS in (error or {}).get("message", "")
+        if error is not None and expected is None and not killed and not refused_epoch:  # that: `_check_resumed`
             message = error["message"]
             shown = message if len(message) <= 1600 else f"{message[:300]} [...] {message[-1300:]}"
             if "Fatal Python error" in message:  # a crash: where each thread was matters, not the module list
@@ -121,12 +126,14 @@ class Oracle:
         stop, resume = self.run.holds.get("stop", {}), self.run.holds.get("resume")
         refused = self.run.expected_errors["stop"] is not None
         for uri, tags in stop.items():
-            held = uri in train and not refused and held_after_stop(self.scenario)
+            held = uri in train and not refused and held_after_stop(self.scenario, bool(self.run.checkpoints))
             want = [self.run.versions[uri]] if held else []
             if sorted(tags.values()) != want:
                 self.fail(f"stop: {uri} carries the tags {tags}, expected one per version in {want}")
         if resume is None or self.phases_failed("resume"):
             return
+        if self.scenario.resume.session and self.run.chosen is None:
+            return  # a second fit from the start, by the data module that took the first fit's holds
         adopted = self.run.chosen is not None
         for uri, tags in resume.items():
             before = stop.get(uri, {})
@@ -158,14 +165,26 @@ class Oracle:
             "exception": min(int(stop.at), len(expected)),
             "sigkill": min(int(stop.at), len(expected)),
         }.get(stop.kind, len(expected))
-        if stop.kind == "max_time":
+        if stop.kind == "sigterm" and int(stop.at) < len(expected):
+            # Sent before batch `at` (which trains): a stop after it, by the end of its epoch at the
+            # latest (one rank: Lightning stops at the epoch's end; the loader may stop sooner when
+            # its workers died of the signal), as SIGTERMException.
+            at, epoch = int(stop.at), expected[int(stop.at)].trainer_epoch
+            last = 1 + max(i for i, b in enumerate(expected) if b.trainer_epoch == epoch)
+            if not phase.events("stopped"):
+                self.fail(f"stop: SIGTERM before batch {at} did not stop the run")
+            if not at + 1 <= got <= last:
+                self.fail(f"stop: trained {got} batches, SIGTERM before batch {at} stops after {at + 1} to {last}")
+            return
+        if stop.kind == "max_time":  # a prefix
             if got > len(expected):
                 self.fail(f"stop: trained {got} batches, the run has only {len(expected)}")
         elif got != want:
             self.fail(f"stop: trained {got} batches, its {stop.kind} stop ({stop.at}) gives {want}")
 
-    def _check_phase(self, phase: Phase, expected: list[Batch], topology: Topology, before: list[Batch]) -> None:
-        """Every rank's batches, epoch lengths and cursors against ``expected`` (a prefix for a stopped run)."""
+    def _check_phase(self, phase: Phase, planned: Intent, topology: Topology, before: list[Batch]) -> None:
+        """Every rank's batches, epoch lengths and cursors against the ``planned`` ones (a prefix for a stopped run)."""
+        expected = planned.batches
         ranks = [[e for e in events if e["t"] == "batch"] for events in phase.ranks]
         counts = [len(r) for r in ranks]
         if len(set(counts)) > 1 and not (phase.role == "stop" and self.scenario.stop.kind == "sigkill"):
@@ -178,27 +197,24 @@ class Oracle:
             if want is None:
                 self.fail(f"{where}: trained beyond the {len(expected)} expected batches")
                 return
-            if (events[0]["epoch"], events[0]["idx"]) != (want.trainer_epoch, want.batch_idx):
-                self.fail(f"{where}: expected epoch {want.trainer_epoch} idx {want.batch_idx}")
-                return
             problem = _step_problem([e["units"] for e in events], want.step)
-            if problem:
-                self.fail(f"{where}, data epoch {want.data_epoch}: {problem}")
+            if problem or (events[0]["epoch"], events[0]["idx"]) != (want.trainer_epoch, want.batch_idx):
+                expected_at = (
+                    f"expected data epoch {want.data_epoch} as epoch {want.trainer_epoch} idx {want.batch_idx}"
+                )
+                found = _locate(events[0]["units"], i, expected, before) if problem else "the right units"
+                self.fail(f"{where}: {expected_at}: {problem or 'numbered otherwise'} ({found})")
                 return
-        self._check_lengths(phase, expected)
+        self._check_lengths(phase, planned)
         self._check_cursors(phase, expected[:trained], before, topology)
         self._check_evaluation(phase, topology)
 
-    def _check_lengths(self, phase: Phase, expected: list[Batch]) -> None:
-        lengths: dict[int, int] = {}
-        limit = self.scenario.loop.limit_train_batches  # a restarted epoch may train one past it: `expected.epoch_plan`
-        for batch in expected:
-            if batch.last_of_epoch or batch.trainer_epoch not in lengths:
-                count = batch.batch_idx + 1 if batch.last_of_epoch else -1
-                lengths[batch.trainer_epoch] = min(count, limit) if limit is not None else count
+    def _check_lengths(self, phase: Phase, planned: Intent) -> None:
+        """Each trainer epoch's batch count as Lightning took it at its start (it stops the epoch
+        there, and scales ``val_check_interval`` by it): the intent's, restored batches included."""
         for event in phase.events("epoch", rank=0):
-            want = lengths.get(event["epoch"])
-            if want is not None and want >= 0 and event["num_training_batches"] != want:
+            want = planned.caps.get(event["epoch"])
+            if want is not None and event["num_training_batches"] != want:
                 self.fail(
                     f"{phase.role}: Lightning took epoch {event['epoch']} as {event['num_training_batches']} "
                     f"batches, it has {want}"
@@ -251,58 +267,55 @@ class Oracle:
                         f"{phase.role}: validation {i} saw {len(got)} units, {len(set(got))} distinct of {len(units)}"
                     )
                     break
-        predicted = [u for e in phase.events("predict") for u in e["units"]]
-        if "predict" in self.scenario.resume.after_fit and phase.role == "resume" and not phase.error:
+        resume = self.scenario.resume
+        calls = {"resume": resume.after_fit, "stop": resume.between if resume.session else []}.get(phase.role, [])
+        for call in ("predict", "test"):
+            seen = [u for e in phase.events(call) for u in e["units"]]
+            if call not in calls or phase.error:
+                continue
             units = units or sorted(truth.val_units(self.scenario).tolist())
-            if sorted(predicted) != units:
-                self.fail(
-                    f"resume: predict gave {len(predicted)} units, {len(set(predicted))} distinct of {len(units)}"
-                )
+            distinct = sorted(set(seen))
+            if (
+                (sorted(seen) != units)
+                if call == "predict"
+                else (distinct != units or len(seen) - len(units) >= topology.world_size)
+            ):
+                self.fail(f"{phase.role}: {call} gave {len(seen)} units, {len(distinct)} distinct of {len(units)}")
 
     # -- the resumed run ---------------------------------------------------------------------------
-    def _resumed_at(self, phase: Phase, after: Batch | None) -> tuple[int, int]:
-        """(trainer epoch, batch index) where Lightning resumed: the first epoch the resumed run
-        touched (a restored epoch may have no batch left) and its first batch's index. Lightning
-        restarting from a checkpoint at an epoch's end with ``max_steps`` set runs its next epoch
-        without a batch (its restored ``is_last_batch``): then the first epoch with a batch."""
-        events = [e for e in phase.ranks[0] if e["t"] in ("batch", "epoch", "epoch_end")] if phase.ranks else []
-        if not events:
-            if after is None:
-                return 0, 0
-            return (after.trainer_epoch + 1, 0) if after.last_of_epoch else (after.trainer_epoch, after.batch_idx + 1)
-        epoch = min(e["epoch"] for e in events)
-        batches = [e for e in events if e["t"] == "batch"]
-        first = [e["idx"] for e in batches if e["epoch"] == epoch][:1]
-        if first:
-            return epoch, first[0]
-        mid = after is not None and epoch == after.trainer_epoch
-        skipped = after is not None and not mid and batches and self.scenario.resume.max_steps is not None
-        if skipped and (self.run.chosen.epoch_end or after.last_of_epoch):
-            return batches[0]["epoch"], batches[0]["idx"]
-        return epoch, after.batch_idx + 1 if mid else 0
-
-    def _check_resumed(self, phase: Phase, seqs: list[list[int]], stopped: list[Batch], topology: Topology) -> None:
-        chosen = self.run.chosen
+    def _check_resumed(self, phase: Phase, stopped: list[Batch], topology: Topology) -> None:
+        """The resumed run trains the intent's batches from where the chosen checkpoint's trained
+        batches end (a run from the start without one), up to its own ``max_epochs``, ``max_steps``
+        and ``max_time`` (a prefix)."""
+        scenario, chosen = self.scenario, self.run.chosen
         n = chosen.batches if chosen is not None else 0
-        after = stopped[n - 1] if 0 < n <= len(stopped) else None
-        resumed_at = self._resumed_at(phase, after)
-        if after is not None:
-            mid = resumed_at == (after.trainer_epoch, after.batch_idx + 1)
-            if not mid and resumed_at[0] <= after.trainer_epoch:
-                self.fail(f"resume: Lightning resumed at (epoch, idx) {resumed_at} after batch {_where(after)}")
-                return
+        if n > len(stopped):
+            self.fail(
+                f"resume: its checkpoint {chosen.path} had trained {n} batches, the stopped run has {len(stopped)}"
+            )
+            return
+        last = stopped[n - 1] if n else None
         global_step = sum(b.optimizer_step for b in stopped[:n])
-        max_steps = self.scenario.resume.max_steps
+        max_steps = scenario.resume.max_steps
         limit = None if max_steps in (None, "loose") else int(max_steps)
-        epochs = self.scenario.loop.epochs
-        if chosen is not None and chosen.epoch_end and after is not None and resumed_at[0] == after.trainer_epoch:
-            epochs -= 1  # Lightning re-enters an epoch it counted as processed (its end hooks ran), to end it
-        plans = resumed_plans(seqs, self.scenario, topology, after, resumed_at, epochs)
-        expected = until_max_steps(batches(plans, self.scenario.loop.accumulate), limit, global_step)
+        planned = intent(self.seqs, scenario, topology, after(last), scenario.resume_epochs, limit, global_step)
+        error = phase.error
+        if error is not None and _LIGHTNING_VAL_CHECK in error["message"]:
+            interval, cap = scenario.loop.val_check_interval, planned.caps.get(after(last).epoch)
+            if cap is None or cap < interval:
+                raise Inapplicable(f"resume: Lightning refuses the configuration: {error['message'][:200]}")
+            self.fail(f"resume: Lightning refused val_check_interval={interval}; the intent's epoch has {cap} batches")
+            return
+        if error is not None and _LIGHTNING_PAST_EPOCHS in error["message"]:
+            if after(last).epoch <= scenario.resume_epochs:  # Lightning refuses only a checkpoint past max_epochs
+                epochs = scenario.resume_epochs
+                self.fail(f"resume: Lightning refused the checkpoint after {_where(last)} under max_epochs={epochs}")
+            return
         got = len(phase.events("batch", rank=0))
-        if got != len(expected) and not phase.error:
-            self.fail(f"resume: trained {got} batches after {_where(after)}, expected {len(expected)}")
-        self._check_phase(phase, expected, topology, stopped[:n])
+        timed = scenario.resume.max_time is not None
+        if (got > len(planned.batches) if timed else got != len(planned.batches)) and not phase.error:
+            self.fail(f"resume: trained {got} batches after {_where(last)}, expected {len(planned.batches)}")
+        self._check_phase(phase, planned, topology, stopped[:n])
 
 
 class Inapplicable(Exception):
@@ -312,6 +325,9 @@ class Inapplicable(Exception):
 #: Lightning refuses an integer ``val_check_interval`` above an epoch's batches (a resumed epoch on
 #: another topology can be that short).
 _LIGHTNING_VAL_CHECK = "must be less than or equal to the number of the training batches"
+#: Lightning refuses to resume a checkpoint whose epoch is past the resumed run's ``max_epochs``
+#: (a user resuming a run further than it now goes): correct when the intent's position is past them.
+_LIGHTNING_PAST_EPOCHS = "You restored a checkpoint with current_epoch="
 
 
 def _clear_error(error: dict[str, str]) -> bool:
@@ -326,6 +342,21 @@ def _where(batch: Batch | None) -> str:
     if batch is None:
         return "no batch"
     return f"epoch {batch.trainer_epoch} idx {batch.batch_idx} (data epoch {batch.data_epoch}, unit {batch.consumed})"
+
+
+def _locate(units: list[int], i: int, expected: list[Batch], before: list[Batch]) -> str:
+    """Where rank 0's ``units`` (the run's ``i``-th batch) sit in the intent: a batch trained before
+    the resume (repeated), a later one (the ones between lost), or none (another order or rows)."""
+    for j, batch in enumerate(before):
+        if batch.step[0] == units:
+            return f"a repeat of batch {j} of the stopped run ({_where(batch)})"
+    for j, batch in enumerate(expected[i + 1 :], start=i + 1):
+        if batch.step[0] == units:
+            return f"the intent's batch {j}: {j - i} expected batch(es) before it lost ({_where(batch)})"
+    for j, batch in enumerate(expected[:i]):
+        if batch.step[0] == units:
+            return f"a repeat of batch {j} of this run ({_where(batch)})"
+    return "no batch of the intent"
 
 
 def _step_problem(got: list[list[int]], want: Step) -> str | None:

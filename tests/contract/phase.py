@@ -19,8 +19,14 @@ Guarantees:
 - Each checkpoint holds ``checkpoint["contract"]["batches"]``: the batches the run had trained
   when it was written, so the oracle knows which prefix of the stopped run it resumes after.
 - The roles: ``reference`` (1 rank, ``drop_last=False``: every epoch's whole sequence, no stop),
-  ``stop`` (the scenario's first run, stopped as it says) and ``resume`` (``fit(ckpt_path=...)``
-  with the changes on resume, then the calls after fit).
+  ``stop`` (the scenario's first run, stopped as it says, then ``trainer.save_checkpoint`` when
+  the scenario saves after fit) and ``resume`` (``fit(ckpt_path=...)`` with the changes on
+  resume, then the calls after fit). A SIGTERM stop signals the process before the batch it names.
+- A scenario with ``resume.session`` runs both fits in one process as one user script would
+  (`_session`): the stopped fit, the calls between the fits on its trainer, then a new
+  ``Trainer`` fitting the same model and data module from the checkpoint chosen among those the
+  first fit wrote (recorded as a ``chosen`` event, with the version holds between the fits); the
+  second fit records as the ``resume`` role.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ if str(REPO_ROOT) not in sys.path:
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
+from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 from torch import nn  # noqa: E402
 
 from lance_lightning import LanceDataModule  # noqa: E402
@@ -59,6 +66,10 @@ _SHUFFLES = {
 
 class ScenarioStop(RuntimeError):
     """The exception a scenario's ``exception`` stop raises."""
+
+
+class RecordedError(RuntimeError):
+    """An error already recorded as another role's (the second fit of a session)."""
 
 
 def units_of(batch: dict[str, Any]) -> list[int]:
@@ -141,6 +152,13 @@ class ContractModel(pl.LightningModule):
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         self.recorder.write({"t": "predict", "units": units_of(batch)})
 
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self.recorder.write({"t": "test", "units": units_of(batch)})
+
+    def record_as(self, root: str, role: str, sleep: float) -> None:
+        """Record the next fit as ``role`` (a second fit of the same model in one process)."""
+        self.recorder, self.sleep, self.batches, self.replaying = recorder(root, role), sleep, 0, False
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         epochs = self.trainer.fit_loop.epoch_progress.current  # processed > completed: in the epoch-end hooks
         checkpoint["contract"] = {"batches": self.batches, "epoch_end": epochs.processed > epochs.completed}
@@ -169,6 +187,8 @@ class Probe(Callback):
         if self.stop_kind == "sigkill":
             if trainer.global_rank == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
+        elif self.stop_kind == "sigterm":  # as a scheduler stops a job; Lightning stops at the epoch end
+            os.kill(os.getpid(), signal.SIGTERM)
         elif self.stop_kind == "exception":
             raise ScenarioStop(f"scenario stop before batch {self.stop_at}")
 
@@ -229,11 +249,15 @@ def data_arguments(
         "row": {"seed": spec.seed, "clump_rows": spec.clump_rows},
         "buffer": {"buffer_rows": spec.buffer_rows, "seed": spec.seed, "shard_rows": spec.shard_rows},
     }[spec.kind]
-    after = [] if scenario.cli else scenario.resume.after_fit
-    evaluated = not reference and (scenario.loop.val_check_interval is not None or "validate" in after)
+    after = [] if scenario.cli else [*scenario.resume.after_fit, *scenario.resume.between]
+    loop = scenario.loop
+    evaluated = not reference and (
+        loop.val_check_interval is not None or loop.validate or loop.check_val_every_n_epoch != 1 or "validate" in after
+    )
     data: dict[str, Any] = {
         "train": train,
         "val": source(0, None) if evaluated else None,
+        "test": source(0, None) if "test" in after and not reference else None,
         "predict": source(0, None) if "predict" in after and not reference else None,
         "batch_size": REFERENCE_BATCH if reference else topology.batch_size,
         "eval_batch_size": 5,
@@ -264,7 +288,7 @@ def data_arguments(
 def callback_arguments(scenario: Scenario, role: str, root: str) -> list[dict[str, Any]]:
     """The callbacks, as a YAML ``trainer.callbacks:`` list holds them."""
     stop = scenario.stop if role == "stop" else None
-    stop_at = int(stop.at) if stop is not None and stop.kind in ("exception", "sigkill") else None
+    stop_at = int(stop.at) if stop is not None and stop.kind in ("exception", "sigkill", "sigterm") else None
     probe = {"root": root, "role": role, "stop_kind": stop.kind if stop else None, "stop_at": stop_at}
     callbacks = [{"class_path": "tests.contract.phase.Probe", "init_args": probe}]
     if role == "reference":
@@ -292,7 +316,7 @@ def trainer_arguments(scenario: Scenario, role: str, topology: Topology, root: s
         accelerator="cpu",
         devices=topology.world_size,
         strategy="ddp" if topology.world_size > 1 else "auto",
-        max_epochs=loop.epochs + 1 if role == "reference" else loop.epochs,
+        max_epochs=scenario.data_epochs + 1 if role == "reference" else loop.epochs,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -308,16 +332,29 @@ def trainer_arguments(scenario: Scenario, role: str, topology: Topology, root: s
     )
     if loop.val_check_interval is not None:
         kwargs["val_check_interval"] = loop.val_check_interval
-    stop = scenario.stop
+    if loop.check_val_every_n_epoch != 1:
+        kwargs["check_val_every_n_epoch"] = loop.check_val_every_n_epoch
+    if loop.num_sanity_val_steps != 2:
+        kwargs["num_sanity_val_steps"] = loop.num_sanity_val_steps
+    stop, resume = scenario.stop, scenario.resume
     if role == "stop" and stop.kind == "max_steps":
         kwargs["max_steps"] = int(stop.at)
     elif role == "stop" and stop.kind == "epoch_end":
         kwargs["max_epochs"] = int(stop.at)
     elif role == "stop" and stop.kind == "max_time":
         kwargs["max_time"] = {"seconds": int(stop.at)}
-    elif role == "resume" and scenario.resume.max_steps is not None:
-        kwargs["max_steps"] = 100_000 if scenario.resume.max_steps == "loose" else int(scenario.resume.max_steps)
+    if role == "resume":
+        kwargs["max_epochs"] = scenario.resume_epochs
+        if resume.max_steps is not None:
+            kwargs["max_steps"] = 100_000 if resume.max_steps == "loose" else int(resume.max_steps)
+        if resume.max_time is not None:
+            kwargs["max_time"] = {"seconds": int(resume.max_time)}
     return kwargs
+
+
+def step_sleep(scenario: Scenario, role: str) -> float:
+    """Seconds each training step of the run sleeps (a time budget needs a run long enough to cut)."""
+    return {"stop": scenario.step_sleep, "resume": scenario.resume.step_sleep}.get(role, 0.0)
 
 
 def instantiate(spec: Any) -> Any:
@@ -372,8 +409,10 @@ def run_phase(spec: dict[str, Any]) -> None:
         skipped = [str(w.message) for w in caught if any(k in str(w.message) for k in ("data cursor", "Lance tag"))]
         if skipped:
             out.write({"t": "warning", "messages": skipped})
-    except ScenarioStop:
+    except (ScenarioStop, SIGTERMException):
         out.write({"t": "stopped"})
+    except RecordedError:  # the second fit of a session failed: recorded as the resumed run's error
+        raise
     except Exception as error:
         out.write({"t": "error", "type": type(error).__name__, "message": str(error)[:4000]})
         raise
@@ -392,14 +431,58 @@ def _run_python(scenario: Scenario, role: str, root: str, spec: dict[str, Any], 
     dm = LanceDataModule(**arguments)
     for name in {"stop": scenario.calls, "resume": scenario.resume.calls}.get(role, []):
         _call(name, dm, out)
-    model = ContractModel(root, role, sleep=scenario.step_sleep if role == "stop" else 0.0)
+    model = ContractModel(root, role, sleep=step_sleep(scenario, role))
     callbacks = instantiate(callback_arguments(scenario, role, root))
     trainer = pl.Trainer(callbacks=callbacks, **trainer_arguments(scenario, role, topology, root))
+    if role == "stop" and scenario.resume.session:
+        _session(scenario, root, spec, dm, model, trainer, out)
+        return
     trainer.fit(model, datamodule=dm, ckpt_path=spec.get("ckpt_path"))
+    if role == "stop" and scenario.checkpoints.save_after_fit:
+        trainer.save_checkpoint(str(Path(root) / "ckpt_stop" / "saved.ckpt"))
     if role == "resume":
         for name in scenario.resume.after_fit:
             getattr(trainer, name)(model, datamodule=dm)
     out.write({"t": "end", "batches": model.batches, "cursor": _plain(dm.state_dict().get("train_cursor"))})
+
+
+def _session(
+    scenario: Scenario, root: str, spec: dict[str, Any], dm: Any, model: Any, trainer: pl.Trainer, out: Recorder
+) -> None:
+    """A user script fitting twice in one process: the stopped fit (an exception stop is caught, as
+    a script catching it would), ``trainer.save_checkpoint``, the calls between the fits on the
+    first trainer, then a new ``Trainer`` and ``fit(model, datamodule=dm, ckpt_path=<a checkpoint
+    the first fit wrote>)`` with the same data module and model, then the calls after fit. The
+    second fit records as the ``resume`` role; the choice of checkpoint and the version holds
+    between the fits are recorded as the ``stop`` role's (``chosen``, ``holds``)."""
+    from tests.contract.runner import _checkpoints, choose
+
+    try:
+        trainer.fit(model, datamodule=dm)
+    except ScenarioStop:
+        out.write({"t": "stopped"})
+    if scenario.checkpoints.save_after_fit and scenario.stop.kind != "exception":
+        trainer.save_checkpoint(str(Path(root) / "ckpt_stop" / "saved.ckpt"))
+    for name in scenario.resume.between:
+        getattr(trainer, name)(model, datamodule=dm)
+    out.write({"t": "end", "batches": model.batches, "cursor": _plain(dm.state_dict().get("train_cursor"))})
+    chosen = choose(_checkpoints(Path(root) / "ckpt_stop"), scenario.checkpoints.pick, scenario.checkpoints.resume_from)
+    if trainer.global_rank == 0:
+        out.write({"t": "holds", "holds": truth.holds(spec["uris"])})
+    out.write({"t": "chosen", "path": chosen.path if chosen is not None else None})
+    then = recorder(root, "resume")
+    model.record_as(root, "resume", step_sleep(scenario, "resume"))
+    callbacks = instantiate(callback_arguments(scenario, "resume", root))
+    second = pl.Trainer(callbacks=callbacks, **trainer_arguments(scenario, "resume", scenario.resume.topology, root))
+    try:
+        second.fit(model, datamodule=dm, ckpt_path=chosen.path if chosen is not None else None)
+        for name in scenario.resume.after_fit:
+            getattr(second, name)(model, datamodule=dm)
+    except Exception as error:
+        then.write({"t": "error", "type": type(error).__name__, "message": str(error)[:4000]})
+        raise RecordedError(str(error)) from error
+    then.write({"t": "end", "batches": model.batches, "cursor": _plain(dm.state_dict().get("train_cursor"))})
+    then.close()
 
 
 def cli_config(
@@ -409,7 +492,7 @@ def cli_config(
     topology = _topology(scenario, role)
     trainer = trainer_arguments(scenario, role, topology, root)
     trainer["callbacks"] = callback_arguments(scenario, role, root)
-    model_args = {"root": root, "role": role, "sleep": scenario.step_sleep if role == "stop" else 0.0}
+    model_args = {"root": root, "role": role, "sleep": step_sleep(scenario, role)}
     return {
         "trainer": trainer,
         "model": {"class_path": "tests.contract.phase.ContractModel", "init_args": model_args},

@@ -25,7 +25,7 @@ def sequences(scenario: Scenario, phase: Phase) -> tuple[list[list[int]], list[s
     by_epoch: dict[int, list[int]] = {}
     for event in phase.events("batch"):
         by_epoch.setdefault(event["epoch"], []).extend(event["units"])
-    seqs = [by_epoch.get(e, []) for e in range(scenario.loop.epochs + 1)]
+    seqs = [by_epoch.get(e, []) for e in range(scenario.data_epochs + 1)]
     sources = [truth.source_units(scenario, j) for j in range(len(scenario.sources))]
     failures: list[str] = []
     for epoch, seq in enumerate(seqs):

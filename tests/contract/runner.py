@@ -9,6 +9,12 @@ Guarantees:
   left behind, also after the SIGKILL of rank 0) or after `PHASE_TIMEOUT_S` (reported as a hang).
   A ``cli`` scenario's stopped and resumed phases run the ``lance-lightning`` console script
   itself, the same way.
+- The checkpoint resumed from is the scenario's kind (`Checkpoint.kind`: periodic, ``last``,
+  ``epoch``, ``exception``, ``saved``), at ``pick`` among that kind's (`choose`; all of them when
+  the run wrote none of that kind). A SIGTERM stop runs as a script, as a SIGKILL does. A
+  ``resume.session`` scenario runs both fits in the stopped phase's process; its ``resume`` phase
+  is read from that process's records. A scenario with ``store.damage`` damages the stopped
+  run's cached copies before the resume (`tests.contract.store.damage`; `Run.damaged` says how).
 - A scenario that must fail with a clear error (`truth.expected_error`) runs only the phase that
   must fail.
 - The package's Lance tags on every table are recorded after the stopped and the resumed runs.
@@ -74,6 +80,18 @@ class Checkpoint:
     #: Written in the epoch-end hooks (Lightning has counted the epoch as processed).
     epoch_end: bool = False
 
+    @property
+    def kind(self) -> str:
+        """Which writer wrote it (`tests.contract.scenario.CHECKPOINT_KINDS`), from its file name."""
+        name = Path(self.path).name
+        if name.startswith("last"):
+            return "last"
+        if name.startswith("on_exception"):
+            return "exception"
+        if name.startswith("saved"):
+            return "saved"
+        return "epoch" if name.startswith("d-") else "periodic"
+
 
 @dataclass
 class Run:
@@ -90,12 +108,21 @@ class Run:
     maintained: bool = False
     #: Each run's ``remote_cache`` arguments on S3 (`tests.contract.store.cache_arguments`).
     caches: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    #: What `tests.contract.store.damage` did to the cached copies before the resume.
+    damaged: list[str] = field(default_factory=list)
 
 
-def held_after_stop(scenario: Scenario) -> bool:
-    """Whether the stopped run leaves its versions held: always with "keep", with "fit" only when
-    the fit did not end normally (an exception or a kill)."""
-    return scenario.hold == "keep" or (scenario.hold == "fit" and scenario.stop.kind in ("exception", "sigkill"))
+def held_after_stop(scenario: Scenario, checkpointed: bool = True) -> bool:
+    """Whether the stopped run leaves its versions held (``checkpointed``: it wrote a checkpoint):
+    a kill always; an exception or SIGTERM when a checkpoint can need them; a normal end with
+    "keep" (`lance_lightning.hold`)."""
+    if scenario.hold == "off":
+        return False
+    if scenario.stop.kind == "sigkill":
+        return True
+    if scenario.stop.kind in ("exception", "sigterm"):
+        return checkpointed
+    return scenario.hold == "keep"
 
 
 def run_scenario(scenario: Scenario, root: Path, isolate: bool = False, s3: Any = None) -> Run:
@@ -111,6 +138,9 @@ def run_scenario(scenario: Scenario, root: Path, isolate: bool = False, s3: Any 
 def _run_scenario(scenario: Scenario, root: Path, isolate: bool, uris: list[str]) -> Run:
     run = Run(scenario)
     run.caches = {role: store.cache_arguments(scenario, role, root, uris) for role in ("reference", "stop", "resume")}
+    session = scenario.resume.session
+    if session:  # one data module: the first fit's cache
+        run.caches["resume"] = run.caches["stop"]
     first, then = scenario.topology, scenario.resume.topology
     run.expected_errors = {
         "reference": truth.expected_error(scenario, 1, REFERENCE_BATCH, drop_last=False),
@@ -128,11 +158,24 @@ def _run_scenario(scenario: Scenario, root: Path, isolate: bool, uris: list[str]
         run.phases["reference"] = _run_phase(
             scenario, "reference", Topology(), root, uris, None, isolate, run.caches["reference"]
         )
+    if session:  # both fits in one process: the resumed phase is read from its records
+        run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate, run.caches["stop"])
+        run.phases["resume"] = _session_resume(run.phases["stop"], root, then.world_size)
+        run.checkpoints = _checkpoints(root / "ckpt_stop")
+        chosen = run.phases["stop"].events("chosen", rank=0)
+        if chosen and chosen[0]["path"] is not None:
+            run.chosen = next(c for c in run.checkpoints if c.path == chosen[0]["path"])
+        between = run.phases["stop"].events("holds", rank=0)
+        run.holds["stop"] = between[0]["holds"] if between else {}
+        run.holds["resume"] = truth.holds(uris)
+        return run
     run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate, run.caches["stop"])
     run.holds["stop"] = truth.holds(uris)
     run.checkpoints = _checkpoints(root / "ckpt_stop")
-    run.chosen = choose(run.checkpoints, scenario.checkpoints.pick)
+    run.chosen = choose(run.checkpoints, scenario.checkpoints.pick, scenario.checkpoints.resume_from)
     ckpt = run.chosen.path if run.chosen is not None else None
+    if scenario.store is not None and scenario.store.damage is not None:
+        run.damaged = store.damage(root / "remote_cache", scenario.store.damage)
     if scenario.resume.maintenance and ckpt is not None:
         truth.maintain(uris)
         run.maintained = True
@@ -143,13 +186,26 @@ def _run_scenario(scenario: Scenario, root: Path, isolate: bool, uris: list[str]
     return run
 
 
-def choose(checkpoints: list[Checkpoint], pick: float) -> Checkpoint | None:
-    """The checkpoint at ``pick`` of the list ordered by batches trained (1.0: the last written)."""
+def choose(checkpoints: list[Checkpoint], pick: float, kind: str = "pick") -> Checkpoint | None:
+    """The checkpoint at ``pick`` of the list ordered by batches trained (1.0: the last written),
+    among those of ``kind`` when the run wrote one (``pick``: among all)."""
     if not checkpoints:
         return None
+    checkpoints = [c for c in checkpoints if c.kind == kind] or checkpoints
     if pick >= 1.0:
         return checkpoints[-1]
     return checkpoints[min(len(checkpoints) - 1, int(pick * len(checkpoints)))]
+
+
+def _session_resume(stop: Phase, root: Path, world_size: int) -> Phase:
+    """The second fit of a session (`Scenario.resume.session`), recorded by the stopped phase's process."""
+    ranks = _read(root, "resume", world_size)
+    returncode = stop.returncode
+    if stop.events("chosen", rank=0):  # the first fit ended as it should: the exit is the second's
+        stop.returncode = 0
+    else:
+        returncode = 0
+    return Phase("resume", ranks, returncode, 0.0, stop.output, stop.timed_out)
 
 
 def _checkpoints(folder: Path) -> list[Checkpoint]:
@@ -175,7 +231,7 @@ def _run_phase(
     spec["cache"] = cache
     if ckpt is not None:
         spec["ckpt_path"] = ckpt
-    killed = role == "stop" and scenario.stop.kind == "sigkill"
+    killed = role == "stop" and scenario.stop.kind in ("sigkill", "sigterm")  # a signal: never to this process
     started = time.perf_counter()
     if scenario.cli and role != "reference":
         return _run_command(scenario, role, topology, root, uris, ckpt, started, cache)
@@ -215,6 +271,8 @@ def _run_command(
     if phase.returncode in (0, -signal.SIGKILL) or phase.timed_out:
         return phase
     if role == "stop" and scenario.stop.kind == "exception" and "ScenarioStop" in phase.output:
+        phase.ranks[0].append({"t": "stopped"})
+    elif role == "stop" and scenario.stop.kind == "sigterm" and phase.returncode in (143, -signal.SIGTERM):
         phase.ranks[0].append({"t": "stopped"})
     else:
         shown = phase.output if phase.output.startswith("Fatal Python error") else phase.output[-2000:]

@@ -15,7 +15,22 @@ Guarantees:
   of old versions) between the runs, ``hold_versions``, steps after fit, tables on S3 with each
   run's remote cache (on, off, changed on resume, a limit the split exceeds; `tests.contract.store`)
   and the compute-floor replay probe (`tests.contract.replay`), each from its own random stream.
-  A new option of the package joins `generate` (and `truth`/`phase` where it needs to).
+- Lightning's loop, as a user combines it (`_widen`, its own stream ``f"{seed}-loop"``):
+  ``limit_train_batches`` as a count or a fraction; ``val_check_interval`` as a count or a
+  fraction; ``check_val_every_n_epoch`` (2, or None with a count interval);
+  ``num_sanity_val_steps``; ``accumulate_grad_batches``; ``reload_dataloaders_every_n_epochs``;
+  the stopped run bound by ``max_steps`` (optimizer steps: batches = steps x accumulate),
+  ``max_epochs``, ``max_time``, an exception, SIGKILL or SIGTERM; the resumed run by its own
+  ``max_epochs`` (binding at the stopped epoch or the next), ``max_steps`` and ``max_time``; the
+  kind of checkpoint resumed from (periodic, ``last.ckpt``, epoch end, on exception or SIGTERM,
+  ``trainer.save_checkpoint`` after fit) with the callback that writes it; and a second ``fit`` of
+  the same data module and model in the same process with a new ``Trainer``, after
+  validate/test/predict on the first (`Resume.session`). Damage to the stopped run's cached copy
+  before the resume comes from ``f"{seed}-damage"`` (`_damage`).
+- Options added later are absent from a scenario's JSON while at their default, so every line
+  written before them (``cases.jsonl``) reads and writes the same.
+A new option of the package or of Lightning's loop joins `generate` (and `truth`/`phase`/
+`expected` where it needs to), from a random stream of its own.
 """
 
 from __future__ import annotations
@@ -27,14 +42,26 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from tests.contract import truth
 from tests.contract.replay import Replay, draw_replay
-from tests.contract.store import Store, with_store
+from tests.contract.store import Cache, Store, with_store
 
 #: Calls a user script makes on the data module before ``trainer.fit`` (in order).
 CALLS_BEFORE_FIT = ("explain", "setup", "train_dataloader", "state_dict", "peek", "dataset")
 #: Trainer calls after fit, on the same data module.
 CALLS_AFTER_FIT = ("validate", "predict")
-#: How the stopped run ends: at a step budget, at the end of an epoch, by an exception, killed, by a time budget.
+#: How the stopped run ends: at a step budget, at the end of an epoch, by an exception, killed, by a time budget
+#: (the old draw's choices: `_stop` draws among these, with its weights).
 STOPS = ("max_steps", "epoch_end", "exception", "sigkill", "max_time")
+#: Every stop, with those drawn from the loop's own stream (`_widen`): SIGTERM to the process.
+ALL_STOPS = (*STOPS, "sigterm")
+#: Trainer calls between the two fits of one process (`Resume.session`), on the first trainer.
+CALLS_BETWEEN_FITS = ("validate", "test", "predict")
+#: Which checkpoint the resume uses: ``pick`` (a fraction of all written: `Checkpoints.pick`) or a
+#: kind: ``every_n_train_steps`` (periodic), ``last.ckpt`` (save_last), the default callback's
+#: (epoch end / validation end), ``OnExceptionCheckpoint``'s (an exception or SIGTERM) and
+#: ``trainer.save_checkpoint`` after fit (saved).
+CHECKPOINT_KINDS = ("pick", "periodic", "last", "epoch", "exception", "saved")
+#: Damage done to the remote cache's copy between the stopped and the resumed run (`tests.contract.store.damage`).
+DAMAGES = ("truncate", "flip", "replace", "delete")
 
 
 @dataclass(frozen=True)
@@ -104,13 +131,20 @@ class Topology:
 
 @dataclass(frozen=True)
 class Loop:
-    """Lightning loop options, the same in every run of the scenario."""
+    """Lightning loop options, the same in every run of the scenario (``epochs``: the stopped
+    run's ``max_epochs``, and the resumed run's unless `Resume.max_epochs` says otherwise)."""
 
     epochs: int = 3
     accumulate: int = 1
     val_check_interval: float | int | None = None
-    limit_train_batches: int | None = None
+    #: An int: batches per epoch; a float: that fraction of each epoch's batches (``int(n * f)``).
+    limit_train_batches: int | float | None = None
     reload_every: int = 0
+    #: ``check_val_every_n_epoch`` (None: ``val_check_interval`` counts batches across epochs).
+    check_val_every_n_epoch: int | None = 1
+    num_sanity_val_steps: int = 2
+    #: A val split even without ``val_check_interval`` (validation at each epoch's end).
+    validate: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,6 +167,11 @@ class Checkpoints:
     on_exception: bool = False
     #: Which checkpoint the resume uses: 1.0 the last written, less an earlier one (this fraction of the list).
     pick: float = 1.0
+    #: Which kind of checkpoint the resume uses (`CHECKPOINT_KINDS`; ``pick`` above chooses among
+    #: those of that kind; a kind the run did not write falls back to all of them).
+    resume_from: str = "pick"
+    #: ``trainer.save_checkpoint(".../saved.ckpt")`` after the stopped fit returns.
+    save_after_fit: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,6 +184,15 @@ class Resume:
     #: Between the stopped run and the resume, a maintenance job compacts every table, commits a
     #: new version and deletes every old version Lance lets it (`truth.maintain`).
     maintenance: bool = False
+    #: The resumed run's ``max_epochs`` (None: `Loop.epochs`).
+    max_epochs: int | None = None
+    #: The resumed run's ``max_time`` in seconds, each of its steps sleeping ``step_sleep``.
+    max_time: float | None = None
+    step_sleep: float = 0.0
+    #: The resumed fit runs in the stopped run's process, with the same data module and model and a
+    #: new ``Trainer`` (a user script calling ``fit`` twice), after the ``between`` calls on the first.
+    session: bool = False
+    between: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -184,6 +232,16 @@ class Scenario:
     def uses_ddp(self) -> bool:
         return self.topology.world_size > 1 or self.resume.topology.world_size > 1
 
+    @property
+    def resume_epochs(self) -> int:
+        """The resumed run's ``max_epochs``."""
+        return self.resume.max_epochs if self.resume.max_epochs is not None else self.loop.epochs
+
+    @property
+    def data_epochs(self) -> int:
+        """How many data epochs any run of the scenario may read (the reference run reads one more)."""
+        return max(self.loop.epochs, self.resume_epochs)
+
     def to_json(self) -> str:
         plain = asdict(self)
         mixture = plain.get("mixture")
@@ -193,6 +251,11 @@ class Scenario:
         for key in _LATER_FIELDS:  # as scenarios were written before these options
             if plain[key] is None:
                 del plain[key]
+        for key, names in _DEFAULTED_FIELDS.items():  # options added later, absent at their default
+            part = getattr(self, key)
+            for name in names if part is not None else ():
+                if plain[key][name] == _default(type(part), name):
+                    del plain[key][name]
         return json.dumps(plain, sort_keys=True)
 
     @classmethod
@@ -204,6 +267,19 @@ class Scenario:
 _SCHEDULE_FIELDS = ("schedule", "interpolate", "step_samples")
 #: Fields of `Scenario` left out of the JSON when None.
 _LATER_FIELDS = ("store", "replay")
+#: Fields added to a part of `Scenario` later, left out of the JSON while at their default (so
+#: that every scenario written before them reads and writes the same line).
+_DEFAULTED_FIELDS = {
+    "loop": ("check_val_every_n_epoch", "num_sanity_val_steps", "validate"),
+    "checkpoints": ("resume_from", "save_after_fit"),
+    "resume": ("max_epochs", "max_time", "step_sleep", "session", "between"),
+    "store": ("damage",),
+}
+
+
+def _default(kind: Any, name: str) -> Any:
+    (found,) = [f for f in fields(kind) if f.name == name]
+    return found.default_factory() if callable(found.default_factory) else found.default
 
 
 def _build(kind: Any, value: Any) -> Any:
@@ -278,7 +354,11 @@ def generate(seed: int) -> Scenario:
         resume=replace(resume, maintenance=later.random() < 0.25),
         hold=later.choices(["fit", "keep", "off"], weights=[8, 1, 1])[0],
     )
-    return replace(with_store(seed, scenario), replay=draw_replay(seed))
+    scenario = _widen(random.Random(f"{seed}-loop"), scenario, units, stop_epoch)
+    scenario = replace(with_store(seed, scenario), replay=draw_replay(seed))
+    if scenario.store is not None and scenario.resume.session:  # one data module: one cache
+        scenario = replace(scenario, store=replace(scenario.store, resume_cache=scenario.store.cache))
+    return _damage(random.Random(f"{seed}-damage"), scenario)
 
 
 def _table(rng: random.Random, index: int, tokens: bool) -> Table:
@@ -478,3 +558,91 @@ def _resume(rng: random.Random, topology: Topology, units: int, loop: Loop, cli:
     if cli:
         calls, after = [], []
     return Resume(topology=new, max_steps=max_steps, calls=calls, after_fit=after)
+
+
+# -- Lightning's loop, widened (one random stream of its own: the draws above stay as they were) -----
+def _widen(rng: random.Random, scenario: Scenario, units: int, stop_epoch: int) -> Scenario:
+    """``scenario`` with Lightning's loop options drawn where the package's draws left them at
+    their defaults: ``limit_train_batches`` as a fraction, ``val_check_interval`` as a fraction,
+    ``check_val_every_n_epoch``, ``num_sanity_val_steps``, a val split alone; the resumed run's
+    ``max_epochs`` (binding at the stopped epoch or the next) and ``max_time``; a SIGTERM stop;
+    the kind of checkpoint resumed from (and its writer: ``save_last``, the default callback,
+    ``OnExceptionCheckpoint``, ``trainer.save_checkpoint`` after fit); a second ``fit`` of the
+    same data module in the same process (`Resume.session`) after validate/test/predict."""
+    loop, stop, resume, checkpoints = scenario.loop, scenario.stop, scenario.resume, scenario.checkpoints
+    first, then = scenario.topology, resume.topology
+    per_step = first.world_size * first.batch_size
+    steps = min(-(-units // per_step), -(-units // (then.world_size * then.batch_size))) if units else 0
+    # limit_train_batches as a fraction: int(batches * f) of each epoch (at least one batch). Only
+    # where both runs take the same units per step: a fraction of a resumed epoch on another
+    # topology has no one meaning (Lightning keeps the first epoch's count for every later one).
+    if loop.limit_train_batches is None and rng.random() < 0.18 and steps >= 3:
+        fraction = rng.choice([0.25, 0.34, 0.5, 0.5, 0.75])
+        if int((steps - 1) * fraction) >= 1 and per_step == then.world_size * then.batch_size:
+            loop = replace(loop, limit_train_batches=fraction)
+    if loop.val_check_interval is None and rng.random() < 0.1:
+        loop = replace(loop, val_check_interval=rng.choice([0.25, 0.34, 1.0]))
+    roll = rng.random()
+    if roll < 0.12:
+        loop = replace(loop, check_val_every_n_epoch=2)
+    elif roll < 0.2 and isinstance(loop.val_check_interval, int):
+        loop = replace(loop, check_val_every_n_epoch=None)  # the interval counts across epochs
+    if loop.val_check_interval is None and rng.random() < 0.1:
+        loop = replace(loop, validate=True)
+    sanity = rng.choice([2, 2, 0, 1, -1])
+    # The resumed run's max_epochs: the stopped epoch only (its rest), or one more; rarely one the
+    # checkpoint already reached (nothing left to train).
+    roll = rng.random()
+    if roll < 0.3:
+        resume = replace(resume, max_epochs=max(1, stop_epoch + rng.choice([1, 1, 2, 0])))
+    if rng.random() < 0.05:
+        resume = replace(resume, max_time=1.0, step_sleep=0.05)
+    # SIGTERM to the (one-rank) stopped run before a batch: it stops by the end of that epoch.
+    if rng.random() < 0.08 and first.world_size == 1:
+        at = stop.at if stop.kind in ("exception", "sigkill") else rng.randint(1, max(1, 2 * steps))
+        stop = Stop("sigterm", int(at))
+        if rng.random() < 0.8:
+            checkpoints = replace(checkpoints, on_exception=True)
+    # A second fit in the same process, with the same data module (so the same topology and cache).
+    if not scenario.cli and rng.random() < 0.15:
+        # The process must live on to fit again; under DDP a fit after one that raised hung in
+        # trials (Lightning's, the package's or the checker's: not yet known), so not drawn.
+        if stop.kind in ("sigkill", "sigterm") or (stop.kind == "exception" and first.world_size > 1):
+            stop = Stop("max_steps", max(1, int(stop.at) // loop.accumulate))
+        between = [call for call in CALLS_BETWEEN_FITS if rng.random() < 0.3]
+        resume = replace(resume, topology=first, session=True, between=between, maintenance=False, calls=[])
+    # The kind of checkpoint resumed from, with what writes it.
+    kind = rng.choices(CHECKPOINT_KINDS, weights=[4, 2, 3, 1, 1, 2])[0]
+    normal_end = stop.kind in ("max_steps", "epoch_end", "max_time")
+    if kind == "saved" and (scenario.cli or not normal_end):
+        kind = "last"
+    if kind == "exception" and stop.kind not in ("exception", "sigterm"):
+        kind = "periodic"
+    writers = {
+        "last": {"save_last": True},
+        "epoch": {"default_callback": True},
+        "exception": {"on_exception": True},
+        "saved": {"save_after_fit": True},
+    }
+    checkpoints = replace(checkpoints, resume_from=kind, **writers.get(kind, {}))
+    if kind == "last" and normal_end and rng.random() < 0.5:  # no periodic save: last.ckpt at the fit's end
+        checkpoints = replace(checkpoints, every=1000)
+    if normal_end and not scenario.cli and kind != "saved" and rng.random() < 0.15:
+        checkpoints = replace(checkpoints, save_after_fit=True)
+    validated = loop.val_check_interval is not None or loop.validate or loop.check_val_every_n_epoch != 1
+    if validated or "validate" in resume.after_fit + resume.between:  # sanity steps need a val split
+        loop = replace(loop, num_sanity_val_steps=sanity)
+    return replace(scenario, loop=loop, stop=stop, resume=resume, checkpoints=checkpoints)
+
+
+def _damage(rng: random.Random, scenario: Scenario) -> Scenario:
+    """A scenario on S3 whose runs both cache a single source, with the stopped run's copy damaged
+    before the resume (`DAMAGES`; a row shuffle, so that the split is read by take and copied)."""
+    store = scenario.store
+    if store is None or scenario.mixture is not None or scenario.resume.session or rng.random() >= 0.5:
+        return scenario
+    store = replace(store, cache=Cache(), resume_cache=Cache())  # both runs cache, within the limit
+    shuffle = scenario.shuffle
+    if shuffle.kind != "row":
+        shuffle = Shuffle("row", rng.randint(0, 1000), clump_rows=rng.choice([1, 4]))
+    return replace(scenario, shuffle=shuffle, store=replace(store, damage=rng.choice(DAMAGES)))

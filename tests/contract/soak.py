@@ -32,7 +32,7 @@ from pathlib import Path
 from tests.contract import store
 from tests.contract.oracle import Inapplicable, check
 from tests.contract.runner import run_scenario
-from tests.contract.scenario import Scenario, Topology, generate
+from tests.contract.scenario import Loop, Scenario, Topology, generate
 
 
 def describe(scenario: Scenario) -> str:
@@ -60,6 +60,25 @@ def describe(scenario: Scenario) -> str:
     ):
         if value not in (None, 0, 1) or (name == "val" and value is not None):
             parts.append(f"{name}={value}")
+    if loop.check_val_every_n_epoch != 1:
+        parts.append(f"val_every={loop.check_val_every_n_epoch}")
+    if loop.validate:
+        parts.append("validate")
+    if loop.num_sanity_val_steps != 2:
+        parts.append(f"sanity={loop.num_sanity_val_steps}")
+    resume = scenario.resume
+    checkpoints = scenario.checkpoints
+    saved = checkpoints.save_after_fit and checkpoints.resume_from != "saved"
+    parts.append(f"ckpt={checkpoints.resume_from}" + ("+saved" if saved else ""))
+    for name, value in (
+        ("max_epochs", resume.max_epochs),
+        ("max_steps", resume.max_steps),
+        ("max_time", resume.max_time),
+    ):
+        if value is not None:
+            parts.append(f"resume.{name}={value}")
+    if resume.session:
+        parts.append("second-fit" + (f"({','.join(resume.between)})" if resume.between else ""))
     if scenario.calls or scenario.resume.calls:
         parts.append("calls=" + ",".join(scenario.calls) + "|" + ",".join(scenario.resume.calls))
     if scenario.hold != "fit" or scenario.resume.maintenance:
@@ -68,6 +87,8 @@ def describe(scenario: Scenario) -> str:
         small = scenario.store.cache.small or scenario.store.resume_cache.small
         tiny = " tiny-limit(refused)" if scenario.store.cache.tiny else ""
         parts.append(f"s3 cache={scenario.store.mode}" + (" small-limit" if small else "") + tiny)
+        if scenario.store.damage is not None:
+            parts.append(f"damage={scenario.store.damage}")
     if scenario.replay is not None:
         parts.append(f"replay={scenario.replay.batches}x{scenario.replay.steps}")
     return " ".join(parts)
@@ -118,16 +139,14 @@ def simpler(scenario: Scenario) -> list[Scenario]:
         )
     if scenario.topology != one or scenario.resume.topology != one:
         out.append(replace(scenario, topology=one, resume=replace(scenario.resume, topology=one)))
-    loop = scenario.loop
-    if (loop.accumulate, loop.val_check_interval, loop.limit_train_batches, loop.reload_every) != (1, None, None, 0):
-        out.append(
-            replace(
-                scenario,
-                loop=replace(loop, accumulate=1, val_check_interval=None, limit_train_batches=None, reload_every=0),
-            )
-        )
-    if scenario.resume.after_fit or scenario.resume.max_steps is not None:
-        out.append(replace(scenario, resume=replace(scenario.resume, after_fit=[], max_steps=None)))
+    loop, plain = scenario.loop, Loop(epochs=scenario.loop.epochs)
+    if loop != plain:
+        out.append(replace(scenario, loop=plain))
+    resume = scenario.resume
+    if resume.after_fit or resume.between or resume.max_steps is not None or resume.max_time is not None:
+        out.append(replace(scenario, resume=replace(resume, after_fit=[], between=[], max_steps=None, max_time=None)))
+    if resume.session:
+        out.append(replace(scenario, resume=replace(resume, session=False, between=[])))
     if scenario.shuffle.kind != "none":
         out.append(replace(scenario, shuffle=replace(scenario.shuffle, kind="none")))
     if any(t.delete_mod or t.fragment_rows for t in scenario.tables):
@@ -209,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                 lambda s: s.store is not None and (s.store.cache.small or s.store.resume_cache.small),
             ),
             ("with the replay probe", lambda s: s.replay is not None),
+            ("with a second fit of one data module", lambda s: s.resume.session),
+            ("with a damaged cached copy", lambda s: s.store is not None and s.store.damage is not None),
         )
     )
     print(

@@ -20,8 +20,17 @@ Guarantees:
 - `check_cache` (part of `tests.contract.oracle.check`): the plan's cache line says what the run's
   cache was set to do: nothing when off or for a mixture (read in place), a local copy for a row
   shuffle when on, the store when the limit is exceeded; a copy made for a split matching under
-  `SPARSE_SHARE` of its rows was made by take of those rows, any other by a scan. The oracle's expectations of the rows,
-  their order and the resume do not change with the store or the cache.
+  `SPARSE_SHARE` of its rows was made by take of those rows, any other by a scan; after a resume
+  from a damaged copy, every copy in the cache holds the source's rows again (read with Lance and
+  compared with `tests.contract.truth`, not with what the package says). The oracle's
+  expectations of the rows, their order and the resume do not change with the store, the cache
+  or damage to a copy.
+- `damage` (drawn by `tests.contract.scenario` from its own stream, ``f"{seed}-damage"``, into
+  about half the scenarios on S3 with one source and no second fit: both runs' caches are then
+  on and the split is row-shuffled, so that it is read by take and copied) truncates, flips bits
+  in, replaces the rows of or deletes a data file of the stopped run's copy before the resume,
+  keeping its manifest and the files' modification times: the resume must detect it, copy again
+  and train exactly what an intact copy trains.
 """
 
 from __future__ import annotations
@@ -63,6 +72,8 @@ class Store:
 
     cache: Cache = field(default_factory=Cache)
     resume_cache: Cache = field(default_factory=Cache)
+    #: Damage done to the stopped run's copy before the resume (`damage`; None: none).
+    damage: str | None = None
 
     @property
     def mode(self) -> str:
@@ -172,6 +183,19 @@ def _bytes(scenario: Scenario, uris: list[str]) -> tuple[float, float]:
     return per_file, estimate_view_bytes(pinned, dataset, matched, staged=False)
 
 
+# -- damage to a copy between the runs ------------------------------------------------------------
+def damage(directory: Path, kind: str) -> list[str]:
+    """Damage every finished copy in the cache ``directory`` as ``kind`` says (``truncate``,
+    ``flip``, ``replace``, ``delete``: `tests.helpers.damage_cached_copy`, which keeps each copy's
+    manifest and Lance's, so that only the data files tell); return what was done, one line per
+    file (empty: no copy to damage)."""
+    from tests.helpers import damage_cached_copy
+
+    if not directory.is_dir() or not any(directory.glob("*.lance")):
+        return []
+    return [f"{kind} {path}" for path in damage_cached_copy(directory, kind)]
+
+
 def expected_error(scenario: Scenario) -> str | None:
     """Why the stopped run must stop with a clear `ConfigError` for its cache's limit, or None."""
     if scenario.store is not None and scenario.store.cache.tiny:
@@ -212,6 +236,35 @@ def check_cache(run: Run) -> list[str]:
             share = _selectivity(scenario)
             if (share < SPARSE_SHARE) != ("by take of the matching" in note):
                 failures.append(f"{role}: a split matching {share:.2%} of its rows was copied as {note!r}")
+    return failures + _copies_after_damage(run)
+
+
+def _copies_after_damage(run: Run) -> list[str]:
+    """After a resume that ended normally, every copy in the damaged cache holds the source's
+    matching rows again, in storage order (read here with Lance; `truth` says which rows)."""
+    phase, arguments = run.phases.get("resume"), run.caches.get("resume")
+    if not run.damaged or phase is None or phase.error is not None or phase.timed_out or not arguments:
+        return []
+    import lance
+
+    from tests.contract import truth
+
+    scenario = run.scenario
+    source = scenario.sources[0]
+    columns = truth.columns(scenario.tables[source.table])
+    keep = truth.matches(source.filter, columns)
+    key = "id" if scenario.packing is None else "n_tokens"  # a copy holds the read columns only
+    failures = []
+    for copy in sorted(Path(arguments["directory"]).glob("*.lance")):
+        try:
+            got = lance.dataset(str(copy)).to_table(columns=[key])[key].to_pylist()
+        except Exception as error:  # noqa: BLE001 - any read error of a copy left behind is the finding
+            failures.append(f"resume: the damaged copy {copy} was left unreadable ({run.damaged[0]}): {error}")
+            continue
+        if got != columns[key][keep].tolist():
+            failures.append(
+                f"resume: the damaged copy {copy} still holds other rows than its source ({run.damaged[0]})"
+            )
     return failures
 
 

@@ -7,8 +7,9 @@ oracle's own tests.
 - `test_found_defect`: every scenario in ``cases.jsonl``: each failed on the code where the checker
   found it (its ``found`` says how) and must pass for good.
 - `test_oracle_*`: the oracle reports what a wrong run would look like (a repeated or a skipped
-  unit, another order, a short epoch, a wrong cursor), so a green sample is not the oracle
-  missing everything.
+  unit, another order, a short epoch, a wrong cursor; where Lightning's loop meets the loader: a
+  short epoch after a fractional-limit resume, the rest of an epoch lost after a ``max_steps``
+  stop, a batch repeated by a second fit), so a green sample is not the oracle missing everything.
 
 A longer soak with new seeds: ``uv run python -m tests.contract.soak --scenarios 500 --seed N``.
 """
@@ -28,7 +29,8 @@ from tests.contract import truth
 from tests.contract.oracle import Inapplicable, check
 from tests.contract.runner import Run, held_after_stop, run_scenario
 from tests.contract.scenario import (
-    STOPS,
+    ALL_STOPS,
+    CHECKPOINT_KINDS,
     Checkpoints,
     Loop,
     Resume,
@@ -43,7 +45,7 @@ from tests.contract.scenario import (
 
 CASES = Path(__file__).with_name("cases.jsonl")
 #: Seeds whose scenarios together compose every kind of option (checked by `test_sample_covers_the_options`).
-SAMPLE_SEEDS = [4, 7, 14, 15, 19, 21, 28, 35, 39, 42, 46, 82, 97]
+SAMPLE_SEEDS = [4, 7, 14, 15, 19, 21, 28, 35, 39, 42, 46, 80, 82, 97]
 SHUFFLES = ("none", "shard", "row", "buffer")
 
 
@@ -79,15 +81,27 @@ def test_sample_covers_the_options() -> None:
         "calls before fit": any(s.calls or s.resume.calls for s in scenarios),
         "cli": any(s.cli for s in scenarios),
         "a clear error": any(truth.epoch_units(s) == 0 for s in scenarios),
-        **{f"stop {kind}": any(s.stop.kind == kind for s in scenarios) for kind in STOPS},
+        **{f"stop {kind}": any(s.stop.kind == kind for s in scenarios) for kind in ALL_STOPS},
         **{
             f"shuffle {kind}": any(s.shuffle.kind == kind for s in scenarios)
             for kind in ("none", "shard", "row", "buffer")
         },
         "accumulate_grad_batches": any(s.loop.accumulate > 1 for s in scenarios),
         "val_check_interval": any(s.loop.val_check_interval is not None for s in scenarios),
-        "limit_train_batches": any(s.loop.limit_train_batches for s in scenarios),
+        "limit_train_batches": any(isinstance(s.loop.limit_train_batches, int) for s in scenarios),
+        "limit_train_batches fraction": any(isinstance(s.loop.limit_train_batches, float) for s in scenarios),
+        "val_check_interval fraction": any(isinstance(s.loop.val_check_interval, float) for s in scenarios),
+        "check_val_every_n_epoch": any(s.loop.check_val_every_n_epoch != 1 for s in scenarios),
+        "num_sanity_val_steps": any(s.loop.num_sanity_val_steps != 2 for s in scenarios),
         "reload_dataloaders_every_n_epochs": any(s.loop.reload_every for s in scenarios),
+        "resumed max_epochs": any(s.resume.max_epochs is not None for s in scenarios),
+        "resumed max_steps": any(isinstance(s.resume.max_steps, int) for s in scenarios),
+        "a second fit of one data module": any(s.resume.session for s in scenarios),
+        **{
+            f"resume from {kind}": any(s.checkpoints.resume_from == kind for s in scenarios)
+            for kind in CHECKPOINT_KINDS
+        },
+        "a damaged cached copy": any(s.store is not None and s.store.damage is not None for s in scenarios),
         "a change on resume": any(s.resume.topology != s.topology for s in scenarios),
         **{f"hold_versions {mode}": any(s.hold == mode for s in scenarios) for mode in ("fit", "keep", "off")},
         "maintenance, version held": any(s.resume.maintenance and held_after_stop(s) for s in scenarios),
@@ -232,6 +246,86 @@ def _tag_missing(run: Run) -> None:
 )
 def test_oracle_reports_a_wrong_run(clean_run: Run, mutate: Callable[[Run], None], expected: str) -> None:
     run = copy.deepcopy(clean_run)
+    mutate(run)
+    failures = check(run)
+    assert any(expected in failure for failure in failures), failures
+
+
+# -- ... and where Lightning's loop meets the loader (issue #37) -------------------------------------------
+def _fraction_limited() -> Scenario:
+    """``limit_train_batches=0.5`` of 20 batches, resumed from step=10: the last batch of limited epoch 0."""
+    return Scenario(
+        id=0,
+        tables=[Table(rows=80, fragment_rows=17)],
+        source=Source(0),
+        shuffle=Shuffle("row", seed=4),
+        topology=Topology(batch_size=4),
+        loop=Loop(epochs=3, limit_train_batches=0.5),
+        stop=Stop("max_steps", 14),
+        checkpoints=Checkpoints(every=10, resume_from="periodic"),
+        resume=Resume(topology=Topology(batch_size=4)),
+    )
+
+
+def _second_fit() -> Scenario:
+    """One process, one data module: a fit stopped by ``max_steps`` inside epoch 0, validate, then a
+    new Trainer fits from ``trainer.save_checkpoint``'s file (Lightning counts epoch 0 as finished)."""
+    return Scenario(
+        id=0,
+        tables=[Table(rows=60, fragment_rows=17)],
+        source=Source(0, "label != 3"),
+        shuffle=Shuffle("row", seed=4),
+        topology=Topology(batch_size=4),
+        loop=Loop(epochs=2),
+        stop=Stop("max_steps", 5),
+        checkpoints=Checkpoints(every=2, resume_from="saved", save_after_fit=True),
+        resume=Resume(topology=Topology(batch_size=4), session=True, between=["validate"]),
+    )
+
+
+@pytest.fixture(scope="module")
+def loop_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    runs = {
+        "fraction": run_scenario(_fraction_limited(), tmp_path_factory.mktemp("fraction")),
+        "second fit": run_scenario(_second_fit(), tmp_path_factory.mktemp("second_fit")),
+    }
+    for run in runs.values():
+        assert check(run) == []
+    return runs
+
+
+def _short_epoch_after_fraction_resume(run: Run) -> None:
+    """Issue #37 (1): the epoch after the resume trains half its limited batches."""
+    events = run.phases["resume"].ranks[0]
+    for event in [e for e in _batches(run, "resume") if e["epoch"] == 1][5:]:
+        events.remove(event)
+
+
+def _rest_of_epoch_lost(run: Run) -> None:
+    """Issue #37 (3): the rest of the epoch a max_steps stop cut short is never trained."""
+    events = run.phases["resume"].ranks[0]
+    for event in [e for e in _batches(run, "resume") if e["epoch"] == 0]:
+        events.remove(event)
+
+
+def _batch_repeated_by_second_fit(run: Run) -> None:
+    """Issue #37 (2): the second fit trains again a batch the first had trained."""
+    _batches(run, "resume")[0]["units"] = list(_batches(run, "stop")[-1]["units"])
+
+
+@pytest.mark.parametrize(
+    ("name", "mutate", "expected"),
+    [
+        ("fraction", _short_epoch_after_fraction_resume, "5 expected batch(es) before it lost"),
+        ("second fit", _rest_of_epoch_lost, "8 expected batch(es) before it lost"),
+        ("second fit", _batch_repeated_by_second_fit, "a repeat of batch 4 of the stopped run"),
+    ],
+    ids=["short-epoch-after-fraction-resume", "rest-of-epoch-lost-after-max-steps", "repeat-after-second-fit"],
+)
+def test_oracle_reports_a_wrong_loop(
+    loop_runs: dict[str, Run], name: str, mutate: Callable[[Run], None], expected: str
+) -> None:
+    run = copy.deepcopy(loop_runs[name])
     mutate(run)
     failures = check(run)
     assert any(expected in failure for failure in failures), failures
