@@ -9,8 +9,10 @@ Usage (from the repository root)::
 
     uv run python benchmarks/bench_read.py            # 1M rows, ~3-5 minutes on 2 cores
     uv run python benchmarks/bench_read.py --quick    # 200k rows, smoke run, < 2 minutes
+    uv run python benchmarks/bench_read.py --peer-filters  # only filtered reads vs lance.torch (read_filters.py)
 
-Writes ``benchmarks/results/read.md`` (table + raw rows/s) and ``benchmarks/results/read.png``.
+Writes ``benchmarks/results/read.md`` (table + raw rows/s) and ``benchmarks/results/read.png``;
+with ``--peer-filters``, only the section of ``benchmarks/results/filter_scan.md`` between its markers.
 Exit status is 0 even when a target fails (the table says FAIL); ``--strict`` exits 1 then.
 """
 
@@ -20,6 +22,7 @@ import argparse
 import datetime as dt
 import itertools
 import logging
+import os
 import sys
 import time
 import warnings
@@ -444,6 +447,30 @@ def write_results(out_dir: Path, rows: list[Row], raw: list[str], notes: list[st
     print(f"\nwrote {out_dir / 'read.md'} and {out_dir / 'read.png'}")
 
 
+def peer_filters(args: argparse.Namespace, started: float) -> int:
+    """``--peer-filters``: `read_filters` on the issue's table; its section of results/filter_scan.md."""
+    import read_filters
+
+    common.steady_allocator()
+    args.load_start = os.getloadavg()[0]
+    cache = Path(args.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    min_seconds = args.min_seconds if args.min_seconds is not None else 1.0
+    args.min_seconds = min_seconds
+    cells = read_filters.run(cache, args.peer_rows, args.reps, min_seconds, args.first_reps)
+    stamp = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    text = read_filters.report(
+        cells, common.command_line(), common.machine(), stamp, time.perf_counter() - started, args
+    )
+    print()
+    print(read_filters.table(cells))
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    read_filters.write_section(Path(args.out_dir) / "filter_scan.md", text)
+    print(f"\nwrote {Path(args.out_dir) / 'filter_scan.md'}; command: {common.command_line()}")
+    missed = [c for c in cells if c.epoch[2] < read_filters.EPOCH_TARGET or c.first[2] > read_filters.FIRST_TARGET]
+    return 1 if missed and args.strict else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="200k rows, 5k images: a smoke run (< 2 minutes)")
@@ -460,6 +487,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE), help="where the datasets are kept")
     parser.add_argument("--out-dir", default=str(common.RESULTS_DIR), help="where read.md and read.png go")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
+    parser.add_argument(
+        "--peer-filters",
+        action="store_true",
+        help="only the filtered reads against lance.torch's LanceDataset (read_filters.py): writes "
+        "results/filter_scan.md's section",
+    )
+    parser.add_argument("--peer-rows", type=int, default=400_000, help="rows of the --peer-filters table")
+    parser.add_argument("--first-reps", type=int, default=15, help="first-batch pairs per --peer-filters cell")
     args = parser.parse_args(argv)
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # no plan explanations per setup
@@ -468,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: {common.command_line()}")
     print(f"machine: {common.machine()}", flush=True)
     started = time.perf_counter()
+    if args.peer_filters:
+        return peer_filters(args, started)
     rows, raw, notes = run(args)
     elapsed = time.perf_counter() - started
     print()

@@ -3,10 +3,11 @@
 Guarantees:
 - No I/O: `plan_reads` only combines a `Survey` (`lance_lightning.plan.survey` does the setup I/O)
   with the strategy, the filter policy and the batch settings.
-- A filter is evaluated once, at setup, in one streaming scan (a scalar index answers it where
-  one exists), into a compact row set (`lance_lightning.plan.rowset`: runs of ranges or a
-  bitmap with rank/select, whichever is smaller; no array of positions). Every rank and worker
-  then shards the same exact row set, so batch counts are equal by construction.
+- A filter is evaluated once, at setup, in one streaming scan (the filter projected over the
+  columns it reads; a scalar index answers it on large tables), into a compact row set
+  (`lance_lightning.plan.rowset`: runs of ranges or a bitmap with rank/select, whichever is
+  smaller; no array of positions). Every rank and worker then shards the same exact row set, so
+  batch counts are equal by construction.
 - One plan per process and O(1) orders: the epoch order is a keyed bijection computed per batch
   (`lance_lightning.plan.order`), so neither ``explain`` nor a reader nor a worker builds
   anything of the dataset's size; workers receive the row set inside the pickled plan (in shared
@@ -30,7 +31,7 @@ from lance_lightning.plan.contract import SplitSettings
 from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.order import EpochOrder
 from lance_lightning.plan.packing import DocumentIndex
-from lance_lightning.plan.rowset import RowSet
+from lance_lightning.plan.rowset import RowSet, select_runs
 from lance_lightning.plan.strategies import FilterRead, ShuffleStrategy
 from lance_lightning.source import PinnedSource
 
@@ -91,7 +92,7 @@ class ReadPlan:
 
     def row_positions(self, matched: np.ndarray) -> np.ndarray:
         """Positions in the pinned dataset version of the given matching-row indices."""
-        return matched if self.matches is None else self.matches.select(matched)
+        return matched if self.matches is None else select_runs(self.matches, matched)
 
     def identity(self) -> dict[str, Any]:
         """Plain description of everything that determines the epoch order (no credentials)."""

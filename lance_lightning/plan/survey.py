@@ -7,6 +7,7 @@ Guarantees:
   ``lengths_column`` when given (reads only that column), else from the token lists (one scan of
   the token column: slower). It keeps 8 bytes per document (`DocumentIndex`), built in place: no more at its peak.
   A missing column, or one of the wrong type, raises `ConfigError` naming it.
+- The row size comes from the schema where every column has a fixed width, else from a 64-row sample.
 - `build_plan` = `survey` (+ `survey_tokens`) (I/O) + `lance_lightning.plan.planner.plan_reads` (pure).
 """
 
@@ -115,8 +116,27 @@ def _column_type(dataset: lance.LanceDataset, column: str, param: str, split: st
 
 
 def _row_bytes(dataset: lance.LanceDataset, source: PinnedSource) -> int:
-    """Arrow bytes per row of the source's columns, measured on its first rows (at most 64)."""
+    """Arrow bytes per row of the source's columns: from the schema when every column has a fixed
+    width (no I/O: a 64-row sample read cost 0.5-4 ms of setup), else measured on its first rows
+    (at most 64)."""
+    bits = [_fixed_bits(dataset.schema.field(name).type) for name in source.columns]
+    if all(b is not None for b in bits):
+        return max(1, -(-sum(bits) // 8))
     sample = dataset.scanner(
         columns=list(source.columns), limit=ROW_BYTES_SAMPLE, blob_handling="all_binary"
     ).to_table()  # blobs' bytes, not their descriptors
     return max(1, -(-sample.nbytes // max(1, sample.num_rows)))
+
+
+def _fixed_bits(typ: pa.DataType) -> int | None:
+    """Bits per value of a fixed-width Arrow type (fixed-size lists and tensors of them included);
+    ``None`` for variable-width types (strings, binary, lists), whose size a sample measures."""
+    if isinstance(typ, pa.ExtensionType):
+        typ = typ.storage_type
+    if pa.types.is_fixed_size_list(typ):
+        inner = _fixed_bits(typ.value_type)
+        return None if inner is None else inner * typ.list_size
+    try:
+        return typ.bit_width
+    except ValueError:  # not fixed-width
+        return None

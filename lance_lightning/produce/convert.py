@@ -135,8 +135,11 @@ def _convert_column(name: str, arr: pa.Array, fill_nulls: Mapping[str, Any]) -> 
             )
         if not pa.types.is_fixed_size_list(arr.type):
             break
-        dims.append(arr.type.list_size)
-        arr = arr.flatten()  # respects the slice offset, unlike `.values`
+        size = arr.type.list_size
+        dims.append(size)
+        # The values of this slice (`.values` is the whole child; `flatten()`, a compute call,
+        # costs more than the rest of a 256-row batch's conversion). No nulls here: checked above.
+        arr = arr.values.slice(arr.offset * size, len(arr) * size)
     tensor = _primitive_tensor(name, arr).reshape(n, *(shape or dims))
     if permutation is not None and permutation != list(range(len(permutation))):
         # Arrow stores fixed_shape_tensor rows in `shape` order; the logical
@@ -147,6 +150,20 @@ def _convert_column(name: str, arr: pa.Array, fill_nulls: Mapping[str, Any]) -> 
 
 def column_kind(name: str, typ: pa.DataType) -> str:
     """Classify a type as "scalar", "fixed_list", "str" or "bytes", or raise."""
+    try:
+        return _KINDS[typ]
+    except KeyError:
+        kind = _KINDS[typ] = _column_kind(name, typ)  # raises for an unsupported type: never kept
+        return kind
+    except TypeError:  # an unhashable type
+        return _column_kind(name, typ)
+
+
+#: Kinds of the types seen (a batch's columns are classified once per type, not once per batch).
+_KINDS: dict[pa.DataType, str] = {}
+
+
+def _column_kind(name: str, typ: pa.DataType) -> str:
     t = pa.types
     if t.is_string(typ) or t.is_large_string(typ) or t.is_string_view(typ):
         return "str"

@@ -122,15 +122,18 @@ class BatchProducer:
     ) -> Iterator[Any]:
         """The finished batches of ``groups`` (as `Shipment`s when ``shipments``), in order, prepared
         ahead on the ``pools`` threads."""
+        inline = getattr(self.reader, "first_inline", False)  # a small first group: read on this thread
         if self.transform is None:
-            for sized in pools.ahead("read", self, groups, prefetch_groups, clock=self.clock):
+            for sized in pools.ahead("read", self, groups, prefetch_groups, clock=self.clock, inline_first=inline):
                 for item in sized:
                     yield self._hand_on(*item)
             return
-        reads = pools.ahead("read", self.read, groups, prefetch_groups)
+        reads = pools.ahead("read", self.read, groups, prefetch_groups, inline_first=inline)
         tables = (item for group in reads for item in group)
         try:
-            for item in pools.ahead("transform", self.finish, tables, prefetch_batches, clock=self.clock):
+            for item in pools.ahead(
+                "transform", self.finish, tables, prefetch_batches, clock=self.clock, inline_first=inline
+            ):
                 yield self._hand_on(*item)
         finally:
             tables.close()  # cancels the read stage's queued work too

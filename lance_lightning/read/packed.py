@@ -25,7 +25,14 @@ import pyarrow.compute as pc
 from lance_lightning.errors import DataReadError
 from lance_lightning.plan.packing import pack_windows
 from lance_lightning.read.lance_io import read_positions, read_ranges
-from lance_lightning.read.reader import MAX_RANGE_SCANS, BatchSpec, PlanReader, contiguous_ranges, read_batch_rows
+from lance_lightning.read.reader import (
+    MAX_RANGE_SCANS,
+    BatchSpec,
+    PlanReader,
+    contiguous_ranges,
+    first_group_rows,
+    read_batch_rows,
+)
 
 #: A read group of windows holds about this many tokens (at least one batch).
 GROUP_TOKENS = 1 << 18
@@ -41,7 +48,8 @@ class PackedReader(PlanReader):
         # Groups of about GROUP_TOKENS tokens: packing's arrays then stay in the CPU caches
         # (2048-token windows: 1023-window groups read 2,386 windows/s, 128-window ones 4,327).
         windows = max(self.plan.batch_size, GROUP_TOKENS // self.index.packing.span)
-        self.group_rows = self.first_group_rows = min(self.first_group_rows, windows)
+        first = first_group_rows(self.plan) if self.plan.method == "take" else self.group_rows
+        self.group_rows = self.first_group_rows = min(first, windows)
         # Arrow batches sized by documents (what is read), not windows (the plan's rows).
         self.batch_rows = read_batch_rows(4 * max(1, self.index.tokens // max(1, self.index.documents)) + 8)
 

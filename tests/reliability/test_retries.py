@@ -19,7 +19,7 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from lance_lightning import DataLoadingMonitor, LanceDataModule, LanceSource, NoShuffle
-from lance_lightning.source import READ_CLIENT_OPTIONS, _read_options
+from lance_lightning.source import LOCAL_READ_BLOCK_BYTES, READ_CLIENT_OPTIONS, _read_options
 from tests.fault_proxy import FaultProxy
 from tests.helpers import RecordingModel, flat, make_table
 from tests.s3_server import S3Server
@@ -112,4 +112,8 @@ def test_reads_leave_retries_to_the_policy_unless_the_user_sets_the_client() -> 
     read = _read_options("s3://bucket/ds.lance", own)
     assert read["Client_Max_Retries"] == "5" and "client_max_retries" not in read, "the user's setting wins"
     assert read["download_retry_count"] == READ_CLIENT_OPTIONS["download_retry_count"]
-    assert _read_options("/data/ds.lance", None) is None and _read_options("file:///d.lance", {}) == {}
+    # Local files: no client to configure; nearby byte ranges are merged (the user's block_size wins).
+    local = {"block_size": str(LOCAL_READ_BLOCK_BYTES)}
+    assert _read_options("/data/ds.lance", None) == local and _read_options("file:///d.lance", {}) == local
+    assert _read_options("/data/ds.lance", {"block_size": "4096"}) == {"block_size": "4096"}
+    assert _read_options("memory://d.lance", None) is None

@@ -7,22 +7,28 @@ What the tests establish:
   in many calls yields each batch's rows in the planned order; a fit with another take group size
   trains on the same batches;
 - `contiguous_ranges` rebuilds the positions (or refuses more ranges than allowed), and
-  `read_batch_rows` sizes a read batch at about 2 MiB.
+  `read_batch_rows` sizes a read batch at about 2 MiB;
+- with a filter the first group of an iteration is one batch, read on the consuming thread, and the
+  next full size; a filtered scan group read as the span its rows lie in and one read by a
+  scan restricted to its rows yield the same rows in the planned order.
 """
 
 from __future__ import annotations
 
+import lance
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from lance_lightning import (
+    BufferShuffle,
     FilterRead,
     LanceSource,
+    NoShuffle,
     RowShuffle,
     ShardShuffle,
 )
-from lance_lightning.read import lance_io
+from lance_lightning.read import lance_io, reader
 from lance_lightning.read.reader import (
     MAX_RANGE_SCANS,
     TAKE_GROUP_BYTES,
@@ -133,3 +139,62 @@ def test_read_batch_rows_hold_about_two_mib() -> None:
     assert read_batch_rows(2506) == 1024  # a 64x64 JPEG
     assert read_batch_rows(10 << 20) == 64  # never fewer rows
     assert read_batch_rows(8) == 8192  # never more
+
+
+def test_filtered_groups_start_at_one_batch_and_any_read_gives_the_planned_rows(tmp_path, monkeypatch) -> None:
+    """With a filter, the first group of an iteration is one batch (read on the consuming thread)
+    and the next full size; the groups of a filtered scan plan hold the same rows whether they are
+    read as the span their rows lie in (in windows, the other rows dropped) or by a scan restricted
+    to their rows, in the planned order, for storage order, shards and a shuffle buffer."""
+    monkeypatch.setattr(lance_io, "SPAN_WINDOW_ROWS", 700)  # several windows per group
+    monkeypatch.setattr(reader, "MAX_GROUP_ROWS", 1000)  # several groups per epoch
+    uri = write_dataset(tmp_path / "filtered.lance", 12_000, fragment_rows=5000, label_classes=LABELS)
+    lance.dataset(uri).delete("id % 97 = 5")
+    live = lance.dataset(uri).to_table(columns=["id"]).column(0).to_numpy()  # id of each position
+    for strategy in (
+        NoShuffle(),
+        ShardShuffle(shard_rows=512, seed=1),
+        BufferShuffle(buffer_rows=1024, shard_rows=128, seed=2),
+    ):
+        source = pin_source(LanceSource(uri, columns=["id", "label", "vec"], filter="label < 6"), "train")
+        plan = plan_of("train", source, strategy, FilterRead(), 64, False)
+        assert plan.method == "scan"
+        order = plan.order(1)
+        read = {}
+        for density in (0.0, 2.0):  # every group by span, every group by a restricted scan
+            monkeypatch.setattr(reader, "SPAN_READ_DENSITY", density)
+            pieces = PlanReader(plan, epoch=1, world_size=1, rank=0, start=0)
+            assert pieces.first_inline and pieces.first_group_rows == 64
+            groups = list(pieces.groups(range(pieces.layout.steps)))
+            sizes = [sum(len(spec.positions) for spec in group) for group in groups]
+            assert sizes[0] == 64 and len(sizes) > 3 and all(size >= pieces.group_rows > 64 for size in sizes[1:-1])
+            read[density] = []
+            for group in groups:
+                for spec, (step, table) in zip(group, pieces.read_group(group)):
+                    expected = plan.row_positions(order.matched_indices(pieces.layout.batch_rows(0, step)))
+                    ids = table.column("id").to_numpy()
+                    assert step == spec.step and np.array_equal(ids, live[expected])
+                    read[density].append(ids)
+        assert all(np.array_equal(a, b) for a, b in zip(read[0.0], read[2.0]))
+
+
+def test_row_bytes_of_fixed_width_columns_come_from_the_schema(tmp_path) -> None:
+    """Fixed-width columns are sized from the schema (no read at setup); a variable-width one by
+    the 64-row sample, as before."""
+    from types import SimpleNamespace
+
+    from lance_lightning.plan import survey
+
+    uri = write_dataset(tmp_path / "widths.lance", 100, extra={"name": [f"row {i}" for i in range(100)]})
+    dataset = lance.dataset(uri)
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("fixed-width columns are sized without a read")
+
+    fixed = pin_source(LanceSource(uri, columns=["id", "label", "x", "vec"]), "train")
+    assert survey._row_bytes(SimpleNamespace(schema=dataset.schema, scanner=no_read), fixed) == 8 + 8 + 4 + 32
+    sample = dataset.to_table(columns=["id", "label", "x", "vec"], limit=64)
+    assert survey._row_bytes(dataset, fixed) == -(-sample.nbytes // sample.num_rows)
+    mixed = pin_source(LanceSource(uri, columns=["id", "name"]), "train")
+    sample = dataset.to_table(columns=["id", "name"], limit=64)
+    assert survey._row_bytes(dataset, mixed) == -(-sample.nbytes // sample.num_rows)

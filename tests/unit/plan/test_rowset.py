@@ -6,6 +6,7 @@ import pickle
 
 import lance
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -124,3 +125,65 @@ def test_elias_fano_select_is_the_position_of_the_ith_match(
         assert np.array_equal(coded.select(index), positions[index])
         assert np.array_equal(rebuilt.select(index), positions[index])
         assert np.array_equal(coded.select(np.arange(len(positions))), positions)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    total=st.integers(1, 20_000),
+    density=st.sampled_from([0.0005, 0.01, 0.1, 0.3, 0.6, 1.0]),
+    seed=st.integers(0, 2**32 - 1),
+    data=st.data(),
+)
+def test_range_select_is_select_of_the_consecutive_indices(
+    total: int, density: float, seed: int, data: st.DataObject
+) -> None:
+    """``select_range`` and `select_runs` (runs of consecutive indices decoded as ranges) give what
+    ``select`` gives, for every structure; the Elias-Fano size is known before it is built."""
+    flags = np.random.default_rng(seed).random(total) < density
+    padded = np.zeros(-(-total // 512) * 512, dtype=bool)
+    padded[:total] = flags
+    bitmap = MatchBitmap(np.packbits(padded, bitorder="little").view(np.uint64))
+    coded = EliasFano.from_bitmap(bitmap, total)
+    assert EliasFano.size_of(bitmap.rows, total) == coded.nbytes
+    positions = np.flatnonzero(flags)
+    if not len(positions):
+        return
+    runs = np.concatenate([[0], np.flatnonzero(np.diff(positions) != 1) + 1])
+    ranges = RangeRuns(positions[runs], np.diff(np.append(runs, len(positions))))
+    first = data.draw(st.integers(0, len(positions) - 1))
+    count = data.draw(st.integers(0, len(positions) - first))
+    pieces = data.draw(st.lists(st.tuples(st.integers(0, len(positions) - 1), st.integers(1, 300)), max_size=5))
+    index = np.concatenate(
+        [np.zeros(0, dtype=np.int64)] + [np.arange(a, min(len(positions), a + n), dtype=np.int64) for a, n in pieces]
+    )
+    for found in (bitmap, coded, ranges):
+        assert np.array_equal(found.select_range(first, count), positions[first : first + count])
+        assert np.array_equal(rowset.select_runs(found, index), positions[index])
+
+
+@pytest.mark.parametrize(
+    "flt",
+    ["x > 100", "x IS NULL", "NOT (x > 10)", "x % 3 = 0 OR id < 10", "s LIKE '1%'", "_rowid < 3000"],
+)
+@pytest.mark.parametrize("index_rows", [rowset.INDEX_SCAN_ROWS, 0])
+def test_the_projected_filter_finds_the_filtered_rows(tmp_path, flt: str, index_rows: int, monkeypatch) -> None:
+    """The filter evaluated as a projection (NULL does not match), or by a filtered scan where Lance
+    cannot project it (``_rowid``) or, on large tables, an index answers it: the same rows."""
+    monkeypatch.setattr(rowset, "INDEX_SCAN_ROWS", index_rows)
+    rows = 5000
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(rows)),
+            "x": pa.array([None if i % 7 == 0 else i for i in range(rows)], pa.int64()),
+            "s": pa.array([str(i) for i in range(rows)]),
+        }
+    )
+    uri = str(tmp_path / "nulls.lance")
+    lance.write_dataset(table, uri, max_rows_per_file=1000)
+    dataset = lance.dataset(uri)
+    dataset.delete("id % 13 = 1")
+    dataset.create_scalar_index("x", "BTREE")
+    dataset = lance.dataset(uri)
+    want = expected(uri, flt)
+    matches = scan_matches(dataset, flt, dataset.count_rows())
+    assert matches.rows == len(want) and np.array_equal(matches.select(np.arange(matches.rows)), want)
