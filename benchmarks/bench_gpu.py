@@ -645,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
         copies = copy_rates(device, 256, args.reps)
         lap = overlap(device, 512)
     text = report(args, device, decode, fit, copies, lap, time.perf_counter() - started, fit2)
-    args.out.write_text(text)
+    common.write_result(args.out, text)
     print(text)
     return 0
 

@@ -225,7 +225,7 @@ def write_results(path: Path, patterns: list[Pattern], args: argparse.Namespace,
             )
     text = "\n".join(lines) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    common.write_result(path, text)
     return text
 
 

@@ -238,7 +238,7 @@ def write_results(
         ]
     text = "\n".join(lines) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    common.write_result(path, text)
     return text
 
 

@@ -102,13 +102,8 @@ def loader_pair(
 
 
 def epoch(loader: LanceDataLoader) -> Callable[[], int]:
-    def run() -> int:
-        rows = 0
-        for batch in loader:
-            rows += len(next(iter(batch.values())))
-        return rows
-
-    return run
+    """One whole epoch of ``loader``, counting rows (`common.iterate`)."""
+    return common.iterate(loader)
 
 
 #: Rows of the table the takes read (takes are slow: a smaller table allows more repetitions).
@@ -416,7 +411,7 @@ def write_results(
             "",
         ]
     )
-    (out_dir / "metrics.md").write_text(text)
+    common.write_result(out_dir / "metrics.md", text)
     common.bar_plot(rows, out_dir / "metrics.png", f"lance-lightning metrics overhead ({kind}, {stamp})")
     print(f"\nwrote {out_dir / 'metrics.md'} and {out_dir / 'metrics.png'}")
 

@@ -18,17 +18,24 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import DEFAULT_CACHE, RESULTS_DIR, command_line, machine, vec_dataset
-from lance_lightning import LanceDataModule, LanceMixture, LanceSource, RowShuffle
-from lance_lightning.plan.blocks import block_counts, epoch_positions
-from lance_lightning.plan.mixture_plan import MixturePlan
-from lance_lightning.plan.planner import ReadPlan
-from lance_lightning.source import PinnedSource
+BENCH = Path(__file__).resolve().parent  # benchmarks/: the shared harness `common`
+for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightning, tests)
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from common import DEFAULT_CACHE, RESULTS_DIR, command_line, machine, vec_dataset, write_result  # noqa: E402
+
+from lance_lightning import LanceDataModule, LanceMixture, LanceSource, RowShuffle  # noqa: E402
+from lance_lightning.plan.blocks import block_counts, epoch_positions  # noqa: E402
+from lance_lightning.plan.mixture_plan import MixturePlan  # noqa: E402
+from lance_lightning.plan.planner import ReadPlan  # noqa: E402
+from lance_lightning.source import PinnedSource  # noqa: E402
 
 
 def _pure_plan(rows: int) -> MixturePlan:
@@ -126,7 +133,7 @@ def main() -> None:
     ]
     out = "\n".join(text).replace("{elapsed}", f"{time.perf_counter() - started:.0f} s")
     print(out)
-    (RESULTS_DIR / "mixture.md").write_text(out)
+    write_result(RESULTS_DIR / "mixture.md", out)
 
 
 if __name__ == "__main__":

@@ -182,7 +182,7 @@ def main() -> None:
                             f"| {cold.rate() / baseline.get(workers, cold.rate()):.2f} |"
                         )
                         print(lines[-1], flush=True)
-    args.out.write_text("\n".join(lines) + "\n")
+    common.write_result(args.out, "\n".join(lines) + "\n")
     print(f"wrote {args.out}")
 
 

@@ -29,9 +29,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+BENCH = Path(__file__).resolve().parent  # benchmarks/: the shared harness `common`
+for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightning, tests)
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
-from benchmarks.common import RESULTS_DIR, command_line, machine, peak_rss_mb, run_child  # noqa: E402
+from common import RESULTS_DIR, command_line, machine, peak_rss_mb, run_child, write_result  # noqa: E402
 
 
 def dataset(cache: Path, documents: int, max_len: int) -> str:
@@ -197,7 +200,7 @@ def write_results(rows: list[dict], shares: dict[str, float], args: argparse.Nam
         "|---|---:|",
         *(f"| `{name}` | {share:.3f} |" for name, share in shares.items()),
     ]
-    (RESULTS_DIR / "packing.md").write_text("\n".join(lines) + "\n")
+    write_result(RESULTS_DIR / "packing.md", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -38,8 +38,7 @@ import common  # noqa: E402
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
-from common import Paired, Row, paired  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+from common import Paired, Row, iterate, paired  # noqa: E402 (tuning_items imports iterate from here)
 
 from lance_lightning import (  # noqa: E402
     BufferShuffle,
@@ -68,21 +67,6 @@ def train_loader(uri: str, batch_size: int, shuffle=None, filter: str | None = N
     )
     dm.setup("fit")
     return dm, dm.train_dataloader()
-
-
-def iterate(loader, batches: int | None = None) -> Callable[[], int]:
-    """Read one whole epoch (or its first ``batches`` batches) of ``loader``; count rows."""
-
-    def run() -> int:
-        rows = 0
-        it = iter(loader)
-        for batch in itertools.islice(it, batches):
-            rows += len(next(iter(batch.values())))
-        if hasattr(it, "close"):
-            it.close()  # stops the read-ahead threads when only the first batches were read
-        return rows
-
-    return run
 
 
 def raw_scan(
@@ -160,10 +144,7 @@ def planned_batches(dm: LanceDataModule, batches: int | None = None) -> list[np.
 
 def pylance_dataset(uri: str, columns, batch_size: int) -> tuple[Callable[[], int] | None, str]:
     """pylance's own ``lance.torch.data.LanceDataset`` in a DataLoader (the peer)."""
-    from lance.torch.data import LanceDataset
-
-    dataset = LanceDataset(uri, batch_size=batch_size, columns=list(columns))
-    loader = DataLoader(dataset, batch_size=None, num_workers=0)
+    loader = common.peer_loader(uri, columns, batch_size)
 
     def run() -> int:
         rows = 0
@@ -287,7 +268,7 @@ def run(args: argparse.Namespace) -> list[Row]:
         None,
         "small shards reorder the epoch at a finer grain but read slower: a read group "
         "of 16 ranges of 1024 rows costs Lance more than one 16k-row range (`python "
-        "benchmarks/probe_ranges.py`), and this row moves between 0.6 and 1.2 from run to run",
+        "benchmarks/probes/probe_ranges.py`), and this row moves between 0.6 and 1.2 from run to run",
     )
     dm, loader = train_loader(uri, BATCH, BufferShuffle())
     bench.compare(
@@ -442,7 +423,7 @@ def write_results(out_dir: Path, rows: list[Row], raw: list[str], notes: list[st
             "",
         ]
     )
-    (out_dir / "read.md").write_text(text)
+    common.write_result(out_dir / "read.md", text)
     common.bar_plot(rows, out_dir / "read.png", f"lance-lightning read benchmark ({kind}, {stamp})")
     print(f"\nwrote {out_dir / 'read.md'} and {out_dir / 'read.png'}")
 

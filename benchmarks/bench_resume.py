@@ -30,9 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
-import os
 import pickle
-import platform
 import shutil
 import statistics
 import sys
@@ -47,6 +45,7 @@ for path in (HERE, HERE.parent):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import common  # noqa: E402
 import lance  # noqa: E402
 import lightning.pytorch as pl  # noqa: E402
 import numpy as np  # noqa: E402
@@ -68,7 +67,7 @@ from lance_lightning import (  # noqa: E402
 VEC_DIM = 128
 FRAGMENT_ROWS = 262_144
 DM_KEY = "LanceDataModule"
-RESULTS = HERE / "results" / "resume.md"
+RESULTS = common.RESULTS_DIR / "resume.md"
 TARGET_RATIO = 1.2
 
 
@@ -248,9 +247,8 @@ def report(args: argparse.Namespace, uri: str, results: list[dict[str, Any]]) ->
         "# Resume benchmark: `Trainer.fit(ckpt_path=...)` to the first training batch",
         "",
         f"- date: {dt.datetime.now().isoformat(timespec='seconds')}",
-        f"- command: `python {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}`",
-        f"- machine: {platform.machine()}, {os.cpu_count()} CPU(s), Python {platform.python_version()}, "
-        f"pylance {lance.__version__}, torch {torch.__version__}, lightning {pl.__version__}",
+        f"- command: `{common.command_line()}`",
+        f"- machine: {common.machine(lightning=True)}",
         f"- data: `{uri}`, {args.rows:,} rows (id, label, vec float32[{VEC_DIM}]), "
         f"filter {args.filter!r}, batch_size {args.batch_size}, num_workers {args.num_workers}",
         f"- each time: median over {args.repeats} repeats (positions interleaved) of the median over "
@@ -358,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         text = report(args, uri, results)
         print("\n" + text)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        common.write_result(args.out, text)
         log(f"wrote {args.out}")
         return 1 if args.strict and any(r["ratio"] > TARGET_RATIO for r in results) else 0
     finally:

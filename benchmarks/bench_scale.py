@@ -32,13 +32,16 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+BENCH = Path(__file__).resolve().parent  # benchmarks/: the shared harness `common`
+for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightning, tests)
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
-from benchmarks.common import RESULTS_DIR, command_line, machine, peak_rss_mb, rss_mb, run_child  # noqa: E402
+import common  # noqa: E402
+from common import RESULTS_DIR, command_line, machine, peak_rss_mb, rss_mb, run_child  # noqa: E402
 
 BATCH = 256
 FILTER = "x % 10 = 0"
-FRAGMENT_ROWS = 1 << 22
 RESUME_REPS = 21  # a resume takes a few ms: the median of 5 moved by a quarter between runs
 CASES = {  # name: (strategy class, arguments)
     "NoShuffle": ("NoShuffle", {}),
@@ -51,39 +54,6 @@ TARGETS = (
     "setup + first batch <= 1 s (no filter); RowShuffle memory <= 64 MB; resume90/resume10 <= 1.2; "
     "memory with the filter <= 256 MB"
 )
-
-
-def dataset(cache: Path, rows: int) -> str:
-    """The ``rows``-row dataset of one int64 column in ``cache`` (written once, streaming)."""
-    import lance
-    import numpy as np
-    import pyarrow as pa
-
-    path = cache / f"x_{rows}.lance"
-    if path.exists():
-        try:
-            if lance.dataset(str(path)).count_rows() == rows:
-                return str(path)
-        except Exception:  # noqa: BLE001 - half written: write again
-            pass
-    schema = pa.schema([("x", pa.int64())])
-
-    def batches():
-        for first in range(0, rows, 1 << 20):
-            yield pa.record_batch(
-                [pa.array(np.arange(first, min(rows, first + (1 << 20)), dtype=np.int64))], schema=schema
-            )
-
-    started = time.perf_counter()
-    lance.write_dataset(
-        pa.RecordBatchReader.from_batches(schema, batches()),
-        str(path),
-        mode="overwrite",
-        max_rows_per_file=FRAGMENT_ROWS,
-        max_rows_per_group=1 << 16,
-    )
-    print(f"wrote {rows:,} rows in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    return str(path)
 
 
 def measure_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
@@ -151,10 +121,6 @@ def raw_take_rate(uri: str, rows: int, taken: int, group: int) -> float:
 
 def run_case(uri: str, case: str, filtered: bool, batches: int) -> dict:
     return run_child([__file__, "--one", uri, case, str(int(filtered)), str(batches)])
-
-
-def load_average() -> str:
-    return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
 def render(results: dict) -> str:
@@ -243,7 +209,7 @@ def verdicts(results: dict) -> list[str]:
         lines += [
             "",
             "RowShuffle's rows/s follow Lance's own take at the share of the rows a read group takes "
-            "(`raw take` above, and `benchmarks/probe_take_density.py` -> `take_density.md`): a group of "
+            "(`raw take` above, and `benchmarks/probes/probe_take_density.py` -> `take_density.md`): a group of "
             "bounded memory takes a smaller share of a larger table.",
         ]
     lines += ["", *rates_by_size(results)]
@@ -273,7 +239,7 @@ def rates_by_size(results: dict) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1e6,1e7", help="comma-separated sizes, e.g. 1e6,1e7,1e8")
-    parser.add_argument("--cache", default="/tmp/lance_lightning_scale", help="where datasets are written once")
+    parser.add_argument("--cache", default=str(common.SCALE_CACHE), help="where datasets are written once")
     parser.add_argument("--batches", type=int, default=12000, help="batches timed for rows/s in each unfiltered case")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
     parser.add_argument("--quick", action="store_true", help="smoke run: 10^6 rows, printed, scale.md untouched")
@@ -292,12 +258,12 @@ def main() -> None:
     store = Path(args.results) if args.results else cache / "scale.json"
     results = json.loads(store.read_text()) if store.exists() else {}
     for size in () if args.render_only else (int(float(s)) for s in args.rows.split(",")):
-        uri = dataset(cache, size)
+        uri = common.scale_dataset(cache, size)
         cases = results.setdefault(str(size), {})
         cases["_run"] = {"command": command_line(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         for case in ["NoShuffle", *(c for c in args.cases.split(",") if c != "NoShuffle")]:
             for filtered in (False, True):
-                load = load_average()
+                load = common.load_average(" ")
                 r = run_case(uri, case, filtered, 0 if filtered else args.batches)
                 r["load"] = load
                 cases[f"{case}|{int(filtered)}"] = r
@@ -312,7 +278,7 @@ def main() -> None:
     if args.quick:
         print(render(results))
     else:
-        (RESULTS_DIR / "scale.md").write_text(render(results))
+        common.write_result(RESULTS_DIR / "scale.md", render(results))
 
 
 if __name__ == "__main__":

@@ -27,8 +27,12 @@ from pathlib import Path
 
 import lance
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import RESULTS_DIR  # noqa: E402
+BENCH = Path(__file__).resolve().parent  # benchmarks/: the shared harness `common`
+for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightning, tests)
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+from common import RESULTS_DIR, write_result  # noqa: E402
+
 from tests.helpers import write_dataset  # noqa: E402
 
 TARGET = 1.5
@@ -125,7 +129,7 @@ Raw seconds per repetition:
 {chr(10).join(f"- {name}: {', '.join(f'{v:.2f}' for v in values)}" for name, values in times.items())}
 """
     RESULTS_DIR.mkdir(exist_ok=True)
-    (RESULTS_DIR / "startup.md").write_text(text)
+    write_result(RESULTS_DIR / "startup.md", text)
     print(text)
     return 0
 

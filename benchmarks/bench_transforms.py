@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.backends:
         started, load_before = time.perf_counter(), os.getloadavg()
         text, ok = backends_report(decode_backends(reps), started, load_before)
-        (common.RESULTS_DIR / "decode_backends.md").write_text(text)
+        common.write_result(common.RESULTS_DIR / "decode_backends.md", text)
         print(text)
         return 1 if args.strict and not ok else 0
     common.DEFAULT_CACHE.mkdir(parents=True, exist_ok=True)
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     )
-    RESULTS.write_text(report)
+    common.write_result(RESULTS, report)
     print(report)
     return 1 if args.strict and not ok else 0
 

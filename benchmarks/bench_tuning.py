@@ -31,7 +31,6 @@ table rows in ``tuning_harness.py``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import logging
 import sys
 import tempfile
@@ -103,10 +102,10 @@ def markdown(t: Tuning) -> str:
 
 
 def write_results(path: Path, t: Tuning, args: argparse.Namespace, elapsed: float) -> None:
-    stamp = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    stamp = common.stamp()
     kind = "QUICK smoke run (not the reference figures)" if args.quick else "full run"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
+    common.write_result(
+        path,
         "\n".join(
             [
                 "# Tuning benchmark",
@@ -130,7 +129,7 @@ def write_results(path: Path, t: Tuning, args: argparse.Namespace, elapsed: floa
                 *t.raw,
                 "",
             ]
-        )
+        ),
     )
     print(f"\nwrote {path}")
 

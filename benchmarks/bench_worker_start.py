@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
-RESULT = BENCH_DIR / "results" / "worker_start.md"
+RESULT = BENCH_DIR / "results" / "worker_start.md"  # common.RESULTS_DIR; `common` is imported in main only
 TARGET_S = 2.0
 ROWS = 20_000
 
@@ -63,10 +62,6 @@ def _one(uri: str) -> None:
     )
 
 
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -78,30 +73,29 @@ def main() -> None:
     if args.one:
         _one(args.one)
         return
-    sys.path.insert(0, str(REPO_ROOT))
-    from benchmarks.common import run_child
+    for path in (BENCH_DIR, REPO_ROOT):  # the shared harness `common`, the repository root
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+    import common
+    from common import run_child
+
     from tests.helpers import write_dataset
 
     uri = write_dataset(Path(tempfile.mkdtemp(prefix="bench_worker_start_")) / "ds.lance", ROWS, fragment_rows=5000)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
-    runs, loads = [], [_load()]
+    runs, loads = [], [common.load_average(" ")]
     for _ in range(args.repeats):
         runs.append(run_child([__file__, "--one", uri], env=env, cwd=REPO_ROOT))
-        loads.append(_load())
+        loads.append(common.load_average(" "))
     keys = ("workers0_s", "workers2_first_s", "workers2_again_s")
     med = {key: statistics.median(r[key] for r in runs) for key in keys}
     extra = med["workers2_first_s"] - med["workers0_s"]
-    import lance
-    import lightning
-    import torch
-
     lines = [
         "# Worker start: `iter(loader)` to the first batch, 2 workers against 0",
         "",
         f"- date: {time.strftime('%Y-%m-%dT%H:%M:%S')}",
-        f"- command: `python benchmarks/bench_worker_start.py --repeats {args.repeats}`",
-        f"- machine: {platform.machine()}, {os.cpu_count()} CPU(s), Python {platform.python_version()}, "
-        f"pylance {lance.__version__}, torch {torch.__version__}, lightning {lightning.__version__}",
+        f"- command: `{common.command_line()}`",
+        f"- machine: {common.machine(lightning=True)}",
         f"- load average (1, 5, 15 min) before and after each repeat: {' | '.join(loads)}",
         f"- data: {ROWS:,} rows (id, x, vec float32[8]), batch_size 256, default policies, forkserver",
         "- each repeat is a fresh process that has imported Lightning (as a training script has); the first",
@@ -119,7 +113,7 @@ def main() -> None:
         f"**{'pass' if extra <= TARGET_S else 'FAIL'}**.",
         "",
     ]
-    RESULT.write_text("\n".join(lines))
+    common.write_result(RESULT, "\n".join(lines))
     print("\n".join(lines))
 
 

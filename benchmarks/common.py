@@ -10,10 +10,26 @@ Every figure the benchmarks report is a *ratio* of two measurements taken back t
 same run (the machines are shared and noisy). `paired` interleaves the candidate and its
 baseline, repeats the pair, and reports the median rows/s of each and the median of the
 per-repetition ratios.
+
+This is the one harness module of ``benchmarks/`` (benchmarks of record and ``probes/`` alike):
+
+- data: `vec_dataset`, `image_dataset` (`synthetic_jpegs`), `scale_dataset` (the scale
+  benchmark's one-column tables, which the probes of ``probes/`` reuse), each written once under a
+  cache folder;
+- timing: `timed`, `paired`, `quiet_reps`, `steady_allocator`, `iterate` (an epoch's rows),
+  `median_ms`, `interleaved_median_ms`; fresh processes: `run_child`;
+  memory: `rss_mb`, `peak_rss_mb`;
+- the peer: `peer_loader` (pylance's ``lance.torch`` loader: bench_read, read_filters);
+- result files: `command_line`, `machine`, `stamp`, `load_average`, `markdown_table`, `bar_plot`,
+  `write_result`.
+
+A script finds it by putting ``benchmarks/`` and the repository root on ``sys.path`` (the three
+lines at the top of every script) and then ``import common``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import resource
@@ -34,6 +50,11 @@ import pyarrow as pa
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 DEFAULT_CACHE = Path(os.environ.get("LANCE_LIGHTNING_BENCH_DIR", "/tmp/lance_lightning_bench"))
+#: Where `scale_dataset` writes the scale benchmark's tables (``bench_scale.py --cache``), reused by
+#: the probes that measure at those sizes.
+SCALE_CACHE = Path("/tmp/lance_lightning_scale")
+#: Rows per Lance file of the scale tables.
+SCALE_FRAGMENT_ROWS = 1 << 22
 
 VEC_DIM = 128
 LABELS = 100
@@ -147,6 +168,38 @@ def image_dataset(cache_dir: Path, rows: int, log: Callable[[str], None] = print
     return str(path)
 
 
+def scale_dataset(cache: Path, rows: int, log: Callable[[str], None] | None = None) -> str:
+    """``cache/x_{rows}.lance``: ``rows`` rows of one int64 column ``x = row`` (written once, streaming,
+    in files of `SCALE_FRAGMENT_ROWS`): the scale benchmark's tables."""
+    import lance
+
+    path = Path(cache) / f"x_{rows}.lance"
+    if _ready(path, rows, None):
+        return str(path)
+    schema = pa.schema([("x", pa.int64())])
+
+    def batches() -> Iterable[pa.RecordBatch]:
+        for first in range(0, rows, 1 << 20):
+            yield pa.record_batch(
+                [pa.array(np.arange(first, min(rows, first + (1 << 20)), dtype=np.int64))], schema=schema
+            )
+
+    started = time.perf_counter()
+    lance.write_dataset(
+        pa.RecordBatchReader.from_batches(schema, batches()),
+        str(path),
+        mode="overwrite",
+        max_rows_per_file=SCALE_FRAGMENT_ROWS,
+        max_rows_per_group=1 << 16,
+    )
+    message = f"wrote {rows:,} rows in {time.perf_counter() - started:.1f} s"
+    if log is None:
+        print(message, file=sys.stderr)
+    else:
+        log(message)
+    return str(path)
+
+
 def _short(rows: int) -> str:
     if rows % 1_000_000 == 0:
         return f"{rows // 1_000_000}m"
@@ -242,6 +295,58 @@ def paired(
         ratio=statistics.median(c / b for c, b in raw),
         raw=raw,
     )
+
+
+def iterate(loader: Any, batches: int | None = None) -> Callable[[], int]:
+    """A function that reads one whole epoch (or its first ``batches`` batches) of ``loader`` and
+    returns the rows it read (the length of each batch's first column)."""
+
+    def run() -> int:
+        rows = 0
+        it = iter(loader)
+        for batch in itertools.islice(it, batches):
+            rows += len(next(iter(batch.values())))
+        if hasattr(it, "close"):
+            it.close()  # stops the read-ahead threads when only the first batches were read
+        return rows
+
+    return run
+
+
+def median_ms(fn: Callable[[], object], calls: int = 30) -> float:
+    """Median milliseconds of ``calls`` calls of ``fn`` (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return 1e3 * statistics.median(times)
+
+
+def interleaved_median_ms(fns: dict, rounds: int = 60) -> dict:
+    """Median ms of each of ``fns``, called in turn ``rounds`` times (slow drifts hit all alike)."""
+    times: dict = {key: [] for key in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            started = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - started)
+    return {key: 1e3 * statistics.median(values) for key, values in times.items()}
+
+
+# -- the peer ----------------------------------------------------------------------------------
+def peer_loader(uri: str, columns: Iterable[str], batch_size: int, filter: str | None = None) -> Any:
+    """pylance's own ``lance.torch.data.LanceDataset`` (with ``filter`` when given) in a plain
+    ``DataLoader(batch_size=None, num_workers=0)``: the peer the read benchmarks compare with."""
+    from lance.torch.data import LanceDataset
+    from torch.utils.data import DataLoader
+
+    extra = {} if filter is None else {"filter": filter}
+    dataset = LanceDataset(uri, batch_size=batch_size, columns=list(columns), **extra)
+    return DataLoader(dataset, batch_size=None, num_workers=0)
 
 
 # -- child processes -------------------------------------------------------------------------
@@ -361,16 +466,42 @@ def command_line() -> str:
     return " ".join([python, shlex.quote(str(script)), *map(shlex.quote, sys.argv[1:])])
 
 
-def machine() -> str:
+def machine(lightning: bool = False) -> str:
+    """The machine and the versions that matter, for a result file's header (with Lightning's when asked)."""
     import platform
 
     import lance
     import torch
 
-    return (
+    text = (
         f"{platform.machine()}, {os.cpu_count()} CPU(s), Python {platform.python_version()}, "
         f"pylance {lance.__version__}, torch {torch.__version__}, pyarrow {pa.__version__}"
     )
+    if lightning:
+        import lightning as L
+
+        text += f", lightning {L.__version__}"
+    return text
+
+
+def stamp() -> str:
+    """Now, for a result file: ``2026-11-27 03:05 UTC`` (local time, with its zone)."""
+    import datetime as dt
+
+    return dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+
+
+def load_average(sep: str = ", ") -> str:
+    """The 1, 5 and 15 minute load averages (the machines are shared: a result file says how busy)."""
+    return sep.join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def write_result(path: Path | str, text: str) -> Path:
+    """Write a result file (its folder made if missing) and return its path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text if text.endswith("\n") else text + "\n")
+    return path
 
 
 def markdown_table(rows: list[Row]) -> str:

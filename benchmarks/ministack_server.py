@@ -5,7 +5,7 @@ Guarantees: `MiniStackServer.serving(bucket)` starts ``ministack`` (pinned `VERS
 from PyPI), waits until it answers, creates ``bucket``, and stops the server when the block
 ends. It holds objects in memory and answers a ranged GET by slicing, so its cost per request does
 not grow with the object (moto, the tests' server, reads the whole object for each one:
-`probe_store_rate.py`). `storage_options()` are Lance's options for it (any credentials pass).
+`probes/probe_store_rate.py`). `storage_options()` are Lance's options for it (any credentials pass).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import common  # benchmarks/common.py: bench_read.py, which imports this module, put benchmarks/ on the path
 import lance
 import numpy as np
 import pyarrow as pa
@@ -90,11 +91,7 @@ def ours_fresh(uri: str, filter: str) -> tuple[LanceDataModule, object]:
 
 
 def peer_fresh(uri: str, filter: str) -> DataLoader:
-    from lance.torch.data import LanceDataset
-
-    return DataLoader(
-        LanceDataset(uri, batch_size=BATCH, columns=list(COLUMNS), filter=filter), batch_size=None, num_workers=0
-    )
+    return common.peer_loader(uri, COLUMNS, BATCH, filter=filter)
 
 
 def epoch(loader) -> int:

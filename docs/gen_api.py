@@ -36,7 +36,7 @@ MODULE_ORDER = (
     "lance_lightning.transforms.augment",
     "lance_lightning.transforms.compose",
     "lance_lightning.produce.badrows",
-    "lance_lightning.callbacks.checkpoint",
+    "lance_lightning.callbacks.finished_steps",
     "lance_lightning.callbacks.monitor",
     "lance_lightning.materialize.view",
     "lance_lightning.read.retry",

@@ -26,6 +26,7 @@ _EXPORTS = {
     "LanceIterableDataset": "lance_lightning.load.dataset",
     "LanceMapDataset": "lance_lightning.load.dataset",
     "LanceMixture": "lance_lightning.plan.mixture",
+    "LancePredictionWriter": "lance_lightning.write.predictions",
     "LanceSource": "lance_lightning.source",
     "MaterializedView": "lance_lightning.materialize.view",
     "NoShuffle": "lance_lightning.plan.strategies",

@@ -16,7 +16,9 @@ Guarantees:
 - Each split is planned from its source and one frozen `SplitSettings`, by `plan_split`.
 - The train cursor is saved in the data module's own checkpoint state, its one copy: resume is
   exact even when Lightning skips ``loader.load_state_dict`` (#20550). A checkpoint of another
-  plan is refused with the field.
+  plan is refused with the field. Saving, restoring and validating it is `lance_lightning.cursor`'s;
+  the device stage is `lance_lightning.device.hooks.DeviceStage`'s: the data module owns one of
+  each and its Lightning hooks delegate to them, with explicit arguments.
 - While fitting, rank zero holds the versions the train split reads with Lance tags, so a
   ``cleanup_old_versions`` cannot delete what the run's checkpoints need; they are removed when
   the fit ends normally, kept (and taken over on resume) when it is stopped (`lance_lightning.hold`).
@@ -24,7 +26,8 @@ Guarantees:
   ahead on ``reader_threads`` threads (and/or ``num_workers`` processes), at most
   ``prefetch_batches`` finished batches per process, then copied to the device without blocking,
   where ``device_transform`` runs: on CUDA ``device_ahead`` batches ahead of the step in a
-  background thread (`DeviceAhead`), elsewhere in ``on_after_batch_transfer``. If the model
+  background thread (`DeviceAhead`), elsewhere in ``on_after_batch_transfer``, decided once per
+  loader when it is built (`DevicePath`). If the model
   overrides ``transfer_batch_to_device`` or ``on_after_batch_transfer`` too, its hook still runs
   (after ours; a model's own transfer hook turns the ahead preparation off).
 - A row the transform cannot decode raises naming the dataset row and column (`RaiseOnBadRow`),
@@ -42,18 +45,19 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lance_lightning.checks import check_int
+from lance_lightning.arguments import check_arguments, check_fill_nulls, split_settings
+from lance_lightning.cursor.restore import FitLoop, plan_at_cursor
+from lance_lightning.cursor.tracker import CursorTracker
 from lance_lightning.device.hooks import DeviceStage
 from lance_lightning.device.transfer import DeviceTransfer, host_columns
 from lance_lightning.errors import ConfigError
 from lance_lightning.hold import VersionHold, describe_holds
 from lance_lightning.lifetime import destroy_gloo_group_at_exit
 from lance_lightning.load.dataset import LanceIterableDataset
-from lance_lightning.load.loader import LanceDataLoader, check_start_method
+from lance_lightning.load.loader import LanceDataLoader
 from lance_lightning.materialize.cache import RemoteCache
 from lance_lightning.materialize.view import MaterializedView
 from lance_lightning.plan.contract import Plan, SplitSettings
-from lance_lightning.plan.cursor import CursorTracker
 from lance_lightning.plan.mixture import LanceMixture
 from lance_lightning.plan.packing import TokenPacking
 from lance_lightning.plan.planner import check_fits
@@ -61,10 +65,10 @@ from lance_lightning.plan.split import plan_split
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
 from lance_lightning.preflight import note_checkpoint_error
 from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow, check_packed_policy
+from lance_lightning.produce.identity import check_identity_settings, identity_problem
 from lance_lightning.produce.schema import check_read_schema
 from lance_lightning.read.reader import TAKE_GROUP_BYTES
 from lance_lightning.read.retry import RetryPolicy
-from lance_lightning.restore import TrainCursorRestore
 from lance_lightning.source import LanceSource
 from lance_lightning.vocabulary import SPLITS_OF_STAGE, STAGE_OF_SPLIT, BatchTransform, Split
 
@@ -76,7 +80,7 @@ _HOLD_KEY = "version_hold"
 warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
 
 
-class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
+class LanceDataModule(pl.LightningDataModule):
     """Train/val/test/predict dataloaders planned from Lance sources.
 
     Args:
@@ -145,6 +149,12 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
             stopped (its checkpoints resume); ``"keep"`` keeps them after a normal end too (jobs that
             stop on ``max_time``/``max_steps`` and resume later); ``"off"`` never writes a tag.
             ``lance-lightning holds URI --release`` removes kept tags.
+        row_identity: Which splits' batches carry their rows' identity (`lance_lightning.produce.identity`):
+            int64 keys ``_rowaddr`` (the row's address in the pinned version), ``_rowid`` (Lance's
+            row id: the stable one when the dataset has stable row ids), ``_position`` (the row's
+            index in the epoch's order) and ``_epoch``, added before the transform. ``None`` (the
+            default): the predict split only (none with packing); ``True``: every split;
+            ``False``: none; or a list of splits, e.g. ``["train", "predict"]``.
     """
 
     def __init__(
@@ -179,6 +189,7 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
         remote_cache: RemoteCache | None = None,
         packing: TokenPacking | None = None,
         hold_versions: Literal["fit", "keep", "off"] = "fit",
+        row_identity: bool | list[Split] | None = None,
     ) -> None:
         super().__init__()
         self.sources: dict[Split, Any] = {"train": train, "val": val, "test": test, "predict": predict}
@@ -186,47 +197,28 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
             # Not a bound method of self: that is a reference cycle, and a module freed only by the
             # cyclic GC shuts its loaders' workers down slowly (10 s). Calling it raises Lightning's error.
             self.val_dataloader = functools.partial(pl.LightningDataModule.val_dataloader, None)
-        for name, value in (
-            ("batch_size", batch_size),
-            ("eval_batch_size", eval_batch_size or 1),
-            ("prefetch_groups", prefetch_groups),
-            ("prefetch_batches", prefetch_batches),
-            ("take_group_bytes", take_group_bytes),
-            ("prefetch_factor", prefetch_factor),
-        ):
-            _require(name, value, 1)
-        _require("num_workers", num_workers, 0)
-        _require("device_ahead", device_ahead, 0)
         if reader_threads is None:
             reader_threads = min(4, os.cpu_count() or 1)
-        _require("reader_threads", reader_threads, 0)
-        for name, value in (("transform", transform), ("device_transform", device_transform)):
-            if value is not None and not callable(value):
-                raise ConfigError(
-                    name,
-                    value,
-                    "is not callable",
-                    "pass a callable batch -> batch, e.g. lance_lightning.transforms.DecodeImage(...), or None",
-                )
-        if bad_rows is not None and not isinstance(bad_rows, BadRowPolicy):
-            raise ConfigError(
-                "bad_rows",
-                bad_rows,
-                "is not a bad-row policy",
-                "pass lance_lightning.produce.badrows.RaiseOnBadRow() or ReplaceBadRow(seed=0)",
-            )
-        if pin_memory is not None and not isinstance(pin_memory, bool):
-            raise ConfigError("pin_memory", pin_memory, "must be true, false or null (auto)", "set pin_memory: null")
-        for split, source in self.sources.items():
-            if source is not None and not isinstance(
-                source, (LanceSource, LanceMixture) if split == "train" else LanceSource
-            ):
-                raise ConfigError(
-                    split, source, "is not a LanceSource", "pass LanceSource(uri=...) or a mapping in YAML"
-                )
-        check_start_method(multiprocessing_context, num_workers)
-        if isinstance(train, LanceMixture):
-            _check_mixture_settings(materialize, bad_rows)
+        check_arguments(
+            self.sources,
+            at_least={
+                "batch_size": (batch_size, 1),
+                "eval_batch_size": (eval_batch_size or 1, 1),
+                "prefetch_groups": (prefetch_groups, 1),
+                "prefetch_batches": (prefetch_batches, 1),
+                "take_group_bytes": (take_group_bytes, 1),
+                "prefetch_factor": (prefetch_factor, 1),
+                "num_workers": (num_workers, 0),
+                "device_ahead": (device_ahead, 0),
+                "reader_threads": (reader_threads, 0),
+            },
+            transforms={"transform": transform, "device_transform": device_transform},
+            bad_rows=bad_rows,
+            pin_memory=pin_memory,
+            multiprocessing_context=multiprocessing_context,
+            num_workers=num_workers,
+            materialize=materialize,
+        )
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.shuffle = shuffle if shuffle is not None else NoShuffle()
@@ -248,25 +240,29 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
         self.device_transfer = DeviceTransfer(copy_stream, host_columns(device_transform))
         self.device_ahead = device_ahead
         self.fill_nulls = dict(fill_nulls or {})
+        #: How each loader's batches reach the device, and the work of the device hooks.
+        self.device_stage = DeviceStage(
+            self.device_transfer, device_transform, device_ahead, self.bad_rows, transform, self.fill_nulls
+        )
         self.resume_data = resume_data
         self.retry = retry if retry is not None else RetryPolicy()
         self.materialize = materialize
         self.remote_cache = remote_cache if remote_cache is not None else RemoteCache()
         self.packing = packing
         #: How each split is planned besides its source: built once, here.
-        self.split_settings: dict[Split, SplitSettings] = {split: self._settings(split) for split in self.sources}
+        settings = (self.shuffle, self.filter_read, self.batch_size, self.eval_batch_size, self.drop_last, self.packing)
+        self.split_settings: dict[Split, SplitSettings] = {s: split_settings(s, *settings) for s in self.sources}
         self.plans: dict[Split, Plan] = {}
         self.train_cursor: CursorTracker | None = None
         self.version_hold = VersionHold(hold_versions)
+        #: Output URI -> what `prepare_data` did to it (sources with a ``prepare`` spec; shown by `explain`).
+        self.prepared: dict[str, str] = {}
+        self.identity_splits = check_identity_settings(row_identity, packing, self.bad_rows, device_transform)
+        self.identity_by_default = row_identity is None  # then a split identity cannot describe goes without
         #: Each split's loader and the (trainer attached, world size, rank, pinned) it was built for.
         self._loaders: dict[Split, tuple[tuple[Any, ...], LanceDataLoader]] = {}
-        #: Each split's device bad-row guard and the loader and device it serves (`DeviceStage`).
-        self._device_guards: dict[Split, tuple[LanceDataLoader, torch.device, Any]] = {}
-        self._user_reload_every: int | None = None  # the trainer's setting while a re-read is pending
-        #: The trainer whose fit the train cursor counts for: a new trainer's fit starts a new cursor.
-        self._fit_trainer: Any = None
-        #: What restoring the checkpoint's loop state changed (`normalize_loop_state`), for the resume line.
-        self._loop_note: str | None = None
+        #: The loop side of each fit: its trainer, the restore's note, the length re-reads.
+        self._fit = FitLoop()
 
     # -- topology ---------------------------------------------------------------------------
     @property
@@ -278,12 +274,22 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
         return self.trainer.global_rank if self.trainer is not None else 0
 
     # -- setup ------------------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Make each source that has a ``prepare`` spec from its raw files when its dataset does not
+        exist or is incomplete (resuming an interrupted prepare); Lightning runs this once per node
+        (`lance_lightning.write`). What it did is logged and shown by `explain`."""
+        from lance_lightning.write.prepare import prepare_sources
+
+        self.prepared.update(prepare_sources(self.sources.values()))
+
     def setup(self, stage: str | None = None) -> None:
         """Pin, validate and plan every split the stage uses (all configured ones for ``None``)."""
         stage = getattr(stage, "value", stage)  # Lightning passes a TrainerFn: its value is the name ("fit")
         destroy_gloo_group_at_exit()  # DDP on CPU: no SIGABRT at exit after the run (lance_lightning.lifetime)
-        if stage == "fit" and self.trainer is not None and self.trainer is not self._fit_trainer:
-            self._start_fit()
+        if stage == "fit" and self._fit.starts(self.trainer) and "train" in self.plans:
+            # a new trainer's fit reads from an empty cursor (a checkpoint is restored into it)
+            self.train_cursor = CursorTracker(self.plans["train"], resume=self.resume_data)
+            self._drop_loader("train")
         needed = SPLITS_OF_STAGE.get(stage or "", tuple(s for s, src in self.sources.items() if src))
         required = {stage_: split for split, stage_ in STAGE_OF_SPLIT.items()}.get(stage or "")
         if required and self.sources[required] is None:
@@ -305,7 +311,7 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
         """Check that every planned split fits the topology and its columns convert."""
         for plan in self.plans.values():
             check_fits(plan, self.world_size)
-        self._check_fill_nulls()
+        check_fill_nulls(self.fill_nulls, self.plans)
         check_read_schema(self.plans, self.fill_nulls, self.transform)
 
     def _ensure_planned(self, split: Split) -> None:
@@ -329,26 +335,11 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
         if split == "train":
             self.train_cursor = CursorTracker(self.plans["train"], resume=self.resume_data)
 
-    def _settings(self, split: Split) -> SplitSettings:
-        """How ``split`` is planned: the train split by ``shuffle``, ``batch_size`` and
-        ``drop_last``; the others in storage order, by ``eval_batch_size``, never dropping."""
-        if split == "train":
-            return SplitSettings(self.shuffle, self.filter_read, self.batch_size, self.drop_last, packing=self.packing)
-        # predict runs no collective per step: its ranks may end a batch apart, so it is not padded
-        return SplitSettings(
-            NoShuffle(), self.filter_read, self.eval_batch_size, False, pad=split != "predict", packing=self.packing
-        )
-
-    def _check_fill_nulls(self) -> None:
-        columns = {c for plan in self.plans.values() for c in plan.source.columns}
-        unknown = sorted(set(self.fill_nulls) - columns)
-        if unknown and self.plans:
-            raise ConfigError(
-                "fill_nulls",
-                self.fill_nulls,
-                f"column(s) {unknown} are not read by any split",
-                f"name only read columns: {sorted(columns)}",
-            )
+    def plan_instead(self, split: Split, source: LanceSource) -> None:
+        """Plan ``split`` from ``source`` for this run, in place of its configured source (a
+        prediction writer's unfinished rows at its pinned version, `lance_lightning.write.predictions`)."""
+        self._plan(split, source)
+        self._check_plans()
 
     def explain(self, split: Split = "train") -> str:
         """Which plan was chosen for ``split`` and why: rows, selectivity, strategy, batches per rank."""
@@ -358,7 +349,9 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
             self._plan(split)
         plan = self.plans[split]
         holds = describe_holds([source.stands_for or source for source in plan.sources], self.version_hold.run)
-        return plan.explain(self.world_size) + (f"\n{holds}" if holds else "")
+        uris = [(source.stands_for or source).uri for source in plan.sources]
+        prepared = [self.prepared[uri] for uri in uris if uri in self.prepared]
+        return "\n".join([plan.explain(self.world_size), *([holds] if holds else []), *prepared])
 
     # -- dataloaders ------------------------------------------------------------------------
     def train_dataloader(self) -> LanceDataLoader:
@@ -369,10 +362,11 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
         loader = self._loader("train")
         if self.trainer is not None:
             if not built and self.global_rank == 0:  # only rank 0 prints: other ranks build no text
-                rank_zero_info("\n".join([self.explain("train"), *self._resume_lines(loader)]))
+                resume = self._fit.resume_lines(self.train_cursor, self.world_size, loader.progress)
+                rank_zero_info("\n".join([self.explain("train"), *resume]))
             if self.global_rank == 0 and getattr(self.trainer.state.fn, "value", None) == "fit":
                 self.version_hold.acquire(self._held_sources())
-            self._reread_length_next_epoch()
+            self._fit.reread_length_next_epoch(self.trainer, self.train_cursor)
         return loader
 
     def _held_sources(self) -> tuple[Any, ...]:
@@ -421,8 +415,13 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
                 take_group_bytes=self.take_group_bytes,
                 bad_rows=self.bad_rows,
                 retry=self.retry,
+                row_identity=split in self.identity_splits
+                and not (self.identity_by_default and identity_problem(split, self.plans[split])),
             )
             train = split == "train"
+            trainer = self.trainer
+            device = trainer.strategy.root_device if trainer is not None else None
+            model = trainer.lightning_module if trainer is not None else None
             loader = LanceDataLoader(
                 dataset,
                 cursor=self.train_cursor if train else None,
@@ -433,10 +432,8 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
                 pin_memory=pin,
                 prefetch_factor=self.prefetch_factor,
                 multiprocessing_context=self.multiprocessing_context,
-                ship_positions=self.device_transform is not None,  # for the bad-row policy on the device
+                device_path=self.device_stage.path(self.plans[split], device, model),  # ahead or in the hooks
             )
-            # Bad rows found on the device count in the clock the loader's own dataset copy measures with.
-            loader.device_ahead = self._device_ahead(split, loader.dataset.clock)
             self._loaders[split] = (key, loader)
         return loader
 
@@ -461,6 +458,18 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
         self.version_hold.stopped()
         note_checkpoint_error(exception, self.trainer.ckpt_path if self.trainer is not None else None)
 
+    # -- device hooks (main process, training loop thread): `DeviceStage` does the work ----------
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Non-blocking copies of the batch's tensors (side CUDA stream); str/bytes lists stay on host."""
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        generic = functools.partial(super().transfer_batch_to_device, device=device, dataloader_idx=dataloader_idx)
+        return self.device_stage.to_device(batch, device, dataloader_idx, model, generic)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Runs ``device_transform`` on the device batch, then the model's hook if it has one."""
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        return self.device_stage.after_transfer(batch, dataloader_idx, model)
+
     # -- checkpoint state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state = self.train_cursor.state() if self.train_cursor is not None else {}
@@ -479,18 +488,12 @@ class LanceDataModule(DeviceStage, TrainCursorRestore, pl.LightningDataModule):
             )
         if _HOLD_KEY in state_dict:
             self.version_hold.adopt(state_dict[_HOLD_KEY])
-        self._restore_cursor(state_dict.get(_STATE_KEY, {}))
-
-
-def _check_mixture_settings(materialize: MaterializedView | None, bad_rows: BadRowPolicy | None) -> None:
-    """Refuse data module settings a mixture does not support (yet)."""
-    if materialize is not None:
-        raise ConfigError("materialize", materialize, "a mixture's sources are read in place", "drop `materialize`")
-    if bad_rows is not None and type(bad_rows) is not RaiseOnBadRow:
-        raise ConfigError(
-            "bad_rows", bad_rows, "a mixture cannot replace bad rows yet", "use RaiseOnBadRow (the default)"
-        )
-
-
-def _require(name: str, value: Any, minimum: int) -> None:
-    check_int(name, value, minimum, f"set `{name}` to {minimum} or more")
+        cursor = state_dict.get(_STATE_KEY, {})
+        self._fit.restore(self.trainer, cursor)  # the trainer's loops resume where the data stopped
+        if not cursor:
+            return
+        if self.resume_data and isinstance(cursor, dict):  # planned at the version it was read at
+            train, planned = self.sources["train"], self.plans.get("train")
+            plan_at_cursor(cursor, train, planned, self.materialize, functools.partial(self.plan_instead, "train"))
+        self._ensure_planned("train")
+        self.train_cursor.restore(cursor)

@@ -9,7 +9,7 @@ Guarantees:
   checkpoint to the running version, tried on a copy of its small entries, fails). The file is
   memory-mapped, so its weights are not read. Lightning's own keywords (``last``, ``best``, ``hpc``,
   ``registry``) are left to Lightning. The data cursor inside is checked when the data module
-  restores it (`lance_lightning.plan.cursor.check_state`).
+  restores it (`lance_lightning.cursor.position.check_state`).
 - `note_checkpoint_error`: for ``Trainer.fit(ckpt_path=...)`` in a script, where no preflight runs
   (Lightning offers no hook with the path before it loads the file), an error of Lightning's
   checkpoint migration gets the same `ConfigError` text as a note under its traceback (the data

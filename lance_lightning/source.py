@@ -1,7 +1,9 @@
 """Lance sources: what to read, pinned to one dataset version.
 
 Guarantees:
-- `LanceSource` is a plain dataclass, so LightningCLI YAML gives it as a mapping.
+- `LanceSource` is a plain dataclass, so LightningCLI YAML gives it as a mapping. Its optional
+  ``prepare`` (`Prepare`, checked when built) says how its dataset is made from raw files when it
+  does not exist yet; `LanceDataModule.prepare_data` runs it (`lance_lightning.write`).
 - `pin_source` opens the dataset once in the calling (main) process, pins the version (the latest
   at setup unless one is given) and validates URI, version, columns and filter. Every failure is a
   `ConfigError` naming the parameter, the value and the fix.
@@ -41,7 +43,7 @@ from typing import Any
 import lance
 import pyarrow as pa
 
-from lance_lightning.checks import check_not_redacted
+from lance_lightning.checks import check_choice, check_int, check_not_redacted
 from lance_lightning.errors import ConfigError
 from lance_lightning.redaction import (
     redact_config,
@@ -50,6 +52,49 @@ from lance_lightning.redaction import (
     redact_userinfo,
     secret_values,
 )
+
+#: The input formats `Prepare` (and ``lance-lightning prepare``) read (`lance_lightning.write`).
+PREPARE_FORMATS = ("imagefolder", "webdataset", "parquet", "hf", "videofolder", "audiofolder")
+
+
+@dataclass
+class Prepare:
+    """How a source's dataset is made from raw files when it does not exist yet (or a prepare of
+    it was interrupted): `LanceDataModule.prepare_data` runs it (`lance_lightning.write`).
+
+    Args:
+        format: One of `PREPARE_FORMATS` (docs/getting-data-in.md describes each).
+        input: The raw files: a folder (or a file, for ``parquet`` and ``webdataset``).
+        workers: Threads (or processes) reading and writing units in parallel; default ``min(4, cpus)``.
+        pool: ``"threads"`` (the default: file reads and Lance's writer release the GIL) or
+            ``"processes"`` (spawned; for inputs whose checks are CPU-bound Python, e.g. many images).
+        on_bad_file: ``"skip"`` lists an unreadable or corrupt file in the report and goes on;
+            ``"error"`` stops, naming it.
+        unit_files: At most this many input files per work unit (one commit, one fragment).
+        unit_bytes: At most this many input bytes per work unit (a larger file is a unit alone).
+    """
+
+    format: str
+    input: str
+    workers: int | None = None
+    pool: str = "threads"
+    on_bad_file: str = "skip"
+    unit_files: int = 2048
+    unit_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        check_choice(
+            "prepare.format",
+            self.format,
+            PREPARE_FORMATS,
+            "is not a format prepare reads",
+            f"use one of {', '.join(PREPARE_FORMATS)}",
+        )
+        check_choice("prepare.pool", self.pool, ("threads", "processes"), "is not a pool", "threads or processes")
+        check_choice("prepare.on_bad_file", self.on_bad_file, ("skip", "error"), "is not a choice", "skip or error")
+        check_int("prepare.workers", self.workers, 1, "set workers to 1 or more, or null", optional=True)
+        check_int("prepare.unit_files", self.unit_files, 1, "set unit_files to 1 or more")
+        check_int("prepare.unit_bytes", self.unit_bytes, 1, "set unit_bytes to 1 or more")
 
 
 @dataclass
@@ -62,6 +107,8 @@ class LanceSource:
         filter: SQL predicate pushed down to Lance, e.g. ``"split = 'train'"``.
         version: Dataset version to read; ``None`` pins the latest version at setup.
         storage_options: Object-store options passed to Lance (endpoint, region, credentials).
+        prepare: Make the dataset at ``uri`` from raw files first, when it does not exist yet
+            (`Prepare`; run by ``prepare_data``, once per node).
     """
 
     uri: str
@@ -69,11 +116,13 @@ class LanceSource:
     filter: str | None = None
     version: int | None = None
     storage_options: dict[str, str] | None = None
+    prepare: Prepare | None = None
 
     def __repr__(self) -> str:
         return (
             f"LanceSource(uri={redact_config(self.uri)!r}, columns={self.columns!r}, filter={self.filter!r}, "
-            f"version={self.version!r}, storage_options={redact_options(self.storage_options)!r})"
+            f"version={self.version!r}, storage_options={redact_options(self.storage_options)!r}"
+            + (f", prepare={self.prepare!r})" if self.prepare is not None else ")")
         )
 
 

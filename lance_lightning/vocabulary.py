@@ -33,6 +33,20 @@ Batch = dict[str, Any]
 #: The column a `LanceMixture` batch adds: each row's source index (int64).
 MIXTURE_SOURCE = "source"
 
+#: Row identity (`lance_lightning.produce.identity`, ``LanceDataModule(row_identity=...)``): keys a
+#: batch gains, each an int64 tensor with one entry per row. ``_rowaddr``: the row's address in the
+#: pinned version (``fragment_id << 32 | offset``, Lance's ``_rowaddr``); ``_rowid``: Lance's
+#: ``_rowid`` (the stable row id when the dataset has stable row ids, else the address);
+#: ``_position``: the row's index in the epoch's order (independent of rank, worker, batch size and
+#: resume); ``_epoch``: the data epoch.
+ROW_ADDRESS = "_rowaddr"
+ROW_ID = "_rowid"
+EPOCH_POSITION = "_position"
+EPOCH = "_epoch"
+IDENTITY_KEYS: tuple[str, ...] = (ROW_ADDRESS, ROW_ID, EPOCH_POSITION, EPOCH)
+#: The splits with row identity when ``row_identity`` is not set: predict only.
+DEFAULT_IDENTITY_SPLITS: tuple[str, ...] = ("predict",)
+
 #: A transform takes a converted batch; it may return any type (a dict, a tuple, a tensor...).
 BatchTransform = Callable[[Batch], Any]
 

@@ -1,4 +1,15 @@
-"""Shared fixtures. Test-specific fixtures belong in the test files that use them."""
+"""Shared fixtures and the soak run. Test-specific fixtures belong in the test files that use them.
+
+The default run (``uv run pytest``) deselects the tests marked ``soak`` (pyproject's ``addopts``:
+``-m "not soak"``); ``uv run pytest -m soak`` runs them alone. A soak test is one of:
+
+- a randomized long run beyond the fixed replay set (the contract checker's seeded sample;
+  ``tests/contract/cases.jsonl``, every defect it found, stays in the default run);
+- a benchmark smoke run (``tests/scenarios/test_bench_*.py``);
+- a redundant parametrization: a value whose guarantee the default run already checks through the
+  same user path. Whole tests carry ``@pytest.mark.soak`` in their files; the parametrizations are
+  listed in `SOAK_PARAMS` below, each with why the default run still covers it.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +27,86 @@ if str(REPO_ROOT) not in sys.path:
 
 from tests.helpers import write_dataset  # noqa: E402
 from tests.s3_server import S3Server  # noqa: E402
+
+#: Parametrizations of the soak run: (test file name, test id) -> why the default run still checks
+#: that guarantee. Cross products are cut to a pairwise subset: every pair of parameter values
+#: still runs together in the default run; the rest of the product runs in the soak.
+SOAK_PARAMS: dict[tuple[str, str], str] = {
+    **{
+        (
+            "test_loop_semantics.py",
+            f"test_a_limited_epoch_resumed_at_its_last_batch_trains_every_later_epoch_whole[{i}]",
+        ): ("pairwise: the 9 kept cover every (limit, checkpoint kind, resume max_steps) pair")
+        for i in (
+            "with_max_steps-periodic-fraction",
+            "epochs-periodic-count",
+            "with_max_steps-periodic-fraction_uneven",
+            "epochs-last-fraction",
+            "with_max_steps-last-count",
+            "epochs-last-fraction_uneven",
+            "with_max_steps-saved-fraction",
+            "epochs-saved-count",
+            "epochs-saved-fraction_uneven",
+        )
+    },
+    **{
+        (
+            "test_loop_semantics.py",
+            f"test_a_max_steps_stop_resumed_under_max_epochs_trains_the_rest_of_the_stopped_epoch[{i}]",
+        ): "pairwise: the 6 kept cover every (stop, max_epochs, checkpoint kind) pair"
+        for i in (
+            "max_steps-2-last",
+            "max_time-1-last",
+            "max_steps-1-saved",
+            "max_time-2-saved",
+            "max_steps-2-periodic",
+            "max_time-1-periodic",
+        )
+    },
+    **{
+        ("test_resume_exact.py", f"test_resume_without_cursor_callback[{i}]"): (
+            "pairwise: the 6 kept cover every (shuffle, filter, max_epochs) pair"
+        )
+        for i in (
+            "shard:32:1-all-2",
+            "shard:32:1-filtered-1",
+            "row:2-all-1",
+            "row:2-filtered-2",
+            "buffer:64:16:3-all-2",
+            "buffer:64:16:3-filtered-1",
+        )
+    },
+    ("test_loop_semantics.py", "test_the_cli_resumes_a_max_steps_stop_from_last_ckpt_under_max_epochs[ddp]"): (
+        "[one_process] keeps the guarantee through the CLI (step for step); 2-rank CLI fits stay in "
+        "test_cli_errors.py::test_ddp_fit_from_the_cli_exits_zero, test_gpt_example.py's DDP kill and "
+        "resume and the contract cases, 2-rank loop semantics in "
+        "test_under_ddp_a_second_fit_and_a_fractional_limit_resume_as_an_uninterrupted_run"
+    ),
+    ("test_resume_interrupted.py", "test_resume_across_world_sizes[1-to-ddp2]"): (
+        "[ddp2-to-1] keeps a DDP resume across world sizes (with a filter); row:2 from 1 rank to 2 is "
+        "test_resume_harness.py::test_epochs_after_resume_are_whole[row:2-ranks-1-to-2]"
+    ),
+    ("test_ray.py", "test_ray_train_trains_every_row_once_and_resumes_exactly[checkpoint_in_config]"): (
+        "[same_run] keeps the Ray Train guarantee (every row once, an exact resume); this one only "
+        "hands the checkpoint over through the TorchTrainer's config"
+    ),
+    ("test_one_screen.py", "test_a_bad_value_is_one_screen[mixture weight -1]"): (
+        "the same weight check as [mixture weight 0] (and [mixture weight nan]), through the same command"
+    ),
+    ("test_one_screen.py", "test_a_bad_value_is_one_screen[source version as text]"): (
+        "the same LanceSource type error path (exit 2) as [source columns as a string]"
+    ),
+    ("test_one_screen.py", "test_a_bad_value_is_one_screen[source storage_options as a list]"): (
+        "the same LanceSource type error path (exit 2) as [source columns as a string]"
+    ),
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if (item.path.name, item.name) in SOAK_PARAMS:
+            item.add_marker(pytest.mark.soak)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,8 +149,10 @@ def trainer_kwargs(tmp_path: Path) -> dict:
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def s3() -> Iterator[S3Server]:
-    """An S3-compatible server on loopback with a bucket ``data``, one per test module."""
+    """An S3-compatible server on loopback with a bucket ``data``, one per test session (a start and
+    stop cost 3-11 s; the modules that use it write datasets of their own names). A module that
+    stops or freezes its server defines its own (tests/unit/materialize/conftest.py)."""
     with S3Server.serving("data") as server:
         yield server

@@ -363,13 +363,13 @@ def plan_of(
     batch_size: int = 1,
     drop_last: bool = False,
 ) -> Any:
-    """`build_plan` of a pinned ``source`` with the data module's defaults for what is ``None``."""
+    """`plan_split` of a pinned ``source`` with the data module's defaults for what is ``None``."""
     from lance_lightning.plan.contract import SplitSettings
+    from lance_lightning.plan.split import plan_split
     from lance_lightning.plan.strategies import FilterRead, NoShuffle
-    from lance_lightning.plan.survey import build_plan
 
     settings = SplitSettings(strategy or NoShuffle(), filter_read or FilterRead(), batch_size, drop_last)
-    return build_plan(split, source, settings)
+    return plan_split(split, source, settings)
 
 
 def run_ddp_script(script: str, args: list[str], timeout: float) -> str:

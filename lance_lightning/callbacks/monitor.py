@@ -10,18 +10,19 @@ Guarantees:
   every rank: ``data/<figure>`` is the mean over ranks, ``data/<figure>_min`` and ``_max`` show
   stragglers. Only global rank zero writes.
 - At the end of fit, rank zero prints the report (`lance_lightning.metrics.report`) of the whole fit: the
-  bottleneck (storage, decode, convert, workers or the model), the numbers and the first thing
-  to change. ``report()`` returns it at any time (this rank's figures while fitting).
+  bottleneck (storage, decode, convert, other, workers or the model), the numbers and the first
+  thing to change. ``report()`` returns it at any time (this rank's figures while fitting).
 - With a `LanceMixture` train split it also logs, at the same steps, each source's samples in the
-  epoch so far (all ranks) and their share: ``data/mixture/<name>/rows`` and ``.../share``.
+  epoch so far (all ranks), their share and the share the mixture's weights or schedule set for
+  those samples: ``data/mixture/<name>/rows``, ``.../share`` and ``.../scheduled_share``.
 - With ``replay_batches=N`` it also measures the compute floor (`lance_lightning.callbacks.replay`):
   it keeps copies of the first N batches the training step received and, when training ends,
   replays them for ``replay_steps`` steps with data for free, then restores the model and optimizer
   states. The report adds the floor beside the real step cycle, the wait by loader part and the
   speed-up available from the data side; the same figures are logged once as
   ``data/replay/<figure>`` (`lance_lightning.metrics.figures.REPLAY_FIGURES`).
-- It only reads the train `LanceDataLoader`'s measurements; with any other loader it warns once
-  and does nothing.
+- It only reads the train `LanceDataLoader`'s measurements; with any other loader, or one built
+  with ``metrics=False``, it warns once and does nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from lance_lightning.checks import check_int
 from lance_lightning.metrics.figures import FIGURES, figures
 from lance_lightning.metrics.meter import Snapshot
 from lance_lightning.metrics.report import Diagnosis, diagnose, format_report
+from lance_lightning.plan.mixture_plan import MixturePlan
 
 #: Figures logged every N steps (first-batch time and epochs only make sense per epoch).
 STEP_FIGURES = tuple(name for name in FIGURES if name not in ("epochs", "first_batch_s"))
@@ -234,9 +236,11 @@ def mixture_figures(loader: Any, prefix: str) -> dict[str, float]:
     """For a mixture, each source's samples in the epoch so far (all ranks), its share of them and
     the share its weights or schedule set for the same samples (``scheduled_share``)."""
     state = loader.cursor.state()
-    plan = loader.cursor.plan
-    counts = plan.source_counts(state["epoch"], state["rows_consumed"]) if state else {}
-    scheduled = plan.scheduled_shares(state["epoch"], state["rows_consumed"]) if counts else {}
+    mixture = loader.cursor.plan
+    if not state or not isinstance(mixture, MixturePlan):
+        return {}
+    counts = mixture.source_counts(state["epoch"], state["rows_consumed"])
+    scheduled = mixture.scheduled_shares(state["epoch"], state["rows_consumed"])
     total = max(1, sum(counts.values()))
     out = {}
     for name, count in counts.items():

@@ -7,9 +7,10 @@ Guarantees:
 - ``lance-lightning profile --config X.yaml`` runs only the config's data pipeline and prints the
   data loading report (`lance_lightning.cli.profile`); ``lance-lightning materialize`` copies a
   source to a local view (`lance_lightning.cli.materialize`).
-- Start-up imports only what the subcommand needs: ``lance-lightning --help`` and
-  ``materialize`` never import Lightning or torch.
-- ``lance-lightning holds URI`` lists (or releases) the version holds of fits (`lance_lightning.cli.holds`).
+- Start-up imports only what the subcommand needs: ``lance-lightning --help``, ``materialize``,
+  ``holds`` and ``prepare`` never import Lightning or torch.
+- ``lance-lightning holds URI`` lists (or releases) the version holds of fits (`lance_lightning.cli.holds`);
+  ``lance-lightning prepare`` converts raw files to a Lance dataset (`lance_lightning.cli.prepare`).
 - Every module of the command is in this folder; `main` dispatches (`lance_lightning.cli.main`).
 - Parser errors (`lance_lightning.cli.parser.OneScreenParser`) name the bad key in a few lines, without the usage dump,
   exit status 2; configs the parsers save or print have their credentials redacted.

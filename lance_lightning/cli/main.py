@@ -1,8 +1,8 @@
 """``lance-lightning``'s dispatch: a subcommand to its module, and lance_lightning's errors as a few lines.
 
 Guarantees:
-- Start-up imports only what the subcommand needs: ``lance-lightning --help``, ``materialize``
-  and ``holds`` never import Lightning or torch.
+- Start-up imports only what the subcommand needs: ``lance-lightning --help``, ``materialize``,
+  ``holds`` and ``prepare`` never import Lightning or torch.
 - An error of lance_lightning's own (a `ConfigError`, a data or cursor error) ends the command
   with a few lines on stderr (what, the parameter, the value, the fix) and exit status 1; the
   full traceback is printed when the environment sets ``LANCE_LIGHTNING_TRACEBACK=1``. Any other
@@ -28,14 +28,16 @@ _TOOLS = {
     "profile": "lance_lightning.cli.profile:main",
     "materialize": "lance_lightning.cli.materialize:materialize_main",
     "holds": "lance_lightning.cli.holds:holds_main",
+    "prepare": "lance_lightning.cli.prepare:prepare_main",
 }
 _DESCRIPTION = (
     "Train with a LanceDataModule. Also: `lance-lightning profile --config X.yaml [--batches N] "
     "[--split train]` runs only the data pipeline of a config and reports what limits it; "
     "`lance-lightning materialize --uri URI --out-dir DIR` copies a source to a local view once; "
-    "`lance-lightning holds URI [--release]` lists (or removes) the tags that hold versions fits train on."
+    "`lance-lightning holds URI [--release]` lists (or removes) the tags that hold versions fits train on; "
+    "`lance-lightning prepare --format F --input PATH --output URI` converts raw files to a Lance dataset."
 )
-_HELP = f"""usage: lance-lightning [-h] {{fit,validate,test,predict,profile,materialize,holds}} ...
+_HELP = f"""usage: lance-lightning [-h] {{fit,validate,test,predict,profile,materialize,holds,prepare}} ...
 
 {_DESCRIPTION}
 
@@ -47,6 +49,7 @@ subcommands (each takes --config X.yaml and --help):
   profile      Run only the data pipeline of a config for N batches and report what limits it.
   materialize  Copy a (remote) Lance dataset to a local materialized view, once.
   holds        List (or --release) the Lance tags holding the versions fits train on.
+  prepare      Convert raw files (image folders, tar shards, Parquet, HF) to a Lance dataset, resumably.
 
 Errors print a few lines; set {TRACEBACK_ENV}=1 for the full traceback.
 """

@@ -12,8 +12,8 @@ Guarantees:
   are accepted and ignored, so no model is built and no accelerator is touched.
 - Iterates ``--batches`` batches of one split as one rank (rank 0 of 1; epochs follow each other
   as in training), with a progress bar on stderr, then prints the loader-only report
-  (`lance_lightning.metrics.report`) on stdout: the bottleneck among storage, decode, convert and workers,
-  the numbers, and the first thing to change.
+  (`lance_lightning.metrics.report`) on stdout: the bottleneck among storage, decode, convert, other
+  and workers, the numbers, and the first thing to change.
 - With ``--replay N`` it also builds the model (and optimizer) from the config, as
   ``lance-lightning fit`` would, and fits it for ``--batches`` steps of the train split on one
   device with a `DataLoadingMonitor(replay_batches=N)` (`lance_lightning.callbacks.replay`):

@@ -1,6 +1,13 @@
-"""Preparing batches on the accelerator ahead of the step.
+"""How a loader's batches reach the accelerator: one path per loader, fixed when the loader is built.
 
 Guarantees:
+- `DevicePath` is decided once, when the data module builds a loader, and passed to the loader's
+  constructor: either ahead (``depth`` > 0: on CUDA, `DeviceAhead` below) or in the training
+  loop's hooks (``depth`` 0). Every batch the loader yields goes through `DevicePath.deliver`,
+  which hands the batch's row positions (shipped beside it in its `Shipment`) to the bad-row guard
+  that needs them: the background thread's `DevicePreparation` ahead, else the data module's hooks
+  through `InHand`, the record of the batch the training loop holds. Nothing decides again per
+  batch, and no loader attribute changes after construction.
 - `DeviceAhead` runs ``prepare`` (the copy to the device, then the device transform under the
   bad-row policy) on up to ``depth`` batches ahead of the training loop, in one thread
   (`AheadThread`, named ``lance-device-ahead``) that issues its work on its own CUDA stream, so a
@@ -28,10 +35,90 @@ from typing import Any
 import torch
 
 from lance_lightning.device.transfer import DeviceTransfer, move, record_stream
+from lance_lightning.metrics.clock import StageClock
 
 #: What the loader iterates: (batch, worker statistics or None, row positions or None).
 Item = tuple[Any, Any, Any]
+#: A device bad-row guard: ``guard(device batch, row positions)`` returns the device-transformed batch.
+Guard = Callable[[Any, Any], Any]
 _END = object()
+
+
+class InHand:
+    """The batch the training loop holds, as its loader's `DevicePath` delivered it: whether it is
+    already prepared on the device, else the guard and row positions the device transform runs
+    under in the hooks (``None``: the plain device transform). Lightning fetches no batch ahead of
+    a loader with a length, so the last batch delivered is the one the hooks receive."""
+
+    def __init__(self) -> None:
+        self.prepared = False
+        self.guard: Guard | None = None
+        self.positions: Any = None
+
+    def hold(self, prepared: bool, guard: Guard | None, positions: Any) -> None:
+        self.prepared, self.guard, self.positions = prepared, guard, positions
+
+
+class DevicePath:
+    """How one loader's batches reach ``device`` (see the module docstring).
+
+    Args:
+        transfer: The copy to the device (`DeviceTransfer`).
+        device: The trainer's device (``None`` without a trainer: batches stay on the host).
+        device_transform: Runs on each device batch (``None``: none).
+        depth: Batches prepared ahead in a background thread (`DeviceAhead`); 0: the hooks copy
+            and transform each batch between steps.
+        guard: ``guard(clock)`` builds the bad-row guard of the device transform, counting bad rows
+            in the loader's ``clock``; ``None``: no positions are shipped, no guard runs.
+        in_hand: Where each delivered batch is recorded for the hooks (``None``: no hooks read it).
+    """
+
+    def __init__(
+        self,
+        transfer: DeviceTransfer,
+        device: torch.device | None,
+        device_transform: Callable[[Any], Any] | None,
+        depth: int,
+        guard: Callable[[StageClock], Guard] | None = None,
+        in_hand: InHand | None = None,
+    ) -> None:
+        self.transfer = transfer
+        self.device = device
+        self.device_transform = device_transform
+        self.depth = depth
+        self.guard = guard
+        self.in_hand = in_hand
+        #: The guard of the last clock delivered for (a rebuilt loader measures with a new one).
+        self._guards: tuple[StageClock, Guard] | None = None
+
+    @property
+    def ships_positions(self) -> bool:
+        """Whether the loader's batches carry their rows' positions (the guard needs them)."""
+        return self.guard is not None
+
+    def deliver(self, items: Iterator[Item], clock: StageClock) -> Iterator[Item]:
+        """``items`` on their way to the device: prepared ahead, or recorded for the hooks."""
+        guard = self._guard_of(clock)
+        if self.depth:
+            prepare = DevicePreparation(self.transfer, self.device, self.device_transform, guard)
+            items = DeviceAhead(prepare, self.device, self.depth).iterate(items)
+        in_hand, prepared = self.in_hand, self.depth > 0
+        try:
+            for batch, shipped, positions in items:
+                if in_hand is not None:
+                    in_hand.hold(prepared, None if prepared else guard, positions)
+                yield batch, shipped, positions
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # a consumer that left early stops the thread and the reads now, not at a GC
+
+    def _guard_of(self, clock: StageClock) -> Guard | None:
+        if self.guard is None:
+            return None
+        if self._guards is None or self._guards[0] is not clock:
+            self._guards = (clock, self.guard(clock))
+        return self._guards[1]
 
 
 class DevicePreparation:

@@ -1,10 +1,11 @@
 """The bad-row policy on the device: a ``device_transform`` that rejects a row is handled as on the host.
 
 Guarantees: `DeviceRowGuard` runs the device transform on a device batch (e.g.
-``DecodeImage(device="cuda")``); a row it rejects with `RowError` is counted once as ``bad_rows``
-and raised or replaced exactly as `lance_lightning.produce.transform.TransformStep` does on the host,
-choosing the same replacement row (same seed, position and attempt), so batch sizes and the data
-cursor stay exact.
+``DecodeImage(device="cuda")``) through the same bad-row loop as the host's
+`lance_lightning.produce.transform.TransformStep`
+(`lance_lightning.produce.badrows.transform_with_policy`): a row it rejects with `RowError` is
+counted once as ``bad_rows`` and raised naming it, or replaced by the same row (same seed,
+position and attempt), so batch sizes and the data cursor stay exact.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import torch
 from lance_lightning.errors import RowError
 from lance_lightning.metrics.clock import StageClock
 from lance_lightning.plan.contract import Plan
-from lance_lightning.produce.badrows import BadRowPolicy, replacement, splice
+from lance_lightning.produce import badrows
+from lance_lightning.produce.badrows import BadRowPolicy, transform_with_policy
 from lance_lightning.produce.convert import to_torch_batch
-from lance_lightning.source import PinnedSource
-from lance_lightning.vocabulary import MIXTURE_SOURCE, Batch
+from lance_lightning.vocabulary import Batch
 
 
 class DeviceRowGuard:
@@ -65,49 +66,32 @@ class DeviceRowGuard:
         if shipped is None:
             return self.device_transform(batch)
         positions = torch.as_tensor(shipped).cpu().numpy().astype(np.int64)  # a copy: replacements edit it
-        for _ in range(len(positions) + 1):  # each pass replaces one bad row
-            try:
-                return self.device_transform(batch)
-            except RowError as error:
-                if not 0 <= error.index < len(positions):
-                    raise
-                self.clock.add("bad_rows", 1)
-                position = int(positions[error.index])
-                candidate, row = replacement(
-                    self.policy,
-                    self._source_of(batch, error.index),
-                    self.plan.matched_rows,
-                    self.plan.matches,
-                    position,
-                    self._row_id(batch, error.index),
-                    error,
-                    list(self.plan.source.columns),
-                    self._transforms,
-                )
-                batch = splice(batch, error.index, self._prepared(row))
-                positions[error.index] = candidate
-        raise AssertionError("unreachable: every pass replaces one row")  # pragma: no cover
+        return transform_with_policy(self, batch, positions, self.policy, self.plan, self.clock)[0]
 
-    def _source_of(self, batch: Batch, index: int) -> PinnedSource:
-        """The source row ``index`` of ``batch`` came from (a mixture's row: its own source)."""
-        if MIXTURE_SOURCE not in self.plan.added_columns:
-            return self.plan.source
-        return self.plan.sources[int(batch[MIXTURE_SOURCE][index])]
+    # -- the device batch as the bad-row loop holds it (`lance_lightning.produce.badrows.BatchForm`) --
+    def attempt(self, batch: Batch, positions: np.ndarray) -> Any:
+        return self.device_transform(batch)
 
-    def _row_id(self, batch: Batch, index: int) -> Any:
-        values = batch.get(self.policy.id_column) if self.policy.id_column is not None else None
+    def value(self, batch: Batch, column: str, index: int) -> Any:
+        values = batch.get(column)
         if isinstance(values, torch.Tensor) and values.dim() == 1:
             return values[index].item()
         return values[index] if isinstance(values, list) else None
 
-    def _prepared(self, row: pa.Table) -> Batch:
-        """``row`` as the device transform receives it: converted, host-transformed, on the device."""
-        batch = to_torch_batch(row, self.fill_nulls)
-        return self.to_device(self.transform(batch) if self.transform is not None else batch)
+    def columns(self, batch: Batch) -> list[str]:
+        return list(self.plan.source.columns)
 
-    def _transforms(self, row: pa.Table) -> bool:
+    def accepts(self, row: pa.Table, positions: np.ndarray, index: int) -> bool:
         try:
             self.device_transform(self._prepared(row))
         except RowError:
             return False
         return True
+
+    def splice(self, batch: Batch, index: int, row: pa.Table) -> Batch:
+        return badrows.splice(batch, index, self._prepared(row))
+
+    def _prepared(self, row: pa.Table) -> Batch:
+        """``row`` as the device transform receives it: converted, host-transformed, on the device."""
+        batch = to_torch_batch(row, self.fill_nulls)
+        return self.to_device(self.transform(batch) if self.transform is not None else batch)

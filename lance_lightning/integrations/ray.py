@@ -8,16 +8,18 @@ Guarantees (checked by ``tests/scenarios/test_ray.py``: 2 local Ray Train worker
   from the trainer as under any DDP launch: the workers train disjoint rows, every row of an epoch
   once, and the same number of batches each. Nothing Ray-specific is needed for that.
 - `RayCheckpointReport` saves a Lightning checkpoint after every ``every_n_train_steps``-th step
-  that ended and at the end of each train epoch (once per step: not twice when an epoch ends on a
-  reported step), and reports it with ``ray.train.report`` as a `ray.train.Checkpoint` holding
+  that ended and (unless ``on_train_epoch_end=False``) at the end of each train epoch (once per
+  step: not twice when an epoch ends on a reported step; one of the two must be on), and reports
+  it with ``ray.train.report`` as a `ray.train.Checkpoint` holding
   ``checkpoint.ckpt``, the layout of Ray's own `RayTrainReportCallback` (which reports at epoch
   ends only, where the data cursor is trivial). It is a Lightning ``Checkpoint`` callback, so
   Lightning runs it after `DataCursorCheckpoint`: the cursor in the file counts exactly the steps
   that ended.
-- `lightning_checkpoint` gives the path of the Lightning checkpoint inside
-  ``ray.train.get_checkpoint()`` (the ``resume_from_checkpoint`` of the `TorchTrainer`, or the
-  latest one reported before Ray restarted a failed worker group), or ``None`` on a fresh start;
-  pass it to ``trainer.fit(..., ckpt_path=...)``.
+- `lightning_checkpoint` is a context manager that yields the path of the Lightning checkpoint
+  inside ``ray.train.get_checkpoint()`` (the ``resume_from_checkpoint`` of the `TorchTrainer`, or
+  the latest one reported before Ray restarted a failed worker group), or ``None`` on a fresh
+  start; call ``trainer.fit(..., ckpt_path=path)`` inside its ``with`` block, where the path is
+  valid. A Ray checkpoint without ``checkpoint.ckpt`` is a `ConfigError`.
 
 Importing this module imports Ray, which only the ``ray`` extra installs
 (``uv sync --extra ray``); nothing else in the package imports it.

@@ -14,14 +14,24 @@ Guarantees:
 - Batches are prepared ahead on background threads (`lance_lightning.produce.producer`). The same
   threads serve every epoch (`lance_lightning.produce.threads`) and finished epochs return the
   heap's free pages to the OS (`lance_lightning.produce.heap`), so RSS stays flat.
-- `LanceMapDataset` maps index ``i`` to the ``i``-th matching row of a pinned source; its
-  batched ``__getitems__`` reads a whole batch with one planned read, never row by row.
+- `LanceMapDataset` maps index ``i`` to the ``i``-th matching row of a pinned source (planned by
+  `lance_lightning.plan.split.plan_split`, as every split is); its batched ``__getitems__`` reads
+  a whole batch with one planned read, never row by row.
 - Both read only the pinned version and convert per batch (see `lance_lightning.produce.convert`).
+- With ``row_identity``, each batch of `LanceIterableDataset` carries its rows' identity keys
+  (`lance_lightning.produce.identity`: ``_rowaddr``, ``_rowid``, ``_position``, ``_epoch``), the same
+  for a row whatever the rank, worker or thread; a plan identity cannot describe is refused when
+  the dataset is made.
+- Blob columns a transform names in its ``blob_files`` attribute (or one of a `Compose`'s) are not
+  read as bytes: each batch carries them as lists of seekable ``lance.BlobFile`` objects
+  (`lance_lightning.read.blobs`); a name that is not a blob column of the split is refused when the
+  dataset is made.
 """
 
 from __future__ import annotations
 
 import copy as _copy
+import dataclasses
 import multiprocessing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,18 +41,21 @@ import numpy as np
 import pyarrow as pa
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from lance_lightning.errors import ConfigError
 from lance_lightning.load import shared  # noqa: F401 - shares row sets with worker processes
 from lance_lightning.metrics.clock import StageClock
 from lance_lightning.plan.contract import Plan, SplitSettings
-from lance_lightning.plan.filter_scan import find_matches
-from lance_lightning.plan.planner import Survey, plan_reads
+from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.rowset import RowSet
+from lance_lightning.plan.split import plan_split
 from lance_lightning.plan.strategies import FilterRead, NoShuffle
 from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow
 from lance_lightning.produce.heap import HEAP
+from lance_lightning.produce.identity import RowIdentity, check_identity
 from lance_lightning.produce.producer import BatchProducer
 from lance_lightning.produce.threads import ReaderThreads
 from lance_lightning.produce.transform import TransformStep
+from lance_lightning.read.blobs import reading_without
 from lance_lightning.read.factory import plan_reader
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.read.reader import TAKE_GROUP_BYTES
@@ -102,6 +115,8 @@ class LanceIterableDataset(IterableDataset):
         bad_rows: What to do with rows the transform rejects (default `RaiseOnBadRow`).
         pin_memory: Pin finished batches in page-locked memory, on the reader threads.
         retry: How reads ride out transient storage errors.
+        row_identity: Add the rows' identity keys to each batch, before the transform
+            (`lance_lightning.produce.identity`).
     """
 
     def __init__(
@@ -119,10 +134,15 @@ class LanceIterableDataset(IterableDataset):
         bad_rows: BadRowPolicy | None = None,
         pin_memory: bool = False,
         retry: RetryPolicy = DEFAULT_POLICY,
+        row_identity: bool = False,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        self.plan = plan
+        if row_identity:
+            check_identity(plan.split, plan)
+        self.row_identity = bool(row_identity)
+        self.blob_files = blob_files_of(transform)
+        self.plan = reading_plan(plan, self.blob_files)
         self.world_size = world_size
         self.rank = rank
         self.transform = transform
@@ -199,6 +219,8 @@ class LanceIterableDataset(IterableDataset):
             pin_memory=self.pin_memory,
             ship_positions=shipping is not None and shipping.positions,
             shipments=shipping is not None,
+            identity=RowIdentity(self.plan.source, epoch, self.retry) if self.row_identity else None,
+            blob_files=self.blob_files,
         )
         yield from producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
         HEAP.after_epoch()
@@ -232,17 +254,17 @@ class LanceMapDataset(Dataset):
         self.retry = retry
         self.transform = transform
         self.fill_nulls = dict(fill_nulls or {})
-        self.matches: RowSet | None = None
-        self._rows = self.source.total_rows
-        if self.source.filter is not None:
-            self.matches = find_matches(self.source)
-            self._rows = self.matches.rows
         self.clock = StageClock()
-        # What the transform step needs of a plan: the rows by index (no order, no batches).
-        plan = plan_reads(
-            "map", self.source, Survey(self._rows, self.matches, 1), SplitSettings(NoShuffle(), FilterRead(), 1, False)
+        # The rows by index (no order, no batches), planned as every split is; it may have none.
+        planned = plan_split("map", self.source, SplitSettings(NoShuffle(), FilterRead(), 1, False), allow_empty=True)
+        self.matches: RowSet | None = planned.matches
+        self._rows = planned.matched_rows
+        files = blob_files_of(transform)
+        plan = reading_plan(planned, files)
+        self.source = plan.source
+        self.step = TransformStep(
+            bad_rows or RaiseOnBadRow(), plan, transform, self.fill_nulls, self.clock, blob_files=files
         )
-        self.step = TransformStep(bad_rows or RaiseOnBadRow(), plan, transform, self.fill_nulls, self.clock)
 
     def __len__(self) -> int:
         return self._rows
@@ -267,3 +289,38 @@ class LanceMapDataset(Dataset):
     def collate(batch: Batch) -> Batch:
         """The collate function for ``__getitems__`` batches: they are already collated."""
         return batch
+
+
+def blob_files_of(transform: Any) -> tuple[str, ...]:
+    """The blob columns ``transform`` takes as file objects: the names in its ``blob_files``
+    attribute (a `Compose` gathers its transforms')."""
+    return tuple(getattr(transform, "blob_files", None) or ())
+
+
+def reading_plan(plan: Any, files: tuple[str, ...]) -> Any:
+    """``plan`` reading every column but the blob columns ``files``; `ConfigError` for a name that is
+    not a blob column of its split, for a mixture, or when no other column would be read."""
+    if not files:
+        return plan
+    split = plan.split
+    if not isinstance(plan, ReadPlan):
+        raise ConfigError(
+            "blob_files", list(files), f"split '{split}' is a LanceMixture", "read blobs as bytes from a mixture"
+        )
+    missing = [name for name in files if name not in plan.source.blob_columns]
+    if missing:
+        raise ConfigError(
+            "blob_files",
+            missing,
+            f"not blob columns read by split '{split}' (its blob columns: {list(plan.source.blob_columns)})",
+            "name columns written with Lance blob encoding, and read them (LanceSource columns)",
+        )
+    source = reading_without(plan.source, files)
+    if not source.columns:
+        raise ConfigError(
+            "blob_files",
+            list(files),
+            f"split '{split}' would read no column but its blob files",
+            "read another column too (e.g. an id) in LanceSource(columns=...)",
+        )
+    return dataclasses.replace(plan, source=source)

@@ -6,7 +6,7 @@ Guarantees:
   After a restore it is the rest of the epoch. With a ``trainer`` (the data module's train loader)
   it is the batch index Lightning gives the epoch's first batch plus those batches, so Lightning
   stops the epoch exactly at its last batch, also after a restart, and ``limit_train_batches``
-  scales a whole epoch's count (`lance_lightning.load.progress`). Both are read from the cursor
+  scales a whole epoch's count (`lance_lightning.cursor.progress`). Both are read from the cursor
   and the trainer each time Lightning asks; the data module builds a new loader for each trainer.
   Because the length is known, Lightning does not fetch a batch ahead, so the cursor counts only
   batches handed to the training loop.
@@ -15,7 +15,7 @@ Guarantees:
 - Each ``iter(loader)`` reads the trainer's current epoch (without a trainer: the loader counts its
   own iterations), starting where a restored cursor left off, then continues normally. The data epoch it reads is
   the cursor's: the same epoch, unless a restore continues a data epoch that a stop cut short
-  (see `lance_lightning.plan.cursor`).
+  (see `lance_lightning.cursor.tracker`).
 - Worker processes never import Lightning (their ``worker_init_fn`` seeds them as Lightning's
   would), and never fork a process that has used Lance: the default start method is
   ``forkserver``; ``fork`` with workers is refused (`ConfigError`) before any worker starts.
@@ -27,9 +27,11 @@ Guarantees:
 - ``state_dict``/``load_state_dict`` round-trip the cursor (plain types) for loops without a trainer
   (a plain torch loop, or a loader built without ``trainer``). A trainer's loader saves nothing: its
   data module's checkpoint state is the one copy of the cursor, restored once.
-- With ``device_ahead`` (the data module sets it when training on CUDA) batches arrive already
-  copied and device-transformed, prepared a few batches ahead in a background thread; the cursor
-  still advances only when a batch is yielded.
+- Its ``device_path`` (`DevicePath`, decided by the data module before the loader is built) is the
+  one way its batches reach the device: on CUDA they arrive already copied and device-transformed,
+  prepared a few batches ahead in a background thread, else the data module's hooks do that work;
+  either way each batch's row positions go with it through that path to the device bad-row guard.
+  The cursor still advances only when a batch is yielded.
 - Without worker processes, batches come straight from the dataset's reader threads (pinned
   there with ``pin_memory``): torch's single-process iterator would only add per-batch bookkeeping.
 - The loader reads its own copy of the dataset (`LanceIterableDataset.for_loader`): the dataset
@@ -57,14 +59,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from lance_lightning.device.ahead import DeviceAhead
+from lance_lightning.cursor.position import finished
+from lance_lightning.cursor.progress import TrainerProgress
+from lance_lightning.cursor.tracker import CursorTracker
+from lance_lightning.device.ahead import DevicePath
 from lance_lightning.errors import ConfigError, WorkerDiedError
 from lance_lightning.lifetime import shared_temp_dir, watch_parent
 from lance_lightning.load.dataset import LanceIterableDataset, Shipping, WorkerError, ship_from_worker
-from lance_lightning.load.progress import TrainerProgress
 from lance_lightning.load.workers import STARTING_HINT, guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
-from lance_lightning.plan.cursor import CursorTracker, finished
 from lance_lightning.source import StoreEnvironment
 from lance_lightning.vocabulary import Batch
 
@@ -173,10 +176,9 @@ class LanceDataLoader(DataLoader):
         metrics: Measure waits, stages and I/O (a wait and a time stamp per batch on the training
             thread, the rest on the reader threads). ``False`` turns every measurement off, in
             the workers too.
-        ship_positions: Hand each batch's dataset positions to ``positions`` (a device transform's
-            bad-row policy needs them).
-        device_ahead: Prepare batches on the accelerator ahead of the consumer (`DeviceAhead`:
-            copy and device transform in a background thread); ``None`` yields host batches.
+        device_path: How batches reach the accelerator (`DevicePath`: prepared ahead in a
+            background thread, or by the data module's hooks, with their rows' positions when a
+            device bad-row guard needs them); ``None`` yields host batches.
         sampler, batch_sampler: Accepted so that Lightning can rebuild the loader; they must be
             ``None`` (the plan decides the batches).
     """
@@ -193,8 +195,7 @@ class LanceDataLoader(DataLoader):
         prefetch_factor: int | None = None,
         multiprocessing_context: str | Any = "forkserver",
         metrics: bool = True,
-        ship_positions: bool = False,
-        device_ahead: DeviceAhead | None = None,
+        device_path: DevicePath | None = None,
         sampler: Any = None,
         batch_sampler: Any = None,
     ) -> None:
@@ -218,6 +219,7 @@ class LanceDataLoader(DataLoader):
                 if dataset.transform is not None:
                     modules.append(type(dataset.transform).__module__)
                 context.set_forkserver_preload(modules)
+        ship_positions = device_path is not None and device_path.ships_positions
         # In this process the dataset pins its own batches; with workers the DataLoader pins them.
         dataset = dataset.for_loader(context, metrics, pin_memory and num_workers == 0)
         super().__init__(
@@ -240,16 +242,12 @@ class LanceDataLoader(DataLoader):
         self.trainer = trainer
         self.progress = TrainerProgress(trainer) if trainer is not None else None
         if self.progress is not None:
-            self.cursor.in_flight = self.progress.in_flight
+            self.cursor.loop.in_flight = self.progress.in_flight
         self.metrics = metrics
-        self.ship_positions = ship_positions
-        self.device_ahead = device_ahead
+        self.device_path = device_path
+        self._ship_positions = ship_positions
         self._own_epoch = 0
         self.meter = LoaderMeter() if metrics else None
-        #: Dataset positions of the rows of the batch yielded last (when the data module ships them),
-        #: for the bad-row policy of a device transform. Lightning fetches no batch ahead of a loader
-        #: with a length, so this is the batch the training loop holds.
-        self.positions: torch.Tensor | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch`` on the next iteration (for loops without a Trainer)."""
@@ -271,16 +269,16 @@ class LanceDataLoader(DataLoader):
         layout = self.cursor.begin_epoch(epoch, dataset.world_size, dataset.rank, planned, first)
         dataset.set_epoch(self.cursor.epoch, layout.start)  # the data epoch: its order
         if self.meter is None:
-            for batch, _, positions in self._ahead(_raise_worker_errors(self._guarded(self._batches()))):
-                self.positions = positions
-                self.cursor.on_yield()
+            on_yield = self.cursor.loop.on_yield
+            for batch, _, _ in self._delivered(_raise_worker_errors(self._guarded(self._batches()))):
+                on_yield()
                 yield batch
         else:
             yield from self._measured_iter()
         self._own_epoch = epoch + 1
 
     def _measured_iter(self) -> Iterator[Batch]:
-        meter, clock, on_yield, now = self.meter, self.dataset.clock, self.cursor.on_yield, time.perf_counter
+        meter, clock, on_yield, now = self.meter, self.dataset.clock, self.cursor.loop.on_yield, time.perf_counter
         asked = now()
         meter.start_iteration(asked)
         raw = self._batches()  # starts the workers on the first epoch: part of the first wait
@@ -288,9 +286,8 @@ class LanceDataLoader(DataLoader):
         batches = self._guarded(raw)
         if queue is not None:
             batches = _polling_workers(batches, queue, meter)
-        for batch, shipped, positions in self._ahead(_raise_worker_errors(batches)):
+        for batch, shipped, _ in self._delivered(_raise_worker_errors(batches)):
             got = now()
-            self.positions = positions
             if shipped:
                 clock.merge(shipped)
             on_yield()
@@ -307,15 +304,16 @@ class LanceDataLoader(DataLoader):
             return guarded
         return _stopping_on_sigterm(guarded, self.progress)
 
-    def _ahead(self, items: Iterator[Any]) -> Iterator[Any]:
-        return items if self.device_ahead is None else self.device_ahead.iterate(items)
+    def _delivered(self, items: Iterator[Any]) -> Iterator[Any]:
+        """``items`` through the loader's one way to the device (none: host batches)."""
+        return items if self.device_path is None else self.device_path.deliver(items, self.dataset.clock)
 
     def _batches(self) -> Iterator[Batch]:
         """The dataset's `Shipment`s: through torch's iterator with workers, else straight from the
         dataset (its batches are final: torch's single-process iterator only added per-batch
         bookkeeping on the training thread)."""
         if self.num_workers == 0:
-            return self.dataset.produce(Shipping(stats=False, positions=self.ship_positions))
+            return self.dataset.produce(Shipping(stats=False, positions=self._ship_positions))
         shared_temp_dir()  # before torch builds the workers' Process objects, which copy it
         try:
             return super().__iter__()

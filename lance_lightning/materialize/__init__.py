@@ -1,1 +1,3 @@
-"""Materialized views: a shuffled or filtered copy of a source, written once and read in order."""
+"""Local copies of a source: materialized views (a shuffled or filtered copy, written once and read in
+order: `view`, `copy`, `integrity`, `space`) and the remote cache (a split read by take from an
+object store, copied once to local disk and shuffled from there: `cache`)."""

@@ -7,8 +7,9 @@ Guarantees:
   selective enough to be read by take) is copied with one sequential, filtered scan of its
   columns into ``directory`` (`lance_lightning.materialize.view.materialize_view`: atomic,
   resumable after a crash, one writer per node through a file lock, the ranks and workers of
-  the node then share the copy) and planned again over the copy. Scans and local sources are
-  read in place. ``RemoteCache(enabled=False)`` turns it off.
+  the node then share the copy) and planned again over the copy, through the planning entry
+  (`lance_lightning.plan.split.plan_split`, the copy pinned as standing for the source). Scans
+  and local sources are read in place. ``RemoteCache(enabled=False)`` turns it off.
 - A sparse split (matching under `SPARSE_SHARE` of its source's rows) is copied by ``take`` of
   the rows its plan already found, through a handle that merges byte ranges only closer than
   `SPARSE_BLOCK_BYTES`: the copy downloads those rows (and the narrow columns' encoded chunks
@@ -60,7 +61,7 @@ from lance_lightning.materialize.space import estimate_view_bytes
 from lance_lightning.materialize.view import materialize_view
 from lance_lightning.plan.contract import Plan, SplitSettings
 from lance_lightning.plan.planner import ReadPlan
-from lance_lightning.plan.survey import build_plan
+from lance_lightning.plan.split import plan_split
 from lance_lightning.read.retry import RetryPolicy, first_line
 from lance_lightning.source import LanceSource, pin_source
 
@@ -184,7 +185,7 @@ class RemoteCache:
         _hold(Path(result.uri))
         try:
             local = replace(pin_source(LanceSource(result.uri, list(pinned.columns)), split), stands_for=pinned)
-            cached = build_plan(split, local, settings)
+            cached = plan_split(split, local, settings)
         except ConfigError:
             raise
         except Exception as error:  # noqa: BLE001 - a reused copy Lance cannot read is copied again
@@ -192,7 +193,7 @@ class RemoteCache:
                 raise
             result = copy((result.manifest["created"], f"Lance cannot plan it ({first_line(error)})"))
             local = replace(pin_source(LanceSource(result.uri, list(pinned.columns)), split), stands_for=pinned)
-            cached = build_plan(split, local, settings)
+            cached = plan_split(split, local, settings)
         how = "reused" if result.reused else f"downloaded in {result.seconds:.1f} s"
         if sparse and not result.reused:
             how += f", by take of the matching {plan.selectivity:.2%} of the rows"

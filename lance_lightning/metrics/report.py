@@ -2,10 +2,12 @@
 
 Guarantees:
 - `diagnose` names exactly one bottleneck from a span's figures (`lance_lightning.metrics.figures.FIGURES`):
-  ``model`` when the step waited for data less than `MODEL_BOUND_BELOW` of its cycle, otherwise the
-  largest share of loader time among ``storage`` (I/O wait), ``decode`` (decode/transform),
-  ``convert`` (Arrow to tensors) and ``workers`` (waiting that no stage explains: moving batches
-  out of worker processes). A loader-only profile has no model, so it always names a loader part.
+  ``none`` when fewer than 2 batches were measured; ``model`` when the step waited for data less
+  than `MODEL_BOUND_BELOW` of its cycle; otherwise the largest share of loader time among
+  ``storage`` (I/O wait), ``decode`` (decode/transform), ``convert`` (Arrow to tensors), ``other``
+  (other measured stages, e.g. pinning memory) and ``workers`` (waiting that no stage explains:
+  moving batches out of worker processes, or without workers the hand-off between the reader
+  threads and the step). A loader-only profile has no model, so it never names ``model``.
 - Loader time is wall-equivalent: a stage's thread-seconds divided by the threads that run it
   (``reader_threads`` x processes), so the shares compare with the step's wait.
 - Under DDP the report shows the mean over ranks with the range, and diagnoses the rank that

@@ -5,9 +5,11 @@ Guarantees:
   validated in ``__init__``: weights (one per source, positive, finite) or a schedule
   (`lance_lightning.plan.schedule`), names (unique), the epoch rule and ``block``; each failure
   is a `ConfigError` naming the parameter, the value and the fix.
-- `plan_mixture` pins every source in the main process, plans each as a plain row source (its
-  own order under the split's shuffle strategy) and checks that all read the same columns with
-  the same Arrow types (and not the ``source`` column the mixture adds).
+- `plan_mixture` lays a mixture out over its sources' plans, which the planning entry
+  (`lance_lightning.plan.split.plan_split`) pinned and planned as plain row sources in the main
+  process (each its own order under the split's shuffle strategy); it checks that all read the
+  same columns with the same Arrow types (and not the ``source`` column the mixture adds), and
+  that ``epoch="first_exhausted"`` leaves a whole block.
 - The plan is a `MixturePlan` (`lance_lightning.plan.mixture_plan`): positions mapped to
   (source, unit) in O(1), purely.
 """
@@ -23,9 +25,9 @@ from lance_lightning.errors import ConfigError
 from lance_lightning.plan.blocks import block_counts, epoch_positions
 from lance_lightning.plan.contract import SplitSettings
 from lance_lightning.plan.mixture_plan import MixturePlan
+from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.schedule import MixtureSchedule, parse_schedule
-from lance_lightning.plan.survey import build_plan
-from lance_lightning.source import LanceSource, PinnedSource, pin_source
+from lance_lightning.source import LanceSource, PinnedSource
 from lance_lightning.vocabulary import MIXTURE_SOURCE
 
 
@@ -165,16 +167,10 @@ def _check_weights(weights: Any, sources: int) -> None:
             raise ConfigError(f"weights[{j}]", weight, "must be positive", "use a weight > 0, or drop the source")
 
 
-def plan_mixture(split: str, mixture: LanceMixture, settings: SplitSettings) -> MixturePlan:
-    """Pin and plan every source of ``mixture`` and lay out the mixture (main process)."""
-    plans = tuple(
-        build_plan(
-            f"{split}/{name}",
-            pin_source(source, f"{split}.sources[{j}]"),
-            replace(settings, drop_last=False),
-        )
-        for j, (source, name) in enumerate(zip(mixture.sources, mixture.names, strict=True))
-    )
+def plan_mixture(
+    split: str, mixture: LanceMixture, plans: tuple[ReadPlan, ...], settings: SplitSettings
+) -> MixturePlan:
+    """The plan of ``mixture`` over ``plans``, its sources' own plans in ``mixture.sources`` order."""
     _check_columns_agree(split, mixture.names, [plan.source for plan in plans])
     rows = [plan.matched_rows for plan in plans]
     positions = epoch_positions(mixture.epoch, mixture.samples, rows, mixture.counts, mixture.block)

@@ -22,7 +22,11 @@ Guarantees:
   a position still maps in O(1), purely, with the same draw rules (own order, no repeat within a
   pass, ``pass_epoch`` per pass). Without a schedule nothing of the above changes.
 - `MixturePlan` is one sequence of ``matched_rows`` positions: the `Layout`, the cursor, the
-  loader length and elastic resume treat it as they treat one source's plan. Its identity holds
+  loader length and elastic resume treat it as they treat one source's plan (it answers the
+  `Plan` contract, `lance_lightning.plan.contract`). Its batches carry each row's source index
+  (the ``source`` column, int64 into ``sources``). Its own members, read by the stages that
+  check the kind: ``source_counts`` and ``scheduled_shares`` (the monitor), ``resume_identity``
+  (the cursor), ``units`` (its reader). Its identity holds
   every source's identity, the weights (or the schedule, by sample), names, ``K`` and the epoch
   rule. ``on_schedule_change="continue"`` is a resume policy, not part of it: `resume_identity`
   then compares a saved cursor as if it had the current weights or schedule.
@@ -42,7 +46,6 @@ from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.schedule import MixtureSchedule, epoch_blocks
 from lance_lightning.plan.strategies import ShuffleStrategy
 from lance_lightning.source import PinnedSource
-from lance_lightning.vocabulary import MIXTURE_SOURCE
 
 _SLOTS = 5  # key stream of the in-block slot permutation (EpochOrder uses 1..4)
 #: Identity fields that `on_schedule_change="continue"` takes from the current plan on resume.
@@ -66,9 +69,8 @@ class MixturePlan:
     drop_last: bool
     matched_rows: int
     pad: bool = True
+    #: Each batch takes its rows from every source it draws.
     method: str = field(default="take", compare=False)
-    reason: str = field(default="mixture: each batch takes its rows from every source it draws", compare=False)
-    matches: None = field(default=None, compare=False)
     #: Weights over training (``weights`` and ``counts`` are then empty).
     schedule: MixtureSchedule | None = None
     #: What a resume does with a checkpoint of other weights or another schedule (not the order's).
@@ -84,15 +86,6 @@ class MixturePlan:
     def sources(self) -> tuple[PinnedSource, ...]:
         """Each source's pinned source, in ``source`` column order."""
         return tuple(plan.source for plan in self.plans)
-
-    @property
-    def source_names(self) -> tuple[str, ...]:
-        return self.names
-
-    @property
-    def added_columns(self) -> tuple[str, ...]:
-        """Each row's source index (int64 into ``sources``)."""
-        return (MIXTURE_SOURCE,)
 
     @property
     def row_bytes(self) -> int:

@@ -15,7 +15,10 @@ Guarantees:
 - The read method follows the table in the docs: scans for storage-ordered, shard and buffer
   plans; ``take`` for row shuffles and for filters that match less than ``take_below`` of rows.
 - A `ReadPlan` is picklable and holds plain data (and the row set's few arrays): it is what
-  DataLoader workers receive.
+  DataLoader workers receive. It answers the `Plan` contract (`lance_lightning.plan.contract`)
+  with its own values, no placeholder; ``matches``, ``documents`` and ``row_positions`` are its
+  own (one source's rows), read by the stages that check the kind.
+- `plan_reads` is called by the planning entry only (`lance_lightning.plan.split.plan_split`).
 - ``explain`` says in words which plan was chosen and why.
 """
 
@@ -27,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lance_lightning.errors import ConfigError
-from lance_lightning.plan.contract import SplitSettings
+from lance_lightning.plan.contract import Plan, SplitSettings
 from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.order import EpochOrder
 from lance_lightning.plan.packing import DocumentIndex
@@ -108,24 +111,8 @@ class ReadPlan:
 
     @property
     def sources(self) -> tuple[PinnedSource, ...]:
+        """The one source the plan reads."""
         return (self.source,)
-
-    @property
-    def source_names(self) -> tuple[str, ...]:
-        return (self.split,)
-
-    @property
-    def added_columns(self) -> tuple[str, ...]:
-        return ()
-
-    def source_counts(self, epoch: int, end: int) -> dict[str, int]:
-        return {}
-
-    def scheduled_shares(self, epoch: int, end: int) -> dict[str, float]:
-        return {}
-
-    def resume_identity(self, saved: dict[str, Any]) -> dict[str, Any]:
-        return saved
 
     @property
     def unit(self) -> str:
@@ -218,8 +205,8 @@ def _method_with_filter(strategy: ShuffleStrategy, policy: FilterRead, selectivi
     return method, f"selectivity {selectivity:.2%} {relation} take_below {policy.take_below:.2%}: {why}"
 
 
-def check_fits(plan: Any, world_size: int) -> None:
-    """Raise `ConfigError` unless ``plan`` (a `ReadPlan` or a mixture's) gives every one of
+def check_fits(plan: Plan, world_size: int) -> None:
+    """Raise `ConfigError` unless ``plan`` (of any kind) gives every one of
     ``world_size`` ranks a batch: at least a row per rank, and with ``drop_last`` a whole step."""
     split, rows, batch_size, drop_last = plan.split, plan.matched_rows, plan.batch_size, plan.drop_last
     if world_size > rows:

@@ -2,13 +2,15 @@
 
 Guarantees:
 - A filter is evaluated once, at setup, in one streaming scan (`lance_lightning.plan.filter_scan`).
-- A filter that matches nothing, or a dataset without rows, raises `ConfigError` naming the split.
+- A filter that matches nothing, or a dataset without rows, raises `ConfigError` naming the split
+  (unless ``allow_empty``: a map dataset may have no rows).
 - With packing, `survey_tokens` counts each matching document's tokens: from the integer
   ``lengths_column`` when given (reads only that column), else from the token lists (one scan of
   the token column: slower). It keeps 8 bytes per document (`DocumentIndex`), built in place: no more at its peak.
   A missing column, or one of the wrong type, raises `ConfigError` naming it.
 - The row size comes from the schema where every column has a fixed width, else from a 64-row sample.
-- `build_plan` = `survey` (+ `survey_tokens`) (I/O) + `lance_lightning.plan.planner.plan_reads` (pure).
+- A plan is `survey` (+ `survey_tokens`) (I/O) + `lance_lightning.plan.planner.plan_reads` (pure),
+  composed by the planning entry, `lance_lightning.plan.split.plan_split`.
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_lightning.errors import ConfigError
-from lance_lightning.plan.contract import SplitSettings
 from lance_lightning.plan.filter_scan import find_matches
 from lance_lightning.plan.packing import DocumentIndex, TokenPacking
-from lance_lightning.plan.planner import ReadPlan, Survey, plan_reads
+from lance_lightning.plan.planner import Survey
 from lance_lightning.plan.rowset import RowSet
 from lance_lightning.source import PinnedSource
 
@@ -32,33 +33,25 @@ from lance_lightning.source import PinnedSource
 ROW_BYTES_SAMPLE = 64
 
 
-def survey(split: str, source: PinnedSource) -> Survey:
-    """Count (and, with a filter, find) the rows of ``source`` and measure their size."""
+def survey(split: str, source: PinnedSource, *, allow_empty: bool = False) -> Survey:
+    """Count (and, with a filter, find) the rows of ``source`` and measure their size; a source
+    without matching rows is a `ConfigError` unless ``allow_empty``."""
     dataset = source.open()
     matches: RowSet | None = None
     matched = source.total_rows
     if source.filter is not None:
         matches = find_matches(source)
         matched = matches.rows
-        if matched == 0:
+        if matched == 0 and not allow_empty:
             raise ConfigError(
                 f"{split}.filter",
                 source.filter,
                 f"matches no rows of {source.uri} (version {source.version})",
                 "loosen the filter or check the column values",
             )
-    if matched == 0:
+    if matched == 0 and not allow_empty:
         raise ConfigError(f"{split}.uri", source.uri, "the dataset has no rows", "write rows first")
     return Survey(matched, matches, _row_bytes(dataset, source))
-
-
-def build_plan(split: str, source: PinnedSource, settings: SplitSettings) -> ReadPlan:
-    """Survey and plan the rows (or, with packing, the windows) of ``source``; raise
-    `ConfigError` for a source that has none."""
-    surveyed = survey(split, source)
-    if settings.packing is not None:
-        surveyed = survey_tokens(split, source, surveyed, settings.packing)
-    return plan_reads(split, source, surveyed, settings)
 
 
 def survey_tokens(split: str, source: PinnedSource, surveyed: Survey, packing: TokenPacking) -> Survey:

@@ -15,10 +15,14 @@ Guarantees:
   `ConfigError` when the data module is made (`check_packed_policy`).
 - Every bad row is counted once, as ``bad_rows`` in the loader's `StageClock` (and so in the
   data metrics), whatever the policy.
-- The policies act where the transform runs: on the host in `lance_lightning.produce.transform.TransformStep`,
-  on the device in `lance_lightning.device.guard.DeviceRowGuard` (for a ``device_transform``, e.g.
-  ``DecodeImage(device="cuda")``; the rows' positions travel beside the batch), which raises or
-  replaces exactly as the host does, choosing the same replacement rows (`replacement`).
+- The policies act where the transform runs, through one loop, `transform_with_policy`: on the
+  host in `lance_lightning.produce.transform.TransformStep`, on the device in
+  `lance_lightning.device.guard.DeviceRowGuard` (for a ``device_transform``, e.g.
+  ``DecodeImage(device="cuda")``; the rows' positions travel beside the batch). Each stage says
+  only how it holds a batch (a `BatchForm`); the loop raises or replaces the same way for both,
+  choosing the same replacement rows (`replacement`) with the same counts and error text.
+- A replacement is chosen among the split's matching rows (`ReadPlan.matches`). A mixture's bad
+  row is named in its own source (a mixture refuses `ReplaceBadRow` when the data module is made).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -34,13 +38,18 @@ import torch
 
 from lance_lightning.checks import check_int
 from lance_lightning.errors import BadRowError, ConfigError, RowError
+from lance_lightning.metrics.clock import StageClock
+from lance_lightning.plan.contract import Plan
+from lance_lightning.plan.mixture_plan import MixturePlan
+from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.rowset import RowSet
 from lance_lightning.produce.convert import Ragged
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.source import PinnedSource
-from lance_lightning.vocabulary import Batch
+from lance_lightning.vocabulary import MIXTURE_SOURCE, Batch
 
 log = logging.getLogger("lance_lightning")
+B = TypeVar("B")
 
 
 class BadRowPolicy:
@@ -102,6 +111,77 @@ def check_packed_policy(policy: BadRowPolicy, packing: Any) -> None:
             "cannot replace rows of packed token windows (packing is set)",
             "keep the default bad_rows (RaiseOnBadRow) with packing",
         )
+
+
+class BatchForm(Protocol[B]):
+    """How a stage holds a batch ``B`` (the host's table, the device's tensors): what the bad-row
+    loop, `transform_with_policy`, asks of it."""
+
+    def attempt(self, batch: B, positions: np.ndarray) -> Any:
+        """The transformed batch (or `RowError` for a bad row); its rows are at ``positions``."""
+
+    def value(self, batch: B, column: str, index: int) -> Any:
+        """Row ``index``'s value of ``column`` (``None`` when the batch has no such column)."""
+
+    def columns(self, batch: B) -> list[str]:
+        """The columns a replacement row is read with."""
+
+    def accepts(self, row: pa.Table, positions: np.ndarray, index: int) -> bool:
+        """Whether the one-row table ``row`` transforms in the place of row ``index``."""
+
+    def splice(self, batch: B, index: int, row: pa.Table) -> B:
+        """``batch`` with its row ``index`` replaced by ``row``."""
+
+
+def transform_with_policy(
+    form: BatchForm[B], batch: B, positions: np.ndarray, policy: BadRowPolicy, plan: Plan, clock: StageClock
+) -> tuple[Any, np.ndarray]:
+    """The transformed ``batch`` (its rows at dataset ``positions``) and its rows' positions: a row
+    the transform rejects with `RowError` is counted as ``bad_rows`` in ``clock``, then raised
+    naming it, or replaced by `replacement`'s row, and the batch is transformed again."""
+    positions = np.asarray(positions)
+    # Each pass fixes one bad row; a replacement was checked first, so it cannot fail again.
+    for _ in range(len(positions) + 1):
+        try:
+            return form.attempt(batch, positions), positions
+        except RowError as error:
+            if not 0 <= error.index < len(positions):
+                raise
+            clock.add("bad_rows", 1)
+            batch, positions = _replace(form, batch, positions, error, policy, plan)
+    raise AssertionError("unreachable: every pass replaces one row")  # pragma: no cover
+
+
+def _replace(
+    form: BatchForm[B], batch: B, positions: np.ndarray, error: RowError, policy: BadRowPolicy, plan: Plan
+) -> tuple[B, np.ndarray]:
+    """``batch`` and ``positions`` with the bad row ``error.index`` replaced (or `BadRowError`)."""
+    index = error.index
+    row_id = None if policy.id_column is None else form.value(batch, policy.id_column, index)
+    if isinstance(plan, MixturePlan):  # a mixture's row: named in its own source
+        source, matches = plan.sources[form.value(batch, MIXTURE_SOURCE, index)], None
+    elif isinstance(plan, ReadPlan):
+        source, matches = plan.source, plan.matches
+    else:  # pragma: no cover - a new kind of plan says where its replacements come from
+        raise TypeError(f"no bad-row replacement for a {type(plan).__name__}")
+
+    def transforms(row: pa.Table) -> bool:
+        return form.accepts(row, positions, index)
+
+    candidate, row = replacement(
+        policy,
+        source,
+        plan.matched_rows,
+        matches,
+        int(positions[index]),
+        row_id,
+        error,
+        form.columns(batch),
+        transforms,
+    )
+    fixed = positions.copy()
+    fixed[index] = candidate
+    return form.splice(batch, index, row), fixed
 
 
 def replacement(

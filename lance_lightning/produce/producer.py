@@ -11,6 +11,9 @@ Guarantees:
   processes), never on the training loop's thread.
 - A row the transform rejects is handled by the bad-row policy (`lance_lightning.produce.badrows`):
   raise naming the dataset row, or replace it deterministically; batch sizes never change.
+- With an ``identity``, every batch carries its rows' identity keys (`lance_lightning.produce.identity`),
+  their epoch positions taken from the reader's layout, so the same row has the same ``_position``
+  on every rank, worker and thread.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import torch
 
@@ -25,6 +29,7 @@ from lance_lightning.metrics.clock import StageClock
 from lance_lightning.metrics.figures import batch_size_and_bytes, row_bytes
 from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow
 from lance_lightning.produce.convert import Ragged
+from lance_lightning.produce.identity import RowIdentity
 from lance_lightning.produce.threads import ReaderThreads
 from lance_lightning.produce.transform import TransformStep
 from lance_lightning.read.reader import BatchSpec, PlanReader
@@ -56,6 +61,8 @@ class BatchProducer:
         pin_memory: bool = False,
         ship_positions: bool = False,
         shipments: bool = False,
+        identity: RowIdentity | None = None,
+        blob_files: tuple[str, ...] = (),
     ) -> None:
         self.reader = reader
         self.transform = transform
@@ -64,7 +71,15 @@ class BatchProducer:
         self.ship_positions = ship_positions
         self.shipments = shipments or ship_stats or ship_positions
         self.pin_memory = pin_memory
-        self.step = TransformStep(bad_rows or RaiseOnBadRow(), reader.plan, transform, dict(fill_nulls), clock)
+        self.step = TransformStep(
+            bad_rows or RaiseOnBadRow(),
+            reader.plan,
+            transform,
+            dict(fill_nulls),
+            clock,
+            identity=identity,
+            blob_files=blob_files,
+        )
 
     def read(self, group: list[BatchSpec]) -> list[tuple[BatchSpec, pa.Table]]:
         rows = sum(len(spec.positions) for spec in group)
@@ -76,7 +91,7 @@ class BatchProducer:
 
     def finish(self, item: tuple[BatchSpec, pa.Table]) -> SizedBatch:
         spec, table = item
-        batch, positions = self.step.finish(table, spec.positions)
+        batch, positions = self.step.finish(table, spec.positions, self.sequence(spec))
         if self.pin_memory:
             with self.clock.measure("pin", rows=table.num_rows):
                 batch = pin_batch(batch)
@@ -91,11 +106,19 @@ class BatchProducer:
         tables = [table for _, table in self.read(group)]
         rows = sum(table.num_rows for table in tables)
         with self.clock.measure("convert", rows=rows):
-            batches = [self.step.convert(table) for table in tables]
+            batches = [
+                self.step.convert(table, spec.positions, self.sequence(spec)) for spec, table in zip(group, tables)
+            ]
         if self.pin_memory:
             with self.clock.measure("pin", rows=rows):
                 batches = [pin_batch(batch) for batch in batches]
         return self._sized_group(batches, [spec.positions for spec in group], [table.num_rows for table in tables])
+
+    def sequence(self, spec: BatchSpec) -> np.ndarray | None:
+        """The epoch-order positions of the rows of ``spec`` (only with identity on)."""
+        if self.step.identity is None:
+            return None
+        return self.reader.layout.batch_rows(self.reader.rank, spec.step)
 
     def _sized(self, batch: Any, positions: Any) -> SizedBatch:
         """``batch`` with its positions (when shipped) and its rows and payload bytes, measured here on

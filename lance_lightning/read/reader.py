@@ -4,7 +4,7 @@ Guarantees:
 - ``PlanReader.read_group(group)`` returns ``(step, table)`` for each batch of a group, in the
   group's order; each table holds exactly the batch's rows, in the planned order.
 - Consecutive batches are read together in groups (``PlanReader.groups``): about
-  ``GROUP_BYTES`` of rows for scan plans (never fewer rows than one batch or, for a buffer
+  ``GROUP_BYTES`` of rows, at most ``MAX_GROUP_ROWS``, for scan plans (never fewer rows than one batch or, for a buffer
   shuffle, than one buffer window; a whole number of groups per shard when shards are large),
   for take plans, a first group of at most 16 batches (a quick first batch, after a resume too),
   then each group twice the last, up to ``TAKE_GROUP_BYTES`` of rows (never fewer than the
@@ -62,7 +62,7 @@ TAKE_GROUP_BYTES = 1 << 20
 #: Arrow batches inside a read hold about this many bytes (a power of two of rows, see
 #: `read_batch_rows`): Lance decodes wide binary columns several times slower per row in its
 #: default 8192-row batches, and narrow rows (a 128-float vector) slower in 1024-row ones
-#: (``python benchmarks/probe_ranges.py`` times both).
+#: (``python benchmarks/probes/probe_ranges.py`` times both).
 READ_BATCH_BYTES = 2 << 20
 #: A scan read of at most this many ranges of consecutive rows is one offset/limit scan per range,
 #: in the group's order (no sort, no allowlist); more ranges are one scan restricted to the rows.

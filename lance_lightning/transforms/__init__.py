@@ -10,6 +10,11 @@ picklable and free of shared mutable state, so it may run on reader threads,
 worker processes or both. A row a transform cannot handle raises a
 `lance_lightning.produce.badrows.RowError` naming its index in the batch and the column.
 
+Random transforms (`RandomFlip`, `RandomCrop`, `MaskTokens`, or your own with `RowRandom`)
+draw per row from ``(seed, epoch, position of the row in the epoch order)``, which the batch's
+row identity carries (``LanceDataModule(row_identity=...)``): the draws do not depend on the
+thread, worker, rank or batch size, and a resumed run repeats them.
+
 Host-side transforms go in ``LanceDataModule(transform=...)``; transforms that
 run on the accelerator after the batch is copied there (`DeviceAugment`,
 ``DecodeImage(device="cuda")``) go in ``LanceDataModule(device_transform=...)``.
@@ -18,6 +23,17 @@ run on the accelerator after the batch is copied there (`DeviceAugment`,
 from lance_lightning.transforms.augment import DeviceAugment
 from lance_lightning.transforms.compose import Compose
 from lance_lightning.transforms.image import DecodeImage, ImageDecodeError
+from lance_lightning.transforms.random import MaskTokens, RandomCrop, RandomFlip, RowRandom
 from lance_lightning.transforms.tokens import TokenWindows
 
-__all__ = ["Compose", "DecodeImage", "DeviceAugment", "ImageDecodeError", "TokenWindows"]
+__all__ = [
+    "Compose",
+    "DecodeImage",
+    "DeviceAugment",
+    "ImageDecodeError",
+    "MaskTokens",
+    "RandomCrop",
+    "RandomFlip",
+    "RowRandom",
+    "TokenWindows",
+]

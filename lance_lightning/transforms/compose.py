@@ -53,5 +53,10 @@ class Compose:
         """The columns its transforms read on the host (see `lance_lightning.device.transfer.host_columns`)."""
         return tuple(dict.fromkeys(c for t in self.transforms for c in getattr(t, "host_columns", ())))
 
+    @property
+    def blob_files(self) -> tuple[str, ...]:
+        """The blob columns its transforms take as file objects (see `lance_lightning.read.blobs`)."""
+        return tuple(dict.fromkeys(c for t in self.transforms for c in getattr(t, "blob_files", ())))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.transforms!r})"

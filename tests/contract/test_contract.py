@@ -1,9 +1,10 @@
 """The randomized contract checker in the suite: a fixed-seed sample, every defect it found, and the
 oracle's own tests.
 
-- `test_sample`: scenarios drawn from fixed seeds (`SAMPLE_SEEDS`, about 4 minutes on a 2-core
-  machine), each through real ``Trainer.fit(ckpt_path=...)`` (real 2-rank DDP where it draws 2; a
-  scenario on S3 starts its own S3 server on loopback for the test).
+- `test_sample` (in the soak run, ``uv run pytest -m soak``): scenarios drawn from fixed seeds
+  (`SAMPLE_SEEDS`, about 4 minutes on a 2-core machine), each through real
+  ``Trainer.fit(ckpt_path=...)`` (real 2-rank DDP where it draws 2; a scenario on S3 starts its own
+  S3 server on loopback for the test).
 - `test_found_defect`: every scenario in ``cases.jsonl``: each failed on the code where the checker
   found it (its ``found`` says how) and must pass for good.
 - `test_oracle_*`: the oracle reports what a wrong run would look like (a repeated or a skipped
@@ -61,6 +62,7 @@ def _fails(scenario: Scenario, failures: list[str]) -> str:
 
 
 # -- the fixed sample ------------------------------------------------------------------------------
+@pytest.mark.soak  # seeded random scenarios beyond the replay set (cases.jsonl): `uv run pytest -m soak`
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SAMPLE_SEEDS)
 def test_sample(seed: int, tmp_path: Path) -> None:

@@ -13,6 +13,9 @@ import torch
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu.py"
 
 
+pytestmark = pytest.mark.soak  # a benchmark smoke run: `uv run pytest -m soak`
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_without_cuda_it_exits_non_zero_and_says_why(tmp_path: Path) -> None:
     done = subprocess.run(

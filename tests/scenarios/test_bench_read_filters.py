@@ -15,6 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_read.py"
 
 
+pytestmark = pytest.mark.soak  # a benchmark smoke run: `uv run pytest -m soak`
+
+
 @pytest.mark.slow
 def test_peer_filters_measures_every_cell_and_writes_only_its_section(tmp_path: Path) -> None:
     results = tmp_path / "filter_scan.md"

@@ -15,6 +15,9 @@ SCRIPT = ROOT / "benchmarks" / "bench_scale.py"
 RESULTS = ROOT / "benchmarks" / "results" / "scale.md"
 
 
+pytestmark = pytest.mark.soak  # a benchmark smoke run: `uv run pytest -m soak`
+
+
 @pytest.mark.slow
 def test_quick_run_prints_every_case_and_leaves_the_results_file_alone(tmp_path: Path) -> None:
     before = RESULTS.read_bytes()

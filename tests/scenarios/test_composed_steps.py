@@ -30,6 +30,7 @@ def _events(run: Any, role: str, kind: str, rank: int) -> list[dict[str, Any]]:
     return [e for e in run.phases[role].ranks[rank] if e["t"] == kind]
 
 
+@pytest.mark.soak  # the same 2-rank scenario runner replays this defect: cases.jsonl planning-before-fit-ddp(-resume)
 @pytest.mark.slow
 def test_planning_before_fit_under_ddp(tmp_path: Path) -> None:
     """``dm.explain()`` and ``dm.setup("fit")`` before ``trainer.fit`` on 2 gloo ranks (2,000 rows,
@@ -64,6 +65,7 @@ def test_planning_before_fit_under_ddp(tmp_path: Path) -> None:
     assert sorted(trained) == list(range(2000))  # epoch 0: every row once across the stop
 
 
+@pytest.mark.soak  # replayed by cases.jsonl fit-check-skipped-when-planned-before-fit (same runner, 2 ranks)
 @pytest.mark.slow
 def test_split_too_small_for_the_ranks_is_refused_when_planned_before_fit(tmp_path: Path) -> None:
     """8 matching rows, batch 5 on 2 ranks with drop_last, ``explain()`` before fit: a ConfigError

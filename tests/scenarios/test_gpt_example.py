@@ -312,6 +312,7 @@ def _kill_and_resume(config: Path, tmp_path: Path, every: int) -> dict[str, Any]
     return {"before": before, "after": after, "whole": whole, "scalars": scalars}
 
 
+@pytest.mark.soak  # the mixture test below runs the same kill and resume on the same path
 @pytest.mark.slow
 def test_gpt_config_on_one_source_killed_in_ddp_resumes_on_one_rank(corpus: Path, tmp_path: Path) -> None:
     _kill_and_resume(_config(corpus, tmp_path, every=4, mixture=False), tmp_path, every=4)

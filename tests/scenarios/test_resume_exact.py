@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from lance_lightning import LanceDataModule, LanceSource
-from lance_lightning.plan.cursor import CursorTracker, finished
+from lance_lightning.cursor.position import finished
+from lance_lightning.cursor.tracker import CursorTracker
 from tests.harness import (
     BATCH,
     DM_KEY,

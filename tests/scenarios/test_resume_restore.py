@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from lance_lightning import ConfigError, CursorMismatchError, LanceDataModule, LanceSource
-from lance_lightning.plan.cursor import STATE_KEYS
+from lance_lightning.cursor.position import STATE_KEYS
 from tests.harness import (
     BATCH,
     DM_KEY,
@@ -131,20 +131,20 @@ def test_a_resume_at_an_older_version_surveys_the_train_split_once(
 ) -> None:
     """Lightning calls ``setup`` before it restores the checkpoint: the train split is planned
     once, at the checkpoint's version, not first at the latest version and then again."""
-    from lance_lightning.plan import survey as survey_module
+    from lance_lightning.plan import split as planning_entry
 
     k, shuffle = 5, "row:2"
     c = fit(tmp_path, make_dm(uri, shuffle, FILTER), name="C")
     ckpt = _checkpoint_at(tmp_path, make_dm(uri, shuffle, FILTER), k)
     append_rows(uri, 200)
     surveyed: list[tuple[str, int]] = []
-    real_survey = survey_module.survey
+    real_survey = planning_entry.survey
 
-    def counting_survey(split: str, source: Any) -> Any:
+    def counting_survey(split: str, source: Any, **options: Any) -> Any:
         surveyed.append((split, source.version))
-        return real_survey(split, source)
+        return real_survey(split, source, **options)
 
-    monkeypatch.setattr(survey_module, "survey", counting_survey)
+    monkeypatch.setattr(planning_entry, "survey", counting_survey)
     dm = make_dm(uri, shuffle, FILTER)
     b = fit(tmp_path, dm, name="B", ckpt_path=ckpt, max_epochs=3)
     assert [s for s in surveyed if s[0] == "train"] == [("train", 1)]

@@ -5,6 +5,12 @@ Every import is read from the source (function-local ones and those under ``TYPE
 so an upward import cannot hide behind a deferred ``from ... import``. A new module joins a stage
 by its folder (or its name at the top level); a new top-level module or folder must be placed in
 `STAGES` before this test passes, which is the point: its place is a decision.
+
+Classes own their state: no package class inherits from a package class that reads ``self``
+attributes it never sets (a mixin reading its host's state; `LanceDataModule`'s bases are
+Lightning's only), and no code reads or writes a private member that is not its own (``self._x``
+its class never sets, or ``x._y`` where ``_y`` is private to a class of another module). Both
+are read from the source, like the imports.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ STAGES: list[tuple[str, ...]] = [
     ("plan",),
     ("read",),
     ("produce", "materialize"),
+    ("write",),  # Lance datasets written: from raw files (prepare), from predictions
     ("transforms",),
     ("device",),
+    ("cursor",),  # the loader advances the cursor; the data module restores it
     ("load",),
-    ("hold", "restore"),
+    ("hold", "arguments"),
     ("datamodule",),
     ("callbacks",),
     ("cli",),
@@ -128,14 +136,35 @@ _KIND_SPECIFIC = (
 )
 
 
+def _owner_name(node: ast.AST) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def _checks_plan_kind(test: ast.AST) -> bool:
+    """Whether ``test`` is ``isinstance(plan, ...)`` (alone or in an ``and``)."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(_checks_plan_kind(value) for value in test.values)
+    return (
+        isinstance(test, ast.Call)
+        and _owner_name(test.func) == "isinstance"
+        and bool(test.args)
+        and _owner_name(test.args[0]) == "plan"
+    )
+
+
 def _plan_attributes(path: Path) -> set[str]:
-    """Attributes read from anything named ``plan`` (``plan.x``, ``self.plan.x``, ``reader.plan.x``)."""
+    """Attributes read from anything named ``plan`` (``plan.x``, ``self.plan.x``, ``reader.plan.x``),
+    except where an ``if``/conditional expression has checked its kind (``isinstance(plan, MixturePlan)``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    checked = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp)) and _checks_plan_kind(node.test):
+            for part in node.body if isinstance(node.body, list) else [node.body]:
+                checked.update(id(inner) for inner in ast.walk(part))
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Attribute):
-            owner = node.value
-            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
-            if name == "plan":
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and id(node) not in checked:
+            if _owner_name(node.value) == "plan":
                 found.add(node.attr)
     return found
 
@@ -168,4 +197,162 @@ def test_both_kinds_of_plan_keep_the_contract(tmp_path: Path) -> None:
         assert isinstance(plan, Plan)
         assert not [name for name in members if not hasattr(plan, name)]
         assert plan.layout(2).steps == -(-plan.matched_rows // 16)
-        assert len(plan.sources) == len(plan.source_names)
+        assert len(plan.sources) == (2 if isinstance(source, LanceMixture) else 1)
+
+
+# -- classes: no mixins, no reaching into another class's private members --------------------------
+#: Bases that give a class no attributes of their own to read.
+_BARE_BASES = {"object", "ABC", "Protocol", "Generic", "NamedTuple"}
+#: Mixins kept on purpose, with why. `OneScreenParser` overrides methods of the jsonargparse parsers
+#: that LightningCLI builds from a ``parser_class`` (no object can stand in for the parser there); it
+#: reads only ``argparse.ArgumentParser``'s public ``prog`` and ``exit_on_error``.
+_ALLOWED_MIXINS = {"OneScreenParser"}
+
+
+def _base_name(node: ast.expr) -> str:
+    node = node.value if isinstance(node, ast.Subscript) else node  # Generic[T]
+    return _owner_name(node)
+
+
+def _classes(modules: dict[str, Path]) -> dict[str, list[tuple[str, ast.ClassDef]]]:
+    """Class name -> (module, definition) of each class the package defines."""
+    found: dict[str, list[tuple[str, ast.ClassDef]]] = defaultdict(list)
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                found[node.name].append((module, node))
+    return found
+
+
+def _members(cls: ast.ClassDef) -> set[str]:
+    """The names a class defines: in its body (methods, class attributes, fields) or by assigning
+    ``self.name``/``cls.name`` in its methods."""
+    names = set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            names.update(target.id for target in node.targets if isinstance(target, ast.Name))
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_self(node.value):
+            names.add(node.attr)
+    return names
+
+
+def _is_self(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def _inherited(cls: ast.ClassDef, classes: dict[str, list[tuple[str, ast.ClassDef]]]) -> set[str] | None:
+    """Every name ``cls`` and its package ancestors define; None when a base from outside the
+    package (Lightning's, torch's, the standard library's) may define any name."""
+    names = _members(cls)
+    for base in cls.bases:
+        name = _base_name(base)
+        if name in _BARE_BASES:
+            continue
+        if name not in classes:
+            return None
+        for _, definition in classes[name]:
+            inherited = _inherited(definition, classes)
+            if inherited is None:
+                return None
+            names |= inherited
+    return names
+
+
+def _self_reads(cls: ast.ClassDef) -> set[str]:
+    """The names ``cls`` reads as ``self.name`` (dunders aside: every object has them)."""
+    return {
+        node.attr
+        for node in ast.walk(cls)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Load)
+        and _is_self(node.value)
+        and not node.attr.startswith("__")
+    }
+
+
+def mixin_bases(modules: dict[str, Path]) -> list[str]:
+    """``Class(Base)`` for each package class whose package base reads ``self`` attributes that the
+    base (with its own ancestors) never sets: a mixin, reading its host's state."""
+    classes = _classes(modules)
+    found = []
+    for name, definitions in sorted(classes.items()):
+        for module, cls in definitions:
+            for base in cls.bases:
+                for _, definition in classes.get(_base_name(base), []):
+                    if definition.name in _ALLOWED_MIXINS:
+                        continue
+                    inherited = _inherited(definition, classes)
+                    unset = sorted(_self_reads(definition) - inherited) if inherited is not None else []
+                    if unset:
+                        found.append(f"{module}.{name}({definition.name}): {definition.name} reads self.{unset}")
+    return found
+
+
+def test_no_class_inherits_from_a_mixin() -> None:
+    found = mixin_bases(_modules())
+    assert not found, "make these an object the class owns and calls, with explicit arguments:\n" + "\n".join(found)
+
+
+def test_the_data_module_inherits_only_from_lightning() -> None:
+    from lance_lightning.datamodule import LanceDataModule
+
+    bases = [f"{base.__module__}.{base.__qualname__}" for base in LanceDataModule.__bases__]
+    assert all(base.startswith("lightning.") for base in bases), bases
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_reaches(modules: dict[str, Path]) -> list[str]:
+    """``module:line x._name`` for each read or write of a private member that is not the code's own:
+    ``self._name`` in a class that (with its package ancestors) never sets ``_name``, or ``x._name``
+    (``x`` not ``self``/``cls``) where ``_name`` is a private member of a class of another module."""
+    classes = _classes(modules)
+    private_of: dict[str, set[str]] = defaultdict(set)  # module -> its classes' private members
+    for definitions in classes.values():
+        for module, cls in definitions:
+            private_of[module] |= {name for name in _members(cls) if _private(name)}
+    found = []
+    for module, path in sorted(modules.items()):
+        tree = ast.parse(path.read_text(), str(path))
+        for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+            inherited = _inherited(cls, classes)
+            if inherited is None:
+                continue
+            reads = {
+                node.attr: node for node in ast.walk(cls) if isinstance(node, ast.Attribute) and _is_self(node.value)
+            }
+            for name in sorted(set(reads) - inherited):
+                if _private(name):
+                    found.append(f"{module}:{reads[name].lineno} self.{name} (not set by {cls.name})")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr) and not _is_self(node.value):
+                owners = [other for other, names in private_of.items() if node.attr in names and other != module]
+                if owners and node.attr not in private_of[module]:
+                    found.append(f"{module}:{node.lineno} {ast.unparse(node)} (private to {owners[0]})")
+    return found
+
+
+def test_no_reach_into_another_class_private_members() -> None:
+    found = private_reaches(_modules())
+    assert not found, "use a public method or pass the value explicitly:\n" + "\n".join(found)
+
+
+def test_the_class_checks_see_a_mixin_and_a_reach(tmp_path: Path) -> None:
+    (tmp_path / "host.py").write_text(
+        "class Stage:\n    def hook(self):\n        return self._loaders[self.split]\n\n"
+        "class Host(Stage):\n    def __init__(self):\n        self._loaders, self.split = {}, 'train'\n"
+    )
+    (tmp_path / "user.py").write_text("def peek(host):\n    return host._loaders\n")
+    modules = {"lance_lightning.host": tmp_path / "host.py", "lance_lightning.user": tmp_path / "user.py"}
+    assert mixin_bases(modules) == ["lance_lightning.host.Host(Stage): Stage reads self.['_loaders', 'split']"]
+    assert private_reaches(modules) == [
+        "lance_lightning.host:3 self._loaders (not set by Stage)",
+        "lance_lightning.user:2 host._loaders (private to lance_lightning.host)",
+    ]

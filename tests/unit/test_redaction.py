@@ -227,6 +227,7 @@ def test_a_uri_with_userinfo_is_shown_redacted_and_opened_as_given(s3: S3Server)
     assert find_matches(pinned, child_from_rows=0).rows == 20  # the child process opens the given URI too
 
 
+@pytest.mark.soak  # tests/reliability/test_secrets.py runs every command on S3 with planted credentials
 @pytest.mark.slow
 def test_cli_runs_on_s3_never_write_or_print_credentials(tmp_path: Path, s3: S3Server) -> None:
     uri = "s3://data/secrets.lance"

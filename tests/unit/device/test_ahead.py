@@ -1,4 +1,5 @@
-"""`DeviceAhead`: batches prepared ahead in a thread, in order, bounded, errors in place, stoppable.
+"""`DeviceAhead`: batches prepared ahead in a thread, in order, bounded, errors in place, stoppable;
+`DevicePath`: the one way a loader's batches reach the device, decided once, positions included.
 
 The thread logic is the same on every device (on CUDA it adds a stream and an event per batch), so
 it is tested here on the CPU; the CUDA tests run it through a real Trainer on the GPU, resume included.
@@ -11,12 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import pyarrow as pa
 import pytest
 import torch
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle
-from lance_lightning.device.ahead import DeviceAhead
+from lance_lightning.device.ahead import DeviceAhead, DevicePath
+from lance_lightning.device.transfer import DeviceTransfer
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.loader import LanceDataLoader
 from lance_lightning.produce.convert import to_torch_batch
@@ -111,11 +114,12 @@ def test_the_loader_cursor_counts_only_delivered_batches(tmp_path: Path) -> None
     dm = LanceDataModule(train=LanceSource(uri, columns=["id", "x"]), batch_size=10, shuffle=RowShuffle(seed=1))
     dm.setup("fit")
 
-    def loader(ahead: DeviceAhead | None) -> LanceDataLoader:
+    def loader(depth: int | None) -> LanceDataLoader:
         dataset = LanceIterableDataset(dm.plans["train"], world_size=1, rank=0)
-        return LanceDataLoader(dataset, device_ahead=ahead)
+        path = DevicePath(DeviceTransfer(copy_stream=False), CPU, None, depth) if depth is not None else None
+        return LanceDataLoader(dataset, device_path=path)
 
-    plain, ahead = loader(None), loader(DeviceAhead(lambda batch, positions: batch, CPU, depth=4))
+    plain, ahead = loader(None), loader(4)
     for reference in (plain, ahead):
         batches = iter(reference)
         for _ in range(5):
@@ -123,11 +127,52 @@ def test_the_loader_cursor_counts_only_delivered_batches(tmp_path: Path) -> None
         reference.state = reference.state_dict()
         batches.close()
     assert ahead.state == plain.state  # 5 batches delivered, however far the thread had read
-    resumed = loader(DeviceAhead(lambda batch, positions: batch, CPU))
+    resumed = loader(2)
     resumed.load_state_dict(ahead.state)
     rest = [i for batch in resumed for i in batch["id"].tolist()]
     whole = [i for batch in loader(None) for i in batch["id"].tolist()]
     assert rest == whole[50:]
+
+
+class _MovesBatches(pl.LightningModule):
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        return batch
+
+
+def test_the_way_to_the_device_is_decided_once_per_loader(tmp_path: Path) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", 40)
+    dm = LanceDataModule(train=LanceSource(uri, columns=["id"]), batch_size=10, device_transform=lambda b: b)
+    dm.setup("fit")
+    plan, stage = dm.plans["train"], dm.device_stage
+    assert stage.path(plan, torch.device("cuda"), None).depth == 2  # ahead on CUDA
+    assert stage.path(plan, torch.device("cuda"), _MovesBatches()).depth == 0  # the model moves batches
+    assert stage.path(plan, CPU, None).depth == 0 and stage.path(plan, None, None).depth == 0  # in the hooks
+    assert stage.path(plan, CPU, None).ships_positions  # the device transform's bad-row guard needs them
+    plain = LanceDataModule(train=LanceSource(uri, columns=["id"]), batch_size=10)
+    plain.setup("fit")
+    assert not plain.device_stage.path(plain.plans["train"], CPU, None).ships_positions
+
+
+def test_row_positions_reach_the_hooks_with_their_batch(tmp_path: Path) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", 60)
+    seen: list[list[int]] = []
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id"]),
+        batch_size=10,
+        shuffle=RowShuffle(seed=3),
+        device_transform=lambda batch: seen.append(batch["id"].tolist()) or batch,
+    )
+    dm.setup("fit")
+    stage = dm.device_stage
+    dataset = LanceIterableDataset(dm.plans["train"], world_size=1, rank=0)
+    for workers in (0, 2):
+        seen.clear()
+        loader = LanceDataLoader(dataset, device_path=stage.path(dm.plans["train"], CPU, None), num_workers=workers)
+        for batch in loader:
+            assert not stage.in_hand.prepared
+            assert stage.in_hand.positions.tolist() == batch["id"].tolist()  # id == dataset position
+            assert stage.after_transfer(stage.to_device(batch, CPU, 0, None, generic=None), 0, None) is not None
+        assert len(seen) == 6 and sorted(i for ids in seen for i in ids) == list(range(60))
 
 
 # -- CUDA: through a real Trainer -----------------------------------------------------------------

@@ -207,5 +207,5 @@ def test_trainer_on_cuda_decodes_on_the_gpu(tmp_path: Path) -> None:
     for ids, images in zip(model.seen, model.images):
         assert_images_match_ids(images.flip(-1), torch.tensor(ids))
     assert dm._pin()  # pinned by default when training on CUDA
-    assert dm.train_dataloader().device_ahead is not None  # copied and decoded ahead of the step (once: flip)
+    assert dm.train_dataloader().device_path.depth > 0  # copied and decoded ahead of the step (once: flip)
     assert dm.device_transfer.host_columns[0] == "image"  # the encoded bytes stayed on the host

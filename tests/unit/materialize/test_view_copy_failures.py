@@ -39,15 +39,18 @@ CONSOLE_SCRIPT = Path(sys.executable).with_name("lance-lightning")
 # -- 1. a store that pauses mid-copy -----------------------------------------------------------------
 @pytest.mark.timeout(120)
 def test_paused_store_during_the_copy_is_retried_and_counted(tmp_path: Path, s3: S3Server) -> None:
-    """The S3 server is frozen (SIGSTOP) after the first chunk commit and thawed 1.5 s later.
+    """The S3 server is frozen (SIGSTOP) after the first chunk commit and thawed 10 s later.
 
     100 fragments of 100 rows: the scan has far more to read than Lance reads ahead at a commit.
+    A request times out after 1.5 s and Lance's reader tries a request up to 4 times (6 s), so the
+    10 s freeze surfaces as a failed attempt; thawed, a loaded machine's server answers well within
+    1.5 s (with 300 ms, attempts after the thaw timed out too under load and the copy gave up).
     """
     uri, rows = "s3://views/many-fragments.lance", 10_000
     lance.write_dataset(make_table(rows), uri, storage_options=s3.storage_options(), max_rows_per_file=100)
-    fail_fast = {"client_max_retries": "0", "timeout": "300ms", "connect_timeout": "300ms"}
+    fail_fast = {"client_max_retries": "0", "timeout": "1500ms", "connect_timeout": "1500ms"}
     source = LanceSource(uri, columns=COLUMNS, storage_options={**s3.storage_options(), **fail_fast})
-    thaw = threading.Timer(1.5, os.kill, args=(s3._process.pid, signal.SIGCONT))
+    thaw = threading.Timer(10.0, os.kill, args=(s3._process.pid, signal.SIGCONT))
 
     def freeze_once(done: int, total: int) -> None:
         if thaw.ident is None and done < total:  # the first commit only

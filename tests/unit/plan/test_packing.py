@@ -283,7 +283,7 @@ def test_a_lengths_column_that_disagrees_with_the_tokens_raises_naming_the_row(t
 
 def test_a_cursor_of_other_packing_settings_is_refused_naming_the_field(tokens_dataset) -> None:
     from lance_lightning import CursorMismatchError
-    from lance_lightning.plan.cursor import CursorTracker
+    from lance_lightning.cursor.tracker import CursorTracker
 
     uri, _ = tokens_dataset
     saved_plan, _ = epoch_batches(uri, TokenPacking(seq_len=16, lengths_column="n_tokens"), RowShuffle(seed=1))
@@ -292,7 +292,7 @@ def test_a_cursor_of_other_packing_settings_is_refused_naming_the_field(tokens_d
     )
     tracker = CursorTracker(saved_plan)
     tracker.begin_epoch(0, 1, 0)
-    tracker.on_yield()
+    tracker.loop.on_yield()
     state = tracker.state()
     assert state["plan"]["packing"]["seq_len"] == 16 and state["rows_consumed"] == 4  # windows
     CursorTracker(saved_plan).restore(state)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lance_lightning.cursor.position import first_difference
 from lance_lightning.plan.blocks import block_counts
-from lance_lightning.plan.cursor import first_difference
 from lance_lightning.plan.mixture_plan import MixturePlan
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.schedule import MixtureSchedule, epoch_blocks, parse_schedule

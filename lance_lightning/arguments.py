@@ -1,0 +1,113 @@
+"""The data module's constructor arguments: checked before anything is built, and turned into
+each split's planning settings.
+
+Guarantees:
+- `check_arguments` raises `ConfigError` naming the parameter, its value and a fix for the first
+  argument of `LanceDataModule` that cannot work (a count out of range, a transform that is not
+  callable, a source of the wrong type, a worker start method that is not fork-safe, a
+  setting a mixture does not support), in the order the parameters are listed; it builds,
+  plans and opens nothing. `check_fill_nulls` refuses null fills for columns no split reads.
+- `split_settings` is how each split is planned besides its source: the train split by
+  ``shuffle``, ``batch_size`` and ``drop_last``; the others in storage order, by
+  ``eval_batch_size``, never dropping (predict not padded either).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lance_lightning.checks import check_int
+from lance_lightning.errors import ConfigError
+from lance_lightning.load.loader import check_start_method
+from lance_lightning.materialize.view import MaterializedView
+from lance_lightning.plan.contract import Plan, SplitSettings
+from lance_lightning.plan.mixture import LanceMixture
+from lance_lightning.plan.packing import TokenPacking
+from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
+from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow
+from lance_lightning.source import LanceSource
+
+
+def check_arguments(
+    sources: Mapping[str, Any],
+    *,
+    at_least: Mapping[str, tuple[Any, int]],
+    transforms: Mapping[str, Any],
+    bad_rows: Any,
+    pin_memory: Any,
+    multiprocessing_context: str,
+    num_workers: int,
+    materialize: MaterializedView | None,
+) -> None:
+    """Raise `ConfigError` for the first argument that cannot work (see the module docstring).
+
+    ``at_least``: each count parameter's (value, minimum); ``transforms``: each transform
+    parameter's value (callable or None); ``sources``: each split's source.
+    """
+    for name, (value, minimum) in at_least.items():
+        check_int(name, value, minimum, f"set `{name}` to {minimum} or more")
+    for name, value in transforms.items():
+        if value is not None and not callable(value):
+            raise ConfigError(
+                name,
+                value,
+                "is not callable",
+                "pass a callable batch -> batch, e.g. lance_lightning.transforms.DecodeImage(...), or None",
+            )
+    if bad_rows is not None and not isinstance(bad_rows, BadRowPolicy):
+        raise ConfigError(
+            "bad_rows",
+            bad_rows,
+            "is not a bad-row policy",
+            "pass lance_lightning.produce.badrows.RaiseOnBadRow() or ReplaceBadRow(seed=0)",
+        )
+    if pin_memory is not None and not isinstance(pin_memory, bool):
+        raise ConfigError("pin_memory", pin_memory, "must be true, false or null (auto)", "set pin_memory: null")
+    for split, source in sources.items():
+        if source is not None and not isinstance(
+            source, (LanceSource, LanceMixture) if split == "train" else LanceSource
+        ):
+            raise ConfigError(split, source, "is not a LanceSource", "pass LanceSource(uri=...) or a mapping in YAML")
+    check_start_method(multiprocessing_context, num_workers)
+    if isinstance(sources.get("train"), LanceMixture):
+        _check_mixture_settings(materialize, bad_rows)
+
+
+def _check_mixture_settings(materialize: MaterializedView | None, bad_rows: BadRowPolicy | None) -> None:
+    """Refuse data module settings a mixture does not support (yet)."""
+    if materialize is not None:
+        raise ConfigError("materialize", materialize, "a mixture's sources are read in place", "drop `materialize`")
+    if bad_rows is not None and type(bad_rows) is not RaiseOnBadRow:
+        raise ConfigError(
+            "bad_rows", bad_rows, "a mixture cannot replace bad rows yet", "use RaiseOnBadRow (the default)"
+        )
+
+
+def split_settings(
+    split: str,
+    shuffle: ShuffleStrategy,
+    filter_read: FilterRead,
+    batch_size: int,
+    eval_batch_size: int,
+    drop_last: bool,
+    packing: TokenPacking | None,
+) -> SplitSettings:
+    """How ``split`` is planned besides its source (see the module docstring)."""
+    if split == "train":
+        return SplitSettings(shuffle, filter_read, batch_size, drop_last, packing=packing)
+    # predict runs no collective per step: its ranks may end a batch apart, so it is not padded
+    return SplitSettings(NoShuffle(), filter_read, eval_batch_size, False, pad=split != "predict", packing=packing)
+
+
+def check_fill_nulls(fill_nulls: Mapping[str, Any], plans: Mapping[str, Plan]) -> None:
+    """Raise `ConfigError` when ``fill_nulls`` names a column that none of ``plans`` reads."""
+    columns = {c for plan in plans.values() for c in plan.source.columns}
+    unknown = sorted(set(fill_nulls) - columns)
+    if unknown and plans:
+        raise ConfigError(
+            "fill_nulls",
+            fill_nulls,
+            f"column(s) {unknown} are not read by any split",
+            f"name only read columns: {sorted(columns)}",
+        )

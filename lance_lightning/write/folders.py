@@ -1,0 +1,137 @@
+"""Class-folder formats: ``imagefolder``, ``videofolder``, ``audiofolder`` (``root/<class>/.../<file>``).
+
+Guarantees:
+- Classes are the sub-folders of the input that hold at least one file, in sorted order; ``label``
+  is a class's position in that order, ``label_name`` its folder name. Files are read in
+  `walk_files` order, so row ``id`` ``i`` is the ``i``-th file.
+- Columns: ``id`` (int64), the media column (``image``, ``video`` or ``audio``: the file's bytes,
+  unchanged), ``label`` (int64), ``label_name`` (string), ``path`` (the file relative to the input).
+  Video and audio are stored with Lance's blob encoding (read back a window at a time, never
+  loaded whole by a scan); images are plain binary, which reads faster for small files.
+- A file at the top level, or one whose extension is not the format's, is refused (`ConfigError`
+  naming it) at survey time, before anything is written. A file that cannot be read, is empty or
+  (for images) does not decode is skipped and listed, or refused, by ``on_bad_file``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from lance_lightning.errors import ConfigError
+from lance_lightning.write.units import (
+    Item,
+    Skipped,
+    Survey,
+    Unit,
+    check_input,
+    empty_input,
+    refuse_foreign,
+    relative,
+    walk_files,
+    with_id,
+)
+
+#: Lance's blob encoding for a large_binary field (stored out of line, read by ranges).
+BLOB_METADATA = {"lance-encoding:blob": "true"}
+#: Rows per record batch handed to the fragment writer.
+BATCH_ROWS = 256
+
+
+@dataclass(frozen=True)
+class ClassFolder:
+    """One class-folder format: its name, the media column, the extensions it reads, blob or not."""
+
+    name: str
+    column: str
+    extensions: frozenset[str]
+    blob: bool
+
+    def survey(self, input_: str, on_bad_file: str) -> Survey:
+        root = check_input(input_, file_ok=False)
+        items: list[Item] = []
+        classes: list[str] = []
+        for path in walk_files(root):
+            parts = path.relative_to(root).parts
+            if len(parts) == 1:
+                raise ConfigError(
+                    "input",
+                    relative(path, root),
+                    f"is a file at the top level; --format {self.name} reads class sub-folders (root/<class>/<file>)",
+                    "put every file in the folder of its class, or choose the --format of this file",
+                )
+            if path.suffix.lower() not in self.extensions:
+                raise refuse_foreign(
+                    path, root, self.name, f"a {self.column} file ({', '.join(sorted(self.extensions))})"
+                )
+            if not classes or classes[-1] != parts[0]:
+                classes.append(parts[0])
+            items.append(Item(relative(path, root), path.stat().st_size, 1, len(classes) - 1))
+        if not items:
+            raise empty_input(root, self.name, f"{self.column} files in class sub-folders")
+        media = pa.field(self.column, pa.large_binary(), metadata=BLOB_METADATA if self.blob else None)
+        fields = [
+            media,
+            pa.field("label", pa.int64()),
+            pa.field("label_name", pa.string()),
+            pa.field("path", pa.string()),
+        ]
+        return Survey(root, items, with_id(fields), info={"classes": classes})
+
+    def read(self, survey: Survey, unit: Unit, skipped: list[Skipped], on_bad_file: str) -> Iterator[pa.RecordBatch]:
+        """Yield the unit's rows as record batches of at most `BATCH_ROWS` rows, in item order."""
+        classes = survey.info["classes"]
+        columns: dict[str, list] = {name: [] for name in survey.schema.names}
+        for offset, item in enumerate(unit.items):
+            data = self._load(survey.root, item, skipped, on_bad_file)
+            if data is None:
+                continue
+            for name, value in zip(
+                survey.schema.names, (unit.first_id + offset, data, item.label, classes[item.label], item.path)
+            ):
+                columns[name].append(value)
+            if len(columns["id"]) >= BATCH_ROWS:
+                yield pa.RecordBatch.from_pydict(columns, schema=survey.schema)
+                columns = {name: [] for name in survey.schema.names}
+        if columns["id"]:
+            yield pa.RecordBatch.from_pydict(columns, schema=survey.schema)
+
+    def _load(self, root: Path, item: Item, skipped: list[Skipped], on_bad_file: str) -> bytes | None:
+        """The file's bytes, or None when it is skipped (``on_bad_file="skip"``)."""
+        try:
+            data = (root / item.path).read_bytes()
+            problem = "is empty" if not data else self._check(data)
+        except OSError as error:
+            problem = f"cannot be read ({error.strerror or error})"
+        if problem is None:
+            return data
+        if on_bad_file == "error":
+            raise ConfigError(
+                "input", item.path, problem, "remove or replace the file, or pass --on-bad-file skip to leave it out"
+            )
+        skipped.append(Skipped(item.path, problem))
+        return None
+
+    def _check(self, data: bytes) -> str | None:
+        """Why ``data`` is not a valid file of this format (images: PIL's verify), or None."""
+        if self.column != "image":
+            return None  # video/audio: decoding needs FFmpeg; only unreadable or empty files are caught
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                image.verify()
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+            return f"is not a readable image ({str(error).split(' <')[0]})"  # without the buffer's address
+        return None
+
+
+IMAGE_FOLDER = ClassFolder(
+    "imagefolder", "image", frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}), False
+)
+VIDEO_FOLDER = ClassFolder("videofolder", "video", frozenset({".mp4", ".mkv", ".webm", ".mov", ".avi"}), True)
+AUDIO_FOLDER = ClassFolder("audiofolder", "audio", frozenset({".wav", ".flac", ".mp3", ".ogg", ".m4a", ".opus"}), True)

@@ -1,0 +1,68 @@
+"""The writer's dealings with Lightning: which source the predict split reads, the same split
+restricted to a run's unfinished fragments, and steps every rank finishes together.
+
+Guarantees: `predict_source` refuses (`ConfigError`) a predict split whose row addresses do not
+name rows of the dataset it reads (no data module, a mixture, a local view, identity off);
+`restricted` reads exactly the rows of the given fragments at the given version; `together`
+never leaves a rank waiting at a collective for a rank whose step failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lance_lightning.errors import ConfigError
+from lance_lightning.source import LanceSource, PinnedSource
+
+
+def together(trainer: Any, action: Any) -> None:
+    """Run ``action`` on every rank, then agree: a rank whose action failed raises its error, the
+    others a `RuntimeError` (no rank is left waiting at a collective for one that stopped)."""
+    error: BaseException | None = None
+    try:
+        action()
+    except Exception as raised:  # noqa: BLE001 - re-raised below, after every rank knows
+        error = raised
+    if not trainer.strategy.reduce_boolean_decision(error is None, all=True):
+        raise error or RuntimeError("prediction writer: another rank failed (see its error); nothing was committed")
+
+
+def size(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count} B"
+
+
+def predict_source(datamodule: Any) -> PinnedSource:
+    """The pinned source of the data module's predict split (`ConfigError` for what the writer cannot name rows of)."""
+    plan = getattr(datamodule, "plans", {}).get("predict")
+    if plan is None or not hasattr(datamodule, "plan_instead"):
+        raise ConfigError(
+            "LancePredictionWriter",
+            type(datamodule).__name__,
+            "needs a LanceDataModule with a predict split",
+            "pass datamodule=LanceDataModule(predict=LanceSource(...)) to trainer.predict",
+        )
+    if not hasattr(plan, "source") or plan.source.stands_for is not None or "predict" not in datamodule.identity_splits:
+        raise ConfigError(
+            "LancePredictionWriter",
+            "predict split",
+            "writes to the one dataset the predict split reads, with row identity on, from the dataset itself",
+            "predict from one LanceSource, without materialize or a remote cache, with row_identity on for predict",
+        )
+    return plan.source
+
+
+def restricted(source: PinnedSource, version: int, fragments: list[int]) -> LanceSource:
+    """``source`` at ``version`` reading only the rows of ``fragments`` (ranges of row addresses)."""
+    spans: list[list[int]] = []
+    for fragment in sorted(fragments):
+        if spans and spans[-1][1] == fragment:
+            spans[-1][1] = fragment + 1
+        else:
+            spans.append([fragment, fragment + 1])
+    ranges = " OR ".join(f"(_rowaddr >= {a << 32} AND _rowaddr < {b << 32})" for a, b in spans)
+    where = ranges if source.filter is None else f"({source.filter}) AND ({ranges})"
+    return LanceSource(source.location, list(source.columns), where, version, source.storage_options)

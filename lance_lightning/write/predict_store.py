@@ -1,0 +1,183 @@
+"""A prediction run's folder: what each rank predicted, one record per finished fragment, the marker.
+
+Guarantees:
+- Every file is written whole or not at all (a temporary name, then a rename), so a run killed at
+  any moment leaves only complete files: a *piece* (some rows of one fragment predicted by one
+  rank: their offsets and output columns, an Arrow IPC file whose name holds its rank, first
+  offset and row count), a fragment's *record* (the ``FragmentMetadata`` of the fragment with its
+  new column file(s), written by `RunFolder.finish`, and the Lance schema with the new columns),
+  ``run.json`` (what the run predicts: read version, filter, rows expected per fragment, the
+  columns' types) and ``marker.json`` (the version the commit made).
+- A fragment is finished when its pieces hold as many rows as the run expects of it (the predict
+  split reads each row once) and it has a record; `RunFolder.finish` writes the column file(s)
+  through ``LanceFragment.merge_columns`` at the pinned version, reading only the fragment's row
+  addresses: the existing columns' files are neither read nor rewritten. Rows a run did not
+  predict (deleted, or outside the filter) get nulls.
+- The folder lives under the dataset (``<uri>/_lance_lightning/predict/<run id>``) unless one is
+  given; nothing in it is read by Lance.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import uuid
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.ipc as ipc
+from lance.fragment import FragmentMetadata
+
+from lance_lightning.source import PinnedSource
+
+#: The column of a piece holding each row's offset in its fragment.
+OFFSET = "_offset"
+#: The column of a piece holding each row's Lance row id (`lance_lightning.vocabulary.ROW_ID`).
+ROW_IDS = "_row_id"
+#: With ``overwrite``, the new column files' names for the columns they replace (never committed).
+OVERWRITE_PREFIX = "__lance_lightning_new_"
+_LOW = np.int64(0xFFFFFFFF)
+
+
+def split_addresses(addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(fragment ids, offsets) of row addresses ``fragment_id << 32 | offset``."""
+    addresses = np.asarray(addresses, dtype=np.int64)
+    return addresses >> 32, addresses & _LOW
+
+
+class RunFolder:
+    """The files of one prediction run under ``root`` (a local path or a URI pyarrow opens)."""
+
+    def __init__(self, root: str) -> None:
+        if "://" not in root:
+            root = os.path.abspath(root)
+        self.root = root
+        self.fs, self.path = pafs.FileSystem.from_uri(root)
+
+    # -- whole files ------------------------------------------------------------------------
+    def _write(self, name: str, data: bytes) -> None:
+        final = f"{self.path}/{name}"
+        self.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
+        temporary = f"{final}.tmp-{uuid.uuid4().hex}"
+        with self.fs.open_output_stream(temporary) as out:
+            out.write(data)
+        self.fs.move(temporary, final)
+
+    def _read(self, name: str) -> bytes | None:
+        try:
+            with self.fs.open_input_stream(f"{self.path}/{name}") as stream:
+                return stream.read()
+        except FileNotFoundError:
+            return None
+
+    def read_json(self, name: str) -> dict[str, Any] | None:
+        data = self._read(name)
+        return None if data is None else json.loads(data)
+
+    def write_json(self, name: str, value: dict[str, Any]) -> None:
+        self._write(name, json.dumps(value, sort_keys=True).encode())
+
+    def _names(self, folder: str) -> list[str]:
+        selector = pafs.FileSelector(f"{self.path}/{folder}", allow_not_found=True)
+        return sorted(info.base_name for info in self.fs.get_file_info(selector) if ".tmp-" not in info.base_name)
+
+    # -- pieces -----------------------------------------------------------------------------
+    def write_piece(self, fragment: int, rank: int, offsets: np.ndarray, columns: dict[str, pa.Array]) -> str:
+        """Store rows ``offsets`` of ``fragment`` predicted by ``rank``; returns the piece's name."""
+        table = pa.table({OFFSET: pa.array(offsets, type=pa.int64()), **columns})
+        sink = pa.BufferOutputStream()
+        with ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        name = f"{rank:05d}-{int(offsets[0]):010d}-{len(offsets)}.arrow"
+        self._write(f"pieces/{fragment}/{name}", sink.getvalue().to_pybytes())
+        return name
+
+    def read_pieces_schema(self, fragments: list[int]) -> pa.Schema:
+        """The schema of the first piece of ``fragments`` (every piece of a run has the same)."""
+        for fragment in fragments:
+            for name in self.pieces(fragment):
+                with self.fs.open_input_file(f"{self.path}/pieces/{fragment}/{name}") as source:
+                    return ipc.open_file(source).schema
+        raise RuntimeError(f"prediction run folder {self.root} has no pieces")
+
+    def pieces(self, fragment: int) -> list[str]:
+        return self._names(f"pieces/{fragment}")
+
+    def piece_rows(self, fragment: int) -> int:
+        """Rows the fragment's pieces hold (from their names: no piece is read)."""
+        return sum(int(name.rsplit("-", 1)[1].split(".")[0]) for name in self.pieces(fragment))
+
+    def read_pieces(self, fragment: int) -> pa.Table | None:
+        """The fragment's predicted rows, sorted by offset (``None`` without pieces)."""
+        tables = []
+        for name in self.pieces(fragment):
+            with self.fs.open_input_file(f"{self.path}/pieces/{fragment}/{name}") as source:
+                tables.append(ipc.open_file(source).read_all())
+        if not tables:
+            return None
+        return pa.concat_tables(tables).sort_by(OFFSET)
+
+    def drop_pieces(self, fragment: int | None = None) -> None:
+        """Delete the pieces of ``fragment`` (of every fragment for ``None``)."""
+        folder = f"{self.path}/pieces" + ("" if fragment is None else f"/{fragment}")
+        if self.fs.get_file_info(folder).type != pafs.FileType.NotFound:
+            self.fs.delete_dir(folder)
+
+    # -- records ----------------------------------------------------------------------------
+    def record(self, fragment: int) -> dict[str, Any] | None:
+        return self.read_json(f"records/{fragment}.json")
+
+    def recorded(self) -> set[int]:
+        return {int(name.split(".")[0]) for name in self._names("records") if name.endswith(".json")}
+
+    def finish(
+        self, source: PinnedSource, fragment: int, types: dict[str, pa.DataType], overwrite: bool = False
+    ) -> dict[str, Any]:
+        """Write ``fragment``'s new column file(s) from its pieces (no commit) and its record; with
+        ``overwrite`` the file's columns get names of their own (`OVERWRITE_PREFIX`): the commit
+        replaces the existing columns' data with them."""
+        dataset = source.open()
+        table = self.read_pieces(fragment)
+        stored = {(OVERWRITE_PREFIX if overwrite else "") + name: kind for name, kind in types.items()}
+        metadata, schema = dataset.get_fragment(fragment).merge_columns(
+            _lookup(table, list(types), stored), columns=["_rowaddr"], reader_schema=pa.schema(list(stored.items()))
+        )
+        before = {data_file.path for data_file in dataset.get_fragment(fragment).metadata.files}
+        written = sum(f.file_size_bytes or 0 for f in metadata.files if f.path not in before)
+        record = {
+            "fragment": fragment,
+            "metadata": metadata.to_json(),
+            "schema": base64.b64encode(pickle.dumps(schema)).decode(),
+            "rows": 0 if table is None else table.num_rows,
+            "bytes": written,
+        }
+        self.write_json(f"records/{fragment}.json", record)
+        return record
+
+
+def record_metadata(record: dict[str, Any]) -> FragmentMetadata:
+    return FragmentMetadata.from_json(json.dumps(record["metadata"]))
+
+
+def record_schema(record: dict[str, Any]) -> Any:
+    """The Lance schema a record's column files were written for (written by this run only)."""
+    return pickle.loads(base64.b64decode(record["schema"]))  # noqa: S301 - our own record
+
+
+def _lookup(table: pa.Table | None, names: list[str], types: dict[str, pa.DataType]) -> Any:
+    """The ``merge_columns`` function: each row address's predicted values, null where none."""
+    offsets = np.zeros(0, dtype=np.int64) if table is None else table.column(OFFSET).to_numpy()
+
+    def values(batch: pa.RecordBatch) -> pa.RecordBatch:
+        wanted = batch.column("_rowaddr").to_numpy().astype(np.uint64).astype(np.int64) & _LOW
+        if len(offsets) == 0:
+            return pa.record_batch([pa.nulls(len(wanted), kind) for kind in types.values()], names=list(types))
+        index = np.minimum(np.searchsorted(offsets, wanted), len(offsets) - 1)
+        take = pa.array(index, mask=offsets[index] != wanted)
+        return pa.record_batch([table.column(name).take(take).combine_chunks() for name in names], names=list(types))
+
+    return values

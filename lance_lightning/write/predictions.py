@@ -1,0 +1,285 @@
+"""`LancePredictionWriter`: a ``predict_step``'s outputs written back as new columns of the dataset
+predicted on, exactly once under DDP, resumable after a kill, committed as one version.
+
+Guarantees (docs/writing-predictions.md):
+- Each output row goes to the row named by the batch's ``_rowaddr`` (`lance_lightning.vocabulary.
+  ROW_ADDRESS`, the pinned version's row address the data module adds to predict batches): no
+  order, rank or batch size assumption. Every row of the predict split gets exactly one value;
+  the other rows of the dataset (outside the filter, deleted) get nulls.
+- Each rank keeps its rows of a fragment until it has read past the fragment (the predict split is
+  read in storage order), then stores them as a piece (`lance_lightning.write.predict_store`). The
+  fragment's owner rank (its position modulo the world size) writes the fragment's column file(s)
+  and record as soon as the pieces of every rank hold all its rows; at the end, after a barrier,
+  owners finish what is left and rank zero commits every fragment as **one** version
+  (`lance_lightning.write.predict_commit.commit`) and writes the marker.
+- A run killed at any moment and rerun with the same command reads only the fragments not yet
+  finished, at the first run's read version (held by a Lance tag until the commit), and ends with
+  the same column values as an uninterrupted run; a rerun after the commit predicts nothing and
+  says which version holds the columns.
+- With ``table``, the outputs go to a separate Lance table instead (keyed by the rows' Lance row
+  ids, stable when the dataset has stable row ids), created in one version; the same pieces, kill
+  and rerun rules hold, and the predicted dataset is not changed.
+- Bad input (an existing column, outputs that change type or size, a row count that is not the
+  batch's, a non-tensor output, a batch without row addresses) is a `ConfigError` before any commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.utilities import rank_zero_info
+
+from lance_lightning.errors import ConfigError
+from lance_lightning.source import PinnedSource
+from lance_lightning.vocabulary import ROW_ADDRESS, ROW_ID
+from lance_lightning.write import predict_commit as commits
+from lance_lightning.write import predict_run as runs
+from lance_lightning.write.predict_outputs import OutputColumns, read_types, types_json
+from lance_lightning.write.predict_store import ROW_IDS, RunFolder, split_addresses
+
+
+class LancePredictionWriter(BasePredictionWriter):
+    """Write each predicted row's outputs as new column(s) of the predict split's dataset.
+
+    Args:
+        columns: The new column's name (a ``predict_step`` returning one tensor or list), or the
+            names of a dict output's keys (one column each).
+        run_name: Tells apart runs writing the same columns of the same dataset and filter (a
+            rerun with the same name continues, or finds the commit, of the earlier run).
+        run_dir: Where the run keeps its pieces, records and marker; default
+            ``<dataset>/_lance_lightning/predict/<run id>``.
+        overwrite: Replace the data of output columns the dataset already has (same types; one
+            ``DataReplacement`` commit); without it an existing column is a `ConfigError`.
+        flush_rows: Rows of one fragment a rank keeps in memory before storing them as a piece.
+        table: Write the outputs to a separate Lance table at this URI instead (one row per
+            predicted row: ``row_id``, the row's Lance row id, stable when the dataset has stable
+            row ids; ``row_address`` in the read version; the output columns), created in one
+            version (replaced with ``overwrite``); the predicted dataset is not changed.
+    """
+
+    def __init__(
+        self,
+        columns: str | list[str] = "prediction",
+        run_name: str = "",
+        run_dir: str | None = None,
+        overwrite: bool = False,
+        flush_rows: int = 65536,
+        table: str | None = None,
+    ) -> None:
+        super().__init__(write_interval="batch")
+        names = [columns] if isinstance(columns, str) else list(columns)
+        if not names or not all(isinstance(name, str) and name for name in names) or len(set(names)) < len(names):
+            raise ConfigError(
+                "columns", columns, "must be a column name or a list of distinct names", "columns: embedding"
+            )
+        if not isinstance(flush_rows, int) or flush_rows < 1:
+            raise ConfigError("flush_rows", flush_rows, "must be an integer >= 1", "flush_rows: 65536")
+        self.names, self.run_name, self.run_dir = names, run_name, run_dir
+        self.overwrite, self.flush_rows, self.table = overwrite, flush_rows, table
+        #: What the last run did: rows, bytes, the committed version (None until committed).
+        self.report: dict[str, Any] = {}
+
+    # -- setup: find the run, skip what is finished ----------------------------------------------
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if getattr(stage, "value", stage) != "predict":
+            return
+        source = runs.predict_source(trainer.datamodule)
+        self.rank, self.report = trainer.global_rank, {}
+        self.run = commits.run_id(
+            source.location, source.filter, self.names, self.run_name, self.overwrite, self.table or ""
+        )
+        self.folder = RunFolder(self.run_dir or f"{source.location.rstrip('/')}/_lance_lightning/predict/{self.run}")
+        fresh = self.folder.read_json("run.json") is None and self.folder.read_json("marker.json") is None
+        if fresh and self.table:
+            commits.check_table(self.table, source.storage_options, self.overwrite)
+        elif fresh:
+            commits.check_new_columns(source.open().schema, self.names, self.overwrite)
+        trainer.strategy.barrier("lance-lightning predict writer: checked")
+        if trainer.global_rank == 0:
+            self._prepare(source)
+        trainer.strategy.barrier("lance-lightning predict writer: prepared")
+        self.state = self.folder.read_json("run.json")
+        marker = self.folder.read_json("marker.json")
+        if marker is not None:
+            trainer.limit_predict_batches = 0
+            self.report = marker
+            where = self.table or source.uri
+            rank_zero_info(
+                f"prediction writer: nothing to write: column(s) {', '.join(self.names)} of {where} are in version "
+                f"{marker['version']} (run {self.run}, committed earlier)"
+            )
+            return
+        self.source = replace(source, version=self.state["version"])
+        #: Whether the run replaces existing columns' data (``overwrite`` of columns its read version has).
+        self.replacing = self.state["replacing"]
+        self.expected = {int(k): v for k, v in self.state["expected"].items()}
+        self.order = {fragment: i for i, fragment in enumerate(self.state["order"])}
+        self.outputs = OutputColumns(self.names, read_types(self.folder.read_json("columns.json")))
+        self.finished = self.folder.recorded() | {f for f, n in self.expected.items() if self.folder.piece_rows(f) == n}
+        self.buffers: dict[int, list[tuple[np.ndarray, dict[str, pa.Array]]]] = {}
+        self.owned = {f for f, i in self.order.items() if i % trainer.world_size == trainer.global_rank}
+        self.done_through = -1  # ordinal of the last fragment this rank has read past
+        unfinished = [f for f in self.state["order"] if f not in self.finished]
+        if not unfinished:
+            trainer.limit_predict_batches = 0
+            self._end(trainer)
+        elif len(unfinished) < len(self.order) or self.source.version != source.version:
+            trainer.datamodule.plan_instead("predict", runs.restricted(source, self.source.version, unfinished))
+
+    def _prepare(self, source: PinnedSource) -> None:
+        """Rank zero: write ``run.json`` (fresh run), the marker (a commit without one), drop the
+        pieces of fragments a killed run left unfinished, hold the read version."""
+        if self.folder.read_json("marker.json") is not None:
+            return
+        state = self.folder.read_json("run.json")
+        if state is None:
+            expected = commits.expected_rows(source.open(), source.filter)
+            state = {"run": self.run, "uri": source.uri, "version": source.version, "filter": source.filter}
+            replacing = not self.table and self.overwrite and set(self.names) <= set(source.open().schema.names)
+            state.update(
+                replacing=replacing,
+                columns=self.names,
+                expected={str(k): v for k, v in expected.items()},
+                order=list(expected),
+            )
+            self.folder.write_json("run.json", state)
+        pinned = replace(source, version=state["version"])
+        version = (
+            commits.committed_version(self.table, source.storage_options, 0, self.run)
+            if self.table
+            else commits.committed_version(source.location, source.storage_options, pinned.version, self.run)
+        )
+        if version is not None:
+            self._mark(pinned, version)
+            return
+        recorded = self.folder.recorded()
+        for fragment, rows in state["expected"].items():
+            if int(fragment) not in recorded and self.folder.piece_rows(int(fragment)) != rows:
+                self.folder.drop_pieces(int(fragment))
+        commits.hold(pinned, self.run)
+
+    # -- batches ----------------------------------------------------------------------------------
+    def write_on_batch_end(
+        self,
+        trainer: Any,
+        pl_module: Any,
+        prediction: Any,
+        batch_indices: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if not isinstance(batch, dict) or ROW_ADDRESS not in batch:
+            raise ConfigError(
+                "predict batch",
+                type(batch).__name__ if not isinstance(batch, dict) else sorted(batch),
+                f"has no '{ROW_ADDRESS}' key: the writer cannot tell which rows the outputs belong to",
+                "keep row identity on for the predict split (row_identity: null or [predict]) and return a dict "
+                f"with '{ROW_ADDRESS}' from any transform",
+            )
+        addresses = batch[ROW_ADDRESS].detach().cpu().numpy().astype(np.int64)
+        columns = self.outputs.convert(prediction, len(addresses), batch_idx)
+        ids = batch[ROW_ID].detach().cpu().numpy() if ROW_ID in batch else addresses
+        columns[ROW_IDS] = pa.array(ids.astype(np.int64))
+        if self.replacing and batch_idx == 0:
+            commits.check_replaced_types(self.source.open().schema, self.outputs.types)
+        fragments, offsets = split_addresses(addresses)
+        for fragment in np.unique(fragments).tolist():
+            rows = np.flatnonzero(fragments == fragment)
+            self.buffers.setdefault(fragment, []).append((offsets[rows], {k: v.take(rows) for k, v in columns.items()}))
+        self.done_through = max(self.done_through, min(self.order[f] for f in fragments.tolist()) - 1)
+        for fragment in list(self.buffers):
+            if self.order[fragment] <= self.done_through or _rows(self.buffers[fragment]) >= self.flush_rows:
+                self._flush(fragment)
+        self._finish_ready(self.done_through)
+
+    def _flush(self, fragment: int) -> None:
+        parts = self.buffers.pop(fragment)
+        offsets = np.concatenate([part[0] for part in parts])
+        columns = {name: pa.concat_arrays([part[1][name] for part in parts]) for name in [*self.names, ROW_IDS]}
+        if self.folder.read_json("columns.json") is None:
+            self.folder.write_json("columns.json", types_json(self.outputs.types))
+        self.folder.write_piece(fragment, self.rank, offsets, columns)
+
+    def _finish_ready(self, through: int) -> None:
+        """Finish the owned fragments read past by this rank whose pieces hold all their rows."""
+        for fragment in sorted(self.owned - self.finished, key=self.order.__getitem__):
+            if self.order[fragment] > through:
+                break
+            if not self.table and self.folder.piece_rows(fragment) == self.expected[fragment]:
+                self.folder.finish(self.source, fragment, self._types(), self.replacing)
+                self.finished.add(fragment)
+
+    # -- the end: finish every fragment, one commit, the marker -----------------------------------
+    def on_predict_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.report.get("version") is None:
+            self._end(trainer)
+
+    def _end(self, trainer: Any) -> None:
+        for fragment in list(self.buffers):
+            self._flush(fragment)
+        trainer.strategy.barrier("lance-lightning predict writer: pieces stored")
+        runs.together(trainer, self._finish_owned)
+        runs.together(trainer, self._commit if trainer.global_rank == 0 else lambda: None)
+        self.report = self.folder.read_json("marker.json") or {}
+
+    def _finish_owned(self) -> None:
+        for fragment in sorted(self.owned - self.folder.recorded(), key=self.order.__getitem__):
+            got = self.folder.piece_rows(fragment)
+            if got != self.expected[fragment]:
+                raise RuntimeError(
+                    f"prediction run {self.run}: fragment {fragment} has {got} of {self.expected[fragment]} rows "
+                    f"predicted; rerun the same command to predict the rest (nothing was committed)"
+                )
+            if not self.table:
+                self.folder.finish(self.source, fragment, self._types(), self.replacing)
+
+    def _commit(self) -> None:
+        if self.table:
+            fragments, options = list(self.order), self.source.storage_options
+            version = commits.write_table(self.folder, fragments, self.table, options, self.run, self.overwrite)
+            self._mark(self.source, version)
+            return
+        self._mark(
+            self.source,
+            commits.commit(self.source, self.folder, list(self.order), self.run, self.names, self.replacing),
+        )
+
+    def _mark(self, source: PinnedSource, version: int) -> None:
+        """Rank zero, after the commit: the marker, the report line, the pieces and the hold released."""
+        fragments = [int(f) for f in self.folder.read_json("run.json")["order"]]
+        latest = lance.dataset(source.location, storage_options=source.storage_options)
+        if self.table:
+            rows, written = commits.table_written(self.table, source.storage_options, version)
+            appended = latest.count_rows() - latest.checkout_version(source.version).count_rows()
+        else:
+            rows, written = commits.written(self.folder, fragments)
+            appended = (
+                latest.checkout_version(version).count_rows() - latest.checkout_version(source.version).count_rows()
+            )
+        marker = {"run": self.run, "version": version, "read_version": source.version, "columns": self.names}
+        marker.update(rows=rows, bytes=written, appended_rows=max(0, appended))
+        self.folder.write_json("marker.json", marker)
+        self.folder.drop_pieces()
+        commits.release(source, self.run)
+        where = f"table {self.table} (rows of {source.uri})" if self.table else source.uri
+        late = f"; {appended} rows appended meanwhile have no value (null)" if appended > 0 else ""
+        rank_zero_info(
+            f"prediction writer: wrote column(s) {', '.join(self.names)} of {where}: {rows} rows, "
+            f"{runs.size(written)} of new column files, committed as version {version} (run {self.run}, read version "
+            f"{source.version}){late}"
+        )
+
+    def _types(self) -> dict[str, pa.DataType]:
+        if not self.outputs.types:
+            self.outputs.types = read_types(self.folder.read_json("columns.json"))
+        return self.outputs.types
+
+
+def _rows(parts: list[tuple[np.ndarray, dict[str, pa.Array]]]) -> int:
+    return sum(len(part[0]) for part in parts)

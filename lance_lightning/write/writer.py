@@ -1,0 +1,299 @@
+"""The resumable, atomic writer: work units in, one complete Lance dataset out, whatever stops it.
+
+Where things are, for an output ``OUT``:
+
+- Local ``OUT``: rows are written to ``OUT.partial`` (a Lance dataset) and, once complete, the
+  folder is renamed to ``OUT`` in one ``rename``; ``OUT.lock`` serialises prepares of ``OUT``.
+- Object store ``OUT``: rows are written in place; the completion record (below) tells a complete
+  dataset from an interrupted one.
+
+Guarantees:
+- Every unit is one Lance commit, in unit order (units are written in parallel, on threads or
+  spawned processes, and committed in order by the calling thread): the first an ``Overwrite``
+  that creates the dataset, the others an ``Append`` (a unit whose files were all skipped commits
+  no fragment). Each commit's transaction properties hold
+  the plan's fingerprint, the unit's index and its skipped files: the record of committed units is
+  the dataset's own history, written in the same atomic commit as the unit's rows.
+- Complete only when the last commit, an ``UpdateConfig``, sets the ``lance_lightning.prepare``
+  config key (fingerprint, rows, skipped files). A SIGKILL at any moment leaves either no dataset,
+  a dataset without that key (for a local output, only under ``OUT.partial``) or a complete one.
+  Data files written by a unit whose commit never happened are not referenced by any version;
+  they are deleted when the dataset completes (``cleanup_old_versions``).
+- A rerun of the same prepare (same fingerprint) continues after the last committed unit; since
+  units, ids and commit order do not depend on timing or workers, the result equals an
+  uninterrupted run's, row for row and in order. On a complete output it writes nothing.
+- An output that exists and is not this prepare's (another schema, another input, not a Lance
+  dataset, not made by prepare) is refused with a `ConfigError` before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import lance
+import pyarrow as pa
+from lance import LanceOperation, Transaction
+from lance.fragment import write_fragments
+
+from lance_lightning.errors import ConfigError
+from lance_lightning.write.units import Skipped, Survey, Unit
+
+#: Dataset config key of a complete prepare (JSON: fingerprint, format, input, rows, skipped).
+DONE_KEY = "lance_lightning.prepare"
+#: Transaction properties of a unit's commit.
+PLAN_KEY, UNIT_KEY, SKIPPED_KEY = (
+    "lance_lightning.prepare.plan",
+    "lance_lightning.prepare.unit",
+    "lance_lightning.prepare.skipped",
+)
+#: Skipped files kept in the completion record (the report counts them all).
+RECORDED_SKIPS = 1000
+#: Rows per fragment file at most: a unit normally fits one fragment.
+MAX_ROWS_PER_FILE = 1 << 20
+
+#: Reads one unit's rows: (survey, unit, skipped list to append to, on_bad_file) -> record batches.
+UnitReader = Callable[[Survey, Unit, list[Skipped], str], Any]
+
+
+def is_local(uri: str) -> bool:
+    return "://" not in uri
+
+
+@dataclass
+class Progress:
+    """What the output holds for this prepare: ``complete``, the units committed so far and the
+    files they skipped, and where the rows go (``staging``)."""
+
+    staging: str
+    complete: bool = False
+    committed: int = 0
+    rows: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+class DatasetWriter:
+    """Writes a survey's units to ``output`` (see the module docstring)."""
+
+    def __init__(self, output: str, survey: Survey, fingerprint: str, storage_options: dict[str, str] | None) -> None:
+        self.output = output
+        self.survey = survey
+        self.fingerprint = fingerprint
+        self.storage_options = storage_options
+        self.staging = f"{output.rstrip('/')}.partial" if is_local(output) else output
+
+    # -- what is there ------------------------------------------------------------------------
+    def progress(self) -> Progress:
+        """What the output holds; `ConfigError` if it is not this prepare's."""
+        done = self._open(self.output, "output")
+        if done is not None:
+            record = _record(done)
+            if record.get("fingerprint") == self.fingerprint:
+                return Progress(self.output, complete=True, record=record)
+            if is_local(self.output) or record or _unit_commits(done, self.fingerprint) is None:
+                raise self._refusal(done, record, self.output)
+        partial = self._open(self.staging, "output") if self.staging != self.output else done
+        if partial is None:
+            return Progress(self.staging)
+        if not _same_schema(partial.schema, self.survey.schema):
+            raise self._refusal(partial, {}, self.staging)
+        record = _record(partial)
+        if record.get("fingerprint") == self.fingerprint:
+            return Progress(self.staging, complete=True, record=record)
+        units = _unit_commits(partial, self.fingerprint)
+        if units is None:
+            raise ConfigError(
+                "output",
+                self.staging,
+                "holds an interrupted prepare of other input or options (its fingerprint differs)",
+                f"rerun that prepare to finish it, or delete {self.staging} to start over",
+            )
+        skipped = [Skipped(*pair) for props in units for pair in json.loads(props.get(SKIPPED_KEY, "[]"))]
+        return Progress(self.staging, committed=len(units), rows=partial.count_rows(), skipped=skipped)
+
+    def _open(self, uri: str, param: str) -> lance.LanceDataset | None:
+        if is_local(uri) and not Path(uri).exists():
+            return None
+        try:
+            return lance.dataset(uri, storage_options=self.storage_options)
+        except (ValueError, OSError) as error:
+            if not is_local(uri) and "not found" in str(error).lower():
+                return None
+            raise ConfigError(
+                param, uri, f"exists and is not a Lance dataset ({str(error)[:200]})", "choose another --output"
+            ) from None
+
+    def _refusal(self, dataset: lance.LanceDataset, record: dict[str, Any], uri: str) -> ConfigError:
+        """Why the dataset at ``uri`` (the output or its staging location) is not this prepare's."""
+        if not _same_schema(dataset.schema, self.survey.schema):
+            problem = (
+                f"exists with another schema (columns {dataset.schema.names}; this prepare writes "
+                f"{self.survey.schema.names})"
+            )
+        elif record:
+            problem = f"was prepared from other input or options ({record.get('format')} {record.get('input')})"
+        else:
+            problem = "exists and was not written by lance-lightning prepare"
+        return ConfigError("output", uri, problem, "choose another --output, or delete it to prepare it again")
+
+    # -- writing ------------------------------------------------------------------------------
+    def write(
+        self,
+        units: list[Unit],
+        read: UnitReader,
+        progress: Progress,
+        *,
+        workers: int,
+        pool: str,
+        on_bad_file: str,
+        on_rows: Callable[[int], None],
+    ) -> list[Skipped]:
+        """Write ``units[progress.committed:]`` on ``workers`` threads or spawned processes and
+        commit them in order; return the files this run skipped. ``on_rows`` counts rows as they
+        are read (threads) or as their unit commits (processes)."""
+        todo = iter(units[progress.committed :])
+        skipped: list[Skipped] = []
+        threads = pool == "threads"
+        if threads:
+            executor: Executor = ThreadPoolExecutor(workers, thread_name_prefix="lance-prepare")
+        else:  # Lance is not fork-safe: spawned processes only
+            executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        with executor:
+            pending: deque[tuple[Unit, Future]] = deque()
+
+            def submit() -> None:
+                unit = next(todo, None)
+                if unit is not None:
+                    task = executor.submit(self.write_unit, unit, read, on_bad_file, on_rows if threads else None)
+                    pending.append((unit, task))
+
+            for _ in range(2 * workers):
+                submit()
+            try:
+                while pending:
+                    unit, future = pending.popleft()
+                    written, unit_skipped = future.result()
+                    self.commit(unit, written, unit_skipped)
+                    skipped += unit_skipped
+                    if not threads:
+                        on_rows(unit.rows)
+                    submit()
+            except BaseException:
+                for _, future in pending:
+                    future.cancel()
+                raise
+        return skipped
+
+    def write_unit(
+        self, unit: Unit, read: UnitReader, on_bad_file: str, on_rows: Callable[[int], None] | None
+    ) -> tuple[LanceOperation.Overwrite, list[Skipped]]:
+        """Write one unit's rows as fragment files (not yet part of any version): the operation that
+        would create a dataset of them (its schema as Lance stores it, blob columns included)."""
+        skipped: list[Skipped] = []
+        failed: list[Exception] = []
+
+        def batches() -> Any:
+            try:
+                for batch in read(self.survey, unit, skipped, on_bad_file):
+                    if on_rows is not None:
+                        on_rows(batch.num_rows)
+                    yield batch
+            except Exception as error:
+                failed.append(error)
+                raise
+
+        reader = pa.RecordBatchReader.from_batches(self.survey.schema, batches())
+        try:
+            transaction = write_fragments(
+                reader,
+                self.staging,
+                schema=self.survey.schema,
+                return_transaction=True,
+                mode="overwrite",
+                max_rows_per_file=MAX_ROWS_PER_FILE,
+                storage_options=self.storage_options,
+            )
+        except Exception:
+            if failed:  # Lance wraps what the reader raised (a `ConfigError` naming a file): raise that
+                raise failed[0] from None
+            raise
+        return transaction.operation, skipped
+
+    def commit(self, unit: Unit, written: LanceOperation.Overwrite, skipped: list[Skipped]) -> None:
+        """Commit one unit: its rows and its record, in one transaction."""
+        properties = {
+            PLAN_KEY: self.fingerprint,
+            UNIT_KEY: str(unit.index),
+            SKIPPED_KEY: json.dumps([[s.path, s.reason] for s in skipped]),
+        }
+        if unit.index == 0:
+            operation, version = written, 0
+        else:
+            operation, version = LanceOperation.Append(written.fragments), self._latest().version
+        lance.LanceDataset.commit(
+            self.staging,
+            Transaction(version, operation, transaction_properties=properties),
+            storage_options=self.storage_options,
+        )
+
+    def finish(self, record: dict[str, Any]) -> lance.LanceDataset:
+        """Mark the staged dataset complete, drop unreferenced files and old versions, and (local
+        output) move it in place; safe to repeat after a SIGKILL at any step."""
+        dataset = self._latest()
+        if _record(dataset).get("fingerprint") != self.fingerprint:
+            dataset.update_config({DONE_KEY: json.dumps(record)})
+            dataset = self._latest()
+        dataset.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+        if self.staging != self.output:
+            os.replace(self.staging, self.output)
+        return lance.dataset(self.output, storage_options=self.storage_options)
+
+    def _latest(self) -> lance.LanceDataset:
+        return lance.dataset(self.staging, storage_options=self.storage_options)
+
+    def discard_empty_staging(self) -> None:
+        """Remove a local staging folder that holds no version yet (a run killed before its first commit)."""
+        staging = Path(self.staging)
+        if is_local(self.staging) and staging.is_dir() and not (staging / "_versions").exists():
+            shutil.rmtree(staging)
+
+
+def _record(dataset: lance.LanceDataset) -> dict[str, Any]:
+    """The completion record of a dataset, ``{}`` if it has none."""
+    text = dataset.config().get(DONE_KEY)
+    return json.loads(text) if text else {}
+
+
+def _unit_commits(dataset: lance.LanceDataset, fingerprint: str) -> list[dict[str, str]] | None:
+    """The transaction properties of the dataset's unit commits in unit order; None if any commit
+    is of another prepare (or not of a prepare)."""
+    found: dict[int, dict[str, str]] = {}
+    for transaction in dataset.get_transactions(recent_transactions=dataset.version):
+        props = (transaction.transaction_properties or {}) if transaction is not None else {}
+        if props.get(PLAN_KEY) != fingerprint:
+            return None
+        found[int(props[UNIT_KEY])] = props
+    if sorted(found) != list(range(len(found))):
+        return None
+    return [found[index] for index in range(len(found))]
+
+
+def _same_schema(existing: pa.Schema, planned: pa.Schema) -> bool:
+    """Same column names and types; a planned blob column matches Lance's blob type for it."""
+    if existing.names != planned.names:
+        return False
+    for have, want in zip(existing, planned):
+        blob = (want.metadata or {}).get(b"lance-encoding:blob") == b"true"
+        if not blob and have.type != want.type:
+            return False
+    return True

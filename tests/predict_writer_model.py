@@ -1,0 +1,97 @@
+"""A model and data for the prediction writer's tests: outputs are a function of each row's ``id``,
+so a test knows every row's expected value whatever the rank, batch or rerun.
+
+Run as ``python tests/predict_writer_model.py URI RUN_DIR DEVICES [KILL_AFTER]`` by
+tests/scenarios/test_prediction_writer.py (Lightning's ``ddp`` strategy re-runs the same command
+for rank 1): each rank writes the ids it predicted to ``predicted.rank<r>.json`` beside
+``RUN_DIR``. With ``KILL_AFTER`` set, rank zero SIGKILLs itself once that many batches are written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import lance  # noqa: E402
+import lightning.pytorch as pl  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import torch  # noqa: E402
+
+DIM = 4
+
+
+def write_rows(uri: str, rows: int = 300, per_fragment: int = 50) -> None:
+    """``rows`` rows (``id``, ``x``) in fragments of ``per_fragment``."""
+    table = pa.table({"id": np.arange(rows, dtype=np.int64), "x": np.arange(rows, dtype=np.float32)})
+    lance.write_dataset(table, uri, max_rows_per_file=per_fragment)
+
+
+def embedding_of(ids: np.ndarray) -> np.ndarray:
+    """The vector the model predicts for each id."""
+    return np.stack([ids * 1.0 + k for k in range(DIM)], axis=1).astype(np.float32)
+
+
+class IdModel(pl.LightningModule):
+    """Predicts ``{"emb": embedding_of(id), "score": id / 2, "name": "row<id>"}`` (or only ``emb``)."""
+
+    def __init__(self, outputs: str = "dict") -> None:
+        super().__init__()
+        self.outputs = outputs
+        self.layer = torch.nn.Linear(1, 1)
+        #: The ids this process predicted, in order.
+        self.predicted: list[int] = []
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+        ids = batch["id"]
+        self.predicted.extend(int(i) for i in ids)
+        emb = torch.from_numpy(embedding_of(ids.cpu().numpy()))
+        if self.outputs == "tensor":
+            return emb
+        return {"emb": emb, "score": ids.double() / 2, "name": [f"row{int(i)}" for i in ids]}
+
+
+class KillAfter(pl.Callback):
+    """SIGKILL this process (rank zero only) after ``batches`` batches were handed to the writer."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches, self.seen = batches, 0
+
+    def on_predict_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        self.seen += 1
+        if trainer.global_rank == 0 and self.seen >= self.batches:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main(uri: str, run_dir: str, devices: int, kill_after: int | None) -> None:
+    from lance_lightning import LanceDataModule, LanceSource
+    from lance_lightning.write.predictions import LancePredictionWriter
+
+    writer = LancePredictionWriter(columns=["emb", "score", "name"], run_dir=run_dir, flush_rows=40)
+    callbacks: list[Any] = [writer] + ([KillAfter(kill_after)] if kill_after else [])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=callbacks,
+    )
+    dm = LanceDataModule(predict=LanceSource(uri, columns=["id"]), batch_size=16)
+    model = IdModel()
+    trainer.predict(model, datamodule=dm, return_predictions=False)
+    Path(run_dir).with_name(f"predicted.rank{trainer.global_rank}.json").write_text(json.dumps(model.predicted))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None)

@@ -1,0 +1,76 @@
+"""The prediction writer in real 2-rank CPU DDP (gloo): every row written exactly once in one commit,
+and a run whose rank zero is SIGKILLed midway, rerun with the same command, ends equal to an
+uninterrupted run without predicting its finished fragments again."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import lance
+import numpy as np
+import pytest
+
+from tests.harness import REPO_ROOT, subprocess_env
+from tests.predict_writer_model import embedding_of, write_rows
+
+COLUMNS = ["emb", "score", "name"]
+WORKER = str(REPO_ROOT / "tests" / "predict_writer_model.py")
+
+
+def _run(uri: str, run_dir: Path, kill_after: int | None = None) -> int:
+    """One launch of the worker on 2 ranks; with ``kill_after``, rank zero kills itself and the
+    surviving rank (left waiting at a barrier) is ended with the launch's session."""
+    command = [sys.executable, WORKER, uri, str(run_dir), "2", *([str(kill_after)] if kill_after else [])]
+    log = run_dir.parent / f"launch{kill_after or ''}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=subprocess_env(), start_new_session=True, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            proc.wait(timeout=300)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    if kill_after is None:
+        assert proc.returncode == 0, log.read_text()[-6000:]
+    return proc.returncode
+
+
+def _predicted(run_dir: Path) -> list[int]:
+    files = sorted(run_dir.parent.glob("predicted.rank*.json"))
+    return sorted(i for f in files for i in json.loads(f.read_text()))
+
+
+@pytest.mark.slow
+def test_two_ranks_write_every_row_once_and_a_killed_run_resumes(tmp_path: Path) -> None:
+    whole, killed = str(tmp_path / "whole.lance"), str(tmp_path / "killed.lance")
+    write_rows(whole, rows=300, per_fragment=50)
+    write_rows(killed, rows=300, per_fragment=50)
+    before = {f.fragment_id: [d.path for d in f.metadata.files] for f in lance.dataset(killed).get_fragments()}
+
+    _run(whole, tmp_path / "a" / "run")
+    assert _predicted(tmp_path / "a" / "run") == list(range(300)), "each row predicted once over both ranks"
+    reference = lance.dataset(whole)
+    assert reference.version == 2
+    table = reference.to_table()
+    assert np.allclose(np.stack(table["emb"].to_numpy(zero_copy_only=False)), embedding_of(table["id"].to_numpy()))
+
+    assert _run(killed, tmp_path / "b" / "run", kill_after=6) == -signal.SIGKILL
+    assert lance.dataset(killed).version == 1, "a killed run commits nothing"
+    rerun = tmp_path / "b" / "run"
+    for f in rerun.parent.glob("predicted.rank*.json"):
+        f.unlink()
+    _run(killed, rerun)
+    again = _predicted(rerun)
+    assert again and len(again) < 300 and set(again) == set(range(again[0], 300)), "finished fragments are skipped"
+    result = lance.dataset(killed)
+    assert result.version == 2 and result.to_table().select(COLUMNS) == reference.to_table().select(COLUMNS)
+    after = {f.fragment_id: [d.path for d in f.metadata.files] for f in result.get_fragments()}
+    assert all(after[k][:-1] == files for k, files in before.items()), "existing data files are not rewritten"

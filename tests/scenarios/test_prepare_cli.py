@@ -1,0 +1,137 @@
+"""``lance-lightning prepare`` in a subprocess: the closing report, a rerun that does nothing, one-screen
+errors, a SIGKILL at three moments and its rerun equal to an uninterrupted run row for row, and
+``lance-lightning fit --config`` from a raw image folder to a trained epoch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import lance
+import pytest
+
+from lance_lightning.write.writer import DONE_KEY
+from tests.helpers import run_cli_process
+from tests.unit.write.inputs import image_folder
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+#: Runs ``lance-lightning prepare ARGS`` after making the writer SIGKILL itself at a moment:
+#: ``commit:N`` right after its N-th unit commit, ``write:N`` after writing the files of unit N
+#: (before its commit), ``rename`` after the completion commit, before the output is moved in place.
+_KILLER = """
+import os, signal, sys
+from lance_lightning.write import writer
+moment, _, n = sys.argv[1].partition(":")
+def kill(): os.kill(os.getpid(), signal.SIGKILL)
+real_commit, real_write, commits = writer.DatasetWriter.commit, writer.DatasetWriter.write_unit, []
+def commit(self, unit, *args):
+    real_commit(self, unit, *args)
+    commits.append(unit.index)
+    if moment == "commit" and len(commits) == int(n): kill()
+def write_unit(self, unit, *args):
+    out = real_write(self, unit, *args)
+    if moment == "write" and unit.index == int(n): kill()
+    return out
+writer.DatasetWriter.commit, writer.DatasetWriter.write_unit = commit, write_unit
+if moment == "rename": writer.os.replace = lambda *a: kill()
+from lance_lightning.cli.main import main
+main(["prepare", *sys.argv[2:]])
+"""
+
+
+def _prepare_args(root: Path, out: Path, *extra: str) -> list[str]:
+    return ["prepare", "--format", "imagefolder", "--input", str(root), "--output", str(out), *extra]
+
+
+@pytest.mark.slow
+def test_prepare_reports_then_does_nothing_on_rerun(tmp_path: Path) -> None:
+    root = image_folder(tmp_path / "in", per_class=3, bad=("dog/broken.jpg",))
+    code, output = run_cli_process(_prepare_args(root, tmp_path / "out.lance", "--unit-files", "4"), tmp_path)
+    assert code == 0, output
+    assert "prepared from imagefolder" in output and "9 rows in 3 units" in output and "rows/s" in output
+    assert "skipped dog/broken.jpg: is not a readable image" in output
+    code, output = run_cli_process(_prepare_args(root, tmp_path / "out.lance", "--unit-files", "4"), tmp_path)
+    assert code == 0 and "is already complete" in output and "nothing to do" in output, output
+
+
+@pytest.mark.slow
+def test_prepare_errors_fit_one_screen_and_name_the_flag(tmp_path: Path) -> None:
+    code, output = run_cli_process(_prepare_args(tmp_path / "missing", tmp_path / "out.lance"), tmp_path)
+    assert code == 1, output
+    assert "lance-lightning prepare: error: does not exist" in output and "parameter: --input" in output
+    assert len(output.strip().splitlines()) <= 6 and "Traceback" not in output
+    code, output = run_cli_process(["prepare", "--format", "csv", "--input", "x", "--output", "y"], tmp_path)
+    assert code == 2 and "invalid choice: 'csv'" in output, output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["commit:2", "write:3", "rename"])
+def test_sigkill_mid_prepare_then_rerun_equals_an_uninterrupted_run(tmp_path: Path, moment: str) -> None:
+    root = image_folder(tmp_path / "in", per_class=4, bad=("fox/zz.png",))
+    args = _prepare_args(root, tmp_path / "out.lance", "--unit-files", "2", "--workers", "2", "--quiet")[1:]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    killed = subprocess.run([sys.executable, "-c", _KILLER, moment, *args], env=env, capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    assert not (tmp_path / "out.lance").exists()  # never looks complete at the output
+    partial = lance.dataset(str(tmp_path / "out.lance.partial"))
+    assert (DONE_KEY in partial.config()) == (moment == "rename")
+    code, output = run_cli_process(["prepare", *args], tmp_path)
+    assert code == 0, output
+    assert ("already complete" if moment == "rename" else "resumed after") in output, output
+    code, output = run_cli_process(_prepare_args(root, tmp_path / "whole.lance", "--quiet"), tmp_path)
+    assert code == 0, output
+    resumed, whole = (lance.dataset(str(tmp_path / name)).to_table() for name in ("out.lance", "whole.lance"))
+    assert resumed.num_rows == 12 and resumed.equals(whole)
+
+
+_FIT_CONFIG = """\
+seed_everything: 0
+trainer:
+  accelerator: cpu
+  devices: 1
+  max_epochs: 1
+  logger: false
+  enable_progress_bar: false
+  enable_model_summary: false
+  enable_checkpointing: false
+  num_sanity_val_steps: 0
+  default_root_dir: {root}
+model:
+  class_path: examples.digits.DigitsClassifier
+data:
+  train:
+    uri: {out}
+    columns: [image, label]
+    prepare: {{format: imagefolder, input: {images}}}
+  batch_size: 4
+  transform:
+    class_path: lance_lightning.transforms.DecodeImage
+    init_args: {{column: image, mode: gray, size: 8}}
+"""
+
+
+@pytest.mark.slow
+def test_fit_from_a_raw_image_folder_in_one_command(tmp_path: Path) -> None:
+    images = image_folder(tmp_path / "images", per_class=4)
+    config = tmp_path / "fit.yaml"
+    config.write_text(_FIT_CONFIG.format(root=tmp_path / "run", out=tmp_path / "images.lance", images=images))
+    code, output = run_cli_process(["fit", "--config", str(config)], REPO_ROOT)
+    assert code == 0, output[-3000:]
+    assert output.count("images.lance prepared from imagefolder") == 2, output[-3000:]  # the report, explain()
+    assert "12 rows" in output
+    assert "`Trainer.fit` stopped: `max_epochs=1` reached" in output
+    code, output = run_cli_process(["fit", "--config", str(config)], REPO_ROOT)
+    assert code == 0 and output.count("is already complete") == 2, output[-3000:]
+
+
+def test_the_prepare_command_imports_neither_lightning_nor_torch() -> None:
+    from tests.helpers import packages_imported_by
+
+    assert (
+        packages_imported_by(["lance_lightning.cli.prepare", "lance_lightning.write.prepare"], ("lightning", "torch"))
+        == []
+    )

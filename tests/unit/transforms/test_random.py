@@ -1,0 +1,122 @@
+"""Per-row randomness: a row's draws depend only on (seed, epoch, its epoch position), never on the
+batch size, the reader threads, the world size or the other rows of its batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from lance_lightning import LanceIterableDataset, LanceSource, RowShuffle
+from lance_lightning.errors import ConfigError
+from lance_lightning.source import pin_source
+from lance_lightning.transforms import MaskTokens, RandomCrop, RandomFlip, RowRandom
+from lance_lightning.vocabulary import EPOCH, EPOCH_POSITION
+from tests.helpers import plan_of, write_dataset
+
+
+def identity(positions: list[int], epoch: int = 0) -> dict[str, Any]:
+    return {
+        EPOCH_POSITION: torch.tensor(positions, dtype=torch.int64),
+        EPOCH: torch.full((len(positions),), epoch, dtype=torch.int64),
+    }
+
+
+class Record:
+    """Adds each row's uniform draws (3 per row) and a torch draw from its own generator."""
+
+    def __init__(self) -> None:
+        self.random = RowRandom(seed=11)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        draws = [torch.rand(1, generator=g).item() for g in self.random.generators(batch)]
+        return {**batch, "u": self.random.uniform(batch, 3), "g": torch.tensor(draws)}
+
+
+def draws_by_position(uri: str, batch_size: int, threads: int, world_size: int) -> dict[tuple[int, int], Any]:
+    plan = plan_of("train", pin_source(LanceSource(uri, columns=["id"]), "train"), RowShuffle(seed=3), None, batch_size)
+    seen: dict[tuple[int, int], Any] = {}
+    for rank in range(world_size):
+        dataset = LanceIterableDataset(
+            plan, world_size=world_size, rank=rank, transform=Record(), reader_threads=threads, row_identity=True
+        )
+        for epoch in (0, 1):
+            dataset.set_epoch(epoch)
+            for batch in dataset:
+                for i, position in enumerate(batch[EPOCH_POSITION].tolist()):
+                    seen[(epoch, position)] = (int(batch["id"][i]), batch["u"][i].tolist(), float(batch["g"][i]))
+    return seen
+
+
+def test_same_rows_same_draws_whatever_batch_size_threads_and_ranks(tmp_path: Any) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", rows=120, fragment_rows=50)
+    reference = draws_by_position(uri, batch_size=8, threads=0, world_size=1)
+    assert len(reference) == 240
+    for batch_size, threads, world_size in ((5, 3, 1), (16, 2, 2), (7, 0, 3)):
+        other = draws_by_position(uri, batch_size, threads, world_size)
+        assert {key: value for key, value in reference.items() if key in other} == other
+    # Epochs draw anew, and the draws look uniform.
+    assert reference[(0, 5)][1] != reference[(1, 5)][1]
+    values = np.array([u for _, u, _ in reference.values()]).ravel()
+    assert 0.0 <= values.min() and values.max() < 1.0 and abs(values.mean() - 0.5) < 0.05
+
+
+def test_draws_depend_on_seed_epoch_and_position_only() -> None:
+    random = RowRandom(seed=1)
+    whole = random.uniform(identity([4, 9, 2, 7]), 5)
+    assert whole.shape == (4, 5) and whole.dtype == torch.float64
+    assert torch.equal(random.uniform(identity([9, 7]), 5), whole[[1, 3]])
+    assert not torch.equal(RowRandom(seed=2).uniform(identity([4]), 5), whole[:1])
+    assert not torch.equal(random.uniform(identity([4], epoch=1), 5), whole[:1])
+    numpy_draws = [g.random() for g in random.numpy_generators(identity([4, 4]))]
+    assert numpy_draws[0] == numpy_draws[1]
+    high = random.integers(identity(list(range(1000))), 6)
+    assert set(high.tolist()) == set(range(6))
+
+
+def test_random_transforms_are_per_row() -> None:
+    images = torch.arange(2 * 3 * 6 * 8, dtype=torch.float32).reshape(2, 3, 6, 8).repeat(20, 1, 1, 1)
+    batch = {"image": images, **identity(list(range(40)))}
+    flipped = RandomFlip(p=0.5, seed=3)(batch)["image"]
+    mask = (flipped != images).flatten(1).any(1)
+    assert 5 < int(mask.sum()) < 35
+    assert torch.equal(flipped[mask], images[mask].flip(-1))
+    # Row 7's flip and crop are the same in a batch of its own.
+    alone = {"image": images[7:8], **identity([7])}
+    assert torch.equal(RandomFlip(p=0.5, seed=3)(alone)["image"][0], flipped[7])
+    crops = RandomCrop(size=(4, 5), seed=3)(batch)["image"]
+    assert crops.shape == (40, 3, 4, 5)
+    assert torch.equal(RandomCrop(size=(4, 5), seed=3)(alone)["image"][0], crops[7])
+    tokens = torch.arange(40 * 50).reshape(40, 50)
+    masked = MaskTokens("tokens", p=0.25, mask_id=-1, seed=0)({"tokens": tokens, **identity(list(range(40)))})
+    share = masked["tokens_mask"].float().mean().item()
+    assert 0.2 < share < 0.3
+    assert torch.equal(masked["tokens"] == -1, masked["tokens_mask"])
+
+
+def test_a_batch_without_identity_is_a_config_error_naming_row_identity() -> None:
+    with pytest.raises(ConfigError) as info:
+        RandomFlip()({"image": torch.zeros(2, 3, 4, 4)})
+    assert info.value.param == "row_identity"
+    with pytest.raises(ConfigError):
+        RowRandom(seed=-1)
+    with pytest.raises(ConfigError):
+        RandomFlip(p=1.5)
+    with pytest.raises(ConfigError):
+        RandomCrop(size=None)  # type: ignore[arg-type]
+
+
+def test_device_augment_with_a_seed_draws_per_row() -> None:
+    from torchvision.transforms import v2
+
+    from lance_lightning.transforms import DeviceAugment
+
+    images = torch.rand(30, 3, 8, 8)
+    augment = DeviceAugment([v2.RandomHorizontalFlip(), v2.RandomResizedCrop(6, antialias=True)], seed=4)
+    whole = augment({"image": images, **identity(list(range(30)))})["image"]
+    torch.manual_seed(0)
+    part = augment({"image": images[[9, 3]], **identity([9, 3])})["image"]
+    assert torch.equal(part, whole[[9, 3]])
+    assert not torch.equal(augment({"image": images, **identity(list(range(30)), epoch=1)})["image"], whole)
