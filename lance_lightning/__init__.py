@@ -32,6 +32,7 @@ _EXPORTS = {
     "NoShuffle": "lance_lightning.plan.strategies",
     "NullValueError": "lance_lightning.errors",
     "PinnedSource": "lance_lightning.source",
+    "Prepare": "lance_lightning.source",
     "Ragged": "lance_lightning.produce.convert",
     "RaiseOnBadRow": "lance_lightning.produce.badrows",
     "ReplaceBadRow": "lance_lightning.produce.badrows",

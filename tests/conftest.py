@@ -114,12 +114,14 @@ def pytest_configure(config: pytest.Config) -> None:
     paths = os.environ.get("PYTHONPATH", "")
     if str(REPO_ROOT) not in paths.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), paths) if p)
-    # The remote cache's default directory is under XDG_CACHE_HOME: tests never write to the user's.
+    # The remote cache's default directory is under XDG_CACHE_HOME: tests never write to the user's,
+    # and each pytest-xdist worker has its own (its S3 server's datasets may share names with another's).
     if "LANCE_LIGHTNING_TEST_CACHE" not in os.environ:
         import tempfile
 
         os.environ["LANCE_LIGHTNING_TEST_CACHE"] = tempfile.mkdtemp(prefix="lance-lightning-cache-")
-        os.environ["XDG_CACHE_HOME"] = os.environ["LANCE_LIGHTNING_TEST_CACHE"]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    os.environ["XDG_CACHE_HOME"] = os.path.join(os.environ["LANCE_LIGHTNING_TEST_CACHE"], worker)
 
 
 @pytest.fixture

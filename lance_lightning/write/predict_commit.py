@@ -1,9 +1,9 @@
-"""A prediction run's identity, the rows it owes each fragment, and its one commit.
+"""A prediction run's identity, the rows it owes each fragment, and its one commit (or its table).
 
 Guarantees:
 - `run_id` depends only on the dataset's location, the predict filter, the output columns, the
-  run's name and ``overwrite``, never on the version: a rerun of the same command (even after other writers added
-  versions) finds its run, its pinned read version and its records.
+  run's name, ``overwrite`` and the separate table, never on the version: a rerun of the same
+  command (even after other writers added versions) finds its run, its read version and records.
 - `commit` makes exactly one new dataset version holding every fragment's new column file(s): one
   ``LanceOperation.Merge`` at the pinned read version (with ``overwrite``, one ``DataReplacement``
   of the existing columns' data, same types), whose transaction properties carry the run
@@ -13,6 +13,10 @@ Guarantees:
   commit is made on top of the appends). Any other change since the read version (a compaction,
   a delete, an update, another schema change) makes `commit` raise a `ConfigError` that names the
   version and its operation; nothing is committed then.
+- `write_table` (the writer's ``table`` option) creates the separate table in one version whose
+  transaction properties carry the run id, so `committed_version` finds it too.
+- `hold` tags the read version (``lance-lightning-predict-<run>-v<version>``, listed by
+  ``lance-lightning holds``) until `release`, after the commit.
 """
 
 from __future__ import annotations

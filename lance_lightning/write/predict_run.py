@@ -3,7 +3,9 @@ restricted to a run's unfinished fragments, and steps every rank finishes togeth
 
 Guarantees: `predict_source` refuses (`ConfigError`) a predict split whose row addresses do not
 name rows of the dataset it reads (no data module, a mixture, a local view, identity off);
-`restricted` reads exactly the rows of the given fragments at the given version; `together`
+`restricted` reads exactly the rows of the given fragments at the given version;
+`fragments_to_read` gives every rank a row (finished fragments are added when fewer unfinished
+rows are left than ranks); `together`
 never leaves a rank waiting at a collective for a rank whose step failed.
 """
 
@@ -53,6 +55,19 @@ def predict_source(datamodule: Any) -> PinnedSource:
             "predict from one LanceSource, without materialize or a remote cache, with row_identity on for predict",
         )
     return plan.source
+
+
+def fragments_to_read(order: list[int], expected: dict[int, int], unfinished: list[int], ranks: int) -> list[int]:
+    """``unfinished`` (none when empty), plus finished fragments of ``order`` (the largest first)
+    until they hold at least ``ranks`` rows: a predict split with fewer rows than ranks is refused."""
+    if not unfinished:
+        return []
+    reading = list(unfinished)
+    for fragment in sorted((f for f in order if f not in unfinished), key=lambda f: -expected[f]):
+        if sum(expected[f] for f in reading) >= ranks:
+            break
+        reading.append(fragment)
+    return sorted(reading, key=order.index)
 
 
 def restricted(source: PinnedSource, version: int, fragments: list[int]) -> LanceSource:

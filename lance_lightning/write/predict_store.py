@@ -3,14 +3,14 @@
 Guarantees:
 - Every file is written whole or not at all (a temporary name, then a rename), so a run killed at
   any moment leaves only complete files: a *piece* (some rows of one fragment predicted by one
-  rank: their offsets and output columns, an Arrow IPC file whose name holds its rank, first
-  offset and row count), a fragment's *record* (the ``FragmentMetadata`` of the fragment with its
-  new column file(s), written by `RunFolder.finish`, and the Lance schema with the new columns),
-  ``run.json`` (what the run predicts: read version, filter, rows expected per fragment, the
-  columns' types) and ``marker.json`` (the version the commit made).
-- A fragment is finished when its pieces hold as many rows as the run expects of it (the predict
-  split reads each row once) and it has a record; `RunFolder.finish` writes the column file(s)
-  through ``LanceFragment.merge_columns`` at the pinned version, reading only the fragment's row
+  rank: their offsets, Lance row ids and output columns, an Arrow IPC file whose name holds its
+  rank, first offset and row count), a fragment's *record* (the ``FragmentMetadata`` of the
+  fragment with its new column file(s), written by `RunFolder.finish`, and the Lance schema with
+  the new columns), ``run.json`` (read version, filter, rows expected per fragment),
+  ``columns.json`` (the output columns' Arrow types) and ``marker.json`` (the committed version).
+- A fragment is finished once its pieces hold as many rows as the run expects of it (the predict
+  split reads each row once); `RunFolder.finish` then writes its column file(s) through
+  ``LanceFragment.merge_columns`` at the pinned version, reading only the fragment's row
   addresses: the existing columns' files are neither read nor rewritten. Rows a run did not
   predict (deleted, or outside the filter) get nulls.
 - The folder lives under the dataset (``<uri>/_lance_lightning/predict/<run id>``) unless one is

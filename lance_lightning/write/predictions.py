@@ -125,11 +125,14 @@ class LancePredictionWriter(BasePredictionWriter):
         self.owned = {f for f, i in self.order.items() if i % trainer.world_size == trainer.global_rank}
         self.done_through = -1  # ordinal of the last fragment this rank has read past
         unfinished = [f for f in self.state["order"] if f not in self.finished]
+        reading = runs.fragments_to_read(self.state["order"], self.expected, unfinished, trainer.world_size)
+        #: Finished fragments read again only so that every rank has a row: their outputs are dropped.
+        self.again = set(reading) - set(unfinished)
         if not unfinished:
             trainer.limit_predict_batches = 0
             self._end(trainer)
-        elif len(unfinished) < len(self.order) or self.source.version != source.version:
-            trainer.datamodule.plan_instead("predict", runs.restricted(source, self.source.version, unfinished))
+        elif len(reading) < len(self.order) or self.source.version != source.version:
+            trainer.datamodule.plan_instead("predict", runs.restricted(source, self.source.version, reading))
 
     def _prepare(self, source: PinnedSource) -> None:
         """Rank zero: write ``run.json`` (fresh run), the marker (a commit without one), drop the
@@ -189,7 +192,7 @@ class LancePredictionWriter(BasePredictionWriter):
         if self.replacing and batch_idx == 0:
             commits.check_replaced_types(self.source.open().schema, self.outputs.types)
         fragments, offsets = split_addresses(addresses)
-        for fragment in np.unique(fragments).tolist():
+        for fragment in set(np.unique(fragments).tolist()) - self.again:
             rows = np.flatnonzero(fragments == fragment)
             self.buffers.setdefault(fragment, []).append((offsets[rows], {k: v.take(rows) for k, v in columns.items()}))
         self.done_through = max(self.done_through, min(self.order[f] for f in fragments.tolist()) - 1)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.contract import truth
+from tests.contract import prepared, truth
 from tests.contract.expected import Batch, Intent, Position, Step, after, intent, layout
 from tests.contract.reference import sequences
 from tests.contract.replay import check_replay
@@ -373,5 +373,6 @@ def _step_problem(got: list[list[int]], want: Step) -> str | None:
 
 def check(run: Run) -> list[str]:
     """Everything the scenario's phases got wrong (empty: the contract holds), with the remote
-    cache's and the replay probe's own checks (`store.check_cache`, `replay.check_replay`)."""
-    return Oracle(run).check() + check_cache(run) + check_replay(run)
+    cache's, the replay probe's and a prepared table's own checks (`store.check_cache`,
+    `replay.check_replay`, `prepared.check`)."""
+    return Oracle(run).check() + check_cache(run) + check_replay(run) + prepared.check(run)

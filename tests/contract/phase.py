@@ -27,6 +27,9 @@ Guarantees:
   ``Trainer`` fitting the same model and data module from the checkpoint chosen among those the
   first fit wrote (recorded as a ``chosen`` event, with the version holds between the fits); the
   second fit records as the ``resume`` role.
+- A "prepare, then fit" scenario (`tests.contract.prepared`): every source of table 0 carries the
+  ``prepare`` spec; each fit records what its ``prepare_data`` reported (a ``prepared`` event, on
+  the rank that ran it), and a script with calls before fit calls ``prepare_data`` first.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E40
 from torch import nn  # noqa: E402
 
 from lance_lightning import LanceDataModule  # noqa: E402
-from tests.contract import replay, truth  # noqa: E402
+from tests.contract import prepared, replay, truth  # noqa: E402
 from tests.contract.scenario import Scenario, Topology  # noqa: E402
 
 #: Batch size of the reference run (any size gives the same sequence: the order is topology-free).
@@ -176,6 +179,9 @@ class Probe(Callback):
         self.recorder = recorder(root, role)
         self.stop_kind, self.stop_at = stop_kind, stop_at
 
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        prepared.record_lines(trainer.datamodule, self.recorder)  # what this fit's prepare_data did
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.recorder.write(
             {"t": "epoch", "epoch": trainer.current_epoch, "num_training_batches": trainer.num_training_batches}
@@ -223,7 +229,9 @@ def data_arguments(
     columns = ["tokens", "n_tokens"] if scenario.packing is not None else ["id", "x"]
 
     def source(index: int, filter: str | None) -> dict[str, Any]:
-        return {"uri": uris[index], "columns": columns, "filter": filter}
+        made = scenario.prepare is not None and index == prepared.TABLE  # "prepare, then fit"
+        extra = {"prepare": prepared.spec(scenario, Path(uris[index]).parent)} if made else {}
+        return {"uri": uris[index], "columns": columns, "filter": filter, **extra}
 
     mixture = scenario.mixture
     if mixture is None:
@@ -367,8 +375,10 @@ def instantiate(spec: Any) -> Any:
         return [instantiate(v) for v in spec]
     if isinstance(spec, dict) and "uri" in spec:
         from lance_lightning import LanceSource
+        from lance_lightning.source import Prepare
 
-        return LanceSource(**spec)
+        made = {"prepare": Prepare(**spec["prepare"])} if isinstance(spec.get("prepare"), dict) else {}
+        return LanceSource(**{**spec, **made})
     return spec
 
 
@@ -429,7 +439,11 @@ def _run_python(scenario: Scenario, role: str, root: str, spec: dict[str, Any], 
 
         arguments["remote_cache"] = RemoteCache(**arguments["remote_cache"])
     dm = LanceDataModule(**arguments)
-    for name in {"stop": scenario.calls, "resume": scenario.resume.calls}.get(role, []):
+    calls = {"stop": scenario.calls, "resume": scenario.resume.calls}.get(role, [])
+    if calls and scenario.prepare is not None:  # a script planning before fit prepares first
+        dm.prepare_data()
+        prepared.record_lines(dm, out)
+    for name in calls:
         _call(name, dm, out)
     model = ContractModel(root, role, sleep=step_sleep(scenario, role))
     callbacks = instantiate(callback_arguments(scenario, role, root))

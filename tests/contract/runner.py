@@ -17,6 +17,10 @@ Guarantees:
   run's cached copies before the resume (`tests.contract.store.damage`; `Run.damaged` says how).
 - A scenario that must fail with a clear error (`truth.expected_error`) runs only the phase that
   must fail.
+- A "prepare, then fit" scenario (`tests.contract.prepared`) writes table 0's raw input instead
+  of the table, SIGKILLs a prepare of it where the scenario says, and runs the stopped phase
+  before the reference one: the scenario's own first fit (in this process, the CLI or DDP)
+  prepares the table; the versions it pins are read after it.
 - The package's Lance tags on every table are recorded after the stopped and the resumed runs.
   A scenario with ``resume.maintenance`` runs `truth.maintain` in between (only when a checkpoint
   is resumed: a fresh run would read the compacted layout); the resume must then fail with a
@@ -44,7 +48,7 @@ from typing import Any
 import torch
 import yaml
 
-from tests.contract import store, truth
+from tests.contract import prepared, store, truth
 from tests.contract.phase import REFERENCE_BATCH, cli_config, run_phase
 from tests.contract.scenario import Scenario, Topology
 
@@ -110,6 +114,10 @@ class Run:
     caches: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     #: What `tests.contract.store.damage` did to the cached copies before the resume.
     damaged: list[str] = field(default_factory=list)
+    #: A "prepare, then fit" scenario's prepared table (`tests.contract.prepared`): its ``uri``, the
+    #: ``root``, what the kill left (``killed``) and its `prepared.state` after the stopped run, the
+    #: reference run and before the resume.
+    prepare: dict[str, Any] = field(default_factory=dict)
 
 
 def held_after_stop(scenario: Scenario, checkpointed: bool = True) -> bool:
@@ -149,17 +157,41 @@ def _run_scenario(scenario: Scenario, root: Path, isolate: bool, uris: list[str]
     }
     if run.expected_errors["stop"] is None:
         run.expected_errors["stop"] = store.expected_error(scenario)
-    run.versions = truth.latest_versions(uris)
+    made = scenario.prepare is not None  # "prepare, then fit": the stopped run's prepare_data makes table 0
+    if made:
+        prepared.write_input(scenario, root)
+        run.prepare = {"uri": uris[prepared.TABLE], "root": str(root)}
+        if scenario.prepare.kill is not None:
+            run.prepare["killed"] = prepared.kill(scenario, root, uris[prepared.TABLE])
+    else:
+        run.versions = truth.latest_versions(uris)
+
+    def stopped() -> None:
+        run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate, run.caches["stop"])
+        if made:  # the versions the stopped run pinned: the prepared ones
+            run.prepare["after_stop"] = prepared.state(uris[prepared.TABLE])
+            if run.prepare["after_stop"] is not None:
+                run.versions = truth.latest_versions(uris)
+
+    def reference() -> None:
+        if run.expected_errors["reference"] is None:
+            run.phases["reference"] = _run_phase(
+                scenario, "reference", Topology(), root, uris, None, isolate, run.caches["reference"]
+            )
+            if made:
+                run.prepare["after_reference"] = prepared.state(uris[prepared.TABLE])
+
     if run.expected_errors["stop"] is not None:
-        run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate, run.caches["stop"])
-        run.holds["stop"] = truth.holds(uris)
+        stopped()
+        if run.versions:
+            run.holds["stop"] = truth.holds(uris)
         return run
-    if run.expected_errors["reference"] is None:
-        run.phases["reference"] = _run_phase(
-            scenario, "reference", Topology(), root, uris, None, isolate, run.caches["reference"]
-        )
+    if not made:
+        reference()
     if session:  # both fits in one process: the resumed phase is read from its records
-        run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate, run.caches["stop"])
+        stopped()
+        if made:
+            reference()
         run.phases["resume"] = _session_resume(run.phases["stop"], root, then.world_size)
         run.checkpoints = _checkpoints(root / "ckpt_stop")
         chosen = run.phases["stop"].events("chosen", rank=0)
@@ -169,8 +201,10 @@ def _run_scenario(scenario: Scenario, root: Path, isolate: bool, uris: list[str]
         run.holds["stop"] = between[0]["holds"] if between else {}
         run.holds["resume"] = truth.holds(uris)
         return run
-    run.phases["stop"] = _run_phase(scenario, "stop", first, root, uris, None, isolate, run.caches["stop"])
+    stopped()
     run.holds["stop"] = truth.holds(uris)
+    if made:
+        reference()
     run.checkpoints = _checkpoints(root / "ckpt_stop")
     run.chosen = choose(run.checkpoints, scenario.checkpoints.pick, scenario.checkpoints.resume_from)
     ckpt = run.chosen.path if run.chosen is not None else None
@@ -181,6 +215,8 @@ def _run_scenario(scenario: Scenario, root: Path, isolate: bool, uris: list[str]
         run.maintained = True
         if run.expected_errors["resume"] is None and not held_after_stop(scenario):
             run.expected_errors["resume"] = "the checkpoint's version was cleaned up and nothing held it"
+    if made:
+        run.prepare["before_resume"] = prepared.state(uris[prepared.TABLE])
     run.phases["resume"] = _run_phase(scenario, "resume", then, root, uris, ckpt, isolate, run.caches["resume"])
     run.holds["resume"] = truth.holds(uris)
     return run

@@ -14,7 +14,9 @@ Guarantees:
   stop, the checkpoint resumed from, changes on resume, a maintenance job (compaction and cleanup
   of old versions) between the runs, ``hold_versions``, steps after fit, tables on S3 with each
   run's remote cache (on, off, changed on resume, a limit the split exceeds; `tests.contract.store`)
-  and the compute-floor replay probe (`tests.contract.replay`), each from its own random stream.
+  the compute-floor replay probe (`tests.contract.replay`) and "prepare, then fit" (table 0 given
+  as a Parquet folder that the first fit's ``prepare_data`` prepares, after a SIGKILLed prepare;
+  `_prepare`, `tests.contract.prepared`), each from its own random stream.
 - Lightning's loop, as a user combines it (`_widen`, its own stream ``f"{seed}-loop"``):
   ``limit_train_batches`` as a count or a fraction; ``val_check_interval`` as a count or a
   fraction; ``check_val_every_n_epoch`` (2, or None with a count interval);
@@ -196,6 +198,20 @@ class Resume:
 
 
 @dataclass(frozen=True)
+class Prepared:
+    """Table 0 is not written directly: its rows are a Parquet folder (one file per fragment the
+    direct write would have), and every source of it carries ``prepare`` (format ``parquet``,
+    ``unit_files=1``: one unit, one fragment per file), which the first fit's ``prepare_data``
+    runs (`tests.contract.prepared`)."""
+
+    workers: int = 1
+    #: Before the first fit, a prepare SIGKILLed at this moment (`tests.contract.prepared.MOMENTS`):
+    #: ``commit:N`` after its N-th unit commit, ``write:N`` after writing unit N's files, ``rename``
+    #: after the completion commit; the first fit's ``prepare_data`` resumes it. None: no kill.
+    kill: str | None = None
+
+
+@dataclass(frozen=True)
 class Scenario:
     id: int
     tables: list[Table]
@@ -223,6 +239,9 @@ class Scenario:
     store: Store | None = None
     #: ``DataLoadingMonitor(replay_batches=..., replay_steps=...)`` among the callbacks (None: absent from the JSON).
     replay: Replay | None = None
+    #: "Prepare, then fit": table 0 made from raw Parquet by the fit's ``prepare_data`` (None: written
+    #: directly; absent from the JSON).
+    prepare: Prepared | None = None
 
     @property
     def sources(self) -> list[Source]:
@@ -266,7 +285,7 @@ class Scenario:
 #: Fields of `Mixture` left out of the JSON of a mixture without a schedule.
 _SCHEDULE_FIELDS = ("schedule", "interpolate", "step_samples")
 #: Fields of `Scenario` left out of the JSON when None.
-_LATER_FIELDS = ("store", "replay")
+_LATER_FIELDS = ("store", "replay", "prepare")
 #: Fields added to a part of `Scenario` later, left out of the JSON while at their default (so
 #: that every scenario written before them reads and writes the same line).
 _DEFAULTED_FIELDS = {
@@ -358,7 +377,8 @@ def generate(seed: int) -> Scenario:
     scenario = replace(with_store(seed, scenario), replay=draw_replay(seed))
     if scenario.store is not None and scenario.resume.session:  # one data module: one cache
         scenario = replace(scenario, store=replace(scenario.store, resume_cache=scenario.store.cache))
-    return _damage(random.Random(f"{seed}-damage"), scenario)
+    scenario = _damage(random.Random(f"{seed}-damage"), scenario)
+    return _prepare(random.Random(f"{seed}-prepare"), scenario)
 
 
 def _table(rng: random.Random, index: int, tokens: bool) -> Table:
@@ -646,3 +666,17 @@ def _damage(rng: random.Random, scenario: Scenario) -> Scenario:
     if shuffle.kind != "row":
         shuffle = Shuffle("row", rng.randint(0, 1000), clump_rows=rng.choice([1, 4]))
     return replace(scenario, shuffle=shuffle, store=replace(store, damage=rng.choice(DAMAGES)))
+
+
+def _prepare(rng: random.Random, scenario: Scenario) -> Scenario:
+    """A local scenario whose table 0 has no deleted rows (a prepared row's ``id`` is its position
+    in the input), mostly with a SIGKILL of a prepare before the first fit (`Prepared`)."""
+    table = scenario.tables[0]
+    if scenario.store is not None or table.delete_mod or rng.random() >= 0.15:
+        return scenario
+    units = -(-table.rows // table.fragment_rows) if table.fragment_rows else 1
+    moments = [f"write:{rng.randrange(units)}", "rename"] + (
+        [f"commit:{rng.randint(1, units - 1)}"] * 2 if units > 1 else []
+    )
+    kill = rng.choice(moments) if rng.random() < 0.7 else None
+    return replace(scenario, prepare=Prepared(workers=rng.choice([1, 1, 2]), kill=kill))

@@ -91,6 +91,8 @@ def describe(scenario: Scenario) -> str:
             parts.append(f"damage={scenario.store.damage}")
     if scenario.replay is not None:
         parts.append(f"replay={scenario.replay.batches}x{scenario.replay.steps}")
+    if scenario.prepare is not None:
+        parts.append(f"prepare(workers={scenario.prepare.workers}, kill={scenario.prepare.kill})")
     return " ".join(parts)
 
 
@@ -150,13 +152,19 @@ def simpler(scenario: Scenario) -> list[Scenario]:
     if scenario.shuffle.kind != "none":
         out.append(replace(scenario, shuffle=replace(scenario.shuffle, kind="none")))
     if any(t.delete_mod or t.fragment_rows for t in scenario.tables):
-        out.append(replace(scenario, tables=[replace(t, delete_mod=0, fragment_rows=None) for t in scenario.tables]))
+        plain_tables = [replace(t, delete_mod=0, fragment_rows=None) for t in scenario.tables]
+        unkilled = replace(scenario.prepare, kill=None) if scenario.prepare is not None else None  # one unit now
+        out.append(replace(scenario, tables=plain_tables, prepare=unkilled))
     if not scenario.cursor_callback:
         out.append(replace(scenario, cursor_callback=True))
     if scenario.resume.maintenance or scenario.hold != "fit":
         out.append(replace(scenario, hold="fit", resume=replace(scenario.resume, maintenance=False)))
     if scenario.replay is not None:
         out.append(replace(scenario, replay=None))
+    if scenario.prepare is not None:
+        if scenario.prepare.kill is not None:
+            out.append(replace(scenario, prepare=replace(scenario.prepare, kill=None)))
+        out.append(replace(scenario, prepare=None))
     if scenario.store is not None:
         out.append(replace(scenario, store=None))
     return out

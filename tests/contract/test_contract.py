@@ -113,6 +113,8 @@ def test_sample_covers_the_options() -> None:
             s.store is not None and s.store.mode in ("on->off", "off->on") for s in scenarios
         ),
         "replay probe": any(s.replay is not None for s in scenarios),
+        "prepare, then fit": any(s.prepare is not None for s in scenarios),
+        "a killed prepare resumed by the fit": any(s.prepare is not None and s.prepare.kill for s in scenarios),
     }
     assert all(covered.values()), [name for name, yes in covered.items() if not yes]
 
@@ -331,3 +333,36 @@ def test_oracle_reports_a_wrong_loop(
     mutate(run)
     failures = check(run)
     assert any(expected in failure for failure in failures), failures
+
+
+# -- "prepare, then fit" (issue #40): the oracle catches a prepare gone wrong, without a fit --------------
+def test_oracle_reports_a_prepared_table_that_differs_or_a_second_prepare_that_commits(tmp_path: Path) -> None:
+    import lance
+
+    from lance_lightning.source import Prepare
+    from lance_lightning.write.prepare import prepare
+    from tests.contract import prepared
+    from tests.contract.runner import Phase
+    from tests.contract.scenario import Prepared
+
+    scenario = replace(_small(), prepare=Prepared(workers=2, kill="commit:2"))
+    assert Scenario.from_json(scenario.to_json()) == scenario and '"prepare"' in scenario.to_json()
+    uri = str(tmp_path / "table0.lance")
+    prepared.write_input(scenario, tmp_path)
+    killed = prepared.kill(scenario, tmp_path, uri)
+    assert killed["returncode"] != 0 and not killed["exists"], killed
+    report = prepare(Prepare(**prepared.spec(scenario, tmp_path)), uri, progress=False)
+    assert report.status == "resumed"
+    again = prepare(Prepare(**prepared.spec(scenario, tmp_path)), uri, progress=False)
+    run = Run(scenario, prepare={"uri": uri, "root": str(tmp_path), "killed": killed})
+    run.prepare["after_stop"] = run.prepare["before_resume"] = prepared.state(uri)
+    events = [{"t": "prepared", "lines": {uri: report.line()}}, {"t": "prepared", "lines": {uri: again.line()}}]
+    run.phases["stop"] = Phase("stop", [events], 0, 0.0)
+    assert prepared.check(run) == []
+    run.phases["resume"] = Phase("resume", [[{"t": "prepared", "lines": {uri: report.line()}}]], 0, 0.0)
+    assert any("a second prepare did something" in p for p in prepared.check(run))
+    del run.phases["resume"]
+    lance.dataset(uri).delete("id = 5")  # a row lost, and a commit after the first fit
+    problems = prepared.check(run)
+    assert any("rows differ from a direct write" in p for p in problems), problems
+    assert any("the resumed run committed" in p for p in problems), problems

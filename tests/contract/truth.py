@@ -13,8 +13,8 @@ Guarantees:
   ``g = epoch * samples + b * block`` (constant per stage, or linear from a stage's shares to the
   next one's at its end), then largest remainder of ``share * block``.
 - `expected_error` says which clear error a scenario must give before training (or None).
-- `write_tables` writes the scenario's Lance datasets; their content is what the functions above
-  describe.
+- `write_tables` writes the scenario's Lance datasets (`table_data`); their content is what the
+  functions above describe. A prepared table 0 (`Scenario.prepare`) is left to the first fit.
 """
 
 from __future__ import annotations
@@ -228,40 +228,54 @@ def write_tables(
 ) -> list[str]:
     """Write every table of ``scenario`` under ``root`` (once: an existing one is kept), or under the
     object store prefix ``base`` (with ``storage_options``); return the URIs."""
-    import lance
-    import pyarrow as pa
-
     uris = []
     for index, table in enumerate(scenario.tables):
         uri = f"{base}/table{index}.lance" if base is not None else str(root / f"table{index}.lance")
         uris.append(uri)
         if base is None and Path(uri).exists():
             continue
-        ids = table.start + np.arange(table.rows, dtype=np.int64)
-        if table.tokens:
-            counts = document_tokens(table)
-            bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-            values = (FIRST_TOKEN + table.start + np.arange(bounds[-1])).astype(np.int32)
-            data: dict[str, Any] = {
-                "id": pa.array(ids),
-                "tokens": pa.ListArray.from_arrays(pa.array(bounds), pa.array(values)),
-                "n_tokens": pa.array(counts.astype(np.int32)),
-                "topic": pa.array(np.arange(table.rows, dtype=np.int64) * 4 // table.rows),
-            }
-        else:
-            data = {
-                "id": pa.array(ids),
-                "label": pa.array(ids % 10),
-                "x": pa.array((ids % 1000).astype(np.float32) / 1000),
-            }
-        kwargs: dict[str, Any] = {"mode": "create", "storage_options": storage_options}
-        if table.fragment_rows is not None:
-            kwargs["max_rows_per_file"] = table.fragment_rows
-            kwargs["max_rows_per_group"] = table.fragment_rows
-        dataset = lance.write_dataset(pa.table(data), uri, **kwargs)
-        if table.delete_mod:
-            dataset.delete(f"id % {table.delete_mod} = 1")
+        if index == 0 and scenario.prepare is not None:  # made by the first fit's prepare_data
+            continue
+        write_table(table, uri, storage_options)
     return uris
+
+
+def write_table(table: Table, uri: str, storage_options: dict[str, str] | None = None) -> None:
+    """Write one table directly (`table_data`, ``fragment_rows`` rows per fragment), then delete."""
+    import lance
+    import pyarrow as pa
+
+    kwargs: dict[str, Any] = {"mode": "create", "storage_options": storage_options}
+    if table.fragment_rows is not None:
+        kwargs["max_rows_per_file"] = table.fragment_rows
+        kwargs["max_rows_per_group"] = table.fragment_rows
+    dataset = lance.write_dataset(pa.table(table_data(table)), uri, **kwargs)
+    if table.delete_mod:
+        dataset.delete(f"id % {table.delete_mod} = 1")
+
+
+def table_data(table: Table) -> dict[str, Any]:
+    """The table's columns as written (before the deletion): Arrow arrays by name, ``id`` first."""
+    import pyarrow as pa
+
+    ids = table.start + np.arange(table.rows, dtype=np.int64)
+    if table.tokens:
+        counts = document_tokens(table)
+        bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        values = (FIRST_TOKEN + table.start + np.arange(bounds[-1])).astype(np.int32)
+        data: dict[str, Any] = {
+            "id": pa.array(ids),
+            "tokens": pa.ListArray.from_arrays(pa.array(bounds), pa.array(values)),
+            "n_tokens": pa.array(counts.astype(np.int32)),
+            "topic": pa.array(np.arange(table.rows, dtype=np.int64) * 4 // table.rows),
+        }
+    else:
+        data = {
+            "id": pa.array(ids),
+            "label": pa.array(ids % 10),
+            "x": pa.array((ids % 1000).astype(np.float32) / 1000),
+        }
+    return data
 
 
 def maintain(uris: list[str]) -> None:

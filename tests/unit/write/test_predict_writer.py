@@ -280,3 +280,30 @@ def test_a_run_stopped_at_its_commit_commits_on_rerun_without_predicting(
     assert model.predicted == [] and writer.report["version"] == 2 and writer.report["rows"] == 300
     table = lance.dataset(uri).to_table()
     assert np.allclose(np.stack(table["emb"].to_numpy(zero_copy_only=False)), embedding_of(table["id"].to_numpy()))
+
+
+def test_fewer_rows_left_than_ranks_reads_finished_fragments_again_and_drops_them() -> None:
+    from lance_lightning.write.predict_run import fragments_to_read
+
+    order, expected = [0, 1, 2, 3], {0: 50, 1: 1, 2: 0, 3: 30}
+    assert fragments_to_read(order, expected, [], 2) == []
+    assert fragments_to_read(order, expected, [3], 2) == [3]
+    assert fragments_to_read(order, expected, [1], 2) == [0, 1]  # 1 row for 2 ranks: add the largest
+    assert fragments_to_read(order, expected, [1, 2], 4) == [0, 1, 2]
+
+
+def test_a_finished_fragment_read_again_is_not_written_again(
+    tmp_path: Path, uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lance_lightning.write import predict_run
+
+    run_dir = str(tmp_path / "run")
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        _predict(
+            uri, LancePredictionWriter(columns="emb", run_dir=run_dir), IdModel("tensor"), callbacks=[_StopAfter(8)]
+        )
+    monkeypatch.setattr(predict_run, "fragments_to_read", lambda order, *args: list(order))
+    again = _predict(uri, writer := LancePredictionWriter(columns="emb", run_dir=run_dir), IdModel("tensor"))
+    assert again.predicted == list(range(300)) and writer.report["rows"] == 300
+    table = lance.dataset(uri).to_table()
+    assert np.allclose(np.stack(table["emb"].to_numpy(zero_copy_only=False)), embedding_of(table["id"].to_numpy()))
