@@ -83,12 +83,13 @@ def plan_units(items: list[Item], unit_files: int, unit_bytes: int) -> list[Unit
     """``items`` in order, cut into units of at most ``unit_files`` files and ``unit_bytes`` bytes."""
     units: list[Unit] = []
     current: list[Item] = []
-    first_id = next_id = 0
+    first_id = next_id = current_bytes = 0
     for item in items:
-        if current and (len(current) >= unit_files or sum(i.size for i in current) + item.size > unit_bytes):
+        if current and (len(current) >= unit_files or current_bytes + item.size > unit_bytes):
             units.append(Unit(len(units), first_id, tuple(current)))
-            current, first_id = [], next_id
+            current, first_id, current_bytes = [], next_id, 0
         current.append(item)
+        current_bytes += item.size
         next_id += item.rows
     if current:
         units.append(Unit(len(units), first_id, tuple(current)))

@@ -18,6 +18,9 @@
 - `oracle`: checks every phase's records against `reference` and `expected` (`oracle.check`).
 - `store`: tables on S3, each run's remote cache, and damage to a cached copy between the runs.
 - `soak`: the command that draws and checks many scenarios (``python -m tests.contract.soak``).
+- `prepared`: "prepare, then fit" (issue #40): a table given as raw Parquet that the first fit's
+  ``prepare_data`` prepares (after a SIGKILLed prepare, where drawn), checked against a direct
+  write of the same rows, with every later prepare doing nothing.
 
 Where Lightning's loop meets the loader (issue #37): why the checker missed the four defects, and
 which part of it now finds each (each is also a replayed case, ``issue37-*`` in ``cases.jsonl``;
