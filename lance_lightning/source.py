@@ -66,8 +66,10 @@ class Prepare:
         format: One of `PREPARE_FORMATS` (docs/getting-data-in.md describes each).
         input: The raw files: a folder (or a file, for ``parquet`` and ``webdataset``).
         workers: Threads (or processes) reading and writing units in parallel; default ``min(4, cpus)``.
-        pool: ``"threads"`` (the default: file reads and Lance's writer release the GIL) or
-            ``"processes"`` (spawned; for inputs whose checks are CPU-bound Python, e.g. many images).
+        pool: ``"threads"`` (the default: file reads and Lance's writer release the GIL),
+            ``"processes"`` (spawned; for inputs whose checks are CPU-bound Python, e.g. many images)
+            or ``"ray"`` (Ray tasks, on other machines of a Ray cluster for an object-store output;
+            needs the ``ray`` extra).
         on_bad_file: ``"skip"`` lists an unreadable or corrupt file in the report and goes on;
             ``"error"`` stops, naming it.
         unit_files: At most this many input files per work unit (one commit, one fragment).
@@ -90,7 +92,9 @@ class Prepare:
             "is not a format prepare reads",
             f"use one of {', '.join(PREPARE_FORMATS)}",
         )
-        check_choice("prepare.pool", self.pool, ("threads", "processes"), "is not a pool", "threads or processes")
+        check_choice(
+            "prepare.pool", self.pool, ("threads", "processes", "ray"), "is not a pool", "threads, processes or ray"
+        )
         check_choice("prepare.on_bad_file", self.on_bad_file, ("skip", "error"), "is not a choice", "skip or error")
         check_int("prepare.workers", self.workers, 1, "set workers to 1 or more, or null", optional=True)
         check_int("prepare.unit_files", self.unit_files, 1, "set unit_files to 1 or more")

@@ -38,9 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=None, help="threads or processes (default: min(4, CPUs))")
     parser.add_argument(
         "--pool",
-        choices=("threads", "processes"),
+        choices=("threads", "processes", "ray"),
         default="threads",
-        help="write units on threads (default) or spawned processes (for CPU-bound checks of many images)",
+        help=(
+            "write units on threads (default), spawned processes (for CPU-bound checks of many images) "
+            "or Ray tasks (the ray extra; across a Ray cluster's machines for an object-store output)"
+        ),
     )
     parser.add_argument(
         "--on-bad-file",

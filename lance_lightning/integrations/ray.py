@@ -22,7 +22,8 @@ Guarantees (checked by ``tests/scenarios/test_ray.py``: 2 local Ray Train worker
   valid. A Ray checkpoint without ``checkpoint.ckpt`` is a `ConfigError`.
 
 Importing this module imports Ray, which only the ``ray`` extra installs
-(``uv sync --extra ray``); nothing else in the package imports it.
+(``uv sync --extra ray``); elsewhere in the package only ``prepare`` with ``pool="ray"``
+(`lance_lightning.write.writer`) imports it, when it runs.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ Guarantees:
   and the output (another schema, another input, not a Lance dataset). Each problem is a
   `ConfigError` naming the file or the flag.
 - It then writes the units not yet committed (`lance_lightning.write.writer`), ``workers`` threads
-  (or spawned processes) at a time, with a progress bar on stderr, and returns a `PrepareReport`:
-  rows, bytes in and out, rows/s, files skipped and why. On a complete output it writes nothing
-  and says so.
+  (or spawned processes, or ``2 * workers`` Ray tasks with ``pool="ray"``) at a time, with a
+  progress bar on stderr, and returns a `PrepareReport`: rows, bytes in and out, rows/s, files
+  skipped and why. On a complete output it writes nothing and says so.
 - Prepares of one local output are serialised by a lock file (``OUT.lock``): DDP ranks of one node,
   or two shells, never interleave their commits; the second finds the output complete.
 - `prepare_sources` prepares every source of a data module that has a ``prepare`` spec, once per

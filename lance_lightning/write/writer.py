@@ -8,10 +8,10 @@ Where things are, for an output ``OUT``:
   dataset from an interrupted one.
 
 Guarantees:
-- Every unit is one Lance commit, in unit order (units are written in parallel, on threads or
-  spawned processes, and committed in order by the calling thread): the first an ``Overwrite``
-  that creates the dataset, the others an ``Append`` (a unit whose files were all skipped commits
-  no fragment). Each commit's transaction properties hold
+- Every unit is one Lance commit, in unit order (units are written in parallel, on threads,
+  spawned processes or Ray tasks, and committed in order by the calling thread): the first an
+  ``Overwrite`` that creates the dataset, the others an ``Append`` (a unit whose files were all
+  skipped commits no fragment). Each commit's transaction properties hold
   the plan's fingerprint, the unit's index and its skipped files: the record of committed units is
   the dataset's own history, written in the same atomic commit as the unit's rows.
 - Complete only when the last commit, an ``UpdateConfig``, sets the ``lance_lightning.prepare``
@@ -158,14 +158,17 @@ class DatasetWriter:
         on_bad_file: str,
         on_rows: Callable[[int], None],
     ) -> list[Skipped]:
-        """Write ``units[progress.committed:]`` on ``workers`` threads or spawned processes and
-        commit them in order; return the files this run skipped. ``on_rows`` counts rows as they
-        are read (threads) or as their unit commits (processes)."""
+        """Write ``units[progress.committed:]`` on ``workers`` threads or spawned processes, or as
+        Ray tasks (``2 * workers`` units in flight), and commit them in order; return the files
+        this run skipped. ``on_rows`` counts rows as they are read (threads) or as their unit
+        commits (processes, Ray)."""
         todo = iter(units[progress.committed :])
         skipped: list[Skipped] = []
         threads = pool == "threads"
         if threads:
             executor: Executor = ThreadPoolExecutor(workers, thread_name_prefix="lance-prepare")
+        elif pool == "ray":  # Ray tasks: imported only here
+            executor = _RayExecutor(local=is_local(self.staging))
         else:  # Lance is not fork-safe: spawned processes only
             executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
         with executor:
@@ -266,6 +269,62 @@ class DatasetWriter:
         staging = Path(self.staging)
         if is_local(self.staging) and staging.is_dir() and not (staging / "_versions").exists():
             shutil.rmtree(staging)
+
+
+class _RayExecutor(Executor):
+    """Runs `DatasetWriter.write_unit` calls as Ray tasks (one CPU each) of the Ray instance the
+    caller started or joined (``ray.init``; else Ray starts a local one). Arguments and results
+    travel pickled, as to spawned processes: each task writes its unit's fragment files and returns
+    the ``Overwrite`` operation listing them; the driver commits it. Tasks writing a local output
+    are pinned to this machine (node); with an object-store output they run on any node."""
+
+    def __init__(self, *, local: bool) -> None:
+        try:
+            import ray
+        except ImportError as error:
+            raise ConfigError(
+                "prepare.pool",
+                "ray",
+                f"needs Ray, which the `ray` extra installs ({type(error).__name__}: {error})",
+                "uv sync --extra ray (or pip install 'lance-lightning[ray]'), or use pool threads or processes",
+            ) from None
+        self._ray = ray
+        options: dict[str, Any] = {"num_cpus": 1}
+        if local:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            if not ray.is_initialized():
+                ray.init()
+            node = ray.get_runtime_context().get_node_id()
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+        self._task = ray.remote(_call).options(**options)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        return _RayFuture(self._ray, self._task.remote(fn, *args, **kwargs))
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+class _RayFuture(Future):
+    """A Ray task's result as the write loop reads it: ``result()`` raises the task's own exception
+    (a `ConfigError` naming a bad file), ``cancel()`` cancels the task."""
+
+    def __init__(self, ray: Any, ref: Any) -> None:
+        super().__init__()
+        self._ray, self._ref = ray, ref
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            return self._ray.get(self._ref, timeout=timeout)
+        except self._ray.exceptions.RayTaskError as error:
+            cause = error.cause
+            raise (cause if isinstance(cause, Exception) else error) from None
+
+    def cancel(self) -> bool:
+        self._ray.cancel(self._ref)
+        return True
 
 
 def _record(dataset: lance.LanceDataset) -> dict[str, Any]:

@@ -10,6 +10,9 @@ Checked:
   row of an epoch once. Stopped mid-epoch, the run resumes from the `ray.train.Checkpoint` Ray
   reported (`TorchTrainer(resume_from_checkpoint=...)`): the resumed epoch trains exactly the rows
   not yet trained, and the next epoch every row once, in a new order.
+- ``prepare`` with ``pool="ray"`` (units written by Ray tasks, committed in order by the driver)
+  writes the thread pool's dataset row for row, resumes after the units committed before an
+  interruption, and without Ray is a `ConfigError` naming the extra.
 
 Every worker appends the ids of each batch it trains to ``<tmp>/<tag>.rank<r>.jsonl``. Skipped,
 with the reason, without the extra.
@@ -230,3 +233,47 @@ def test_ray_train_trains_every_row_once_and_resumes_exactly(tmp_path: Path, loc
     epoch2 = _rows_of_epoch(after, 2)
     assert sorted(epoch2) == list(range(ROWS)), "the epoch after the resume repeats or skips rows"
     assert epoch0 != epoch1_before + epoch1_after != epoch2, "each epoch has its own order"
+
+
+# -- (c) `prepare --pool ray`: units written by Ray tasks, committed in order by the driver ---------
+def test_prepare_on_ray_tasks_writes_the_thread_pools_dataset_and_resumes(
+    tmp_path: Path, local_ray: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from lance_lightning.errors import ConfigError
+    from lance_lightning.source import Prepare
+    from lance_lightning.write.prepare import prepare
+    from lance_lightning.write.writer import DONE_KEY, DatasetWriter
+    from tests.unit.write.inputs import parquet_files
+
+    root = parquet_files(tmp_path / "in", files=5, rows=7)
+    spec = {"format": "parquet", "input": str(root), "workers": 2, "unit_files": 1}
+    threads = prepare(Prepare(**spec), str(tmp_path / "threads.lance"), progress=False)
+    expected = lance.dataset(str(tmp_path / "threads.lance"))
+
+    # interrupted after its first 2 unit commits, then rerun: it resumes after them
+    commit = DatasetWriter.commit
+
+    def commit_two(self: DatasetWriter, unit: Any, *args: Any) -> None:
+        if unit.index == 2:
+            raise KeyboardInterrupt
+        commit(self, unit, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(DatasetWriter, "commit", commit_two)
+        with pytest.raises(KeyboardInterrupt):
+            prepare(Prepare(**spec, pool="ray"), str(tmp_path / "ray.lance"), progress=False)
+    resumed = prepare(Prepare(**spec, pool="ray"), str(tmp_path / "ray.lance"), progress=False)
+    assert (resumed.status, resumed.units_adopted, resumed.pool) == ("resumed", 2, "ray")
+    assert resumed.rows == threads.rows == 35
+
+    written = lance.dataset(str(tmp_path / "ray.lance"))
+    assert written.to_table().equals(expected.to_table()), "another table or row order than the thread pool's"
+    assert len(written.get_fragments()) == 5, "one fragment per unit"
+    assert json.loads(written.config()[DONE_KEY]) == json.loads(expected.config()[DONE_KEY]), "another record"
+    assert prepare(Prepare(**spec, pool="ray"), str(tmp_path / "ray.lance"), progress=False).status == "complete"
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as without the extra
+    with pytest.raises(ConfigError, match="uv sync --extra ray"):
+        prepare(Prepare(**spec, pool="ray"), str(tmp_path / "none.lance"), progress=False)
