@@ -93,6 +93,7 @@ def test_print_config_round_trips(tmp_path, cli_uri):
         "filter": "label < 5",
         "version": None,
         "storage_options": None,
+        "prepare": None,
     }
     for key in ("num_workers", "multiprocessing_context", "fill_nulls", "drop_last", "resume_data", "transform"):
         assert key in data

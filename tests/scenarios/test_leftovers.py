@@ -24,9 +24,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -115,8 +117,9 @@ class Run:
 
     def __init__(self, tmp_path: Path, argv: list[str]) -> None:
         self.argv = argv
-        self.temp = tmp_path / "tmp"
-        self.temp.mkdir()
+        # Short: the forkserver binds a socket under TMPDIR, and an AF_UNIX path has at most 107 bytes
+        # (pytest-xdist's tmp_path, .../popen-gw0/test_..._0/tmp/pymp-.../listener-..., is longer).
+        self.temp = Path(tempfile.mkdtemp(prefix="leftovers-"))
         self.env = {
             **os.environ,
             "TMPDIR": str(self.temp),
@@ -145,6 +148,7 @@ class Run:
                 os.killpg(self.sid, signal.SIGKILL)
         assert self.process is not None
         self.process.wait()
+        shutil.rmtree(self.temp, ignore_errors=True)
 
     @property
     def sid(self) -> int:
