@@ -8,7 +8,7 @@ Guarantees:
   (the tar file relative to the input) and one large_binary column per extension found in any
   shard (dots become underscores: ``seg.png`` is ``seg_png``), null where a sample lacks it. An
   extension whose files average `BLOB_BYTES` or more (videos, long audio) is stored with Lance's
-  blob encoding, the others plain (small files read faster plain: docs/getting-data-in.md).
+  blob encoding, the others plain (docs/getting-data-in.md: where blobs pay).
 - Every shard's headers are read at survey time: a shard that is not a readable tar is skipped and
   listed (or refused, by ``on_bad_file``) before anything is written; a member without an
   extension is left out and listed.
@@ -43,8 +43,8 @@ _SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 #: Rows per record batch handed to the fragment writer.
 BATCH_ROWS = 256
-#: An extension's files of this mean size or more are stored as Lance blobs (measured: 8 KB and
-#: 110 KB files were taken faster plain, 4 MB files 10x faster as blobs).
+#: An extension's files of this mean size or more are stored as Lance blobs (4 MiB files are read
+#: 2.4-4.6x faster as blobs: benchmarks/results/blob_layout.md, which also finds blobs ahead from 110 KiB).
 BLOB_BYTES = 1 << 20
 
 
