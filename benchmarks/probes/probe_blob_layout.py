@@ -8,7 +8,10 @@ is written both ways (same rows, same fragments); then, alternating the two layo
 `lance_lightning.read.blobs` reads it), a read of every row in order (an epoch without shuffle),
 and, for the large payload, reading the first 256 KiB of
 each row (a plain column must read the whole value; a blob is read by range through ``take_blobs``).
-Medians of ``--reps`` repetitions, warm page cache, one process.
+Then the same payloads (8 KiB to 1 MiB) through this package's loader: epoch rows/s of a
+`LanceDataModule` (batch 64, 2 reader threads, no transform) with `NoShuffle` and `RowShuffle`,
+which reads blob columns with ``read_blobs`` (`lance_lightning.read.blobs`). Medians of
+``--reps`` repetitions (``--loader-reps`` for the loader), warm page cache, one process.
 
     uv run python benchmarks/probes/probe_blob_layout.py --reps 7
 """
@@ -90,9 +93,53 @@ def prefix_ms(path: Path, blob: bool, indices: list[int]) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+#: (label, bytes per row, rows) of the loader measurement.
+LOADER_SIZES = [
+    ("8 KiB", 8 << 10, 4_000),
+    ("32 KiB", 32 << 10, 2_000),
+    ("110 KiB", 110 << 10, 1_000),
+    ("1 MiB", 1 << 20, 200),
+]
+
+
+def loader_rows_per_s(path: Path, shuffle: object) -> float:
+    """Rows/s of one epoch of the package's train loader over ``path``."""
+    from lance_lightning import LanceDataModule, LanceSource
+
+    module = LanceDataModule(train=LanceSource(str(path)), batch_size=64, shuffle=shuffle, reader_threads=2)
+    module.setup("fit")
+    start, rows = time.perf_counter(), 0
+    for batch in module.train_dataloader():
+        rows += len(batch["id"])
+    return rows / (time.perf_counter() - start)
+
+
+def loader_lines(root: str, reps: int) -> list[str]:
+    from lance_lightning import NoShuffle, RowShuffle
+
+    lines = []
+    for label, size, rows in LOADER_SIZES:
+        paths = {blob: Path(root) / f"loader-{size}-{blob}.lance" for blob in (False, True)}
+        for blob, path in paths.items():
+            write(path, size, rows, blob)
+        rates: dict[tuple[str, bool], list[float]] = {}
+        for rep in range(reps):
+            for blob in (rep % 2 == 0, rep % 2 == 1):
+                for name, shuffle in (("scan", NoShuffle()), ("row", RowShuffle(seed=rep))):
+                    rates.setdefault((name, blob), []).append(loader_rows_per_s(paths[blob], shuffle))
+        median = {key: statistics.median(values) for key, values in rates.items()}
+        lines.append(
+            f"| {label} | {rows} | {median[('scan', False)]:,.0f} | {median[('scan', True)]:,.0f} | "
+            f"{median[('scan', False)] / median[('scan', True)]:.2f} | {median[('row', False)]:,.0f} | "
+            f"{median[('row', True)]:,.0f} | {median[('row', False)] / median[('row', True)]:.2f} |"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--loader-reps", type=int, default=3)
     args = parser.parse_args()
     import random
 
@@ -125,11 +172,13 @@ def main() -> None:
                 f"{median[('scan', False)] / median[('scan', True)]:.2f} | {prefix} | "
                 f"{disk[False] / 1e6:,.1f} / {disk[True] / 1e6:,.1f} |"
             )
+        loader = loader_lines(root, args.loader_reps)
     text = "\n".join(
         [
             "# Blob or plain binary for `prepare`'s large columns",
             "",
-            f"{common.stamp()}. Command: `uv run python benchmarks/probes/probe_blob_layout.py --reps {args.reps}`",
+            f"{common.stamp()}. Command: `uv run python benchmarks/probes/probe_blob_layout.py --reps {args.reps} "
+            f"--loader-reps {args.loader_reps}`",
             "",
             f"Machine: {common.machine()}. Load average at the end: {common.load_average()}. Random bytes, one "
             "fragment, warm page cache, medians of the repetitions (the layouts alternate which goes first).",
@@ -139,8 +188,17 @@ def main() -> None:
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             *lines,
             "",
-            "Reading: a ratio above 1 means the blob layout reads faster. `prepare` stores video and audio, and "
-            "WebDataset members averaging 1 MiB or more, as blobs; images and small files as plain binary.",
+            "## Through the package's loader (epoch rows/s, batch 64, 2 reader threads)",
+            "",
+            "| payload | rows | NoShuffle plain | NoShuffle blob | plain / blob | RowShuffle plain | RowShuffle blob | "
+            "plain / blob |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            *loader,
+            "",
+            "Reading: in the first table (milliseconds) plain / blob above 1 means the blob layout is faster; in "
+            "the second (rows/s) it means plain binary is faster. Through the loader plain binary led from 8 to "
+            "110 KiB and blobs at 1 MiB, so `prepare` stores video and audio, and WebDataset members averaging "
+            "1 MiB or more, as blobs, and images and small files as plain binary.",
         ]
     )
     print(text)

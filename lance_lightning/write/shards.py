@@ -43,8 +43,8 @@ _SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 #: Rows per record batch handed to the fragment writer.
 BATCH_ROWS = 256
-#: An extension's files of this mean size or more are stored as Lance blobs (4 MiB files are read
-#: 2.4-4.6x faster as blobs: benchmarks/results/blob_layout.md, which also finds blobs ahead from 110 KiB).
+#: An extension's files of this mean size or more are stored as Lance blobs: through the loader plain
+#: binary read faster up to 110 KiB and blobs at 1 MiB (benchmarks/results/blob_layout.md).
 BLOB_BYTES = 1 << 20
 
 
