@@ -16,6 +16,7 @@ Guarantees:
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,20 +41,22 @@ from lance_lightning.write.units import (
 BATCH_ROWS = 8192
 
 
-class _TableFormat:
+class _TableFormat(ABC):
     """A format of Arrow tables in files: the subclasses say which files and how to open them."""
 
     name = ""
 
+    @abstractmethod
     def files(self, root: Path) -> list[Path]:
-        raise NotImplementedError
+        """The format's files under ``root`` (or ``root`` itself), in the order they are read."""
 
+    @abstractmethod
     def inspect(self, path: Path) -> tuple[pa.Schema, int]:
         """The file's schema and row count."""
-        raise NotImplementedError
 
+    @abstractmethod
     def batches(self, path: Path) -> Iterator[pa.RecordBatch]:
-        raise NotImplementedError
+        """The file's rows, in order."""
 
     def survey(self, input_: str, on_bad_file: str) -> Survey:
         root = check_input(input_, file_ok=self.name == "parquet")

@@ -13,7 +13,7 @@ Guarantees:
   one. A script that calls the data module before ``fit`` calls ``prepare_data`` first, as a user
   must.
 - `kill` runs, before the first fit, a prepare of the same spec SIGKILLed at a drawn moment
-  (`Prepared.kill`, by the same patching of the writer as tests/scenarios/test_prepare_cli.py: the
+  (`Prepared.kill`, by tests/prepare_kill.py, which tests/scenarios/test_prepare_cli.py uses too: the
   writer reads no variable to kill itself); the first fit's ``prepare_data`` then resumes it.
 - `check` (part of `tests.contract.oracle.check`) says what went wrong: the kill did not leave the
   output incomplete; the first fit's prepare did not report prepared / resumed (or complete, after
@@ -43,27 +43,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The prepared table.
 TABLE = 0
 
-#: Runs a prepare of SPEC (JSON) to OUT after making the writer SIGKILL itself at MOMENT (`Prepared.kill`).
-_KILLER = """
-import json, os, signal, sys
-from lance_lightning.source import Prepare
-from lance_lightning.write import writer
-from lance_lightning.write.prepare import prepare
-moment, _, n = sys.argv[1].partition(":")
-def kill(): os.kill(os.getpid(), signal.SIGKILL)
-real_commit, real_write, commits = writer.DatasetWriter.commit, writer.DatasetWriter.write_unit, []
-def commit(self, unit, *args):
-    real_commit(self, unit, *args)
-    commits.append(unit.index)
-    if moment == "commit" and len(commits) == int(n): kill()
-def write_unit(self, unit, *args):
-    out = real_write(self, unit, *args)
-    if moment == "write" and unit.index == int(n): kill()
-    return out
-writer.DatasetWriter.commit, writer.DatasetWriter.write_unit = commit, write_unit
-if moment == "rename": writer.os.replace = lambda *a: kill()
-prepare(Prepare(**json.loads(sys.argv[2])), sys.argv[3], progress=False)
-"""
+#: A prepare that SIGKILLs itself at `Prepared.kill` (tests/prepare_kill.py).
+KILLER = REPO_ROOT / "tests" / "prepare_kill.py"
 
 
 def input_folder(root: str | Path) -> Path:
@@ -99,7 +80,7 @@ def kill(scenario: Scenario, root: Path, uri: str) -> dict[str, Any]:
     assert scenario.prepare is not None and scenario.prepare.kill is not None
     from tests.contract.runner import _env
 
-    command = [sys.executable, "-c", _KILLER, scenario.prepare.kill, json.dumps(spec(scenario, root)), uri]
+    command = [sys.executable, str(KILLER), scenario.prepare.kill, "spec", json.dumps(spec(scenario, root)), uri]
     done = subprocess.run(command, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     return {"returncode": done.returncode, "output": done.stderr[-2000:], "exists": Path(uri).exists()}
 

@@ -19,28 +19,8 @@ from tests.unit.write.inputs import image_folder
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-#: Runs ``lance-lightning prepare ARGS`` after making the writer SIGKILL itself at a moment:
-#: ``commit:N`` right after its N-th unit commit, ``write:N`` after writing the files of unit N
-#: (before its commit), ``rename`` after the completion commit, before the output is moved in place.
-_KILLER = """
-import os, signal, sys
-from lance_lightning.write import writer
-moment, _, n = sys.argv[1].partition(":")
-def kill(): os.kill(os.getpid(), signal.SIGKILL)
-real_commit, real_write, commits = writer.DatasetWriter.commit, writer.DatasetWriter.write_unit, []
-def commit(self, unit, *args):
-    real_commit(self, unit, *args)
-    commits.append(unit.index)
-    if moment == "commit" and len(commits) == int(n): kill()
-def write_unit(self, unit, *args):
-    out = real_write(self, unit, *args)
-    if moment == "write" and unit.index == int(n): kill()
-    return out
-writer.DatasetWriter.commit, writer.DatasetWriter.write_unit = commit, write_unit
-if moment == "rename": writer.os.replace = lambda *a: kill()
-from lance_lightning.cli.main import main
-main(["prepare", *sys.argv[2:]])
-"""
+#: A prepare that SIGKILLs itself at a moment (``commit:N``, ``write:N``, ``rename``).
+KILLER = REPO_ROOT / "tests" / "prepare_kill.py"
 
 
 def _prepare_args(root: Path, out: Path, *extra: str) -> list[str]:
@@ -74,7 +54,9 @@ def test_sigkill_mid_prepare_then_rerun_equals_an_uninterrupted_run(tmp_path: Pa
     root = image_folder(tmp_path / "in", per_class=4, bad=("fox/zz.png",))
     args = _prepare_args(root, tmp_path / "out.lance", "--unit-files", "2", "--workers", "2", "--quiet")[1:]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    killed = subprocess.run([sys.executable, "-c", _KILLER, moment, *args], env=env, capture_output=True, timeout=300)
+    killed = subprocess.run(
+        [sys.executable, str(KILLER), moment, "cli", *args], env=env, capture_output=True, timeout=300
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
     assert not (tmp_path / "out.lance").exists()  # never looks complete at the output
     partial = lance.dataset(str(tmp_path / "out.lance.partial"))
