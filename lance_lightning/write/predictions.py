@@ -88,6 +88,14 @@ class LancePredictionWriter(BasePredictionWriter):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if getattr(stage, "value", stage) != "predict":
             return
+        if trainer.limit_predict_batches not in (None, 1.0):
+            raise ConfigError(
+                "trainer.limit_predict_batches",
+                trainer.limit_predict_batches,
+                "the prediction writer gives every row a value; a limit leaves rows without one, and the run "
+                "could not commit",
+                "remove limit_predict_batches, or choose the rows with a filter on data.predict",
+            )
         source = runs.predict_source(trainer.datamodule)
         self.rank, self.report = trainer.global_rank, {}
         self.run = commits.run_id(

@@ -24,7 +24,7 @@ COLUMNS = ["emb", "score", "name"]
 
 
 def _predict(uri: str, writer: LancePredictionWriter, model: pl.LightningModule | None = None, **source: Any) -> Any:
-    trainer = pl.Trainer(
+    trainer = source.pop("trainer", None) or pl.Trainer(
         accelerator="cpu",
         logger=False,
         enable_progress_bar=False,
@@ -307,3 +307,15 @@ def test_a_finished_fragment_read_again_is_not_written_again(
     assert again.predicted == list(range(300)) and writer.report["rows"] == 300
     table = lance.dataset(uri).to_table()
     assert np.allclose(np.stack(table["emb"].to_numpy(zero_copy_only=False)), embedding_of(table["id"].to_numpy()))
+
+
+def test_a_predict_batch_limit_is_refused_before_anything_is_written(uri: str) -> None:
+    """``limit_predict_batches`` would leave rows without a value: refused before the run, naming it."""
+    writer = LancePredictionWriter(columns="emb")
+    limited = pl.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, callbacks=[writer], limit_predict_batches=0.5
+    )
+    with pytest.raises(ConfigError, match="limit_predict_batches") as info:
+        _predict(uri, writer, IdModel("tensor"), trainer=limited)
+    assert info.value.param == "trainer.limit_predict_batches"
+    assert lance.dataset(uri).version == 1 and "emb" not in lance.dataset(uri).schema.names
