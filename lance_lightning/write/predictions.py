@@ -88,10 +88,11 @@ class LancePredictionWriter(BasePredictionWriter):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if getattr(stage, "value", stage) != "predict":
             return
-        if trainer.limit_predict_batches not in (None, 1.0):
+        limit = trainer.limit_predict_batches
+        if limit is not None and not (isinstance(limit, float) and limit == 1.0):  # an int 1 is one batch
             raise ConfigError(
                 "trainer.limit_predict_batches",
-                trainer.limit_predict_batches,
+                limit,
                 "the prediction writer gives every row a value; a limit leaves rows without one, and the run "
                 "could not commit",
                 "remove limit_predict_batches, or choose the rows with a filter on data.predict",

@@ -309,11 +309,13 @@ def test_a_finished_fragment_read_again_is_not_written_again(
     assert np.allclose(np.stack(table["emb"].to_numpy(zero_copy_only=False)), embedding_of(table["id"].to_numpy()))
 
 
-def test_a_predict_batch_limit_is_refused_before_anything_is_written(uri: str) -> None:
-    """``limit_predict_batches`` would leave rows without a value: refused before the run, naming it."""
+@pytest.mark.parametrize("limit", [0.5, 1], ids=["fraction", "one_batch"])
+def test_a_predict_batch_limit_is_refused_before_anything_is_written(uri: str, limit: float) -> None:
+    """``limit_predict_batches`` would leave rows without a value: refused before the run, naming it
+    (also ``1``, an int: one batch, not the whole split)."""
     writer = LancePredictionWriter(columns="emb")
     limited = pl.Trainer(
-        accelerator="cpu", logger=False, enable_progress_bar=False, callbacks=[writer], limit_predict_batches=0.5
+        accelerator="cpu", logger=False, enable_progress_bar=False, callbacks=[writer], limit_predict_batches=limit
     )
     with pytest.raises(ConfigError, match="limit_predict_batches") as info:
         _predict(uri, writer, IdModel("tensor"), trainer=limited)
