@@ -1,7 +1,7 @@
 """A prepare that SIGKILLs itself at a chosen moment, for the kill-and-rerun tests (the CLI scenario
 and the contract checker). Moments: ``commit:N`` right after the writer's N-th unit commit,
-``write:N`` after writing the files of unit N (before its commit), ``rename`` after the completion
-commit, before the output is moved in place.
+``write:N`` after writing the files of unit N (before its commit; once units 0..N-1 are committed),
+``rename`` after the completion commit, before the output is moved in place.
 
     python tests/prepare_kill.py MOMENT cli ARGS...        # lance-lightning prepare ARGS
     python tests/prepare_kill.py MOMENT spec SPEC_JSON OUT  # prepare(Prepare(**SPEC), OUT)
@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 
 def arm(moment: str) -> None:
@@ -34,6 +35,11 @@ def arm(moment: str) -> None:
     def write_unit(self, unit, *args):  # noqa: ANN001, ANN202
         out = real_write(self, unit, *args)
         if kind == "write" and unit.index == int(n):
+            # Units are written in parallel: wait for the commits of the units before it (they do not
+            # need this one), so that the kill always leaves units 0..N-1 committed and N written only.
+            deadline = time.monotonic() + 120
+            while len(commits) < int(n) and time.monotonic() < deadline:
+                time.sleep(0.01)
             kill()
         return out
 
