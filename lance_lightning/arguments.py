@@ -21,11 +21,12 @@ from lance_lightning.checks import check_int
 from lance_lightning.errors import ConfigError
 from lance_lightning.load.loader import check_start_method
 from lance_lightning.materialize.view import MaterializedView
+from lance_lightning.media.samplers import ClipSampler
 from lance_lightning.plan.contract import Plan, SplitSettings
 from lance_lightning.plan.mixture import LanceMixture
 from lance_lightning.plan.packing import TokenPacking
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
-from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow
+from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow, check_packed_policy
 from lance_lightning.source import LanceSource
 
 
@@ -92,12 +93,27 @@ def split_settings(
     eval_batch_size: int,
     drop_last: bool,
     packing: TokenPacking | None,
+    clips: ClipSampler | None = None,
 ) -> SplitSettings:
     """How ``split`` is planned besides its source (see the module docstring)."""
     if split == "train":
-        return SplitSettings(shuffle, filter_read, batch_size, drop_last, packing=packing)
+        return SplitSettings(shuffle, filter_read, batch_size, drop_last, packing=packing, clips=clips)
     # predict runs no collective per step: its ranks may end a batch apart, so it is not padded
-    return SplitSettings(NoShuffle(), filter_read, eval_batch_size, False, pad=split != "predict", packing=packing)
+    pad = split != "predict"
+    return SplitSettings(NoShuffle(), filter_read, eval_batch_size, False, pad=pad, packing=packing, clips=clips)
+
+
+def check_units(bad_rows: BadRowPolicy, packing: TokenPacking | None, clips: Any) -> ClipSampler | None:
+    """``clips`` when it is a clip sampler (or ``None``); `ConfigError` otherwise, with packing, or
+    for `ReplaceBadRow` with packing (`check_packed_policy`)."""
+    check_packed_policy(bad_rows, packing)
+    if clips is not None and not isinstance(clips, ClipSampler):
+        raise ConfigError(
+            "clips", clips, "is not a clip sampler", "pass lance_lightning.VideoClips(...) or AudioClips(...)"
+        )
+    if clips is not None and packing is not None:
+        raise ConfigError("clips", clips, "cannot be combined with packing (a unit is a clip or a window)", "set one")
+    return clips
 
 
 def check_fill_nulls(fill_nulls: Mapping[str, Any], plans: Mapping[str, Plan]) -> None:

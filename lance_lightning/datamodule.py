@@ -27,9 +27,8 @@ Guarantees:
   ``prefetch_batches`` finished batches per process, then copied to the device without blocking,
   where ``device_transform`` runs: on CUDA ``device_ahead`` batches ahead of the step in a
   background thread (`DeviceAhead`), elsewhere in ``on_after_batch_transfer``, decided once per
-  loader when it is built (`DevicePath`). If the model
-  overrides ``transfer_batch_to_device`` or ``on_after_batch_transfer`` too, its hook still runs
-  (after ours; a model's own transfer hook turns the ahead preparation off).
+  loader when it is built (`DevicePath`). A model's own ``transfer_batch_to_device`` or
+  ``on_after_batch_transfer`` still runs (after ours; its transfer hook turns ahead off).
 - A row the transform cannot decode raises naming the dataset row and column (`RaiseOnBadRow`),
   or is replaced deterministically (`ReplaceBadRow`); either way it is counted as ``bad_rows``.
 """
@@ -45,7 +44,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lance_lightning.arguments import check_arguments, check_fill_nulls, split_settings
+from lance_lightning.arguments import check_arguments, check_fill_nulls, check_units, split_settings
 from lance_lightning.cursor.restore import FitLoop, plan_at_cursor
 from lance_lightning.cursor.tracker import CursorTracker
 from lance_lightning.device.hooks import DeviceStage
@@ -57,6 +56,7 @@ from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.loader import LanceDataLoader
 from lance_lightning.materialize.cache import RemoteCache
 from lance_lightning.materialize.view import MaterializedView
+from lance_lightning.media.samplers import AudioClips, VideoClips
 from lance_lightning.plan.contract import Plan, SplitSettings
 from lance_lightning.plan.mixture import LanceMixture
 from lance_lightning.plan.packing import TokenPacking
@@ -64,7 +64,7 @@ from lance_lightning.plan.planner import check_fits
 from lance_lightning.plan.split import plan_split
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
 from lance_lightning.preflight import note_checkpoint_error
-from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow, check_packed_policy
+from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow
 from lance_lightning.produce.identity import check_identity_settings, identity_problem
 from lance_lightning.produce.schema import check_read_schema
 from lance_lightning.read.reader import TAKE_GROUP_BYTES
@@ -143,6 +143,8 @@ class LanceDataModule(pl.LightningDataModule):
             reads from the store. Order, cursor and resume are the same either way.
         packing: `TokenPacking`: every split's documents packed into windows of ``seq_len`` tokens
             across batches; batches, the cursor and ranks then count windows (docs/packing.md).
+        clips: `VideoClips` or `AudioClips`: every split's media rows cut into clips decoded from
+            their blobs; batches, the cursor and ranks then count clips (docs/video.md).
         hold_versions: While fitting, rank zero holds the dataset versions the train split reads
             with Lance tags so that ``cleanup_old_versions`` cannot delete them (`lance_lightning.hold`):
             ``"fit"`` (the default) removes them when the fit ends normally and keeps them when it is
@@ -188,6 +190,7 @@ class LanceDataModule(pl.LightningDataModule):
         materialize: MaterializedView | None = None,
         remote_cache: RemoteCache | None = None,
         packing: TokenPacking | None = None,
+        clips: VideoClips | AudioClips | None = None,
         hold_versions: Literal["fit", "keep", "off"] = "fit",
         row_identity: bool | list[Split] | None = None,
     ) -> None:
@@ -226,7 +229,6 @@ class LanceDataModule(pl.LightningDataModule):
         self.transform = transform
         self.device_transform = device_transform
         self.bad_rows = bad_rows if bad_rows is not None else RaiseOnBadRow()
-        check_packed_policy(self.bad_rows, packing)
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.reader_threads = reader_threads
@@ -248,9 +250,10 @@ class LanceDataModule(pl.LightningDataModule):
         self.retry = retry if retry is not None else RetryPolicy()
         self.materialize = materialize
         self.remote_cache = remote_cache if remote_cache is not None else RemoteCache()
-        self.packing = packing
+        self.packing, self.clips = packing, check_units(self.bad_rows, packing, clips)
         #: How each split is planned besides its source: built once, here.
-        settings = (self.shuffle, self.filter_read, self.batch_size, self.eval_batch_size, self.drop_last, self.packing)
+        settings = (self.shuffle, self.filter_read, self.batch_size, self.eval_batch_size, self.drop_last)
+        settings += (packing, clips)
         self.split_settings: dict[Split, SplitSettings] = {s: split_settings(s, *settings) for s in self.sources}
         self.plans: dict[Split, Plan] = {}
         self.train_cursor: CursorTracker | None = None
@@ -365,15 +368,10 @@ class LanceDataModule(pl.LightningDataModule):
                 resume = self._fit.resume_lines(self.train_cursor, self.world_size, loader.progress)
                 rank_zero_info("\n".join([self.explain("train"), *resume]))
             if self.global_rank == 0 and getattr(self.trainer.state.fn, "value", None) == "fit":
-                self.version_hold.acquire(self._held_sources())
+                held = self.plans["train"].sources if self.materialize is None else ()  # a local view is ours
+                self.version_hold.acquire(tuple(source.stands_for or source for source in held))
             self._fit.reread_length_next_epoch(self.trainer, self.train_cursor)
         return loader
-
-    def _held_sources(self) -> tuple[Any, ...]:
-        """The pinned sources the train split reads from the user's datasets (a local view is ours)."""
-        if self.materialize is not None:
-            return ()
-        return tuple(source.stands_for or source for source in self.plans["train"].sources)
 
     def val_dataloader(self) -> LanceDataLoader:
         return self._loader("val")

@@ -44,6 +44,8 @@ ROW_ID = "_rowid"
 EPOCH_POSITION = "_position"
 EPOCH = "_epoch"
 IDENTITY_KEYS: tuple[str, ...] = (ROW_ADDRESS, ROW_ID, EPOCH_POSITION, EPOCH)
+#: A clip's dataset row (its position in the pinned version), in batches of clips (`lance_lightning.read.clips`).
+CLIP_ROW = "_clip_row"
 #: The splits with row identity when ``row_identity`` is not set: predict only.
 DEFAULT_IDENTITY_SPLITS: tuple[str, ...] = ("predict",)
 

@@ -207,6 +207,7 @@ class LanceIterableDataset(IterableDataset):
             start,
             retry=self.retry,
             take_group_bytes=self.take_group_bytes,
+            bad_rows=self.bad_rows,
         )
         steps = reader.layout.worker_steps(worker, workers, self.rank)
         producer = BatchProducer(

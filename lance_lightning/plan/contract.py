@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from lance_lightning.media.samplers import ClipSampler
 from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.packing import TokenPacking
 from lance_lightning.plan.strategies import FilterRead, ShuffleStrategy
@@ -42,6 +43,8 @@ class SplitSettings:
     #: Pad the tail step so every rank has a batch; predict does not (it runs no collective per step).
     pad: bool = True
     packing: TokenPacking | None = None
+    #: With a clip sampler the units are clips of the media column (`lance_lightning.plan.clips`).
+    clips: ClipSampler | None = None
 
 
 @runtime_checkable
@@ -85,8 +88,12 @@ class Plan(Protocol):
         """Whether the units are packed token windows."""
 
     @property
+    def clipped(self) -> bool:
+        """Whether the units are clips of media rows (`lance_lightning.plan.clips`)."""
+
+    @property
     def unit(self) -> str:
-        """What ``matched_rows`` counts, in words: ``row``, ``window`` or ``sample``."""
+        """What ``matched_rows`` counts, in words: ``row``, ``window``, ``clip`` or ``sample``."""
 
     def layout(self, world_size: int, start: int = 0) -> Layout: ...
 

@@ -101,6 +101,11 @@ class MixturePlan:
         """Whether the sources' units are packed token windows (all sources share the packing)."""
         return self.plans[0].packed
 
+    @property
+    def clipped(self) -> bool:
+        """Whether the sources' units are clips of media rows (all sources share the sampler)."""
+        return self.plans[0].clipped
+
     def layout(self, world_size: int, start: int = 0) -> Layout:
         return Layout(start, self.matched_rows - start, world_size, self.batch_size, self.drop_last, self.pad)
 
@@ -178,7 +183,7 @@ class MixturePlan:
                 here = passes == pass_
                 order = plan.order(pass_epoch(epoch, int(pass_)))
                 matched = order.matched_indices(index[here])
-                out[here] = matched if plan.packed else plan.row_positions(matched)
+                out[here] = matched if plan.packed or plan.clipped else plan.row_positions(matched)
             rows[mine] = out
         return source, rows
 

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.plan.clips import ClipUnits
 from lance_lightning.plan.contract import Plan, SplitSettings
 from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.order import EpochOrder
@@ -50,6 +51,8 @@ class Survey:
     row_bytes: int
     #: With packing: the matching documents' stream offsets (``matched_rows`` then counts windows).
     documents: DocumentIndex | None = None
+    #: With a clip sampler: the matching media rows and clips per row (``matched_rows`` counts clips).
+    clips: ClipUnits | None = None
 
 
 @dataclass(frozen=True)
@@ -75,10 +78,15 @@ class ReadPlan:
     documents: DocumentIndex | None = field(default=None, repr=False, compare=False)
     #: What the remote cache did for this split (`lance_lightning.materialize.cache`), for ``explain``.
     cache: str | None = field(default=None, compare=False)
+    #: With a clip sampler: clips per matching media row (`lance_lightning.plan.clips`).
+    clips: ClipUnits | None = field(default=None, compare=False)
 
     @property
     def matched_documents(self) -> int:
-        """Matching rows of the source (documents with packing, whose sequence counts windows)."""
+        """Matching rows of the source (documents with packing, whose sequence counts windows; media
+        rows with clips)."""
+        if self.clips is not None:
+            return self.clips.rows
         return self.matched_rows if self.documents is None else self.documents.documents
 
     @property
@@ -102,6 +110,8 @@ class ReadPlan:
         identity = {**self.source.identity(), "shuffle": self.strategy.describe(), "rows": self.matched_rows}
         if self.documents is not None:
             identity["packing"] = self.documents.packing.describe()
+        if self.clips is not None:
+            identity["clips"] = self.clips.sampler.describe()
         return identity
 
     @property
@@ -110,14 +120,42 @@ class ReadPlan:
         return self.documents is not None
 
     @property
+    def clipped(self) -> bool:
+        """Whether the plan's units are clips of media rows."""
+        return self.clips is not None
+
+    @property
     def sources(self) -> tuple[PinnedSource, ...]:
         """The one source the plan reads."""
         return (self.source,)
 
     @property
     def unit(self) -> str:
-        """What the plan's sequence counts: rows, or windows with packing."""
+        """What the plan's sequence counts: rows, windows with packing, clips with a clip sampler."""
+        if self.clips is not None:
+            return "clip"
         return "row" if self.documents is None else "window"
+
+    def _clip_lines(self) -> list[str]:
+        if self.clips is None:
+            return []
+        from lance_lightning.media.decoders import decoder_line  # the decoder's import is checked here
+
+        sampler = self.clips.sampler
+        starts = f"random starts (seed {sampler.seed}, new each epoch)" if sampler.starts == "random" else "even starts"
+        blob = sampler.column in self.source.blob_columns
+        return [
+            f"  clips: {self.clips.rows:,} media row(s) x {sampler.per_item} clip(s) = {self.matched_rows:,} clip(s) "
+            f"per epoch of column {sampler.column!r}, {starts}; the unit shuffled is the clip",
+            f"  clip: {sampler.shape_line()}",
+            "  media read: "
+            + (
+                "byte ranges of each blob (seekable file), headers cached while the file stays open"
+                if blob
+                else "whole values (not blob-encoded: blob encoding would read only what a clip needs)"
+            ),
+            f"  decoder: {decoder_line(sampler)}",
+        ]
 
     def _packing_lines(self) -> list[str]:
         index = self.documents
@@ -142,6 +180,7 @@ class ReadPlan:
             f"  {'rows' if self.documents is None else 'documents'}: {self.matched_documents:,} of {src.total_rows:,}"
             + (f" match filter {src.filter!r} (selectivity {self.selectivity:.2%})" if src.filter else ""),
             *self._packing_lines(),
+            *self._clip_lines(),
             f"  strategy: {self.strategy!r} -> {order.units:,} unit(s) of {order.unit_rows:,} {self.unit}(s)",
             f"  read: {self.method} ({self.reason})",
             f"  batches: {layout.steps:,} per rank x {world_size} rank(s), batch_size {self.batch_size}",
@@ -171,6 +210,7 @@ def plan_reads(split: str, source: PinnedSource, survey: Survey, settings: Split
         method, reason = _method_without_filter(strategy)
     else:
         matched = survey.matched_rows if survey.documents is None else survey.documents.documents
+        matched = matched if survey.clips is None else survey.clips.rows
         method, reason = _method_with_filter(strategy, filter_read, matched / source.total_rows)
     return ReadPlan(
         split,
@@ -185,6 +225,7 @@ def plan_reads(split: str, source: PinnedSource, survey: Survey, settings: Split
         survey.row_bytes,
         settings.pad,
         survey.documents,
+        clips=survey.clips,
     )
 
 

@@ -25,7 +25,7 @@ from lance_lightning.plan.contract import Plan, SplitSettings
 from lance_lightning.plan.mixture import LanceMixture, plan_mixture
 from lance_lightning.plan.mixture_plan import MixturePlan
 from lance_lightning.plan.planner import ReadPlan, plan_reads
-from lance_lightning.plan.survey import survey, survey_tokens
+from lance_lightning.plan.survey import survey, survey_clips, survey_tokens
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
 
 
@@ -61,8 +61,11 @@ def plan_split(
 
 
 def _plan_source(split: str, source: PinnedSource, settings: SplitSettings, allow_empty: bool) -> ReadPlan:
-    """Survey (setup I/O) and plan the rows (or, with packing, the windows) of one pinned source."""
-    surveyed = survey(split, source, allow_empty=allow_empty)
+    """Survey (setup I/O) and plan the rows (or the windows with packing, the clips with a clip
+    sampler) of one pinned source."""
+    surveyed = survey(split, source, allow_empty=allow_empty, sample_rows=settings.clips is None)
     if settings.packing is not None:
         surveyed = survey_tokens(split, source, surveyed, settings.packing)
+    if settings.clips is not None:
+        surveyed = survey_clips(split, source, surveyed, settings.clips)
     return plan_reads(split, source, surveyed, settings)

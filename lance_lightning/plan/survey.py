@@ -9,6 +9,9 @@ Guarantees:
   the token column: slower). It keeps 8 bytes per document (`DocumentIndex`), built in place: no more at its peak.
   A missing column, or one of the wrong type, raises `ConfigError` naming it.
 - The row size comes from the schema where every column has a fixed width, else from a 64-row sample.
+- With clips, `survey_clips` checks the media column (a blob or binary column the split reads) and
+  counts ``per_item`` clips per matching row; no media is read at setup (the 64-row sample is
+  skipped: a clip's size comes from the sampler).
 - A plan is `survey` (+ `survey_tokens`) (I/O) + `lance_lightning.plan.planner.plan_reads` (pure),
   composed by the planning entry, `lance_lightning.plan.split.plan_split`.
 """
@@ -23,6 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.media.samplers import AudioClips, ClipSampler
+from lance_lightning.plan.clips import ClipUnits
 from lance_lightning.plan.filter_scan import find_matches
 from lance_lightning.plan.packing import DocumentIndex, TokenPacking
 from lance_lightning.plan.planner import Survey
@@ -33,9 +38,10 @@ from lance_lightning.source import PinnedSource
 ROW_BYTES_SAMPLE = 64
 
 
-def survey(split: str, source: PinnedSource, *, allow_empty: bool = False) -> Survey:
-    """Count (and, with a filter, find) the rows of ``source`` and measure their size; a source
-    without matching rows is a `ConfigError` unless ``allow_empty``."""
+def survey(split: str, source: PinnedSource, *, allow_empty: bool = False, sample_rows: bool = True) -> Survey:
+    """Count (and, with a filter, find) the rows of ``source`` and measure their size (without
+    ``sample_rows``: 1 byte, for the caller to set); a source without matching rows is a
+    `ConfigError` unless ``allow_empty``."""
     dataset = source.open()
     matches: RowSet | None = None
     matched = source.total_rows
@@ -51,7 +57,34 @@ def survey(split: str, source: PinnedSource, *, allow_empty: bool = False) -> Su
             )
     if matched == 0 and not allow_empty:
         raise ConfigError(f"{split}.uri", source.uri, "the dataset has no rows", "write rows first")
-    return Survey(matched, matches, _row_bytes(dataset, source))
+    return Survey(matched, matches, _row_bytes(dataset, source) if sample_rows else 1)
+
+
+def survey_clips(split: str, source: PinnedSource, surveyed: Survey, sampler: ClipSampler) -> Survey:
+    """``surveyed`` counting ``sampler.per_item`` clips per matching row (no media read)."""
+    media_type = _column_type(source.open(), sampler.column, "clips.column", split)
+    if sampler.column not in source.columns:
+        raise ConfigError(
+            "clips.column",
+            sampler.column,
+            f"split '{split}' does not read it (its columns: {list(source.columns)})",
+            f"add {sampler.column!r} to the split's LanceSource columns",
+        )
+    binary = pa.types.is_binary(media_type) or pa.types.is_large_binary(media_type)
+    if sampler.column not in source.blob_columns and not binary:
+        raise ConfigError(
+            "clips.column",
+            sampler.column,
+            f"column of split '{split}' holds {media_type}, not encoded media (binary or a Lance blob)",
+            "name the column holding the encoded files (prepare --format videofolder writes 'video')",
+        )
+    units = ClipUnits(sampler, surveyed.matched_rows)
+    if isinstance(sampler, AudioClips):
+        clip_bytes = 4 * sampler.channels * sampler.samples
+    else:
+        height, width = sampler.size or (224, 224)
+        clip_bytes = 3 * height * width * sampler.frames
+    return replace(surveyed, matched_rows=units.clips, row_bytes=clip_bytes, clips=units)
 
 
 def survey_tokens(split: str, source: PinnedSource, surveyed: Survey, packing: TokenPacking) -> Survey:

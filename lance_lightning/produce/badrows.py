@@ -158,6 +158,15 @@ def _replace(
     """``batch`` and ``positions`` with the bad row ``error.index`` replaced (or `BadRowError`)."""
     index = error.index
     row_id = None if policy.id_column is None else form.value(batch, policy.id_column, index)
+    if plan.clipped:  # the reader replaced bad media already; a clip stands for no one row to read again
+        raise BadRowError(
+            f"bad row: clip {int(positions[index])} of split '{plan.split}' could not be transformed in column "
+            f"{error.column!r}: {error.reason}. With clips, ReplaceBadRow replaces media that does not decode; "
+            "fix the transform, or filter the row out",
+            None,
+            error.column,
+            row_id,
+        ) from error
     if isinstance(plan, MixturePlan):  # a mixture's row: named in its own source
         source, matches = plan.sources[form.value(batch, MIXTURE_SOURCE, index)], None
     elif isinstance(plan, ReadPlan):

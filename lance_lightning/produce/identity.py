@@ -14,8 +14,9 @@ Guarantees:
 - Addresses cost no I/O when the pinned version has no deletions and no stable row ids (computed
   from fragment sizes); otherwise one retried ``take`` of ``_rowid``/``_rowaddr`` per batch.
 - `check_identity` refuses, with `ConfigError` in the main process, what identity cannot describe:
-  packed windows (cut across documents), a mixture's samples, a remote cache's local copy (its
-  addresses are not the dataset's), a source column named like a key. Asked for explicitly, such a
+  packed windows (cut across documents), clips (several share a row: ``_clip_row`` names it), a
+  mixture's samples, a remote cache's local copy (its addresses are not the dataset's), a source
+  column named like a key. Asked for explicitly, such a
   split is refused; by default (``row_identity: null``, the predict split) it is read without identity
   (`identity_problem`), so a configuration that worked before identity existed still works. A materialized view's rows
   are named in the view, the dataset the split reads.
@@ -145,6 +146,12 @@ def identity_problem(split: str, plan: Any) -> tuple[str, str] | None:
             f"split '{split}' packs token windows (packing is set), whose rows are cut across documents "
             "and have no single dataset row",
             f"leave '{split}' out of row_identity (row_identity=False), or turn packing off",
+        )
+    if plan.clipped:
+        return (
+            f"split '{split}' reads clips (clips is set): several clips share a dataset row, which each "
+            f"batch names in '_clip_row'",
+            f"leave '{split}' out of row_identity (row_identity=False)",
         )
     if not isinstance(plan, ReadPlan):
         return (

@@ -8,18 +8,21 @@ Guarantees:
   reads them); the samples are then put back in the batches' order, and each batch gets a
   ``source`` column (int64): the index of the source each sample came from.
 - A batch spec's positions are the samples' units in their own sources: dataset positions of rows,
-  or window indices with packing.
+  window indices with packing, clip units with a clip sampler (each source's clips decoded by its
+  `ClipReader`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from lance_lightning.plan.mixture_plan import MixturePlan
+from lance_lightning.read.clips import ClipReader
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.read.packed import PackedReader
 from lance_lightning.read.reader import (
@@ -42,7 +45,14 @@ class MixtureReader:
     """Reads one rank's batches of one epoch of a `MixturePlan`."""
 
     def __init__(
-        self, plan: MixturePlan, epoch: int, world_size: int, rank: int, start: int, retry: RetryPolicy = DEFAULT_POLICY
+        self,
+        plan: MixturePlan,
+        epoch: int,
+        world_size: int,
+        rank: int,
+        start: int,
+        retry: RetryPolicy = DEFAULT_POLICY,
+        bad_rows: Any = None,
     ) -> None:
         self.plan = plan
         self.epoch = epoch
@@ -54,6 +64,12 @@ class MixtureReader:
         self.windows = {
             j: PackedReader(source, epoch, 1, 0, 0, retry=retry) for j, source in enumerate(plan.plans) if source.packed
         }
+        #: Clipped sources' clip readers (the mixture's units are then clips).
+        self.windows.update(
+            (j, ClipReader(source, epoch, 1, 0, 0, retry=retry, bad_rows=bad_rows))
+            for j, source in enumerate(plan.plans)
+            if source.clipped
+        )
 
     def specs(self, steps: list[int]) -> list[MixtureSpec]:
         seqs = [self.layout.batch_rows(self.rank, step) for step in steps]
@@ -84,8 +100,8 @@ class MixtureReader:
             mine = np.flatnonzero(source == j)
             if not len(mine):
                 continue
-            if j in self.windows:  # packed: the units are windows, each read once per epoch
-                table = self.windows[j].read_windows(positions[mine])
+            if j in self.windows:  # packed or clipped: the units are windows or clips
+                table = self.windows[j].read_units(positions[mine])
                 index[mine] = offset + np.arange(len(mine))
             else:
                 wanted, inverse = np.unique(positions[mine], return_inverse=True)

@@ -54,18 +54,18 @@ class PackedReader(PlanReader):
         self.batch_rows = read_batch_rows(4 * max(1, self.index.tokens // max(1, self.index.documents)) + 8)
 
     def positions(self, matched: np.ndarray) -> np.ndarray:
-        """A batch spec's positions are window indices: the plan's units, read by `read_windows`."""
+        """A batch spec's positions are window indices: the plan's units, read by `read_units`."""
         return matched
 
     def read_group(self, group: list[BatchSpec]) -> list[tuple[int, pa.Table]]:
-        packed = self.read_windows(np.concatenate([spec.positions for spec in group]))
+        packed = self.read_units(np.concatenate([spec.positions for spec in group]))
         bounds = np.cumsum([0, *(len(spec.positions) for spec in group)])
         return [
             (spec.step, packed.slice(int(first), int(end - first)))
             for spec, first, end in zip(group, bounds[:-1], bounds[1:])
         ]
 
-    def read_windows(self, windows: np.ndarray) -> pa.Table:
+    def read_units(self, windows: np.ndarray) -> pa.Table:
         """The packed table of ``windows`` (window indices), one row per window in that order."""
         documents = self.index.documents_of(windows)
         positions = self.plan.row_positions(documents)

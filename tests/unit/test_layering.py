@@ -28,6 +28,7 @@ STAGES: list[tuple[str, ...]] = [
     ("checks", "vocabulary", "lifetime", "preflight"),
     ("metrics",),
     ("source",),
+    ("media",),  # what a clip is (samplers) and how it decodes (PyAV): plan counts clips, read decodes them
     ("plan",),
     ("read",),
     ("produce", "materialize"),
@@ -131,6 +132,7 @@ _KIND_SPECIFIC = (
     "lance_lightning.plan.",
     "lance_lightning.read.reader",
     "lance_lightning.read.packed",
+    "lance_lightning.read.clips",
     "lance_lightning.read.mixture_reader",
     "lance_lightning.materialize.cache",  # caches one source's ReadPlan
 )

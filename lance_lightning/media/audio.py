@@ -1,0 +1,132 @@
+"""Decode one training window of an audio stream, resampled, read from just before the window.
+
+Guarantees:
+- `decode_audio_clip` returns float32 ``[channels, round(seconds * sample_rate)]`` (1 = mono,
+  2 = stereo, mixed by FFmpeg's resampler) starting at output sample
+  ``round(fraction * (total - count))``, where ``total`` is the stream's length at
+  ``sample_rate``: ``start = fraction * (duration - seconds)`` rounded to that rate's sample grid.
+  ``start`` is in seconds from the stream's start. A window longer than the stream raises
+  `BadMedia` before anything is decoded.
+- The samples are exactly (bit for bit) those of the whole stream decoded and resampled with
+  ``av.AudioResampler(format="fltp", layout=..., rate=sample_rate)`` at the same indices: decoding
+  starts at a source sample on the grid both rates share (so the resampler's phase matches) and
+  far enough before the window that the resampling filter has warmed up; earlier samples of the
+  first decoded frame are cut off by their timestamps.
+- It seeks to the frame at or before that sample (`decode_from`) and stops decoding once the
+  window is full; a stream that ends first, or any PyAV/FFmpeg error, raises `BadMedia`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Iterable
+from fractions import Fraction
+from typing import Any
+
+import av
+import av.error
+import numpy as np
+
+from lance_lightning.media.containers import BadMedia, OpenAudio, decode_from
+
+LAYOUTS = {1: "mono", 2: "stereo"}
+
+
+@dataclasses.dataclass(frozen=True)
+class AudioClip:
+    #: float32 ``[channels, round(seconds * sample_rate)]``.
+    samples: np.ndarray
+    #: The window's first sample, in seconds from the stream's start.
+    start: float
+
+
+def _warmup(source_rate: int, sample_rate: int) -> int:
+    """Source samples decoded before a window: FFmpeg's default resampling filter has 32 taps at
+    the lower rate, so it reads 16 * ceil(source / rate) source samples on each side of an output
+    sample; four times that leaves room."""
+    return 64 * math.ceil(source_rate / sample_rate) + 64
+
+
+def decode_audio_clip(opened: OpenAudio, fraction: float, seconds: float, sample_rate: int, channels: int) -> AudioClip:
+    """``seconds`` of audio at ``sample_rate`` with ``channels`` channels, at ``fraction`` of the stream."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    if channels not in LAYOUTS or sample_rate < 1 or not seconds > 0:
+        raise ValueError(
+            f"need channels 1 or 2, sample_rate >= 1, seconds > 0; got {channels}, {sample_rate}, {seconds}"
+        )
+    count = round(seconds * sample_rate)
+    source_rate = opened.sample_rate
+    total = opened.samples * sample_rate // source_rate
+    if count > total:
+        raise BadMedia(f"a window of {seconds:g}s is longer than the audio ({opened.duration:.3f}s)")
+    first = round(fraction * (total - count))
+    # Start on the shared grid: `unit` source samples are exactly `unit * sample_rate / source_rate` outputs.
+    unit = source_rate // math.gcd(source_rate, sample_rate)
+    begin = max(0, (first * source_rate - _warmup(source_rate, sample_rate) * sample_rate) // (unit * sample_rate))
+    begin *= unit
+    window = _Window(np.empty((channels, count), np.float32), first)
+    resampler = av.AudioResampler(format="fltp", layout=LAYOUTS[channels], rate=sample_rate)
+    try:
+        with contextlib.closing(decode_from(opened, opened.start_time + (begin + 0.5) / source_rate)) as decoded:
+            for frame in decoded:
+                if frame.pts is None:
+                    raise BadMedia("a decoded audio frame has no timestamp")
+                frame_start = round((frame.pts - opened.start_pts) * opened.time_base * source_rate)
+                if frame_start + frame.samples <= begin:
+                    continue
+                if window.position is None:
+                    if frame_start < begin:
+                        frame = _tail(frame, begin - frame_start, opened)
+                    # Output index of the frame's first sample (exact on the grid; rounded after a gap).
+                    window.position = round(Fraction(max(frame_start, begin) * sample_rate, source_rate))
+                window.take(resampler.resample(frame))
+                if window.filled == count:
+                    break
+            else:
+                window.take(resampler.resample(None))
+    except av.error.FFmpegError as error:
+        raise BadMedia(f"decoding the audio failed: {error}") from error
+    if window.filled < count:
+        raise BadMedia(
+            f"the audio ended {count - window.filled} samples short of the window at {first / sample_rate:.3f}s "
+            f"+ {seconds:g}s, though its header says {opened.duration:.3f}s"
+        )
+    return AudioClip(samples=window.samples, start=first / sample_rate)
+
+
+@dataclasses.dataclass
+class _Window:
+    """The output window ``[first, first + count)`` filled from resampled frames as they come."""
+
+    samples: np.ndarray
+    first: int
+    #: Output index of the next resampled sample; None before the first frame.
+    position: int | None = None
+    filled: int = 0
+
+    def take(self, frames: Iterable[Any]) -> None:
+        count = self.samples.shape[1]
+        for frame in frames:
+            data = frame.to_ndarray()
+            low = max(self.first - self.position, 0)
+            high = min(data.shape[1], self.first + count - self.position)
+            if high > low:
+                at = self.position + low - self.first
+                self.samples[:, at : at + high - low] = data[:, low:high]
+                self.filled += high - low
+            self.position += data.shape[1]
+
+
+def _tail(frame: Any, cut: int, opened: OpenAudio) -> Any:
+    """``frame`` without its first ``cut`` samples."""
+    data = frame.to_ndarray()
+    step = 1 if frame.format.is_planar else len(frame.layout.channels)  # packed: samples interleaved
+    tail = av.AudioFrame.from_ndarray(
+        np.ascontiguousarray(data[:, cut * step :]), format=frame.format.name, layout=frame.layout
+    )
+    tail.sample_rate, tail.time_base = frame.sample_rate, opened.time_base
+    tail.pts = frame.pts + round(Fraction(cut, opened.sample_rate) / opened.time_base)
+    return tail

@@ -1,0 +1,115 @@
+"""Decode one training clip of a video: a few frames at a fixed step, read and decoded from the
+keyframe before the clip, never from the file's start unless the clip is near it.
+
+Guarantees:
+- `decode_video_clip` returns frame indices ``start + round(i * step)`` for ``i < frames`` of a
+  video of ``n`` frames, where ``start = floor(fraction * (n - span))`` and
+  ``span = round((frames - 1) * step) + 1``: a ``fraction`` of 0 starts at the first frame, 1 ends
+  at the last. A clip with ``span > n`` raises `BadMedia` before anything is decoded.
+- The frames are exactly those a decode of the whole video from its start gives at those
+  indices (RGB by PyAV's ``reformat(format="rgb24")``): for each target it takes the first frame
+  whose time is at least the target's time minus half a frame period. ``timestamps`` are the
+  taken frames' own presentation times, in seconds.
+- It decodes forward from the keyframe at or before the first target and stops once the last
+  target is taken; a container reused from a `MediaPool` seeks again, reading no headers.
+- ``frames`` is uint8 ``[T, 3, H, W]``, a channels-first view of one ``[T, H, W, 3]`` array that
+  each frame is copied into once from PyAV's buffer (``frames.transpose(0, 2, 3, 1)`` is
+  C-contiguous; ``torch.from_numpy`` takes the view as is). ``size=(H, W)`` resizes with the same
+  ``reformat``; None keeps the stream's size.
+- A decode that ends before the last target, or any PyAV/FFmpeg error, raises `BadMedia` with a
+  readable reason; the caller should then close the media rather than check it back in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+
+import av.error
+import numpy as np
+
+from lance_lightning.media.containers import BadMedia, OpenVideo, decode_from
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoClip:
+    #: uint8 ``[T, 3, H, W]``.
+    frames: np.ndarray
+    #: float64 ``[T]``: each frame's presentation time in seconds.
+    timestamps: np.ndarray
+
+
+def frame_step(opened: OpenVideo, frame_step: int | None = None, fps: float | None = None) -> float:
+    """The step between a clip's frames in source frames: ``frame_step``, or the video's rate over
+    a target ``fps`` (e.g. 30 fps sampled at 10 fps: 3.0); 1.0 when neither is given."""
+    if frame_step is not None and fps is not None:
+        raise ValueError(f"give frame_step or fps, not both (got {frame_step} and {fps})")
+    if fps is not None:
+        if not fps > 0:
+            raise ValueError(f"fps must be > 0, got {fps}")
+        return opened.fps / fps
+    if frame_step is None:
+        return 1.0
+    if isinstance(frame_step, bool) or not isinstance(frame_step, int) or frame_step < 1:
+        raise ValueError(f"frame_step must be an int >= 1, got {frame_step!r}")
+    return float(frame_step)
+
+
+def _clip_indices(frames: int, step: float, count: int, fraction: float) -> np.ndarray:
+    """The source frame indices of a clip of ``count`` frames every ``step`` frames at
+    ``fraction`` of a video of ``frames`` frames; `BadMedia` when the clip does not fit."""
+    offsets = np.round(np.arange(count) * step).astype(np.int64)
+    span = int(offsets[-1]) + 1
+    if span > frames:
+        raise BadMedia(f"clip of {count} frames every {step:g} frames spans {span} frames, the video has {frames}")
+    return math.floor(fraction * (frames - span)) + offsets
+
+
+def decode_video_clip(
+    opened: OpenVideo, fraction: float, frames: int, step: float, size: tuple[int, int] | None = None
+) -> VideoClip:
+    """``frames`` frames every ``step`` source frames, starting at ``fraction`` of the video."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    if frames < 1 or not step > 0:
+        raise ValueError(f"need frames >= 1 and step > 0, got frames={frames}, step={step}")
+    indices = _clip_indices(opened.frames, step, frames, fraction)
+    # A frame answers a target from half a period before the target's time (timestamps round).
+    thresholds = opened.start_time + (indices - 0.5) / opened.fps
+    height, width = size if size is not None else (opened.height, opened.width)
+    pixels = np.empty((frames, height, width, 3), np.uint8)
+    timestamps = np.empty(frames, np.float64)
+    taken = 0
+    try:
+        # Closed here, so nothing of the decode outlives the call (the media may go to another thread).
+        with contextlib.closing(decode_from(opened, float(thresholds[0]))) as decoded:
+            for frame in decoded:
+                if frame.time is None:
+                    raise BadMedia("a decoded frame has no timestamp")
+                if frame.time < thresholds[taken]:
+                    continue
+                first = taken
+                while taken < frames and frame.time >= thresholds[taken]:
+                    taken += 1
+                _copy_rgb(frame.reformat(width=width, height=height, format="rgb24"), pixels[first])
+                pixels[first + 1 : taken] = pixels[first]  # a step under 1 repeats frames
+                timestamps[first:taken] = frame.time
+                if taken == frames:
+                    break
+    except av.error.FFmpegError as error:
+        raise BadMedia(f"decoding the video failed: {error}") from error
+    if taken < frames:
+        raise BadMedia(
+            f"the video ended before frame {indices[taken]} (at {thresholds[taken] + 0.5 / opened.fps:.3f}s) "
+            f"of the clip, though its header counts {opened.frames} frames"
+        )
+    return VideoClip(frames=pixels.transpose(0, 3, 1, 2), timestamps=timestamps)
+
+
+def _copy_rgb(frame: object, into: np.ndarray) -> None:
+    """Copy an rgb24 frame's pixels into ``into`` (``[H, W, 3]``), skipping the rows' padding."""
+    plane = frame.planes[0]
+    height, width = into.shape[:2]
+    rows = np.frombuffer(plane, np.uint8, count=height * plane.line_size).reshape(height, plane.line_size)
+    into[...] = rows[:, : width * 3].reshape(height, width, 3)

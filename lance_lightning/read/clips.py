@@ -1,0 +1,199 @@
+"""Reading planned batches of media clips (`lance_lightning.plan.clips`).
+
+Guarantees:
+- A batch spec's ``positions`` are clip units (the plan's unit). Unit ``u`` is clip ``u % K`` of
+  matching row ``u // K``, starting at ``start_fractions(sampler, epoch, u)``: the same clip on
+  every rank, worker, batch size and resume.
+- A read group is one batch (reader threads decode batches in parallel). Each media row of the
+  group is opened once: kept open from an earlier clip (the process's `ClipDecoder` pool), else
+  opened as a seekable ``lance.BlobFile`` (``take_blobs``: only the byte ranges the decoder asks
+  for are read) or, for a column that is not blob-encoded, from its bytes. Its clips are decoded
+  in start order (forward seeks).
+- Media that does not decode, or is shorter than a clip, is a bad row of the split's policy:
+  `RaiseOnBadRow` raises `BadRowError` naming the dataset row, the id column's value and the
+  column; `ReplaceBadRow` decodes, in its place, the clip at another unit chosen by
+  ``(seed, unit, attempt)``, so batch sizes never change and every rank keeps its batch count.
+  Each bad clip is counted once as ``bad_rows`` in the reading thread's clock.
+- Each batch is an Arrow table: the split's other columns of each clip's row, the media column as
+  a ``fixed_shape_tensor`` (video ``uint8 [T, 3, H, W]``, audio ``float32 [channels, samples]``),
+  ``<column>_timestamps`` (video frame times) or ``<column>_start`` (audio start, seconds), and
+  ``_clip_row`` (the clip's dataset position at the pinned version).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lance_lightning.errors import BadRowError
+from lance_lightning.media.containers import BadMedia
+from lance_lightning.media.decoders import ClipDecoder, clip_decoder
+from lance_lightning.media.samplers import AudioClips
+from lance_lightning.metrics.clock import active_clock
+from lance_lightning.plan.clips import start_fractions
+from lance_lightning.plan.planner import ReadPlan
+from lance_lightning.read.blobs import open_blob_files
+from lance_lightning.read.lance_io import read_positions
+from lance_lightning.read.reader import TAKE_GROUP_BYTES, BatchSpec, PlanReader, storage_index
+from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
+from lance_lightning.vocabulary import CLIP_ROW
+
+
+class ClipReader(PlanReader):
+    """Reads one rank's batches of clips of one epoch of a clipped `ReadPlan`."""
+
+    def __init__(
+        self,
+        plan: ReadPlan,
+        epoch: int,
+        world_size: int,
+        rank: int,
+        start: int,
+        retry: RetryPolicy = DEFAULT_POLICY,
+        take_group_bytes: int = TAKE_GROUP_BYTES,
+        bad_rows: Any = None,
+    ) -> None:
+        super().__init__(plan, epoch, world_size, rank, start, retry, take_group_bytes)
+        self.epoch = epoch
+        self.units = plan.clips
+        self.sampler = self.units.sampler
+        self.policy = bad_rows
+        self.decoder: ClipDecoder = clip_decoder(self.sampler)
+        self.group_rows = self.first_group_rows = plan.batch_size
+        self.first_inline = False
+        column, source = self.sampler.column, plan.source
+        self.blob = column in source.blob_columns
+        self.others = dataclasses.replace(
+            source,
+            columns=tuple(c for c in source.columns if c != column),
+            blob_columns=tuple(c for c in source.blob_columns if c != column),
+        )
+        self.media_bytes = dataclasses.replace(source, columns=(column,), blob_columns=())
+
+    def positions(self, matched: np.ndarray) -> np.ndarray:
+        """A batch spec's positions are clip units, read by `read_units`."""
+        return matched
+
+    def read_group(self, group: list[BatchSpec]) -> list[tuple[int, pa.Table]]:
+        table = self.read_units(np.concatenate([spec.positions for spec in group]))
+        bounds = np.cumsum([0, *(len(spec.positions) for spec in group)])
+        return [(spec.step, table.slice(int(a), int(b - a))) for spec, a, b in zip(group, bounds[:-1], bounds[1:])]
+
+    def read_units(self, units: np.ndarray) -> pa.Table:
+        """The table of clips ``units`` (one row per clip, in that order)."""
+        units = np.asarray(units, dtype=np.int64)
+        rows = self.plan.row_positions(self.units.rows_of(units))
+        fractions = start_fractions(self.sampler, self.epoch, units)
+        media, times, rows = self._decode(units, rows, fractions)
+        columns: dict[str, pa.Array] = {}
+        if self.others.columns:
+            wanted, index = storage_index(rows)
+            table = read_positions(self.others, wanted, scan_mode=False, retry=self.retry, batch_rows=self.batch_rows)
+            if index is not None:
+                table = table.take(pa.array(index))
+            columns.update((name, table.column(name)) for name in table.column_names)
+        columns[self.sampler.column] = _tensor(np.stack(media))
+        suffix = "_start" if isinstance(self.sampler, AudioClips) else "_timestamps"
+        columns[self.sampler.column + suffix] = _fixed_list(np.stack(times))
+        columns[CLIP_ROW] = pa.array(rows, pa.int64())
+        return pa.table(columns)
+
+    def _decode(
+        self, units: np.ndarray, rows: np.ndarray, fractions: np.ndarray
+    ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+        """Each clip's (media, times), and the dataset row each came from (a bad one's replacement)."""
+        media: list[Any] = [None] * len(units)
+        times: list[Any] = [None] * len(units)
+        final = rows.copy()
+        by_row: dict[int, list[int]] = defaultdict(list)
+        for slot in np.argsort(fractions, kind="stable"):
+            by_row[int(rows[slot])].append(int(slot))
+        for row, failed in self._each_row(by_row, fractions, media, times):
+            for slot in failed:
+                final[slot], media[slot], times[slot] = self._replace(int(units[slot]), row, failed[slot])
+        return media, times, final
+
+    def _each_row(self, by_row: dict[int, list[int]], fractions: np.ndarray, media: list, times: list):
+        """Decode the clips of each row; yield ``(row, {slot: BadMedia})`` for rows with bad clips."""
+        held = {row: self.decoder.opened(self._key(row)) for row in by_row}  # this thread's until released
+        closed = np.array([row for row, opened in held.items() if opened is None], dtype=np.int64)
+        files = dict(zip(closed.tolist(), self._files(closed))) if len(closed) else {}
+        for row, slots in by_row.items():
+            failed: dict[int, BadMedia] = {}
+            opened = held[row]
+            try:
+                if opened is None:
+                    opened = self.decoder.open(files.pop(row))
+                for slot in slots:
+                    try:
+                        media[slot], times[slot] = self.decoder.decode(opened, float(fractions[slot]))
+                    except BadMedia as error:
+                        failed[slot] = error
+            except BadMedia as error:  # the file does not open as media: every clip of it is bad
+                opened, failed = None, dict.fromkeys(slots, error)
+            if opened is not None:
+                self.decoder.release(self._key(row), opened)
+            if failed:
+                yield row, failed
+
+    def _replace(self, unit: int, row: int, error: BadMedia) -> tuple[int, np.ndarray, np.ndarray]:
+        """(row, media, times) of the clip decoded in place of the bad clip ``unit`` of ``row``."""
+        clock = active_clock()
+        if clock is not None:
+            clock.add("bad_rows", 1)
+        source = self.plan.source
+        where = f"dataset row {row} of {source.uri} (version {source.version}), column {self.sampler.column!r}"
+        if not hasattr(self.policy, "candidate"):  # `RaiseOnBadRow` (`ReplaceBadRow` chooses candidates)
+            raise BadRowError(
+                f"bad row: {where}: clip {unit % self.sampler.per_item} could not be decoded: {error.reason}. "
+                "Fix or delete the row, filter it out, or pass `bad_rows=ReplaceBadRow()` to replace bad clips",
+                row,
+                self.sampler.column,
+            ) from error
+        for attempt in range(self.policy.max_attempts):
+            candidate = self.policy.candidate(unit, attempt, self.plan.matched_rows)
+            other = int(self.plan.row_positions(self.units.rows_of(np.array([candidate])))[0])
+            if other == row:
+                continue
+            fraction = float(start_fractions(self.sampler, self.epoch, np.array([candidate]))[0])
+            try:
+                opened = self.decoder.open(self._files(np.array([other]))[0])
+                media, times = self.decoder.decode(opened, fraction)
+            except BadMedia:
+                continue
+            return other, media, times
+        raise BadRowError(
+            f"bad row: {where} could not be decoded ({error.reason}), and none of {self.policy.max_attempts} "
+            "replacement clips could either. Check the data, or raise `ReplaceBadRow.max_attempts`",
+            row,
+            self.sampler.column,
+        ) from error
+
+    def _key(self, row: int) -> tuple[Any, ...]:
+        source = self.plan.source
+        return (source.uri, source.version, self.sampler.column, row)
+
+    def _files(self, rows: np.ndarray) -> list[Any]:
+        """A seekable file per row of ``rows`` (sorted or not): blob files, or the values' bytes."""
+        if self.blob:
+            return open_blob_files(self.plan.source, self.sampler.column, rows, self.retry)
+        wanted, index = storage_index(rows)
+        values = read_positions(self.media_bytes, wanted, scan_mode=False, retry=self.retry).column(0)
+        order = range(len(rows)) if index is None else index
+        return [io.BytesIO(values[int(i)].as_py() or b"") for i in order]
+
+
+def _tensor(values: np.ndarray) -> pa.Array:
+    """``values`` (``[n, *shape]``) as an Arrow fixed-shape tensor column (no copy)."""
+    kind = pa.fixed_shape_tensor(pa.from_numpy_dtype(values.dtype), values.shape[1:])
+    return pa.ExtensionArray.from_storage(kind, _fixed_list(values.reshape(len(values), -1)))
+
+
+def _fixed_list(values: np.ndarray) -> pa.Array:
+    flat = np.ascontiguousarray(values).reshape(len(values), -1)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])

@@ -1,0 +1,106 @@
+"""A fit of video clips recording each trained clip (the user's path: ``Trainer.fit(ckpt_path=...)``).
+
+Guarantees: `fit_clips` runs one real ``Trainer.fit`` of a `LanceDataModule` with
+``clips=VideoClips(...)`` and returns this rank's records ``[epoch, clip_row, label, first frame
+time, last frame time, pixel sum]``, one per trained clip, and the number of batches each epoch.
+Run as a script (``python tests/clip_worker.py SPEC.json``) it does the same under DDP (gloo, CPU)
+and writes ``<out>.rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+class ClipRecorder(pl.LightningModule):
+    """Records every trained clip and trains a one-weight model on its pixels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(1, 1)
+        self.records: list[list[Any]] = []
+        self.batches: dict[int, int] = {}
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        video = batch["video"]
+        assert video.dtype == torch.uint8 and video.dim() == 5
+        epoch = self.current_epoch
+        self.batches[epoch] = self.batches.get(epoch, 0) + 1
+        sums = video.reshape(len(video), -1).sum(1).tolist()
+        times = batch["video_timestamps"]
+        for row, label, first, last, total in zip(
+            batch["_clip_row"].tolist(), batch["label"].tolist(), times[:, 0].tolist(), times[:, -1].tolist(), sums
+        ):
+            self.records.append([epoch, row, label, round(first, 6), round(last, 6), total])
+        x = video.float().mean(dim=(1, 2, 3, 4)).reshape(-1, 1) / 255
+        return (self.layer(x) - x).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def fit_clips(spec: dict[str, Any]) -> tuple[int, list[list[Any]], dict[int, int]]:
+    """(rank, records, batches per epoch) of the fit ``spec`` names: uri, root, name, shuffle,
+    batch_size, devices, num_workers, max_epochs, max_steps, ckpt_every, ckpt_path, clips (kwargs of
+    VideoClips), bad_rows ("raise" | "replace"), filter."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceSource, ReplaceBadRow, VideoClips
+    from tests.resume_worker import make_shuffle
+
+    root = Path(spec["root"])
+    dm = LanceDataModule(
+        train=LanceSource(spec["uri"], columns=["id", "video", "label"], filter=spec.get("filter")),
+        batch_size=spec["batch_size"],
+        shuffle=make_shuffle(spec["shuffle"]),
+        num_workers=spec["num_workers"],
+        reader_threads=2,
+        clips=VideoClips(**spec["clips"]),
+        bad_rows=ReplaceBadRow(seed=3) if spec.get("bad_rows") == "replace" else None,
+    )
+    callbacks: list[Any] = [DataCursorCheckpoint()]
+    if spec.get("ckpt_every"):
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=root / f"ckpt_{spec['name']}",
+                filename="{step}",
+                every_n_train_steps=spec["ckpt_every"],
+                save_top_k=-1,
+            )
+        )
+    devices = spec.get("devices", 1)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        max_epochs=spec["max_epochs"],
+        max_steps=spec.get("max_steps", -1),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        enable_checkpointing=bool(spec.get("ckpt_every")),
+        default_root_dir=str(root / f"root_{spec['name']}"),
+        callbacks=callbacks,
+    )
+    model = ClipRecorder()
+    trainer.fit(model, datamodule=dm, ckpt_path=spec.get("ckpt_path"))
+    return trainer.global_rank, model.records, model.batches
+
+
+if __name__ == "__main__":
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    rank, records, batches = fit_clips(spec)
+    Path(f"{spec['out']}.rank{rank}.json").write_text(json.dumps({"records": records, "batches": batches}))

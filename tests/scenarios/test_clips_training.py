@@ -1,0 +1,136 @@
+"""Video clips through the user's path: ``Trainer.fit`` stopped mid-epoch and resumed with
+``ckpt_path`` under another worker count and batch size, or on two DDP ranks, trains exactly the
+clips (same videos, same frames) the uninterrupted run trained, in the resumed epoch and after it;
+bad media is named, or replaced with every rank keeping its batch count."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lance_lightning.errors import BadRowError
+from tests.clip_worker import fit_clips
+from tests.harness import ckpt_file
+from tests.helpers import run_ddp_script
+from tests.videos import FPS, write_videos
+
+ROWS = 12
+CLIPS = {"frames": 4, "frame_step": 3, "clips_per_item": 2, "size": [16, 16], "seed": 7}  # 24 clips an epoch
+BATCH = 4
+STOP = 2  # steps of epoch 0 before the checkpoint
+EPOCHS = 3
+
+
+def per_epoch(records: list[list[Any]]) -> dict[int, Counter]:
+    out: dict[int, Counter] = {}
+    for epoch, *clip in records:
+        out.setdefault(epoch, Counter())[tuple(clip)] += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("clips")
+    uri = write_videos(root / "videos.lance", ROWS, fragment_rows=5)
+    base = {
+        "uri": uri,
+        "root": str(root),
+        "shuffle": "row:5",
+        "batch_size": BATCH,
+        "max_epochs": EPOCHS,
+        "clips": CLIPS,
+    }
+    _, whole, _ = fit_clips({**base, "name": "whole", "num_workers": 0})
+    _, stopped, _ = fit_clips({**base, "name": "stop", "num_workers": 0, "max_steps": STOP, "ckpt_every": STOP})
+    return {"base": base, "root": root, "whole": whole, "stopped": stopped}
+
+
+def check_resumed(runs: dict[str, Any], resumed: list[list[Any]]) -> None:
+    whole = per_epoch(runs["whole"])
+    assert sorted(whole) == list(range(EPOCHS)) and all(sum(c.values()) == 2 * ROWS for c in whole.values())
+    assert len({tuple(r) for r in runs["whole"]}) == len(runs["whole"]), "a clip drawn twice in one epoch"
+    # every video gives its two clips each epoch, with new random starts each epoch
+    assert all(Counter(clip[0] for clip in c.elements()) == dict.fromkeys(range(ROWS), 2) for c in whole.values())
+    assert set(whole[0]) != set(whole[1])
+    stopped = per_epoch(runs["stopped"])
+    assert sum(stopped[0].values()) == STOP * BATCH
+    combined = per_epoch(runs["stopped"] + resumed)
+    assert combined == whole  # nothing lost, nothing repeated, the same frames, every epoch
+
+
+def test_clips_are_the_frames_the_video_holds(runs: dict[str, Any]) -> None:
+    for _, row, label, first, last, _ in runs["whole"]:
+        assert label == row % 3
+        assert last - first == pytest.approx((CLIPS["frames"] - 1) * CLIPS["frame_step"] / FPS)
+        assert abs(first * FPS - round(first * FPS)) < 1e-4  # on the frame grid (times recorded to 1 us)
+
+
+def test_resume_with_workers_and_another_batch_size_trains_the_same_clips(runs: dict[str, Any]) -> None:
+    _, resumed, batches = fit_clips(
+        {
+            **runs["base"],
+            "name": "resume_workers",
+            "num_workers": 2,
+            "batch_size": 2 * BATCH,
+            "ckpt_path": str(ckpt_file(runs["root"], "stop", STOP)),
+        }
+    )
+    check_resumed(runs, resumed)
+    assert batches == {0: (2 * ROWS - STOP * BATCH) // (2 * BATCH), 1: 3, 2: 3}
+
+
+def test_resume_on_two_ranks_trains_the_same_clips_with_equal_batches(runs: dict[str, Any]) -> None:
+    root: Path = runs["root"]
+    out = root / "ddp"
+    spec = {
+        **runs["base"],
+        "name": "resume_ddp",
+        "num_workers": 0,
+        "devices": 2,
+        "ckpt_path": str(ckpt_file(root, "stop", STOP)),
+        "out": str(out),
+    }
+    path = root / "ddp_spec.json"
+    path.write_text(json.dumps(spec))
+    run_ddp_script("tests/clip_worker.py", [str(path)], timeout=300)
+    ranks = [json.loads(Path(f"{out}.rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["batches"] == ranks[1]["batches"]
+    check_resumed(runs, ranks[0]["records"] + ranks[1]["records"])
+
+
+def test_a_bad_video_is_named_through_fit(tmp_path: Path) -> None:
+    uri = write_videos(tmp_path / "bad.lance", 6, truncated=(4,))
+    spec = {"uri": uri, "root": str(tmp_path), "name": "bad", "shuffle": "none", "batch_size": 3, "max_epochs": 1}
+    with pytest.raises(BadRowError, match=r"dataset row 4 .*column 'video'") as error:
+        fit_clips({**spec, "num_workers": 0, "clips": {"frames": 4, "size": [16, 16]}})
+    assert error.value.position == 4
+
+
+def test_bad_media_replaced_under_ddp_keeps_every_rank_s_batches(tmp_path: Path) -> None:
+    uri = write_videos(tmp_path / "bad.lance", 10, truncated=(2,), garbage=(5,), short=(7,))
+    out = tmp_path / "ddp"
+    spec = {
+        "uri": uri,
+        "root": str(tmp_path),
+        "name": "replace",
+        "shuffle": "row:1",
+        "batch_size": 5,
+        "max_epochs": 2,
+        "num_workers": 0,
+        "devices": 2,
+        "bad_rows": "replace",
+        "clips": {"frames": 8, "frame_step": 1, "size": [16, 16]},
+        "out": str(out),
+    }
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    run_ddp_script("tests/clip_worker.py", [str(path)], timeout=300)
+    ranks = [json.loads(Path(f"{out}.rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["batches"] == ranks[1]["batches"] == {"0": 1, "1": 1}
+    records = ranks[0]["records"] + ranks[1]["records"]
+    assert len(records) == 2 * 10
+    assert not {row for _, row, *_ in records} & {2, 5, 7}  # replaced by clips of good videos
