@@ -71,6 +71,17 @@ class RowError(ValueError):
         return (type(self), (self.column, self.index, self.reason))
 
 
+class BadMedia(Exception):
+    """The media cannot give the asked-for clip; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason,))
+
+
 class BadRowError(ValueError):
     """A dataset row could not be transformed. Names the row position, id value and column."""
 

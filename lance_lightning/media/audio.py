@@ -29,7 +29,8 @@ import av
 import av.error
 import numpy as np
 
-from lance_lightning.media.containers import BadMedia, OpenAudio, decode_from
+from lance_lightning.errors import BadMedia
+from lance_lightning.media.containers import OpenAudio, decode_from
 
 LAYOUTS = {1: "mono", 2: "stereo"}
 

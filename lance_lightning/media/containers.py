@@ -4,7 +4,8 @@ Guarantees:
 - `open_video` / `open_audio` parse a file's headers once (for MP4, the ``moov`` index) and
   return an `OpenVideo` / `OpenAudio` holding the container, its first video/audio stream, the
   stream's rate, length and time base, and the file object. They take the file: ``close()``
-  closes the container and then the file, and is safe to call twice.
+  closes the container and then the file, and is safe to call twice (a failed open leaves the
+  file open, the caller's).
 - The file object only needs ``read``, ``seek``, ``tell`` (a ``lance.BlobFile``, an
   ``io.BytesIO``, an open file). PyAV reads it through an AVIO buffer of `AVIO_BUFFER_BYTES`,
   seeking past what a clip does not need; the codec's own threads are off (reader threads decode
@@ -13,7 +14,8 @@ Guarantees:
   length) raises `BadMedia` with a readable ``reason``; an ``OSError`` from the file object's own
   ``read`` passes through unchanged (it is I/O, not media). `BadMedia` pickles with its reason.
 - `decode_from` yields a stream's frames decoded forward from the keyframe at or before a time,
-  never starting after it; it seeks back further only if the demuxer lands too late.
+  never starting after it (unless the stream starts after it); it seeks back further only if the
+  demuxer lands too late.
 - `MediaPool` keeps at most ``capacity`` open media keyed by the caller's hashable keys, least
   recently checked in evicted (and closed) first. ``checkout`` removes an entry, so one thread
   uses it at a time; one lock guards the map and nothing is closed while it is held.
@@ -34,20 +36,12 @@ from typing import Any, BinaryIO
 import av
 import av.error
 
-#: PyAV's AVIO buffer over the file object. Larger buffers cut ``read`` calls but read ahead past
-#: a clip's last packet: 16 KiB costs ~3 reads per 128x128 clip and about the same bytes as 4 KiB.
+from lance_lightning.errors import BadMedia
+
+#: PyAV's AVIO buffer over the file object (its largest read). On a 600-frame 128x128 H.264 MP4 a
+#: 16-frame clip reads ~43 KB with 4 KiB or 16 KiB (7 or 3 reads); bigger buffers save reads but
+#: the open reads a whole buffer of the first packet (16 KiB: 41 KB of headers, 64 KiB: 139 KB).
 AVIO_BUFFER_BYTES = 16 * 1024
-
-
-class BadMedia(Exception):
-    """The media cannot give the asked-for clip; ``reason`` says why."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.reason,))
 
 
 @dataclasses.dataclass(eq=False)
@@ -180,23 +174,24 @@ def _open_stream(file: BinaryIO, kind: str, options: dict[str, str]) -> tuple[An
 def decode_from(opened: OpenMedia, seconds: float) -> Iterator[Any]:
     """Frames of ``opened.stream`` decoded forward from the keyframe at or before ``seconds``.
 
-    The first frame yielded starts at or before ``seconds`` unless the stream itself starts later.
-    A demuxer that lands after the time (an index by decode time, with reordered frames) is asked
-    again for a point 1, 2, 4... seconds earlier."""
+    The first frame yielded starts at or before ``seconds`` (or is the stream's first). A demuxer
+    that lands after the time, or past the last keyframe (MPEG-TS seeks by decode times and lands
+    on the next keyframe), is asked again for a point 1, 2, 4... seconds earlier, down to a second
+    before the stream's start."""
     seek_to, back = seconds, 1.0
     while True:
         ticks = math.floor((Fraction(seek_to) - Fraction(opened.start_time)) / opened.time_base) + opened.start_pts
         opened.container.seek(ticks, stream=opened.stream, backward=True, any_frame=False)
         frames = opened.container.decode(opened.stream)
         first = next(frames, None)
-        if first is None:
-            return
-        if first.time is None:
+        if first is not None and first.time is None:
             raise BadMedia("a decoded frame has no timestamp")
-        if first.time <= seconds or seek_to <= opened.start_time:
-            yield from itertools.chain((first,), frames)
+        landed = first is not None and first.time <= seconds  # none: it landed past the last keyframe
+        if landed or seek_to < opened.start_time - 1.0:
+            if first is not None:
+                yield from itertools.chain((first,), frames)
             return
-        seek_to, back = max(opened.start_time, seek_to - back), back * 2
+        seek_to, back = seek_to - back, back * 2
 
 
 class MediaPool:
@@ -218,7 +213,8 @@ class MediaPool:
         """Keep ``opened`` under ``key`` as the most recent; close what falls beyond ``capacity``
         (and a media already kept under ``key``: one per key)."""
         with self._lock:
-            closing = [self._open.pop(key)] if key in self._open else []
+            kept = self._open.pop(key, None)
+            closing = [kept] if kept is not None and kept is not opened else []
             self._open[key] = opened
             while len(self._open) > self.capacity:
                 closing.append(self._open.popitem(last=False)[1])

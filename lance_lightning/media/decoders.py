@@ -99,7 +99,7 @@ class ClipDecoder:
         if isinstance(sampler, VideoClips):
             from lance_lightning.media.video import decode_video_clip, frame_step
 
-            step = frame_step(opened, sampler.frame_step, sampler.fps)
+            step = frame_step(opened, None if sampler.fps else sampler.frame_step, sampler.fps)
             clip = decode_video_clip(opened, fraction, sampler.frames, step, sampler.size)
             return clip.frames, clip.timestamps
         from lance_lightning.media.audio import decode_audio_clip

@@ -2,13 +2,14 @@
 
 Guarantees:
 - `moving_shapes` and `tone` depend only on their arguments: the same ``(label, seed)`` gives the
-  same array on every machine (NumPy's PCG64 generator seeded with ``[label, seed]``).
+  same array on every machine with the same NumPy (its PCG64 generator seeded ``[label, seed]``).
 - A clip's class is visible: in `moving_shapes` it is the square's colour in every frame (red,
   green, blue, yellow) and its direction across frames (right, left, down, up), over a static
   texture with a little grain; in `tone` it is the pitch, ``220 * 2 ** (label / 4)`` Hz.
 - `encode_video` writes H.264 (``libx264``, yuv420p) in MP4 by default, a keyframe exactly every
   ``gop`` frames (no scene-cut keyframes), frame ``i`` at ``i / fps`` seconds. The encoder runs on
-  one thread and the muxer in bitexact mode, so the same frames give the same bytes.
+  one thread and the muxer in bitexact mode, so the same frames give the same bytes with the same
+  PyAV wheel (its bundled FFmpeg and x264), whatever the machine's core count.
 - `encode_audio` writes 16-bit FLAC (the default) with a SEEKTABLE, a point every frame or few
   (FFmpeg's muxer writes none, and FFmpeg seeks a FLAC without one by a binary search over the
   file), or 16-bit PCM in WAV (``codec="pcm_s16le"``: a seek is byte arithmetic, no search). Sample
@@ -77,6 +78,7 @@ def encode_video(
     with av.open(buffer, mode="w", format=container, container_options={"fflags": "+bitexact"}) as output:
         stream = output.add_stream(codec, rate=fps, options=options)
         stream.height, stream.width, stream.pix_fmt = height, width, "yuv420p"
+        stream.codec_context.thread_count = 1  # one encoder thread: the same bytes under any load
         for index, pixels in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
             frame.pts, frame.time_base = index, Fraction(1, fps)

@@ -29,7 +29,8 @@ import math
 import av.error
 import numpy as np
 
-from lance_lightning.media.containers import BadMedia, OpenVideo, decode_from
+from lance_lightning.errors import BadMedia
+from lance_lightning.media.containers import OpenVideo, decode_from
 
 
 @dataclasses.dataclass(frozen=True)

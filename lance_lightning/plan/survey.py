@@ -1,7 +1,10 @@
 """Setup I/O of a plan, and only here: count the rows, evaluate the filter, sample the row size.
 
 Guarantees:
-- A filter is evaluated once, at setup, in one streaming scan (`lance_lightning.plan.filter_scan`).
+- A filter is evaluated once, at setup, in one streaming scan (`lance_lightning.plan.filter_scan`),
+  by one process per node: its matches and row size are kept in the survey cache
+  (`lance_lightning.plan.survey_cache`), where the node's other processes (DDP ranks, later
+  runs) load them instead of scanning (``LANCE_LIGHTNING_SURVEY_CACHE=off``: every process scans).
 - A filter that matches nothing, or a dataset without rows, raises `ConfigError` naming the split
   (unless ``allow_empty``: a map dataset may have no rows).
 - With packing, `survey_tokens` counts each matching document's tokens: from the integer
@@ -32,6 +35,7 @@ from lance_lightning.plan.filter_scan import find_matches
 from lance_lightning.plan.packing import DocumentIndex, TokenPacking
 from lance_lightning.plan.planner import Survey
 from lance_lightning.plan.rowset import RowSet
+from lance_lightning.plan.survey_cache import cached_survey
 from lance_lightning.source import PinnedSource
 
 #: Rows read at setup to estimate the bytes per row.
@@ -45,8 +49,12 @@ def survey(split: str, source: PinnedSource, *, allow_empty: bool = False, sampl
     dataset = source.open()
     matches: RowSet | None = None
     matched = source.total_rows
+    row_bytes: int | None = None
     if source.filter is not None:
-        matches = find_matches(source)
+        cached = cached_survey(
+            source, lambda: (find_matches(source), _row_bytes(dataset, source) if sample_rows else None)
+        )
+        matches, row_bytes = cached.matches, cached.row_bytes
         matched = matches.rows
         if matched == 0 and not allow_empty:
             raise ConfigError(
@@ -57,7 +65,9 @@ def survey(split: str, source: PinnedSource, *, allow_empty: bool = False, sampl
             )
     if matched == 0 and not allow_empty:
         raise ConfigError(f"{split}.uri", source.uri, "the dataset has no rows", "write rows first")
-    return Survey(matched, matches, _row_bytes(dataset, source) if sample_rows else 1)
+    if row_bytes is None or not sample_rows:
+        row_bytes = _row_bytes(dataset, source) if sample_rows else 1
+    return Survey(matched, matches, row_bytes)
 
 
 def survey_clips(split: str, source: PinnedSource, surveyed: Survey, sampler: ClipSampler) -> Survey:

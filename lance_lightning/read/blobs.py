@@ -59,14 +59,20 @@ def reading_without(source: PinnedSource, files: tuple[str, ...]) -> PinnedSourc
 
 
 def open_blob_files(
-    source: PinnedSource, name: str, positions: np.ndarray, retry: RetryPolicy = DEFAULT_POLICY
+    source: PinnedSource,
+    name: str,
+    positions: np.ndarray,
+    retry: RetryPolicy = DEFAULT_POLICY,
+    buffer_bytes: int | None = None,
 ) -> list[lance.BlobFile]:
     """A seekable ``BlobFile`` for the blob of column ``name`` at each of ``positions`` of the pinned
-    version, in order (opening them is retried through transient storage errors)."""
+    version, in order (opening them is retried through transient storage errors); each reads ahead
+    ``buffer_bytes`` per storage read (``None``: Lance's default, 512 KiB)."""
     indices = pa.array(np.asarray(positions), pa.uint64())
 
     def take() -> list[lance.BlobFile]:
-        files = source.open(reads=True).take_blobs(name, indices=indices)
+        sized = {} if buffer_bytes is None else {"buffer_size": buffer_bytes}
+        files = source.open(reads=True).take_blobs(name, indices=indices, **sized)
         if len(files) != len(indices):
             raise OSError(f"take_blobs of column {name!r} returned {len(files)} files for {len(indices)} positions")
         return files

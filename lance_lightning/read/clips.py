@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lance_lightning.errors import BadRowError
-from lance_lightning.media.containers import BadMedia
+from lance_lightning.errors import BadMedia, BadRowError
 from lance_lightning.media.decoders import ClipDecoder, clip_decoder
 from lance_lightning.media.samplers import AudioClips
 from lance_lightning.metrics.clock import active_clock
@@ -42,6 +41,11 @@ from lance_lightning.read.lance_io import read_positions
 from lance_lightning.read.reader import TAKE_GROUP_BYTES, BatchSpec, PlanReader, storage_index
 from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
 from lance_lightning.vocabulary import CLIP_ROW
+
+#: A media blob file reads ahead this much per storage read: the decoder's 16 KiB reads are served
+#: from it (Lance's default, 512 KiB, fetched 524,288 bytes per clip where a 16-frame 128x128 clip
+#: needs about 33 KB; no read-ahead makes a storage request of every decoder read).
+BLOB_READ_AHEAD = 64 << 10
 
 
 class ClipReader(PlanReader):
@@ -126,20 +130,24 @@ class ClipReader(PlanReader):
         for row, slots in by_row.items():
             failed: dict[int, BadMedia] = {}
             opened = held[row]
-            try:
-                if opened is None:
-                    opened = self.decoder.open(files.pop(row))
-                for slot in slots:
-                    try:
-                        media[slot], times[slot] = self.decoder.decode(opened, float(fractions[slot]))
-                    except BadMedia as error:
-                        failed[slot] = error
-            except BadMedia as error:  # the file does not open as media: every clip of it is bad
-                opened, failed = None, dict.fromkeys(slots, error)
-            if opened is not None:
-                self.decoder.release(self._key(row), opened)
-            if failed:
+            if opened is None:
+                file = files.pop(row)
+                try:
+                    opened = self.decoder.open(file)
+                except BadMedia as error:  # not media: every clip of it is bad
+                    file.close()
+                    yield row, dict.fromkeys(slots, error)
+                    continue
+            for slot in slots:
+                try:
+                    media[slot], times[slot] = self.decoder.decode(opened, float(fractions[slot]))
+                except BadMedia as error:
+                    failed[slot] = error
+            if failed:  # a failed decode may leave the decoder mid-stream: not reused
+                opened.close()
                 yield row, failed
+            else:
+                self.decoder.release(self._key(row), opened)
 
     def _replace(self, unit: int, row: int, error: BadMedia) -> tuple[int, np.ndarray, np.ndarray]:
         """(row, media, times) of the clip decoded in place of the bad clip ``unit`` of ``row``."""
@@ -161,11 +169,18 @@ class ClipReader(PlanReader):
             if other == row:
                 continue
             fraction = float(start_fractions(self.sampler, self.epoch, np.array([candidate]))[0])
+            file = self._files(np.array([other]))[0]
             try:
-                opened = self.decoder.open(self._files(np.array([other]))[0])
+                opened = self.decoder.open(file)
+            except BadMedia:
+                file.close()
+                continue
+            try:
                 media, times = self.decoder.decode(opened, fraction)
             except BadMedia:
                 continue
+            finally:
+                opened.close()
             return other, media, times
         raise BadRowError(
             f"bad row: {where} could not be decoded ({error.reason}), and none of {self.policy.max_attempts} "
@@ -181,7 +196,7 @@ class ClipReader(PlanReader):
     def _files(self, rows: np.ndarray) -> list[Any]:
         """A seekable file per row of ``rows`` (sorted or not): blob files, or the values' bytes."""
         if self.blob:
-            return open_blob_files(self.plan.source, self.sampler.column, rows, self.retry)
+            return open_blob_files(self.plan.source, self.sampler.column, rows, self.retry, BLOB_READ_AHEAD)
         wanted, index = storage_index(rows)
         values = read_positions(self.media_bytes, wanted, scan_mode=False, retry=self.retry).column(0)
         order = range(len(rows)) if index is None else index

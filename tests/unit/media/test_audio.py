@@ -10,8 +10,9 @@ import av
 import numpy as np
 import pytest
 
+from lance_lightning.errors import BadMedia
 from lance_lightning.media.audio import LAYOUTS, decode_audio_clip
-from lance_lightning.media.containers import BadMedia, open_audio
+from lance_lightning.media.containers import open_audio
 from lance_lightning.media.synthetic import encode_audio, tone
 
 SOURCE_RATE, SECONDS = 44100, 3.0

@@ -1,0 +1,143 @@
+"""The clip reader through the data module: each batch holds the clips the plan names, decoded
+exactly, from blob or plain binary columns, with filters, mixtures and audio; what clips cannot
+combine with is refused before reading."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import lance
+import numpy as np
+import pytest
+import torch
+
+from lance_lightning import AudioClips, LanceDataModule, LanceMixture, LanceSource, RowShuffle, VideoClips
+from lance_lightning.errors import ConfigError
+from lance_lightning.media.audio import decode_audio_clip
+from lance_lightning.media.containers import open_audio, open_video
+from lance_lightning.media.decoders import clip_decoder
+from lance_lightning.media.video import decode_video_clip
+from lance_lightning.plan.clips import start_fractions
+from lance_lightning.plan.packing import TokenPacking
+from tests.videos import write_audio, write_videos
+
+CLIPS = VideoClips(frames=3, frame_step=2, clips_per_item=2, size=[16, 16], seed=4)
+
+
+def batches(dm: LanceDataModule, split: str = "train") -> list[dict]:
+    dm.setup("fit" if split == "train" else "predict")
+    return list(getattr(dm, f"{split}_dataloader")())
+
+
+def test_every_clip_is_the_one_its_unit_names(tmp_path: Path) -> None:
+    uri = write_videos(tmp_path / "v.lance", 8, fragment_rows=3)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "video", "label"]), batch_size=4, shuffle=RowShuffle(seed=2), clips=CLIPS
+    )
+    seen = []
+    dataset = lance.dataset(uri)
+    for batch in batches(dm):
+        assert batch["video"].shape == (4, 3, 3, 16, 16) and batch["video"].dtype == torch.uint8
+        for i, row in enumerate(batch["_clip_row"].tolist()):
+            seen.append(row)
+            blob = dataset.take_blobs("video", indices=[row])[0]
+            opened = open_video(io.BytesIO(blob.read()))
+            # the start: some unit of this row at epoch 0; the frames: that clip's
+            candidates = [
+                decode_video_clip(opened, float(f), 3, 2.0, (16, 16))
+                for f in start_fractions(CLIPS, 0, np.array([2 * row, 2 * row + 1]))
+            ]
+            match = [c for c in candidates if np.array_equal(c.timestamps, batch["video_timestamps"][i].numpy())]
+            assert match and np.array_equal(match[0].frames, batch["video"][i].numpy())
+            assert batch["label"][i] == row % 3 and batch["id"][i] == row
+    assert sorted(seen) == sorted(list(range(8)) * 2)
+
+
+def test_a_plain_binary_column_gives_the_same_clips_as_a_blob_column(tmp_path: Path) -> None:
+    def read(blob: bool) -> list[tuple]:
+        uri = write_videos(tmp_path / f"{blob}.lance", 6, blob=blob)
+        dm = LanceDataModule(train=LanceSource(uri, columns=["video", "label"]), batch_size=3, clips=CLIPS)
+        return [
+            (r, v.numpy().tobytes())
+            for b in batches(dm)
+            for r, v in zip(b["_clip_row"].tolist(), b["video"], strict=True)
+        ]
+
+    assert read(True) == read(False)
+
+
+def test_a_filter_keeps_the_clips_of_matching_rows_only(tmp_path: Path) -> None:
+    uri = write_videos(tmp_path / "v.lance", 9)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["video", "label"], filter="label = 1"),
+        batch_size=2,
+        clips=CLIPS,
+        drop_last=False,
+    )
+    rows = [r for b in batches(dm) for r in b["_clip_row"].tolist()]
+    assert sorted(rows) == [1, 1, 4, 4, 7, 7]
+    assert "3 media row(s) x 2 clip(s) = 6 clip(s)" in dm.explain("train")
+
+
+def test_a_mixture_of_clip_sources_reads_clips_of_each(tmp_path: Path) -> None:
+    uris = [write_videos(tmp_path / f"{name}.lance", 4) for name in "ab"]
+    mixture = LanceMixture([LanceSource(uri, columns=["video", "label"]) for uri in uris], [1, 1], block=4)
+    dm = LanceDataModule(train=mixture, batch_size=4, clips=CLIPS, shuffle=RowShuffle(seed=1))
+    got = [(s, r) for b in batches(dm) for s, r in zip(b["source"].tolist(), b["_clip_row"].tolist(), strict=True)]
+    assert len(got) == 16 and {s for s, _ in got} == {0, 1}
+    assert all(0 <= r < 4 for _, r in got)
+
+
+def test_audio_windows_are_resampled_float_windows(tmp_path: Path) -> None:
+    uri = write_audio(tmp_path / "a.lance", 6, sample_rate=22050, channels=2)
+    sampler = AudioClips(seconds=0.5, sample_rate=8000, channels=1, clips_per_item=2, seed=1)
+    dm = LanceDataModule(train=LanceSource(uri, columns=["audio", "label"]), batch_size=4, clips=sampler)
+    out = batches(dm)
+    assert len(out) == 3
+    dataset = lance.dataset(uri)
+    for batch in out:
+        assert batch["audio"].shape == (4, 1, 4000) and batch["audio"].dtype == torch.float32
+        assert batch["audio_start"].shape == (4, 1)
+        row, start = int(batch["_clip_row"][0]), float(batch["audio_start"][0, 0])
+        opened = open_audio(io.BytesIO(dataset.take_blobs("audio", indices=[row])[0].read()))
+        fraction = start / (opened.duration - 0.5)
+        direct = decode_audio_clip(opened, fraction, 0.5, 8000, 1)
+        assert direct.start == pytest.approx(start)
+        np.testing.assert_allclose(direct.samples, batch["audio"][0].numpy(), atol=1e-6)
+
+
+def test_open_media_stay_within_the_bound(tmp_path: Path) -> None:
+    uri = write_videos(tmp_path / "v.lance", 10)
+    sampler = VideoClips(frames=2, size=[16, 16], open_files=3, seed=9)
+    dm = LanceDataModule(train=LanceSource(uri, columns=["video"]), batch_size=5, clips=sampler)
+    for _ in range(2):
+        batches(dm)
+        assert len(clip_decoder(sampler).pool) <= 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"clips": CLIPS, "columns": ["label"]}, "clips.column"),
+        ({"clips": VideoClips(column="label"), "columns": ["label"]}, "clips.column"),
+        ({"clips": CLIPS, "packing": TokenPacking(column="label")}, "clips"),
+        ({"clips": "video"}, "clips"),
+        ({"clips": CLIPS, "row_identity": True}, "row_identity"),
+    ],
+)
+def test_what_clips_cannot_read_is_refused_before_reading(tmp_path: Path, kwargs: dict, param: str) -> None:
+    uri = write_videos(tmp_path / "v.lance", 3)
+    columns = kwargs.pop("columns", ["video", "label"])
+    with pytest.raises(ConfigError) as error:
+        dm = LanceDataModule(train=LanceSource(uri, columns=columns), batch_size=2, **kwargs)
+        dm.setup("fit")
+        dm.train_dataloader()
+    assert error.value.param == param
+
+
+def test_a_video_shorter_than_every_clip_is_named(tmp_path: Path) -> None:
+    uri = write_videos(tmp_path / "v.lance", 4, short=(2,))
+    dm = LanceDataModule(train=LanceSource(uri, columns=["video"]), batch_size=4, clips=VideoClips(frames=8))
+    with pytest.raises(Exception, match=r"dataset row 2 .* spans 8 frames, the video has 3"):
+        batches(dm)
