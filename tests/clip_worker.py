@@ -1,8 +1,9 @@
 """A fit of video clips recording each trained clip (the user's path: ``Trainer.fit(ckpt_path=...)``).
 
 Guarantees: `fit_clips` runs one real ``Trainer.fit`` of a `LanceDataModule` with
-``clips=VideoClips(...)`` and returns this rank's records ``[epoch, clip_row, label, first frame
-time, last frame time, pixel sum]``, one per trained clip, and the number of batches each epoch.
+``clips=VideoClips(...)`` (or ``AudioClips``) and returns this rank's records ``[epoch, clip_row,
+label, first frame time, last frame time, pixel sum]`` (audio: start, start, sample sum), one per
+trained clip, and the number of batches each epoch.
 Run as a script (``python tests/clip_worker.py SPEC.json``) it does the same under DDP (gloo, CPU)
 and writes ``<out>.rank<r>.json``.
 """
@@ -33,17 +34,21 @@ class ClipRecorder(pl.LightningModule):
         self.batches: dict[int, int] = {}
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        video = batch["video"]
-        assert video.dtype == torch.uint8 and video.dim() == 5
         epoch = self.current_epoch
         self.batches[epoch] = self.batches.get(epoch, 0) + 1
-        sums = video.reshape(len(video), -1).sum(1).tolist()
-        times = batch["video_timestamps"]
+        if "audio" in batch:  # windows: float32 [B, channels, samples], starts [B, 1]
+            video, times = batch["audio"], batch["audio_start"]
+            assert video.dtype == torch.float32 and video.dim() == 3
+            sums = [round(v, 3) for v in video.reshape(len(video), -1).double().sum(1).tolist()]
+        else:
+            video, times = batch["video"], batch["video_timestamps"]
+            assert video.dtype == torch.uint8 and video.dim() == 5
+            sums = video.reshape(len(video), -1).sum(1).tolist()
         for row, label, first, last, total in zip(
             batch["_clip_row"].tolist(), batch["label"].tolist(), times[:, 0].tolist(), times[:, -1].tolist(), sums
         ):
             self.records.append([epoch, row, label, round(first, 6), round(last, 6), total])
-        x = video.float().mean(dim=(1, 2, 3, 4)).reshape(-1, 1) / 255
+        x = video.float().reshape(len(video), -1).mean(dim=1, keepdim=True) / 255
         return (self.layer(x) - x).pow(2).mean()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -52,21 +57,29 @@ class ClipRecorder(pl.LightningModule):
 
 def fit_clips(spec: dict[str, Any]) -> tuple[int, list[list[Any]], dict[int, int]]:
     """(rank, records, batches per epoch) of the fit ``spec`` names: uri, root, name, shuffle,
-    batch_size, devices, num_workers, max_epochs, max_steps, ckpt_every, ckpt_path, clips (kwargs of
-    VideoClips), bad_rows ("raise" | "replace"), filter."""
+    batch_size, devices, num_workers, max_epochs, max_steps, ckpt_every, ckpt_path, media ("video" or
+    "audio"), clips (kwargs of VideoClips or AudioClips), bad_rows ("raise" | "replace"), filter."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceSource, ReplaceBadRow, VideoClips
+    from lance_lightning import (
+        AudioClips,
+        DataCursorCheckpoint,
+        LanceDataModule,
+        LanceSource,
+        ReplaceBadRow,
+        VideoClips,
+    )
     from tests.resume_worker import make_shuffle
 
     root = Path(spec["root"])
+    media = spec.get("media", "video")
     dm = LanceDataModule(
-        train=LanceSource(spec["uri"], columns=["id", "video", "label"], filter=spec.get("filter")),
+        train=LanceSource(spec["uri"], columns=["id", media, "label"], filter=spec.get("filter")),
         batch_size=spec["batch_size"],
         shuffle=make_shuffle(spec["shuffle"]),
         num_workers=spec["num_workers"],
         reader_threads=2,
-        clips=VideoClips(**spec["clips"]),
+        clips=AudioClips(**spec["clips"]) if media == "audio" else VideoClips(**spec["clips"]),
         bad_rows=ReplaceBadRow(seed=3) if spec.get("bad_rows") == "replace" else None,
     )
     callbacks: list[Any] = [DataCursorCheckpoint()]

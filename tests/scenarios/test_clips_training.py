@@ -16,7 +16,7 @@ from lance_lightning.errors import BadRowError
 from tests.clip_worker import fit_clips
 from tests.harness import ckpt_file
 from tests.helpers import run_ddp_script
-from tests.videos import FPS, write_videos
+from tests.videos import FPS, write_audio, write_videos
 
 ROWS = 12
 CLIPS = {"frames": 4, "frame_step": 3, "clips_per_item": 2, "size": [16, 16], "seed": 7}  # 24 clips an epoch
@@ -134,3 +134,18 @@ def test_bad_media_replaced_under_ddp_keeps_every_rank_s_batches(tmp_path: Path)
     records = ranks[0]["records"] + ranks[1]["records"]
     assert len(records) == 2 * 10
     assert not {row for _, row, *_ in records} & {2, 5, 7}  # replaced by clips of good videos
+
+
+def test_audio_windows_resume_with_workers_and_another_batch_size(tmp_path: Path) -> None:
+    uri = write_audio(tmp_path / "audio.lance", 6, sample_rate=16000)
+    clips = {"seconds": 0.25, "sample_rate": 8000, "clips_per_item": 2, "seed": 3}
+    base = {"uri": uri, "root": str(tmp_path), "media": "audio", "clips": clips, "shuffle": "row:2", "max_epochs": 2}
+    _, whole, _ = fit_clips({**base, "name": "whole", "batch_size": 4, "num_workers": 0})
+    _, stopped, _ = fit_clips(
+        {**base, "name": "stop", "batch_size": 4, "num_workers": 0, "max_steps": 1, "ckpt_every": 1}
+    )
+    _, resumed, _ = fit_clips(
+        {**base, "name": "resumed", "batch_size": 2, "num_workers": 2, "ckpt_path": str(ckpt_file(tmp_path, "stop", 1))}
+    )
+    assert sum(per_epoch(whole)[0].values()) == 12 and len(per_epoch(whole)) == 2
+    assert per_epoch(stopped + resumed) == per_epoch(whole)
