@@ -51,7 +51,7 @@ def torchcodec_state() -> str:
         frames = np.zeros((2, 16, 16, 3), dtype=np.uint8)
         VideoDecoder(encode_video(frames, fps=2, gop=1)).get_frame_at(0)
     except Exception as error:  # noqa: BLE001 - any failure means: not usable here
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(":. ")
         return f"TorchCodec video decoding is unavailable here ({first[:100]}: it needs the system's FFmpeg libraries)"
     return "TorchCodec video decoding works here too; clips decode through PyAV, this package's clip decoder"
 

@@ -18,6 +18,8 @@ from lance_lightning.checks import check_choice, check_int
 from lance_lightning.errors import ConfigError
 
 START_MODES = ("random", "even")
+#: Settings that change how clips are decoded, not which: a cursor saved under others still fits.
+_NOT_CHOOSING = ("open_files", "decoder")
 DECODERS = ("auto", "pyav")
 
 
@@ -42,7 +44,7 @@ class ClipSampler(ABC):
 
     def describe(self) -> dict[str, Any]:
         """Plain description of everything that chooses and shapes a clip (not the decoder's pool)."""
-        return {"kind": type(self).__name__, **{k: v for k, v in vars(self).items() if k not in ("open_files",)}}
+        return {"kind": type(self).__name__, **{k: v for k, v in vars(self).items() if k not in _NOT_CHOOSING}}
 
     @abstractmethod
     def shape_line(self) -> str:

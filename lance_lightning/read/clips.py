@@ -4,16 +4,21 @@ Guarantees:
 - A batch spec's ``positions`` are clip units (the plan's unit). Unit ``u`` is clip ``u % K`` of
   matching row ``u // K``, starting at ``start_fractions(sampler, epoch, u)``: the same clip on
   every rank, worker, batch size and resume.
-- A read group is one batch (reader threads decode batches in parallel). Each media row of the
-  group is opened once: kept open from an earlier clip (the process's `ClipDecoder` pool), else
-  opened as a seekable ``lance.BlobFile`` (``take_blobs``: only the byte ranges the decoder asks
-  for are read) or, for a column that is not blob-encoded, from its bytes. Its clips are decoded
-  in start order (forward seeks).
+- A read group is one batch (reader threads decode batches in parallel). Its time is split in the
+  reading thread's clock: the media files' reads stay in ``read`` (storage), the rest of decoding
+  goes to ``decode``, so the monitor names the right bottleneck.
+- Clips of the train split start where the train epoch puts them; the other splits' clips start
+  where epoch 0 puts them, every pass (validation compares like with like, before and after a
+  resume).
+- Each media row of a group is opened once: kept open from an earlier clip (the process's
+  `ClipDecoder` pool), else opened as a seekable ``lance.BlobFile`` (``take_blobs``: only the
+  byte ranges the decoder asks for are read, `BLOB_READ_AHEAD` at a time) or, for a column that
+  is not blob-encoded, from its bytes. Its clips are decoded in start order (forward seeks).
 - Media that does not decode, or is shorter than a clip, is a bad row of the split's policy:
-  `RaiseOnBadRow` raises `BadRowError` naming the dataset row, the id column's value and the
-  column; `ReplaceBadRow` decodes, in its place, the clip at another unit chosen by
-  ``(seed, unit, attempt)``, so batch sizes never change and every rank keeps its batch count.
-  Each bad clip is counted once as ``bad_rows`` in the reading thread's clock.
+  `RaiseOnBadRow` raises `BadRowError` naming the dataset row, the clip and the column;
+  `ReplaceBadRow` decodes, in its place, the clip at another unit chosen by ``(seed, unit,
+  attempt)``, so batch sizes never change and every rank keeps its batch count. Each bad clip is
+  counted once as ``bad_rows`` in the reading thread's clock.
 - Each batch is an Arrow table: the split's other columns of each clip's row, the media column as
   a ``fixed_shape_tensor`` (video ``uint8 [T, 3, H, W]``, audio ``float32 [channels, samples]``),
   ``<column>_timestamps`` (video frame times) or ``<column>_start`` (audio start, seconds), and
@@ -24,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import threading
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -63,7 +70,7 @@ class ClipReader(PlanReader):
         bad_rows: Any = None,
     ) -> None:
         super().__init__(plan, epoch, world_size, rank, start, retry, take_group_bytes)
-        self.epoch = epoch
+        self.epoch = epoch if plan.split.split("/")[0] == "train" else 0
         self.units = plan.clips
         self.sampler = self.units.sampler
         self.policy = bad_rows
@@ -93,7 +100,14 @@ class ClipReader(PlanReader):
         units = np.asarray(units, dtype=np.int64)
         rows = self.plan.row_positions(self.units.rows_of(units))
         fractions = start_fractions(self.sampler, self.epoch, units)
+        started, _FILE_TIME.seconds = time.perf_counter(), 0.0
         media, times, rows = self._decode(units, rows, fractions)
+        clock = active_clock()
+        if clock is not None:  # inside the group's "read": decoding moves to "decode"
+            decoding = time.perf_counter() - started - _FILE_TIME.seconds
+            clock.add("read_seconds", -decoding)
+            clock.add("decode_seconds", decoding)
+            clock.add("decode_rows", len(units))
         columns: dict[str, pa.Array] = {}
         if self.others.columns:
             wanted, index = storage_index(rows)
@@ -196,11 +210,47 @@ class ClipReader(PlanReader):
     def _files(self, rows: np.ndarray) -> list[Any]:
         """A seekable file per row of ``rows`` (sorted or not): blob files, or the values' bytes."""
         if self.blob:
-            return open_blob_files(self.plan.source, self.sampler.column, rows, self.retry, BLOB_READ_AHEAD)
+            files = open_blob_files(self.plan.source, self.sampler.column, rows, self.retry, BLOB_READ_AHEAD)
+            return [TimedFile(file) for file in files]
         wanted, index = storage_index(rows)
         values = read_positions(self.media_bytes, wanted, scan_mode=False, retry=self.retry).column(0)
         order = range(len(rows)) if index is None else index
         return [io.BytesIO(values[int(i)].as_py() or b"") for i in order]
+
+
+class TimedFile(io.RawIOBase):
+    """A blob file whose reads add their time to this thread's `_FILE_TIME` (storage, not decoding)."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__()
+        self.file = file
+
+    def readinto(self, buffer: Any) -> int:
+        started = time.perf_counter()
+        try:
+            return self.file.readinto(buffer)
+        finally:
+            _FILE_TIME.seconds = getattr(_FILE_TIME, "seconds", 0.0) + time.perf_counter() - started
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+#: Seconds the current thread spent in media file reads since its clip read began.
+_FILE_TIME = threading.local()
 
 
 def _tensor(values: np.ndarray) -> pa.Array:

@@ -141,3 +141,36 @@ def test_a_video_shorter_than_every_clip_is_named(tmp_path: Path) -> None:
     dm = LanceDataModule(train=LanceSource(uri, columns=["video"]), batch_size=4, clips=VideoClips(frames=8))
     with pytest.raises(Exception, match=r"dataset row 2 .* spans 8 frames, the video has 3"):
         batches(dm)
+
+
+def test_validation_clips_are_the_same_every_pass(tmp_path: Path) -> None:
+    uri = write_videos(tmp_path / "v.lance", 6)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["video"]), val=LanceSource(uri, columns=["video"]), batch_size=3, clips=CLIPS
+    )
+    dm.setup("fit")
+    passes = [[b["video_timestamps"].tolist() for b in dm.val_dataloader()] for _ in range(3)]
+    assert passes[0] == passes[1] == passes[2]
+    starts = [t[0] for batch in passes[0] for t in batch]
+    assert len(set(starts)) > 3  # random starts, drawn once
+
+
+def test_decoding_is_timed_apart_from_storage_reads(tmp_path: Path) -> None:
+    from lance_lightning.metrics.clock import StageClock
+    from lance_lightning.plan.contract import SplitSettings
+    from lance_lightning.plan.split import plan_split
+    from lance_lightning.plan.strategies import FilterRead, NoShuffle
+    from lance_lightning.read.factory import plan_reader
+
+    uri = write_videos(tmp_path / "v.lance", 4)
+    plan = plan_split(
+        "train", LanceSource(uri, columns=["video"]), SplitSettings(NoShuffle(), FilterRead(), 4, False, clips=CLIPS)
+    )
+    reader = plan_reader(plan, 0, 1, 0, 0)
+    clock = StageClock()
+    for group in reader.groups(range(reader.layout.steps)):
+        with clock.measure("read", rows=4):
+            reader.read_group(group)
+    totals = clock.drain()
+    assert totals["decode_seconds"] > 0 and totals["decode_rows"] == 8
+    assert totals["read_seconds"] >= 0
