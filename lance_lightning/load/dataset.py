@@ -222,6 +222,7 @@ class LanceIterableDataset(IterableDataset):
             shipments=shipping is not None,
             identity=RowIdentity(self.plan.source, epoch, self.retry) if self.row_identity else None,
             blob_files=self.blob_files,
+            parcels=info is not None and shipping is not None,
         )
         yield from producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
         HEAP.after_epoch()

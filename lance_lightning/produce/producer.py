@@ -30,6 +30,7 @@ from lance_lightning.metrics.figures import batch_size_and_bytes, row_bytes
 from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow
 from lance_lightning.produce.convert import Ragged
 from lance_lightning.produce.identity import RowIdentity
+from lance_lightning.produce.parcel import parcel
 from lance_lightning.produce.threads import ReaderThreads
 from lance_lightning.produce.transform import TransformStep
 from lance_lightning.read.reader import BatchSpec, PlanReader
@@ -63,6 +64,7 @@ class BatchProducer:
         shipments: bool = False,
         identity: RowIdentity | None = None,
         blob_files: tuple[str, ...] = (),
+        parcels: bool = False,
     ) -> None:
         self.reader = reader
         self.transform = transform
@@ -71,6 +73,7 @@ class BatchProducer:
         self.ship_positions = ship_positions
         self.shipments = shipments or ship_stats or ship_positions
         self.pin_memory = pin_memory
+        self.parcels = parcels
         self.step = TransformStep(
             bad_rows or RaiseOnBadRow(),
             reader.plan,
@@ -170,6 +173,8 @@ class BatchProducer:
             clock.delivered_bytes += nbytes
         if not self.shipments:
             return batch
+        if self.parcels:  # leaving a worker process: one message per batch (`lance_lightning.produce.parcel`)
+            batch = parcel(batch)
         return Shipment(batch, (self.clock.drain() or None) if self.ship_stats else None, positions)
 
 
