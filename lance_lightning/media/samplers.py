@@ -34,7 +34,7 @@ class ClipSampler(ABC):
         check_choice(f"{name}.starts", starts, START_MODES, "must be 'random' or 'even'", "set starts: random")
         check_int(f"{name}.seed", seed, 0, "set seed: 0")
         check_choice(f"{name}.decoder", decoder, DECODERS, "is not a decoder this package runs", "set decoder: auto")
-        check_int(f"{name}.open_files", open_files, 1, "set open_files: 16")
+        check_int(f"{name}.open_files", open_files, 1, "set open_files: 64")
         self.column = column
         self.per_item = per_item
         self.starts = starts
@@ -91,7 +91,7 @@ class VideoClips(ClipSampler):
         size: list[int] | tuple[int, int] | None = None,
         seed: int = 0,
         decoder: str = "auto",
-        open_files: int = 16,
+        open_files: int = 64,
     ) -> None:
         super().__init__(column, clips_per_item, starts, seed, decoder, open_files)
         check_int("VideoClips.frames", frames, 1, "set frames: 8")
@@ -134,7 +134,7 @@ class AudioClips(ClipSampler):
         starts: str = "random",
         seed: int = 0,
         decoder: str = "auto",
-        open_files: int = 16,
+        open_files: int = 64,
     ) -> None:
         super().__init__(column, clips_per_item, starts, seed, decoder, open_files)
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:

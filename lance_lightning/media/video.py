@@ -93,7 +93,8 @@ def decode_video_clip(
                 first = taken
                 while taken < frames and frame.time >= thresholds[taken]:
                     taken += 1
-                _copy_rgb(frame.reformat(width=width, height=height, format="rgb24"), pixels[first])
+                rgb = opened.reformatter.reformat(frame, width=width, height=height, format="rgb24", threads=1)
+                _copy_rgb(rgb, pixels[first])
                 pixels[first + 1 : taken] = pixels[first]  # a step under 1 repeats frames
                 timestamps[first:taken] = frame.time
                 if taken == frames:
