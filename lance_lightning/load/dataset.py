@@ -3,7 +3,10 @@
 Guarantees:
 - `LanceIterableDataset` yields ready batches (dicts of column -> tensor/list) of one rank, for
   the epoch and start row set with ``set_epoch``. DataLoader worker ``w`` of ``K`` yields the
-  rank's batches ``w, w+K, ...`` so the round-robin DataLoader keeps the planned order. The epoch
+  rank's batches ``w, w+K, ...`` so the round-robin DataLoader keeps the planned order. A
+  `LanceDataLoader`'s worker instead sends runs of one read group's consecutive batches as one
+  `Bundle` (worker ``w`` takes runs ``w, w+K, ...``), which the loader unpacks in order: each
+  worker reads whole ranges, and the training process receives one message per run. The epoch
   lives in shared memory, so persistent workers see each new epoch.
 - Iterated directly, or by any DataLoader, it yields batches. Only a `LanceDataLoader` receives
   `Shipment`s (a batch with its worker's stage totals and its rows' positions beside it): from
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import copy as _copy
 import dataclasses
+import itertools
 import multiprocessing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -209,7 +213,11 @@ class LanceIterableDataset(IterableDataset):
             take_group_bytes=self.take_group_bytes,
             bad_rows=self.bad_rows,
         )
-        steps = reader.layout.worker_steps(worker, workers, self.rank)
+        # A loader's worker sends runs of consecutive batches, one message each: its reads stay
+        # whole ranges (interleaved single batches made each worker read every other batch).
+        chunk = message_steps(reader, workers) if info is not None and shipping is not None else 1
+        runs = reader.layout.worker_steps(worker, workers, self.rank, chunk)
+        steps = [step for run in runs for step in run]
         producer = BatchProducer(
             reader,
             self.transform,
@@ -224,8 +232,34 @@ class LanceIterableDataset(IterableDataset):
             blob_files=self.blob_files,
             parcels=info is not None and shipping is not None,
         )
-        yield from producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
+        batches = producer.run(reader.groups(steps), self.pools, self.prefetch_groups, self.prefetch_batches)
+        if chunk == 1:
+            yield from batches
+        else:
+            for run in runs:
+                yield Bundle(list(itertools.islice(batches, len(run))))
         HEAP.after_epoch()
+
+
+class Bundle(NamedTuple):
+    """Consecutive batches (`Shipment`s) a loader's worker sends as one item; the loader unpacks them."""
+
+    shipments: list[Any]
+
+
+def message_steps(reader: Any, workers: int) -> int:
+    """Batches a loader's worker sends per message: one read group's, at most `MAX_MESSAGE_STEPS`,
+    and few enough that every worker gets at least `MIN_WORKER_RUNS` runs of the rank's epoch (a
+    short epoch keeps every worker busy: a transform's work spreads over them all)."""
+    group = getattr(reader, "group_rows", 0) // max(1, reader.plan.batch_size)
+    spread = reader.layout.rank_steps(reader.rank) // (max(1, workers) * MIN_WORKER_RUNS)
+    return max(1, min(MAX_MESSAGE_STEPS, group, spread))
+
+
+#: At most this many batches per worker message (the first batch waits for the whole message).
+MAX_MESSAGE_STEPS = 32
+#: Each worker gets at least this many runs of an epoch, when it has that many batches.
+MIN_WORKER_RUNS = 4
 
 
 class LanceMapDataset(Dataset):

@@ -65,7 +65,7 @@ from lance_lightning.cursor.tracker import CursorTracker
 from lance_lightning.device.ahead import DevicePath
 from lance_lightning.errors import ConfigError, WorkerDiedError
 from lance_lightning.lifetime import shared_temp_dir, watch_parent
-from lance_lightning.load.dataset import LanceIterableDataset, Shipping, WorkerError, ship_from_worker
+from lance_lightning.load.dataset import Bundle, LanceIterableDataset, Shipping, WorkerError, ship_from_worker
 from lance_lightning.load.workers import STARTING_HINT, guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
 from lance_lightning.source import StoreEnvironment
@@ -144,11 +144,15 @@ def _polling_workers(batches: Iterator[Batch], queue: Any, meter: LoaderMeter) -
 
 
 def _raise_worker_errors(items: Iterator[Any]) -> Iterator[Any]:
-    """``items``, raising the error a worker process shipped (`WorkerError`) as it was raised there."""
+    """``items``, raising the error a worker process shipped (`WorkerError`) as it was raised there,
+    a worker's `Bundle` unpacked into its batches, in order."""
     for item in items:
         if isinstance(item, WorkerError):
             raise item.error
-        yield item
+        if isinstance(item, Bundle):
+            yield from item.shipments
+        else:
+            yield item
 
 
 def _stopping_on_sigterm(batches: Iterator[Batch], progress: TrainerProgress) -> Iterator[Batch]:

@@ -91,6 +91,9 @@ class Layout:
         """``len(self.batch_rows(rank, step))``, without building the positions of a full step."""
         return self.batch_size if 0 <= step < self.full_steps else len(self.batch_rows(rank, step))
 
-    def worker_steps(self, worker: int, num_workers: int, rank: int = 0) -> range:
-        """Rank ``rank``'s batch indices produced by DataLoader worker ``worker`` of ``num_workers``."""
-        return range(worker, self.rank_steps(rank), max(1, num_workers))
+    def worker_steps(self, worker: int, num_workers: int, rank: int = 0, chunk: int = 1) -> list[range]:
+        """Rank ``rank``'s batch indices produced by DataLoader worker ``worker`` of ``num_workers``:
+        runs of ``chunk`` consecutive steps, worker ``w`` taking runs ``w, w + num_workers, ...``
+        (with ``chunk=1``, steps ``w, w + num_workers, ...``)."""
+        steps, workers = self.rank_steps(rank), max(1, num_workers)
+        return [range(first, min(first + chunk, steps)) for first in range(worker * chunk, steps, workers * chunk)]

@@ -191,13 +191,14 @@ def test_batch_len_is_the_length_of_batch_rows(layout: Layout) -> None:
 
 
 @PURE
-@given(layout=layouts(), workers=st.integers(0, 6))
-def test_worker_steps_partition_the_rank_steps(layout: Layout, workers: int) -> None:
+@given(layout=layouts(), workers=st.integers(0, 6), chunk=st.integers(1, 5))
+def test_worker_steps_partition_the_rank_steps(layout: Layout, workers: int, chunk: int) -> None:
     K = max(1, workers)
-    parts = [list(layout.worker_steps(w, workers)) for w in range(K)]
-    assert sorted(itertools.chain(*parts)) == list(range(layout.steps))
-    # Round-robin over workers (what the DataLoader does) restores the step order.
-    merged = [s for group in itertools.zip_longest(*parts) for s in group if s is not None]
+    parts = [layout.worker_steps(w, workers, chunk=chunk) for w in range(K)]
+    assert sorted(s for runs in parts for run in runs for s in run) == list(range(layout.steps))
+    assert all(len(run) == chunk for runs in parts for run in runs[:-1])
+    # Round-robin over workers, one run per item (what the DataLoader does), restores the step order.
+    merged = [s for items in itertools.zip_longest(*parts) for run in items if run is not None for s in run]
     assert merged == list(range(layout.steps))
 
 

@@ -116,7 +116,7 @@ def read_rank_as_workers(plan, world: int, rank: int, epoch: int, workers: int, 
     streams = []
     for w in range(workers):
         reader = PlanReader(plan, epoch, world, rank, start)
-        steps = reader.layout.worker_steps(w, workers)
+        steps = [s for run in reader.layout.worker_steps(w, workers) for s in run]
         streams.append(
             [table.column("id").to_pylist() for group in reader.groups(steps) for _, table in reader.read_group(group)]
         )
