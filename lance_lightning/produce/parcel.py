@@ -24,8 +24,9 @@ import torch
 
 from lance_lightning.produce.convert import Ragged
 
-#: Batches of at most this many tensor bytes travel inside their message (larger: shared memory).
-PARCEL_MAX_BYTES = 8 << 20
+#: Batches of at most this many tensor bytes travel inside their message (larger: shared memory,
+#: whose per-tensor handshake, about 1 ms, costs less than copying a megabyte through the pipe).
+PARCEL_MAX_BYTES = 1 << 20
 
 
 class Parcel:
