@@ -4,7 +4,8 @@ Guarantees: `write_videos` writes ``rows`` MP4s (lengths varying per row, 24 fps
 column ``video`` (or plain binary with ``blob=False``) beside ``id`` and ``label``; rows listed in
 ``truncated`` hold only the first half of their file, rows in ``garbage`` random bytes, rows in
 ``short`` fewer frames than any clip here asks for. `write_audio` does the same for FLAC tones.
-The same arguments write the same bytes.
+Each video is encoded once per process (cached), so datasets written from the same rows in one
+process hold the same bytes.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The randomized contract checker: composed user steps through the real Trainer, against an oracle.
 
-- `scenario`: what one scenario composes (tables, filter, strategy, packing, mixture, topology,
+- `scenario`: what one scenario composes (tables, filter, strategy, packing or clips, mixture, topology,
   calls before fit, Lightning's loop options in either run, the stop, the kind of checkpoint
   resumed from, changes on resume, a second fit of the same data module, damage to a cached copy)
   and the seeded generator that draws scenarios.
 - `truth`: writes a scenario's Lance datasets and computes, without the package, which units
-  (rows, packed windows, mixture draws) each source holds.
+  (rows, packed windows, video clips, mixture draws) each source holds.
 - `phase`: one real ``Trainer.fit`` of a scenario (in this process, or as a script that Lightning's
   DDP launcher runs once per rank), recording every trained batch, epoch length, cursor and
   checkpoint; or a user script's two fits of one data module with new trainers (`phase._session`).
@@ -16,6 +16,8 @@
   train for the Lightning options it was given, and where a resume continues (never from the
   package, nor from where Lightning says it resumed).
 - `oracle`: checks every phase's records against `reference` and `expected` (`oracle.check`).
+- `clips`: each trained video clip is the clip its unit names (frames, times, dataset row), and
+  clip starts follow the documented rule.
 - `store`: tables on S3, each run's remote cache, and damage to a cached copy between the runs.
 - `soak`: the command that draws and checks many scenarios (``python -m tests.contract.soak``).
 - `prepared`: "prepare, then fit" (issue #40): a table given as raw Parquet that the first fit's

@@ -17,7 +17,8 @@ Guarantees (each failure is one line of `check`'s result, naming the phase, epoc
   the batches the intent gives that epoch (those trained before a resume included, limit
   applied); the data module's cursor (at each epoch end, in each checkpoint and at the end) names
   the data epoch and the units consumed, and says ``finished`` exactly when the data epoch is;
-  each validation sees every val unit once (padding aside), test and predict every unit once.
+  each validation sees every val unit once (padding aside), test and predict every unit once
+  (with clips, the clips epoch 0 draws, every pass: `truth.val_units`).
 - A scenario that must fail does so with a `ConfigError` before any batch, on every rank, and no
   phase hangs or raises anything else.
 - Version holds (`lance_lightning.hold`): after the stopped run each train table carries exactly
@@ -32,6 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.contract import prepared, truth
+from tests.contract.clips import check_clips
 from tests.contract.expected import Batch, Intent, Position, Step, after, intent, layout
 from tests.contract.reference import sequences
 from tests.contract.replay import check_replay
@@ -373,6 +375,6 @@ def _step_problem(got: list[list[int]], want: Step) -> str | None:
 
 def check(run: Run) -> list[str]:
     """Everything the scenario's phases got wrong (empty: the contract holds), with the remote
-    cache's, the replay probe's and a prepared table's own checks (`store.check_cache`,
-    `replay.check_replay`, `prepared.check`)."""
-    return Oracle(run).check() + check_cache(run) + check_replay(run) + prepared.check(run)
+    cache's, the replay probe's, a prepared table's and the trained clips' own checks
+    (`store.check_cache`, `replay.check_replay`, `prepared.check`, `clips.check_clips`)."""
+    return Oracle(run).check() + check_cache(run) + check_replay(run) + prepared.check(run) + check_clips(run)

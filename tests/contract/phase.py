@@ -9,7 +9,8 @@ data module, model, callbacks and trainer as the YAML a user would write.
 
 Guarantees:
 - Every rank appends, flushed, one JSON line per event to ``<root>/<role>.rank<r>.jsonl``: each
-  trained batch (trainer epoch, batch index, global step, units), each epoch's length as Lightning
+  trained batch (trainer epoch, batch index, global step, units; with clips also each clip's
+  frames' CRC-32, ``_clip_row`` and frame times: `clips_of`), each epoch's length as Lightning
   took it, the data module's cursor at each epoch end and in each checkpoint, every validation
   and predict run's units, the calls before fit, the fit's end (or its error) and the
   ``RuntimeWarning``s that mention the data cursor; the model's weight and global step at the
@@ -56,6 +57,7 @@ from torch import nn  # noqa: E402
 from lance_lightning import LanceDataModule  # noqa: E402
 from tests.contract import prepared, replay, truth  # noqa: E402
 from tests.contract.scenario import Scenario, Topology  # noqa: E402
+from tests.videos import FPS  # noqa: E402
 
 #: Batch size of the reference run (any size gives the same sequence: the order is topology-free).
 REFERENCE_BATCH = 8
@@ -76,8 +78,12 @@ class RecordedError(RuntimeError):
 
 
 def units_of(batch: dict[str, Any]) -> list[int]:
-    """The units of a batch, keyed as `tests.contract.truth` keys them."""
-    if "input_ids" in batch:
+    """The units of a batch, keyed as `tests.contract.truth` keys them (a clip by its video's id and
+    the frame its first timestamp names)."""
+    if "video_timestamps" in batch:
+        first = (batch["video_timestamps"][:, 0] * FPS).round().long()
+        keys = batch["id"].long() * truth.CLIP_KEY + first
+    elif "input_ids" in batch:
         ids = batch["input_ids"]
         offset = (ids != truth.EOS).int().argmax(dim=1)
         token = ids.gather(1, offset[:, None])[:, 0]
@@ -87,6 +93,17 @@ def units_of(batch: dict[str, Any]) -> list[int]:
     if "source" in batch:
         keys = keys + batch["source"].long() * truth.BIG
     return [int(k) for k in keys.tolist()]
+
+
+def clips_of(batch: dict[str, Any]) -> list[list[Any]] | None:
+    """Each clip of a batch of clips as ``[frames' CRC-32 (truth.clip_digest), _clip_row, frame
+    times]`` (None: not a batch of clips)."""
+    if "video_timestamps" not in batch:
+        return None
+    video = batch["video"].cpu().numpy()
+    times = batch["video_timestamps"].tolist()
+    rows = batch["_clip_row"].tolist()
+    return [[truth.clip_digest(video[i]), int(rows[i]), times[i]] for i in range(len(video))]
 
 
 class Recorder:
@@ -138,9 +155,11 @@ class ContractModel(pl.LightningModule):
             self.recorder.write({"t": "replay", "units": units})
             return (self.weight - float(len(units))).pow(2).sum()
         self.batches += 1
-        self.recorder.write(
-            {"t": "batch", "epoch": self.current_epoch, "idx": batch_idx, "gstep": self.global_step, "units": units}
-        )
+        event = {"t": "batch", "epoch": self.current_epoch, "idx": batch_idx, "gstep": self.global_step, "units": units}
+        clips = clips_of(batch)
+        if clips is not None:
+            event["clips"] = clips
+        self.recorder.write(event)
         if self.sleep:
             time.sleep(self.sleep)
         return (self.weight - float(len(units))).pow(2).sum()
@@ -227,6 +246,8 @@ def data_arguments(
     """The data module's arguments, as a YAML ``data:`` section holds them (class_path/init_args);
     ``cache``: the ``remote_cache`` arguments of a scenario on S3 (`tests.contract.store`)."""
     columns = ["tokens", "n_tokens"] if scenario.packing is not None else ["id", "x"]
+    if scenario.clips is not None:
+        columns = ["id", "label", "video"]
 
     def source(index: int, filter: str | None) -> dict[str, Any]:
         made = scenario.prepare is not None and index == prepared.TABLE  # "prepare, then fit"
@@ -278,6 +299,8 @@ def data_arguments(
     }
     if cache is not None:
         data["remote_cache"] = {k: v for k, v in cache.items() if k != "exceeds"}
+    if scenario.clips is not None:
+        data["clips"] = {"class_path": "lance_lightning.VideoClips", "init_args": truth.clip_arguments(scenario.clips)}
     if scenario.packing is not None:
         packing = scenario.packing
         data["packing"] = {

@@ -7,6 +7,9 @@ Guarantees (each failure is one line of `sequences`' result, naming the epoch):
   `truth.scheduled_counts` gives); a source's draws in its own order under `NoShuffle`, else no
   repeat within a pass through the source.
 - A row shuffle orders each epoch anew.
+- With clips, a unit is a clip keyed by its video and start frame: each epoch holds exactly the
+  clips `truth` computes for that epoch (every matching video ``clips_per_item`` times, each clip at
+  the start its (seed, epoch, unit) gives), in unit order under `NoShuffle`.
 """
 
 from __future__ import annotations
@@ -29,13 +32,18 @@ def sequences(scenario: Scenario, phase: Phase) -> tuple[list[list[int]], list[s
     sources = [truth.source_units(scenario, j) for j in range(len(scenario.sources))]
     failures: list[str] = []
     for epoch, seq in enumerate(seqs):
+        if scenario.clips is not None and epoch:  # a clip's key holds its start: the epoch's own
+            sources = [truth.source_units(scenario, j, epoch) for j in range(len(scenario.sources))]
         if scenario.mixture is None:
             failures += _plain_sequence_failures(scenario, epoch, seq, sources[0])
         else:
             failures += _mixture_sequence_failures(scenario, epoch, seq, sources)
     shuffle = scenario.shuffle
     clumps = min(len(sources[j]) for j in _drawn(scenario)) // shuffle.clump_rows
-    if shuffle.kind == "row" and len(seqs[0]) >= 8 * shuffle.clump_rows and clumps >= 8 and seqs[0] == seqs[1]:
+    orders = seqs[:2]
+    if scenario.clips is not None:  # clips' starts change with the epoch: compare the units' videos
+        orders = [[key // truth.CLIP_KEY for key in seq] for seq in orders]
+    if shuffle.kind == "row" and len(seqs[0]) >= 8 * shuffle.clump_rows and clumps >= 8 and orders[0] == orders[1]:
         failures.append("reference: epochs 0 and 1 of a row shuffle have the same order")
     return seqs, failures
 

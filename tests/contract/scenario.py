@@ -17,6 +17,12 @@ Guarantees:
   the compute-floor replay probe (`tests.contract.replay`) and "prepare, then fit" (table 0 given
   as a Parquet folder that the first fit's ``prepare_data`` prepares, after a SIGKILLed prepare;
   `_prepare`, `tests.contract.prepared`), each from its own random stream.
+- Video clips (`Clips`, ``f"{seed}-clips"``: about 17% of scenarios, never with packing): small
+  blob video tables (6-16 videos of 40-64 frames at 16x16, fragments, deleted rows), filters on
+  ``id``/``label`` (one matching nothing: a clear error), a mixture of 2-3 sources over them
+  where the main draw mixes (blocks of 4-10 clips), and ``VideoClips`` of 2-6 frames every 1-3
+  frames, 1-3 clips per video, random or even starts; every other option composes with them as
+  drawn, but S3 and "prepare, then fit" (video tables are written locally).
 - Lightning's loop, as a user combines it (`_widen`, its own stream ``f"{seed}-loop"``):
   ``limit_train_batches`` as a count or a fraction; ``val_check_interval`` as a count or a
   fraction; ``check_val_every_n_epoch`` (2, or None with a count interval);
@@ -79,6 +85,9 @@ class Table:
     tokens: bool = False
     #: Most tokens in a document (each has at least one).
     max_tokens: int = 12
+    #: A blob video table (``id, video, label``: `tests.videos.write_videos`, 16x16 frames,
+    #: ``start`` 0) instead of ``id, label, x`` rows; absent from the JSON when False.
+    video: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,19 @@ class Packing:
     eos: bool = False
     labels: str | None = "document"
     lengths_column: bool = False
+
+
+@dataclass(frozen=True)
+class Clips:
+    """``clips=VideoClips(frames, frame_step, clips_per_item=per_item, starts, size=[16, 16], seed)``:
+    every table is a video table, and each matching row stands for ``per_item`` clips per epoch
+    (the unit the strategy orders, the layout lays out and the cursor counts)."""
+
+    frames: int = 4
+    frame_step: int = 1
+    per_item: int = 1
+    starts: Literal["random", "even"] = "random"
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -242,6 +264,8 @@ class Scenario:
     #: "Prepare, then fit": table 0 made from raw Parquet by the fit's ``prepare_data`` (None: written
     #: directly; absent from the JSON).
     prepare: Prepared | None = None
+    #: Video clips as the unit (`Clips`; None: rows or windows; absent from the JSON).
+    clips: Clips | None = None
 
     @property
     def sources(self) -> list[Source]:
@@ -270,6 +294,9 @@ class Scenario:
         for key in _LATER_FIELDS:  # as scenarios were written before these options
             if plain[key] is None:
                 del plain[key]
+        for table in plain["tables"]:  # as tables were written before video tables
+            if not table["video"]:
+                del table["video"]
         for key, names in _DEFAULTED_FIELDS.items():  # options added later, absent at their default
             part = getattr(self, key)
             for name in names if part is not None else ():
@@ -285,7 +312,7 @@ class Scenario:
 #: Fields of `Mixture` left out of the JSON of a mixture without a schedule.
 _SCHEDULE_FIELDS = ("schedule", "interpolate", "step_samples")
 #: Fields of `Scenario` left out of the JSON when None.
-_LATER_FIELDS = ("store", "replay", "prepare")
+_LATER_FIELDS = ("store", "replay", "prepare", "clips")
 #: Fields added to a part of `Scenario` later, left out of the JSON while at their default (so
 #: that every scenario written before them reads and writes the same line).
 _DEFAULTED_FIELDS = {
@@ -328,6 +355,11 @@ def generate(seed: int) -> Scenario:
     rng = random.Random(seed)
     packing = _packing(rng) if rng.random() < 0.2 else None
     tables, source, mixture = _data(rng, packing is not None)
+    clips = None
+    clipped = random.Random(f"{seed}-clips")  # its own stream: a scenario without clips stays as it was
+    if packing is None and clipped.random() < CLIPS_SHARE:
+        clips = _clips(clipped)
+        tables, source, mixture = _video_data(clipped, mixture is not None, clips)
     topology = _topology(rng, 1)
     shuffle = _shuffle(rng)
     drop_last = rng.random() < 0.7
@@ -337,6 +369,7 @@ def generate(seed: int) -> Scenario:
         source=source,
         mixture=mixture,
         packing=packing,
+        clips=clips,
         shuffle=shuffle,
         drop_last=drop_last,
         cursor_callback=rng.random() < 0.8,
@@ -374,7 +407,9 @@ def generate(seed: int) -> Scenario:
         hold=later.choices(["fit", "keep", "off"], weights=[8, 1, 1])[0],
     )
     scenario = _widen(random.Random(f"{seed}-loop"), scenario, units, stop_epoch)
-    scenario = replace(with_store(seed, scenario), replay=draw_replay(seed))
+    if clips is None:  # video tables are local (`tests.videos.write_videos` writes no object store)
+        scenario = with_store(seed, scenario)
+    scenario = replace(scenario, replay=draw_replay(seed))
     if scenario.store is not None and scenario.resume.session:  # one data module: one cache
         scenario = replace(scenario, store=replace(scenario.store, resume_cache=scenario.store.cache))
     scenario = _damage(random.Random(f"{seed}-damage"), scenario)
@@ -454,11 +489,82 @@ def _schedule(rng: random.Random, mixture: Mixture, epochs: int, step_samples: i
     return replace(mixture, schedule=schedule, interpolate=interpolate, step_samples=step_samples if by_step else None)
 
 
-def _whole_blocks(tables: list[Table], mixture: Mixture) -> int:
+def _whole_blocks(tables: list[Table], mixture: Mixture, clips: Clips | None = None) -> int:
     probe = Scenario(
-        0, tables, Shuffle(), Topology(), Loop(), Stop(), Checkpoints(), Resume(Topology()), mixture=mixture
+        0,
+        tables,
+        Shuffle(),
+        Topology(),
+        Loop(),
+        Stop(),
+        Checkpoints(),
+        Resume(Topology()),
+        mixture=mixture,
+        clips=clips,
     )
     return truth.epoch_units(probe)
+
+
+# -- clips (their own random stream, ``f"{seed}-clips"``) -----------------------------------------------
+#: Share of the scenarios without packing that train on video clips (about 17% of all).
+CLIPS_SHARE = 0.21
+#: Filters of a video table (``label`` is ``id % 3``).
+VIDEO_FILTERS = ("label != 1", "label = 0", "id % 4 != 2", "id % 3 != 2")
+
+
+def _clips(rng: random.Random) -> Clips:
+    """A small clip sampler: 2-6 frames every 1-3 frames (at most 16 of a video's 40 or more),
+    1-3 clips per video, random (mostly) or even starts."""
+    return Clips(
+        frames=rng.randint(2, 6),
+        frame_step=rng.randint(1, 3),
+        per_item=rng.randint(1, 3),
+        starts=rng.choice(["random", "random", "even"]),
+        seed=rng.randint(0, 1000),
+    )
+
+
+def _video_table(rng: random.Random) -> Table:
+    """6-16 videos (decoding costs: every table stays small), in one or several fragments, some deleted."""
+    return Table(
+        rows=rng.randint(6, 16),
+        fragment_rows=rng.choice([None, None, 4, 5, 7]),
+        delete_mod=rng.choice([0, 0, 0, 5, 7]),
+        video=True,
+    )
+
+
+def _video_filter(rng: random.Random) -> str | None:
+    if rng.random() < 0.5:
+        return None
+    roll = rng.random()
+    if roll < 0.04:  # matches nothing: a clear error
+        return "id < 0"
+    if roll < 0.15:  # a video or a few: less than one batch per rank
+        return f"id < {rng.randint(2, 4)}"
+    return rng.choice(VIDEO_FILTERS)
+
+
+def _video_data(rng: random.Random, mixed: bool, clips: Clips) -> tuple[list[Table], Source | None, Mixture | None]:
+    """Video tables, and the source or (``mixed``) the mixture of 2-3 sources over them, with
+    blocks and samples sized for a few dozen clips."""
+    if not mixed:
+        return [_video_table(rng)], Source(0, _video_filter(rng)), None
+    count = rng.choice([2, 2, 3])
+    tables = [_video_table(rng) for _ in range(rng.randint(1, count))]
+    sources = [Source(rng.randrange(len(tables)), _video_filter(rng)) for _ in range(count)]
+    weights = [rng.choice([1.0, 1.0, 2.0, 0.5]) for _ in sources]
+    block = rng.choice([4, 6, 10])
+    rule = rng.choice(["first_exhausted", "samples"])
+    samples = None
+    if rule == "samples":
+        samples = rng.choice([max(1, block // 3), block + rng.randint(1, block), rng.randint(12, 40)])
+    mixture = Mixture(sources, weights, rule, samples, block)
+    if rule == "first_exhausted" and rng.random() < 0.85:  # mostly blocks that the sources fill
+        while block > 4 and _whole_blocks(tables, mixture, clips) == 0:
+            block = {10: 6, 6: 4}[block]
+            mixture = replace(mixture, block=block)
+    return tables, None, mixture
 
 
 def _packing(rng: random.Random) -> Packing:
@@ -672,7 +778,7 @@ def _prepare(rng: random.Random, scenario: Scenario) -> Scenario:
     """A local scenario whose table 0 has no deleted rows (a prepared row's ``id`` is its position
     in the input), mostly with a SIGKILL of a prepare before the first fit (`Prepared`)."""
     table = scenario.tables[0]
-    if scenario.store is not None or table.delete_mod or rng.random() >= 0.15:
+    if scenario.store is not None or scenario.clips is not None or table.delete_mod or rng.random() >= 0.15:
         return scenario
     units = -(-table.rows // table.fragment_rows) if table.fragment_rows else 1
     moments = [f"write:{rng.randrange(units)}", "rename"] + (

@@ -48,6 +48,9 @@ def describe(scenario: Scenario) -> str:
     parts.append(scenario.shuffle.kind)
     if scenario.packing is not None:
         parts.append(f"packed{scenario.packing.seq_len}")
+    if scenario.clips is not None:
+        c = scenario.clips
+        parts.append(f"clips{c.per_item}x{c.frames}/{c.frame_step}:{c.starts}")
     a, b = scenario.topology, scenario.resume.topology
     parts.append(f"W{a.world_size}B{a.batch_size}K{a.num_workers}->W{b.world_size}B{b.batch_size}K{b.num_workers}")
     parts.append(f"stop={scenario.stop.kind}:{scenario.stop.at}")
@@ -238,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             ("with the replay probe", lambda s: s.replay is not None),
             ("with a second fit of one data module", lambda s: s.resume.session),
             ("with a damaged cached copy", lambda s: s.store is not None and s.store.damage is not None),
+            ("on video clips", lambda s: s.clips is not None),
         )
     )
     print(

@@ -2,11 +2,14 @@
 oracle's own tests.
 
 - `test_sample` (in the soak run, ``uv run pytest -m soak``): scenarios drawn from fixed seeds
-  (`SAMPLE_SEEDS`, about 4 minutes on a 2-core machine), each through real
+  (`SAMPLE_SEEDS`, about 5 minutes on a 2-core machine), each through real
   ``Trainer.fit(ckpt_path=...)`` (real 2-rank DDP where it draws 2; a scenario on S3 starts its own
   S3 server on loopback for the test).
 - `test_found_defect`: every scenario in ``cases.jsonl``: each failed on the code where the checker
   found it (its ``found`` says how) and must pass for good.
+- `test_clip_sample` (in the default run): scenarios drawn from `CLIP_SEEDS`, which train on video
+  clips (`Scenario.clips`) composed with the generator's other draws; the oracle's clip checks
+  report a clip with other frames, times, row or start (`test_oracle_reports_a_wrong_clip`).
 - `test_oracle_*`: the oracle reports what a wrong run would look like (a repeated or a skipped
   unit, another order, a short epoch, a wrong cursor; where Lightning's loop meets the loader: a
   short epoch after a fractional-limit resume, the rest of an epoch lost after a ``max_steps``
@@ -46,8 +49,15 @@ from tests.contract.scenario import (
 
 CASES = Path(__file__).with_name("cases.jsonl")
 #: Seeds whose scenarios together compose every kind of option (checked by `test_sample_covers_the_options`).
-SAMPLE_SEEDS = [4, 7, 14, 15, 19, 21, 28, 35, 39, 42, 46, 80, 82, 97]
+SAMPLE_SEEDS = [4, 7, 14, 15, 19, 21, 25, 28, 35, 39, 42, 46, 80, 82, 97]
 SHUFFLES = ("none", "shard", "row", "buffer")
+#: Seeds of the default run whose scenarios train on video clips, each resumed in this process on
+#: another batch size (a few seconds each): 1017, two random-start clips of each video matching a
+#: filter on a table with deleted rows, a buffer shuffle, validation on clips every epoch, stopped
+#: by ``max_steps`` and resumed from ``last.ckpt``; 969, three clips of each of 16 videos in 2
+#: fragments, a row shuffle, ``limit_train_batches``, stopped at an epoch end, the replay probe.
+#: The soak's clip scenarios add the rest: mixtures, worker processes, DDP (seeds 7, 25 and 42).
+CLIP_SEEDS = [1017, 969]
 
 
 def _run(scenario: Scenario, root: Path) -> list[str]:
@@ -79,6 +89,8 @@ def test_sample_covers_the_options() -> None:
         "mixture": any(s.mixture is not None for s in scenarios),
         "scheduled mixture": any(s.mixture is not None and s.mixture.schedule for s in scenarios),
         "packing": any(s.packing is not None for s in scenarios),
+        "clips": any(s.clips is not None for s in scenarios),
+        "clips in a mixture": any(s.clips is not None and s.mixture is not None for s in scenarios),
         "filter": any(s.source is not None and s.source.filter for s in scenarios),
         "calls before fit": any(s.calls or s.resume.calls for s in scenarios),
         "cli": any(s.cli for s in scenarios),
@@ -160,6 +172,23 @@ def test_generate_is_deterministic_and_round_trips() -> None:
         scenario = generate(seed)
         assert generate(seed) == scenario
         assert Scenario.from_json(scenario.to_json()) == scenario
+
+
+def test_clips_are_drawn_apart_from_packing_and_leave_other_scenarios_as_they_were() -> None:
+    """About 17% of scenarios train on clips, never packed, only on video tables; a scenario
+    without clips writes no clip field (its JSON, and so every case written before, is unchanged)."""
+    scenarios = [generate(seed) for seed in range(300)]
+    clipped = [s for s in scenarios if s.clips is not None]
+    assert 0.1 < len(clipped) / len(scenarios) < 0.25, len(clipped)
+    assert all(s.packing is None and all(t.video for t in s.tables) and s.store is None for s in clipped)
+    assert {s.clips.starts for s in clipped} == {"random", "even"}
+    assert {s.clips.per_item for s in clipped} == {1, 2, 3}
+    assert any(s.mixture is not None for s in clipped) and any(s.uses_ddp for s in clipped)
+    assert any(s.cli for s in clipped)
+    for scenario in scenarios:
+        if scenario.clips is None:
+            assert '"clips"' not in scenario.to_json() and '"video"' not in scenario.to_json()
+            assert not any(t.video for t in scenario.tables)
 
 
 # -- the oracle catches what a wrong run looks like ------------------------------------------------------
@@ -366,3 +395,73 @@ def test_oracle_reports_a_prepared_table_that_differs_or_a_second_prepare_that_c
     problems = prepared.check(run)
     assert any("rows differ from a direct write" in p for p in problems), problems
     assert any("the resumed run committed" in p for p in problems), problems
+
+
+# -- video clips: a sample in the default run, and the oracle's clip checks --------------------------------
+@pytest.fixture(scope="module")
+def clip_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    scenario = generate(CLIP_SEEDS[0])
+    assert scenario.clips is not None
+    return run_scenario(scenario, tmp_path_factory.mktemp("clips"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", CLIP_SEEDS)
+def test_clip_sample(seed: int, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    run = request.getfixturevalue("clip_run") if seed == CLIP_SEEDS[0] else run_scenario(generate(seed), tmp_path)
+    assert run.scenario.clips is not None
+    try:
+        failures = check(run)
+    except Inapplicable as refused:
+        pytest.skip(f"Lightning refuses this configuration: {refused}")
+    assert not failures, _fails(run.scenario, failures)
+
+
+def _first_clip(run: Run) -> tuple[dict[str, Any], list[Any]]:
+    batch = _batches(run, "resume")[0]
+    return batch, batch["clips"][0]
+
+
+def _clip_frames(run: Run) -> None:
+    _first_clip(run)[1][0] ^= 1  # another frame's pixels
+
+
+def _clip_times(run: Run) -> None:
+    _first_clip(run)[1][2][-1] += 1 / 24  # its last frame one frame late
+
+
+def _clip_row(run: Run) -> None:
+    _first_clip(run)[1][1] += 1  # another row's _clip_row
+
+
+def _clip_starts_of_the_next_epoch(run: Run) -> None:
+    """Every clip of the resumed run's first batch where the next data epoch starts it (the video
+    right, the start drawn for the wrong epoch), frames and times of that clip."""
+    scenario = run.scenario
+    batch, _ = _first_clip(run)
+    this, then = (truth.source_units(scenario, 0, batch["epoch"] + e).tolist() for e in (0, 1))
+    batch["units"] = [then[this.index(key)] for key in batch["units"]]
+    uri = list(run.versions)[scenario.sources[0].table]
+    for key, clip in zip(batch["units"], batch["clips"]):
+        row, start = divmod(key, truth.CLIP_KEY)
+        clip[2], clip[0] = truth.clip_content(scenario.clips, uri, row, start)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (_clip_frames, "its frames are not frames"),
+        (_clip_times, "frame times"),
+        (_clip_row, "_clip_row"),
+        (_clip_starts_of_the_next_epoch, "no batch of the intent"),
+        (_repeat_unit, "no batch of the intent"),
+    ],
+    ids=["other-frames", "other-times", "other-row", "starts-of-another-epoch", "repeated-clip"],
+)
+def test_oracle_reports_a_wrong_clip(clip_run: Run, mutate: Callable[[Run], None], expected: str) -> None:
+    run = copy.deepcopy(clip_run)
+    assert _batches(run, "resume"), "a resumed run with batches to change"
+    mutate(run)
+    failures = check(run)
+    assert any(expected in failure for failure in failures), failures

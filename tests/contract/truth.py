@@ -6,28 +6,41 @@ Guarantees:
   stream of matching documents. A filter is evaluated here by a parser of the few SQL forms the
   generator writes (``col op value``, ``col % m op value``), not by Lance.
 - A unit's key is what `tests.contract.phase.units_of` reads from a batch: a row's ``id``; a
-  window's first real token ``v`` and its offset ``o`` as ``v * 64 + o``; plus ``source * BIG``
-  for a mixture's draws. Ids and token values are distinct across tables.
+  window's first real token ``v`` and its offset ``o`` as ``v * 64 + o``; a clip's video ``id``
+  and its start frame ``f`` as ``id * CLIP_KEY + f``; plus ``source * BIG`` for a mixture's draws.
+  Ids and token values are distinct across tables (video tables all start at id 0: a mixture's
+  keys still differ by source).
+- With clips (`Scenario.clips`), unit ``u`` of a source is clip ``u % K`` of its ``u // K``-th
+  matching video, starting at frame ``floor(fraction * (n - span))`` of a video of ``n`` frames
+  (``span = (frames - 1) * frame_step + 1``, `lance_lightning.media.video`'s rule), where
+  ``fraction`` is the keyed draw of (seed, epoch, unit): the one value taken from the package
+  (`clip_fractions`; `tests.contract.clips` checks its documented strata). What a clip must hold
+  (`clip_content`) comes from decoding the whole video as stored (read with Lance) with PyAV alone.
 - `scheduled_counts` gives a scheduled mixture's samples per source in each block of an epoch,
   from the guide's rule ("Schedules"), in plain Python: the shares at the block's first sample
   ``g = epoch * samples + b * block`` (constant per stage, or linear from a stage's shares to the
   next one's at its end), then largest remainder of ``share * block``.
 - `expected_error` says which clear error a scenario must give before training (or None).
-- `write_tables` writes the scenario's Lance datasets (`table_data`); their content is what the
-  functions above describe. A prepared table 0 (`Scenario.prepare`) is left to the first fit.
+- `write_tables` writes the scenario's Lance datasets (`table_data`, or a video table with
+  `tests.videos.write_videos`); their content is what the functions above describe. A prepared
+  table 0 (`Scenario.prepare`) is left to the first fit.
 """
 
 from __future__ import annotations
 
+import functools
+import io
+import math
 import operator
 import re
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from tests.contract.scenario import Packing, Scenario, Table
+    from tests.contract.scenario import Clips, Packing, Scenario, Table
 
 #: A mixture draw's unit: ``source * BIG + key``.
 BIG = 10**12
@@ -36,6 +49,10 @@ EOS = 1
 FIRST_TOKEN = 1000
 #: A window key is ``token * WINDOW_KEY + offset`` (offsets are below every ``seq_len`` drawn).
 WINDOW_KEY = 64
+#: A clip key is ``id * CLIP_KEY + start frame`` (start frames are below every video's length).
+CLIP_KEY = 1024
+#: Video tables: frames of ``CLIP_SIZE`` x ``CLIP_SIZE`` (the clips' ``size`` too), at `tests.videos.FPS`.
+CLIP_SIZE = 16
 
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "=": operator.eq, "!=": operator.ne}
 _CLAUSE = re.compile(r"^\s*(\w+)\s*(?:%\s*(\d+)\s*)?(<=|>=|!=|<|>|=)\s*(-?\d+)\s*$")
@@ -55,6 +72,8 @@ def columns(table: Table) -> dict[str, np.ndarray]:
     if table.tokens:
         cols["topic"] = index * 4 // table.rows
         cols["n_tokens"] = document_tokens(table)
+    elif table.video:
+        cols["label"] = ids % 3
     else:
         cols["label"] = ids % 10
     if table.delete_mod:
@@ -97,13 +116,17 @@ def window_keys(tokens: np.ndarray, packing: Packing) -> np.ndarray:
     return keys
 
 
-def source_units(scenario: Scenario, index: int) -> np.ndarray:
-    """Units of source ``index`` in storage order (keys offset by ``index * BIG`` in a mixture)."""
+def source_units(scenario: Scenario, index: int, epoch: int = 0) -> np.ndarray:
+    """Units of source ``index`` in storage order (keys offset by ``index * BIG`` in a mixture);
+    with clips, those of data epoch ``epoch`` (where each clip starts changes with the epoch)."""
     source = scenario.sources[index]
     table = scenario.tables[source.table]
     cols = columns(table)
     keep = matches(source.filter, cols)
-    if scenario.packing is None:
+    if scenario.clips is not None:
+        ids = cols["id"][keep].astype(np.int64)
+        units = np.repeat(ids, scenario.clips.per_item) * CLIP_KEY + clip_starts(scenario.clips, ids, epoch)
+    elif scenario.packing is None:
         units = cols["id"][keep].astype(np.int64)
     else:
         start = table.start + FIRST_TOKEN
@@ -129,10 +152,106 @@ def _keys_of_documents(
     return flat[token - FIRST_TOKEN] * WINDOW_KEY + offset
 
 
-def val_units(scenario: Scenario) -> np.ndarray:
-    """Units of the val/predict split: table 0 unfiltered."""
+def val_units(scenario: Scenario, epoch: int = 0) -> np.ndarray:
+    """Units of the val/predict split: table 0 unfiltered (with clips, those of ``epoch``)."""
     plain = _plain_view(scenario)
-    return source_units(plain, 0)
+    return source_units(plain, 0, epoch)
+
+
+# -- clips -----------------------------------------------------------------------------------------
+def video_frames(ids: np.ndarray) -> np.ndarray:
+    """Frames of the videos of ``ids`` (`tests.videos.video_frames`: a video table's id is its row)."""
+    from tests.videos import video_frames as frames_of
+
+    return np.array([frames_of(int(i)) for i in ids], dtype=np.int64)
+
+
+def clip_span(clips: Clips) -> int:
+    """Source frames a clip spans, first to last (`lance_lightning.media.video`'s ``span``)."""
+    return (clips.frames - 1) * clips.frame_step + 1
+
+
+def clip_fractions(clips: Clips, epoch: int, units: np.ndarray) -> np.ndarray:
+    """Where each clip unit of ``epoch`` starts, as a fraction of the room its video leaves.
+
+    The one call into the package here: the keyed hash of (seed, epoch, unit) that random starts
+    draw from is `lance_lightning.plan.clips.start_fractions`' own (its documented strata and even
+    starts are checked apart, `tests.contract.clips.fraction_failures`)."""
+    from lance_lightning.plan.clips import start_fractions
+
+    return start_fractions(sampler(clips), epoch, np.asarray(units, dtype=np.int64))
+
+
+def sampler(clips: Clips) -> Any:
+    """The `lance_lightning.VideoClips` a scenario's data module gets (`clip_arguments`)."""
+    from lance_lightning import VideoClips
+
+    return VideoClips(**clip_arguments(clips))
+
+
+def clip_arguments(clips: Clips) -> dict[str, Any]:
+    """``VideoClips``' arguments, as a YAML ``init_args`` holds them."""
+    return {
+        "column": "video",
+        "frames": clips.frames,
+        "frame_step": clips.frame_step,
+        "clips_per_item": clips.per_item,
+        "starts": clips.starts,
+        "size": [CLIP_SIZE, CLIP_SIZE],
+        "seed": clips.seed,
+    }
+
+
+def clip_starts(clips: Clips, ids: np.ndarray, epoch: int) -> np.ndarray:
+    """The start frame of every clip unit ``u`` of matching rows ``ids`` in ``epoch`` (clip
+    ``u % K`` of ``ids[u // K]``): ``floor(fraction * (n - span))`` for a video of ``n`` frames."""
+    units = np.arange(len(ids) * clips.per_item, dtype=np.int64)
+    fractions = clip_fractions(clips, epoch, units)
+    room = video_frames(ids)[units // clips.per_item] - clip_span(clips)
+    return np.array([math.floor(float(f) * int(r)) for f, r in zip(fractions, room)], dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=256)
+def decoded_video(uri: str, row: int) -> np.ndarray:
+    """Every frame of the video of id ``row`` in the table at ``uri`` (``[n, 3, H, W]`` uint8),
+    decoded from its start with PyAV (RGB by ``reformat(format="rgb24")``): what a clip's frames
+    must be (`lance_lightning.media.video`). The bytes are read as stored, with Lance (an encode is
+    not byte-for-byte repeatable within one long-lived process: encoding again could differ)."""
+    import av
+    import lance
+
+    dataset = lance.dataset(uri)
+    ids = dataset.to_table(columns=["id"])["id"].to_pylist()
+    blob = dataset.take_blobs("video", indices=[ids.index(row)])[0]
+    try:
+        data = blob.read()
+    finally:
+        blob.close()
+    with av.open(io.BytesIO(data)) as container:
+        frames = [
+            frame.reformat(width=CLIP_SIZE, height=CLIP_SIZE, format="rgb24").to_ndarray()
+            for frame in container.decode(container.streams.video[0])
+        ]
+    return np.ascontiguousarray(np.stack(frames).transpose(0, 3, 1, 2))
+
+
+def clip_content(clips: Clips, uri: str, row: int, start: int) -> tuple[list[float], int]:
+    """The clip of the video of id ``row`` (table ``uri``) from frame ``start``: its frame times
+    (frame ``i`` at ``i / FPS``) and the CRC-32 of its frames (`clip_digest`)."""
+    from tests.videos import FPS
+
+    indices = start + clips.frame_step * np.arange(clips.frames)
+    return (indices / FPS).tolist(), clip_digest(decoded_video(uri, row)[indices])
+
+
+def clip_digest(frames: np.ndarray) -> int:
+    """CRC-32 of a clip's frames (``uint8 [T, 3, H, W]``, C order)."""
+    return zlib.crc32(np.ascontiguousarray(frames).tobytes())
+
+
+def clip_positions(table: Table) -> dict[int, int]:
+    """Each live row's dataset position (its index among the rows that survive the deletion), by id."""
+    return {int(i): position for position, i in enumerate(columns(table)["id"])}
 
 
 def _plain_view(scenario: Scenario) -> Scenario:
@@ -245,6 +364,13 @@ def write_table(table: Table, uri: str, storage_options: dict[str, str] | None =
     import lance
     import pyarrow as pa
 
+    if table.video:  # a local blob video table (`tests.videos.write_videos`: id = row)
+        from tests.videos import write_videos
+
+        dataset = lance.dataset(write_videos(uri, table.rows, size=CLIP_SIZE, fragment_rows=table.fragment_rows))
+        if table.delete_mod:
+            dataset.delete(f"id % {table.delete_mod} = 1")
+        return
     kwargs: dict[str, Any] = {"mode": "create", "storage_options": storage_options}
     if table.fragment_rows is not None:
         kwargs["max_rows_per_file"] = table.fragment_rows
