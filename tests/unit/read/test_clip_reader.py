@@ -174,3 +174,20 @@ def test_decoding_is_timed_apart_from_storage_reads(tmp_path: Path) -> None:
     totals = clock.drain()
     assert totals["decode_seconds"] > 0 and totals["decode_rows"] == 8
     assert totals["read_seconds"] >= 0
+
+
+def test_a_missing_decoder_is_named_before_reading(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    uri = write_videos(tmp_path / "v.lance", 2)
+    code = (
+        "import sys; sys.modules['av'] = None\n"  # PyAV cannot be imported
+        "from lance_lightning import LanceDataModule, LanceSource, VideoClips\n"
+        "from lance_lightning.errors import ConfigError\n"
+        f"dm = LanceDataModule(train=LanceSource({uri!r}, columns=['video']), batch_size=2, clips=VideoClips())\n"
+        "try:\n    dm.setup('fit')\nexcept ConfigError as error:\n    print(error.param, '|', error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("clips.decoder |") and "uv add av" in out.stdout
