@@ -4,7 +4,8 @@ Run by ``tests/scenarios/test_ddp.py`` as ``python tests/ddp_worker.py OUT_DIR U
 ``ddp`` strategy re-runs this same command for rank 1, so both ranks loop over the same
 configurations in the same order (later Trainers reuse the process group). Each rank writes
 ``OUT_DIR/<name>.rank<r>.json`` with the ids it trained on, per step, the epoch of each step, and
-how many filter-scan child processes it started (`FILTER_IN_CHILD` configurations scan there).
+how many filter-scan child processes it started (`FILTER_IN_CHILD` configurations scan there; with
+the survey cache one rank of the node scans).
 """
 
 from __future__ import annotations

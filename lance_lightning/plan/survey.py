@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.media.decoders import check_pyav
 from lance_lightning.media.samplers import AudioClips, ClipSampler
 from lance_lightning.plan.clips import ClipUnits
 from lance_lightning.plan.filter_scan import find_matches
@@ -72,6 +73,7 @@ def survey(split: str, source: PinnedSource, *, allow_empty: bool = False, sampl
 
 def survey_clips(split: str, source: PinnedSource, surveyed: Survey, sampler: ClipSampler) -> Survey:
     """``surveyed`` counting ``sampler.per_item`` clips per matching row (no media read)."""
+    check_pyav()  # the decoder: a missing one is named here, in the main process, before any read
     media_type = _column_type(source.open(), sampler.column, "clips.column", split)
     if sampler.column not in source.columns:
         raise ConfigError(

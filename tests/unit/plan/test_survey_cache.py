@@ -81,11 +81,12 @@ def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 # -- processes ------------------------------------------------------------------------------------
-def _survey_at_barrier(uri: str, barrier: Any, results: Any) -> None:
-    """Pin, wait for the others, plan the split through the planner's survey, report."""
+def _survey_at_barrier(source: PinnedSource, barrier: Any, results: Any) -> None:
+    """Open the pinned source, wait for the others, plan the split through the planner's survey,
+    report. Pinned by the test: pinning checks the filter with a short scan of its own, through a
+    handle that shares this one's I/O counters (one Lance session per dataset and process)."""
     from lance_lightning.plan.survey import survey
 
-    source = pinned(uri)
     handle = source.open()
     handle.io_stats_incremental()  # the open's manifest read is not the survey's
     if barrier is not None:
@@ -121,7 +122,8 @@ def _blocked_on_a_lock(pid: int) -> bool:
 def test_processes_started_together_survey_once_and_get_the_same_plan(uri: str, cache_dir: Path) -> None:
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(PROCESSES), context.Queue()
-    workers = [context.Process(target=_survey_at_barrier, args=(uri, barrier, results)) for _ in range(PROCESSES)]
+    source = pinned(uri)
+    workers = [context.Process(target=_survey_at_barrier, args=(source, barrier, results)) for _ in range(PROCESSES)]
     for worker in workers:
         worker.start()
     reports = [results.get(timeout=240) for _ in workers]
@@ -148,7 +150,7 @@ def test_a_process_killed_holding_the_lock_does_not_block_the_others(uri: str, c
     holder = context.Process(target=_hold_the_lock, args=(uri, computing))
     holder.start()
     assert computing.wait(240), "the holder never started computing"
-    waiter = context.Process(target=_survey_at_barrier, args=(uri, None, results))
+    waiter = context.Process(target=_survey_at_barrier, args=(pinned(uri), None, results))
     waiter.start()
     deadline = time.monotonic() + 240
     while not _blocked_on_a_lock(waiter.pid):
@@ -292,3 +294,4 @@ def test_a_default_directory_that_cannot_be_made_leaves_the_survey_uncached(
     with caplog.at_level(logging.WARNING, logger="lance_lightning"):
         found = surveyed(pinned(uri))
     assert found.outcome == "off" and np.array_equal(positions(found), expected_positions(uri, FILTER))
+    assert any("survey cache directory" in record.getMessage() for record in caplog.records)

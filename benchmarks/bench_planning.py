@@ -1,0 +1,272 @@
+"""Planning once per node (issue #39): N processes planning the same filtered split against one.
+
+A 10^7-row table (``id`` int64, ``label`` int32 uniform in 0..99, written once under ``--cache``),
+filter ``label < 10`` (10%). Each process is a fresh Python process that has imported Lightning
+and the package (as a training script has), waits at a start gate, then does what a rank does:
+``LanceDataModule(train=LanceSource(uri, columns=["id", "label"], filter=...), batch_size=256,
+shuffle=RowShuffle(seed=0)).setup("fit")``, then the train loader's first batch. Measured per
+process from the gate: planning (``setup``) CPU time (``getrusage``: all threads, and children)
+and bytes read (``rchar`` of ``/proc/self/io``: every read system call, so the dataset's files
+and the survey cache entry alike), and the time to the first batch.
+
+(a) one process, (b) ``--processes`` (8) started together, in three modes: the survey cache off
+(``LANCE_LIGHTNING_SURVEY_CACHE=off``: every process scans, the behaviour before it), on (an empty
+cache directory per run: the first process computes, the others wait and load), and ``on+check``,
+a what-if: on, with pinning's filter check planned (``explain_plan``, no I/O) instead of run as a
+one-row scan, which reads up to the whole filter column in every process. Ratios are (b) over (a)
+of the same mode (totals for bytes and CPU, the slowest process for the first batch): medians over
+``--reps`` repetitions, each mode first in turn. Target (issue #39): every ratio at most 1.5. On a
+2-core machine the 8 processes share 2 cores: their times add up.
+
+Usage::
+
+    python benchmarks/bench_planning.py [--rows 1e7] [--processes 8] [--reps 3] [--quick]   # writes results/planning.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+RESULT = BENCH_DIR / "results" / "planning.md"  # common.RESULTS_DIR; `common` is imported in main only
+FILTER = "label < 10"
+TARGET = 1.5
+#: Survey cache modes: ``on+check`` is the cache on, with pinning's filter check planned instead
+#: of run (a what-if: ``lance_lightning.source._validate_filter`` reads up to the filter's whole
+#: column with its one-row scan; see `_plan_only_check`).
+MODES = ("off", "on", "on+check")
+
+
+def _read_bytes() -> int:
+    """Bytes this process has read through system calls (``rchar``): the dataset's files, the
+    survey cache entry, anything else."""
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("rchar"))
+
+
+def _plan_only_check() -> None:
+    """What-if: check a filter by planning its scan (``explain_plan``: no I/O) instead of running a
+    one-row scan; an error falls back to the package's check, which raises its `ConfigError`."""
+    from lance_lightning import source as sources
+
+    check = sources._validate_filter
+
+    def planned(dataset, source, param):  # noqa: ANN001 - the replaced function's signature
+        try:
+            dataset.scanner(columns=[], filter=source.filter).explain_plan()
+        except (ValueError, OSError):
+            check(dataset, source, param)
+
+    sources._validate_filter = planned
+
+
+def _cpu_s() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _one(uri: str, mode: str) -> None:
+    """One process: imports, then the gate (a line on stdin), then setup and the first batch; prints JSON."""
+    import lightning.pytorch  # noqa: F401  (a training script has imported it)
+
+    from lance_lightning import LanceDataModule, LanceSource, RowShuffle
+    from lance_lightning.plan import survey_cache
+
+    if mode == "on+check":
+        _plan_only_check()
+
+    source = LanceSource(uri, columns=["id", "label"], filter=FILTER)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    started, cpu, read = time.perf_counter(), _cpu_s(), _read_bytes()
+    datamodule = LanceDataModule(train=source, batch_size=256, shuffle=RowShuffle(seed=0))
+    datamodule.setup("fit")
+    setup_s, planning_cpu, planning_bytes = time.perf_counter() - started, _cpu_s() - cpu, _read_bytes() - read
+    plan = datamodule.plans["train"]
+    next(iter(datamodule.train_dataloader()))
+    first_s = time.perf_counter() - started
+    outcome = next(iter(survey_cache.OUTCOMES))
+    print(
+        json.dumps(
+            {
+                "setup_s": setup_s,
+                "first_batch_s": first_s,
+                "planning_cpu_s": planning_cpu,
+                "planning_bytes": planning_bytes,
+                "outcome": outcome,
+                "matched": plan.matched_rows,
+            }
+        )
+    )
+
+
+def _together(uri: str, processes: int, mode: str, env: dict[str, str]) -> list[dict]:
+    """``processes`` fresh processes released at once (each waits on its stdin after its imports)."""
+    cache = tempfile.mkdtemp(prefix="bench_planning_surveys_")  # empty: the first process computes
+    env = {
+        **env,
+        "LANCE_LIGHTNING_SURVEY_CACHE": "off" if mode == "off" else "on",
+        "LANCE_LIGHTNING_SURVEY_CACHE_DIR": cache,
+    }
+    children = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--one", uri, "--mode", mode],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO_ROOT,
+        )
+        for _ in range(processes)
+    ]
+    for child in children:
+        line = child.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"a process failed before the gate (exit {child.wait()}): {line!r}")
+    for child in children:
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    results = []
+    for child in children:
+        out, _ = child.communicate()
+        if child.returncode != 0:
+            raise RuntimeError(f"a process exited {child.returncode}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def _write_table(path: Path, rows: int) -> str:
+    import lance
+    import numpy as np
+    import pyarrow as pa
+
+    if path.exists() and lance.dataset(str(path)).count_rows() == rows:
+        return str(path)
+    labels = np.random.default_rng(0).integers(0, 100, rows, dtype=np.int32)
+    table = pa.table({"id": np.arange(rows, dtype=np.int64), "label": labels})
+    lance.write_dataset(table, str(path), mode="overwrite")
+    return str(path)
+
+
+def _summary(runs: list[list[dict]]) -> dict[str, float]:
+    """Medians over repetitions of the totals (bytes, CPU) and the slowest first batch."""
+    return {
+        "bytes": statistics.median(sum(r["planning_bytes"] for r in run) for run in runs),
+        "cpu": statistics.median(sum(r["planning_cpu_s"] for r in run) for run in runs),
+        "first": statistics.median(max(r["first_batch_s"] for r in run) for run in runs),
+        "setup": statistics.median(max(r["setup_s"] for r in run) for run in runs),
+        "computed": statistics.median(sum(r["outcome"] in ("computed", "off") for r in run) for run in runs),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=float, default=1e7)
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--cache", type=Path, help="where the table is written once (default: the bench cache)")
+    parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--quick", action="store_true", help="10^5 rows, 2 processes, one repetition; prints only")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", default="on", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        _one(args.one, args.mode)
+        return
+    if args.quick:
+        args.rows, args.processes, args.reps = 1e5, 2, 1
+    for path in (BENCH_DIR, REPO_ROOT):  # the shared harness `common`, the repository root
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+    import common
+
+    rows = int(args.rows)
+    cache = args.cache or common.DEFAULT_CACHE
+    cache.mkdir(parents=True, exist_ok=True)
+    uri = _write_table(cache / f"planning_{rows}.lance", rows)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    loads = [common.load_average(" ")]
+    runs: dict[tuple[str, int], list[list[dict]]] = {(m, n): [] for m in MODES for n in (1, args.processes)}
+    for rep in range(args.reps):
+        for mode in MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]:  # each mode first in turn
+            for count in (1, args.processes):
+                runs[(mode, count)].append(_together(uri, count, mode, env))
+                print(f"rep {rep + 1} cache {mode} x{count}: {runs[(mode, count)][-1]}", flush=True)
+        loads.append(common.load_average(" "))
+    text = _report(args, rows, runs, loads, common)
+    if not args.quick:
+        common.write_result(args.out, text)
+    print(text)
+
+
+def _report(args: argparse.Namespace, rows: int, runs: dict, loads: list[str], common: object) -> str:
+    n = args.processes
+    lines = [
+        f"# Planning once per node: {n} processes planning one filtered split against one process",
+        "",
+        f"- date: {common.stamp()}",
+        f"- command: `{common.command_line()}`",
+        f"- machine: {common.machine(lightning=True)}",
+        f"- the {n} processes share the machine's cores, so their times add up (on 2 cores each of 8",
+        "  processes gets about a quarter of a core); the machine is shared: load average (1, 5, 15 min)",
+        f"  before and after each repetition: {' | '.join(loads)}",
+        f"- data: {rows:,} rows (`id` int64, `label` int32 uniform in 0..99), filter `{FILTER}` (10%),",
+        "  `RowShuffle(seed=0)`, batch_size 256, 0 workers; each process a fresh interpreter that has",
+        "  imported Lightning, released with the others at a gate; medians of "
+        f"{args.reps} repetition(s), each mode first in turn",
+        "- planning bytes: the process's read system calls during `setup` (`rchar`: the dataset's files",
+        "  and the survey cache entry); planning CPU: `getrusage` of the process and its children over",
+        "  `setup`; first batch: from the gate",
+        "- modes: `off` (`LANCE_LIGHTNING_SURVEY_CACHE=off`: every process scans, as before the cache);",
+        "  `on` (an empty cache directory: one process scans, the others wait and load its entry);",
+        "  `on+check` (what-if: `on`, with pinning's filter check planned by `explain_plan` instead of",
+        "  run as a one-row scan, `lance_lightning.source._validate_filter`)",
+        "",
+        "| survey cache | processes | surveys computed | planning MB (total) | planning CPU s (total) "
+        "| setup s (slowest) | first batch s (slowest) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    summary = {key: _summary(value) for key, value in runs.items()}
+    for mode in MODES:
+        for count in (1, n):
+            s = summary[(mode, count)]
+            lines.append(
+                f"| {mode} | {count} | {s['computed']:.0f} | {s['bytes'] / 1e6:.2f} | {s['cpu']:.2f} "
+                f"| {s['setup']:.2f} | {s['first']:.2f} |"
+            )
+    lines += [
+        "",
+        f"Ratios ({n} processes over 1, same mode; target: at most {TARGET:g}):",
+        "",
+        "| survey cache | planning bytes | planning CPU | first batch (slowest) | result |",
+        "|---|---:|---:|---:|:---:|",
+    ]
+    for mode in MODES:
+        one, many = summary[(mode, 1)], summary[(mode, n)]
+        ratios = [many[key] / max(one[key], 1e-9) for key in ("bytes", "cpu", "first")]
+        verdict = ("PASS" if max(ratios) <= TARGET else "FAIL") if mode != "off" else "(before)"
+        lines.append(f"| {mode} | {ratios[0]:.2f} | {ratios[1]:.2f} | {ratios[2]:.2f} | {verdict} |")
+    lines += ["", "Per process, every repetition (setup s, first batch s, planning CPU s, planning MB, outcome):", ""]
+    for (mode, count), value in runs.items():
+        for rep, run in enumerate(value, 1):
+            cells = ", ".join(
+                f"{r['setup_s']:.2f}/{r['first_batch_s']:.2f}/{r['planning_cpu_s']:.2f}/"
+                f"{r['planning_bytes'] / 1e6:.2f}/{r['outcome']}"
+                for r in run
+            )
+            lines.append(f"- {mode}, {count} process(es), repetition {rep}: {cells}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
