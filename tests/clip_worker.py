@@ -59,16 +59,8 @@ def fit_clips(spec: dict[str, Any]) -> tuple[int, list[list[Any]], dict[int, int
     """(rank, records, batches per epoch) of the fit ``spec`` names: uri, root, name, shuffle,
     batch_size, devices, num_workers, max_epochs, max_steps, ckpt_every, ckpt_path, media ("video" or
     "audio"), clips (kwargs of VideoClips or AudioClips), bad_rows ("raise" | "replace"), filter."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    from lance_lightning import (
-        AudioClips,
-        DataCursorCheckpoint,
-        LanceDataModule,
-        LanceSource,
-        ReplaceBadRow,
-        VideoClips,
-    )
+    from lance_lightning import AudioClips, LanceDataModule, LanceSource, ReplaceBadRow, VideoClips
+    from tests.harness import fit
     from tests.resume_worker import make_shuffle
 
     root = Path(spec["root"])
@@ -82,35 +74,20 @@ def fit_clips(spec: dict[str, Any]) -> tuple[int, list[list[Any]], dict[int, int
         clips=AudioClips(**spec["clips"]) if media == "audio" else VideoClips(**spec["clips"]),
         bad_rows=ReplaceBadRow(seed=3) if spec.get("bad_rows") == "replace" else None,
     )
-    callbacks: list[Any] = [DataCursorCheckpoint()]
-    if spec.get("ckpt_every"):
-        callbacks.append(
-            ModelCheckpoint(
-                dirpath=root / f"ckpt_{spec['name']}",
-                filename="{step}",
-                every_n_train_steps=spec["ckpt_every"],
-                save_top_k=-1,
-            )
-        )
     devices = spec.get("devices", 1)
-    trainer = pl.Trainer(
-        accelerator="cpu",
+    model = fit(
+        root,
+        dm,
+        name=spec["name"],
+        ckpt_path=spec.get("ckpt_path"),
+        ckpt_every=spec.get("ckpt_every", 0),
+        max_steps=spec.get("max_steps", -1),
+        max_epochs=spec["max_epochs"],
+        model=ClipRecorder(),
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
-        max_epochs=spec["max_epochs"],
-        max_steps=spec.get("max_steps", -1),
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        enable_checkpointing=bool(spec.get("ckpt_every")),
-        default_root_dir=str(root / f"root_{spec['name']}"),
-        callbacks=callbacks,
     )
-    model = ClipRecorder()
-    trainer.fit(model, datamodule=dm, ckpt_path=spec.get("ckpt_path"))
-    return trainer.global_rank, model.records, model.batches
+    return model.global_rank, model.records, model.batches
 
 
 if __name__ == "__main__":
