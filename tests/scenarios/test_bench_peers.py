@@ -38,6 +38,7 @@ def peers_python() -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # every cell a fresh process, peers included: about 12 minutes on 2 loaded cores
 def test_quick_run_measures_every_cell(tmp_path: Path) -> None:
     python = peers_python()
     before = RESULTS.read_bytes() if RESULTS.exists() else None
