@@ -319,7 +319,7 @@ def test_gpt_config_on_one_source_killed_in_ddp_resumes_on_one_rank(corpus: Path
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # three DDP launches (whole, killed, resumed), each bounded by TIMEOUT_S: not 300 s under load
+@pytest.mark.timeout(1500)  # three DDP launches, each bounded by TIMEOUT_S: more than 300 s under load
 def test_gpt_mixture_config_killed_in_ddp_resumes_on_one_rank_without_retraining(corpus: Path, tmp_path: Path) -> None:
     runs = _kill_and_resume(_config(corpus, tmp_path, every=4, mixture=True), tmp_path, every=4)
     sources = Counter(s for r in runs["whole"] for s in r["source"])
