@@ -77,7 +77,9 @@ def test_a_filter_keeps_the_clips_of_matching_rows_only(tmp_path: Path) -> None:
     )
     rows = [r for b in batches(dm) for r in b["_clip_row"].tolist()]
     assert sorted(rows) == [1, 1, 4, 4, 7, 7]
-    assert "3 media row(s) x 2 clip(s) = 6 clip(s)" in dm.explain("train")
+    explained = dm.explain("train")
+    assert "3 media row(s) x 2 clip(s) = 6 clip(s)" in explained
+    assert "decoder: PyAV " in explained and "TorchCodec video decoding" in explained  # which decoder, and why
 
 
 def test_a_mixture_of_clip_sources_reads_clips_of_each(tmp_path: Path) -> None:
