@@ -9,11 +9,10 @@ process from the gate: planning (``setup``) CPU time (``getrusage``: all threads
 and bytes read (``rchar`` of ``/proc/self/io``: every read system call, so the dataset's files
 and the survey cache entry alike), and the time to the first batch.
 
-(a) one process, (b) ``--processes`` (8) started together, in three modes: the survey cache off
-(``LANCE_LIGHTNING_SURVEY_CACHE=off``: every process scans, the behaviour before it), on (an empty
-cache directory per run: the first process computes, the others wait and load), and ``on+check``,
-a what-if: on, with pinning's filter check planned (``explain_plan``, no I/O) instead of run as a
-one-row scan, which reads up to the whole filter column in every process. Ratios are (b) over (a)
+(a) one process, (b) ``--processes`` (8) started together, in two modes: the survey cache off
+(``LANCE_LIGHTNING_SURVEY_CACHE=off``: every process scans, the behaviour before it) and on (an
+empty cache directory per run: the first process computes, the others wait and load; pinning
+plans the filter's scan without reading). Ratios are (b) over (a)
 of the same mode (totals for bytes and CPU, the slowest process for the first batch): medians over
 ``--reps`` repetitions, each mode first in turn. Target (issue #39): every ratio at most 1.5. On a
 2-core machine the 8 processes share 2 cores: their times add up.
@@ -41,10 +40,8 @@ REPO_ROOT = BENCH_DIR.parent
 RESULT = BENCH_DIR / "results" / "planning.md"  # common.RESULTS_DIR; `common` is imported in main only
 FILTER = "label < 10"
 TARGET = 1.5
-#: Survey cache modes: ``on+check`` is the cache on, with pinning's filter check planned instead
-#: of run (a what-if: ``lance_lightning.source._validate_filter`` reads up to the filter's whole
-#: column with its one-row scan; see `_plan_only_check`).
-MODES = ("off", "on", "on+check")
+#: Survey cache modes.
+MODES = ("off", "on")
 
 
 def _read_bytes() -> int:
@@ -52,22 +49,6 @@ def _read_bytes() -> int:
     survey cache entry, anything else."""
     with open("/proc/self/io") as io:
         return next(int(line.split()[1]) for line in io if line.startswith("rchar"))
-
-
-def _plan_only_check() -> None:
-    """What-if: check a filter by planning its scan (``explain_plan``: no I/O) instead of running a
-    one-row scan; an error falls back to the package's check, which raises its `ConfigError`."""
-    from lance_lightning import source as sources
-
-    check = sources._validate_filter
-
-    def planned(dataset, source, param):  # noqa: ANN001 - the replaced function's signature
-        try:
-            dataset.scanner(columns=[], filter=source.filter).explain_plan()
-        except (ValueError, OSError):
-            check(dataset, source, param)
-
-    sources._validate_filter = planned
 
 
 def _cpu_s() -> float:
@@ -81,9 +62,6 @@ def _one(uri: str, mode: str) -> None:
 
     from lance_lightning import LanceDataModule, LanceSource, RowShuffle
     from lance_lightning.plan import survey_cache
-
-    if mode == "on+check":
-        _plan_only_check()
 
     source = LanceSource(uri, columns=["id", "label"], filter=FILTER)
     print("ready", flush=True)
@@ -228,9 +206,8 @@ def _report(args: argparse.Namespace, rows: int, runs: dict, loads: list[str], c
         "  and the survey cache entry); planning CPU: `getrusage` of the process and its children over",
         "  `setup`; first batch: from the gate",
         "- modes: `off` (`LANCE_LIGHTNING_SURVEY_CACHE=off`: every process scans, as before the cache);",
-        "  `on` (an empty cache directory: one process scans, the others wait and load its entry);",
-        "  `on+check` (what-if: `on`, with pinning's filter check planned by `explain_plan` instead of",
-        "  run as a one-row scan, `lance_lightning.source._validate_filter`)",
+        "  `on` (an empty cache directory: one process scans, the others wait and load its entry;",
+        "  pinning plans the filter's scan, `explain_plan`, without reading)",
         "",
         "| survey cache | processes | surveys computed | planning MB (total) | planning CPU s (total) "
         "| setup s (slowest) | first batch s (slowest) |",

@@ -5,8 +5,9 @@ Guarantees:
   ``prepare`` (`Prepare`, checked when built) says how its dataset is made from raw files when it
   does not exist yet; `LanceDataModule.prepare_data` runs it (`lance_lightning.write`).
 - `pin_source` opens the dataset once in the calling (main) process, pins the version (the latest
-  at setup unless one is given) and validates URI, version, columns and filter. Every failure is a
-  `ConfigError` naming the parameter, the value and the fix.
+  at setup unless one is given) and validates URI, version, columns and filter (the filter's scan
+  is planned, no data read). Every failure is a `ConfigError` naming the parameter, the value and
+  the fix.
 - A `PinnedSource` is small and picklable. Each process opens it lazily, at most once, and always
   at the pinned version, so new versions written during training never change what a run reads.
   A dataset deleted and written again at the same path (its versions restart at 1) is a new
@@ -411,15 +412,23 @@ def _checkout(dataset: lance.LanceDataset, source: LanceSource, param: str) -> l
 
 
 def _validate_filter(dataset: lance.LanceDataset, source: LanceSource, param: str) -> None:
+    """Plan the filter's scan (no data read): a syntax error, an unknown column or a type mismatch
+    is a `ConfigError` here; what only evaluation meets (a failing cast) is raised as the same error
+    by the survey that evaluates the filter, in the same process, before training."""
     try:
-        dataset.scanner(columns=[], filter=source.filter, limit=1).to_table()
+        dataset.scanner(columns=[], filter=source.filter).explain_plan()
     except (ValueError, OSError) as error:
-        raise ConfigError(
-            f"{param}.filter",
-            source.filter,
-            f"Lance cannot run this filter ({_first_line(str(error))})",
-            f'write a SQL predicate over the columns {dataset.schema.names}, e.g. "label = 3"',
-        ) from None
+        raise filter_error(f"{param}.filter", source.filter, error, dataset.schema.names) from None
+
+
+def filter_error(param: str, filter: str, error: BaseException, columns: list[str]) -> ConfigError:
+    """The `ConfigError` for a filter Lance cannot run (``error``: what Lance raised)."""
+    return ConfigError(
+        param,
+        filter,
+        f"Lance cannot run this filter ({_first_line(str(error))})",
+        f'write a SQL predicate over the columns {columns}, e.g. "label = 3"',
+    )
 
 
 def _first_line(text: str) -> str:

@@ -49,7 +49,6 @@ Guarantees:
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import random
 import time
 from collections.abc import Iterator
@@ -66,6 +65,7 @@ from lance_lightning.device.ahead import DevicePath
 from lance_lightning.errors import ConfigError, WorkerDiedError
 from lance_lightning.lifetime import shared_temp_dir, watch_parent
 from lance_lightning.load.dataset import Bundle, LanceIterableDataset, Shipping, WorkerError, ship_from_worker
+from lance_lightning.load.lean_start import worker_context
 from lance_lightning.load.workers import STARTING_HINT, guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
 from lance_lightning.source import StoreEnvironment
@@ -213,16 +213,7 @@ class LanceDataLoader(DataLoader):
                 )
         method = _start_method(multiprocessing_context)
         check_start_method(method, num_workers)
-        context = None
-        if num_workers > 0:
-            context = multiprocessing.get_context(method)
-            if method == "forkserver":
-                # Workers fork from a server that already imported the package (importing Lance is
-                # fork-safe; opening a dataset is not), so they start in milliseconds, not seconds.
-                modules = ["lance_lightning.load._forkserver"]
-                if dataset.transform is not None:
-                    modules.append(type(dataset.transform).__module__)
-                context.set_forkserver_preload(modules)
+        context = worker_context(method, dataset.transform) if num_workers > 0 else None
         ship_positions = device_path is not None and device_path.ships_positions
         # In this process the dataset pins its own batches; with workers the DataLoader pins them.
         dataset = dataset.for_loader(context, metrics, pin_memory and num_workers == 0)

@@ -1,10 +1,12 @@
 """Setup I/O of a plan, and only here: count the rows, evaluate the filter, sample the row size.
 
 Guarantees:
-- A filter is evaluated once, at setup, in one streaming scan (`lance_lightning.plan.filter_scan`),
-  by one process per node: its matches and row size are kept in the survey cache
-  (`lance_lightning.plan.survey_cache`), where the node's other processes (DDP ranks, later
-  runs) load them instead of scanning (``LANCE_LIGHTNING_SURVEY_CACHE=off``: every process scans).
+- A filter is evaluated once, at setup, in one streaming scan (`lance_lightning.plan.filter_scan`;
+  pinning only planned it: an error that only evaluation meets, such as a failing cast, is a
+  `ConfigError` naming ``<split>.filter`` here), by one process per node: its matches and row
+  size are kept in the survey cache (`lance_lightning.plan.survey_cache`), where the node's other
+  processes (DDP ranks, later runs) load them instead of scanning
+  (``LANCE_LIGHTNING_SURVEY_CACHE=off``: every process scans).
 - A filter that matches nothing, or a dataset without rows, raises `ConfigError` naming the split
   (unless ``allow_empty``: a map dataset may have no rows).
 - With packing, `survey_tokens` counts each matching document's tokens: from the integer
@@ -37,7 +39,7 @@ from lance_lightning.plan.packing import DocumentIndex, TokenPacking
 from lance_lightning.plan.planner import Survey
 from lance_lightning.plan.rowset import RowSet
 from lance_lightning.plan.survey_cache import cached_survey
-from lance_lightning.source import PinnedSource
+from lance_lightning.source import PinnedSource, filter_error
 
 #: Rows read at setup to estimate the bytes per row.
 ROW_BYTES_SAMPLE = 64
@@ -53,7 +55,7 @@ def survey(split: str, source: PinnedSource, *, allow_empty: bool = False, sampl
     row_bytes: int | None = None
     if source.filter is not None:
         cached = cached_survey(
-            source, lambda: (find_matches(source), _row_bytes(dataset, source) if sample_rows else None)
+            source, lambda: (_matches(split, source, dataset), _row_bytes(dataset, source) if sample_rows else None)
         )
         matches, row_bytes = cached.matches, cached.row_bytes
         matched = matches.rows
@@ -69,6 +71,16 @@ def survey(split: str, source: PinnedSource, *, allow_empty: bool = False, sampl
     if row_bytes is None or not sample_rows:
         row_bytes = _row_bytes(dataset, source) if sample_rows else 1
     return Survey(matched, matches, row_bytes)
+
+
+def _matches(split: str, source: PinnedSource, dataset: lance.LanceDataset) -> RowSet:
+    """The filter's matches; an error only evaluating the filter meets is a `ConfigError` naming it."""
+    try:
+        return find_matches(source)
+    except ConfigError:
+        raise
+    except ValueError as error:  # e.g. Arrow's, for a cast that fails on a value
+        raise filter_error(f"{split}.filter", source.filter or "", error, dataset.schema.names) from None
 
 
 def survey_clips(split: str, source: PinnedSource, surveyed: Survey, sampler: ClipSampler) -> Survey:

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -250,20 +251,68 @@ print(json.dumps({"flags": sorted(model.flags), "pids": sorted(model.pids), "mai
 
 
 @pytest.mark.slow
-def test_workers_do_not_import_lightning(tmp_path: Path, uri: str) -> None:
+@pytest.mark.parametrize("script", ["-c", "file"])
+def test_workers_do_not_import_lightning(tmp_path: Path, uri: str, script: str) -> None:
+    """Also when the training script is a file: workers skip its import (it imports Lightning),
+    because nothing sent to them is defined in it (`lance_lightning.load.lean_start`)."""
     env = {**_env(), "PL_SEED_WORKERS": "1"}  # as after seed_everything(workers=True), which LightningCLI runs
+    command = [sys.executable, "-c", _WORKER_PROBE]
+    if script == "file":
+        guarded = f"if __name__ == '__main__':\n{textwrap.indent(_WORKER_PROBE, '    ')}"
+        (tmp_path / "train.py").write_text(f"import lightning.pytorch\n{guarded}")  # a script's imports at the top
+        command = [sys.executable, str(tmp_path / "train.py")]
     proc = subprocess.run(
-        [sys.executable, "-c", _WORKER_PROBE, uri, str(tmp_path)],
+        [*command, uri, str(tmp_path)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(report["pids"]) == 2 and report["main"] not in report["pids"], "batches did not come from 2 workers"
+    assert report["flags"] == [0], "a DataLoader worker imported Lightning"
+
+
+#: A script that defines its transform itself: workers must import the script to unpickle it.
+_SCRIPT_TRANSFORM = """
+import json, os, sys
+import lightning.pytorch as pl
+from lance_lightning import LanceDataModule, LanceSource
+from tests.helpers import RecordingModel
+
+class TagRows:
+    def __call__(self, batch):
+        batch["tag"] = batch["id"] * 0 + os.getpid()
+        return batch
+
+class Recorder(RecordingModel):
+    tags = set()
+    def training_step(self, batch, batch_idx):
+        self.tags.update(batch["tag"].tolist())
+        return super().training_step(batch, batch_idx)
+
+if __name__ == "__main__":
+    dm = LanceDataModule(train=LanceSource(sys.argv[1], columns=["id", "x"]), batch_size=16,
+                         transform=TagRows(), num_workers=2)
+    model = Recorder()
+    pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, default_root_dir=sys.argv[2]).fit(model, datamodule=dm)
+    print(json.dumps({"tags": sorted(model.tags), "main": os.getpid(), "rows": len(model.seen)}))
+"""
+
+
+@pytest.mark.slow
+def test_a_transform_defined_in_the_script_reaches_the_workers(tmp_path: Path, uri: str) -> None:
+    """The lean start keeps the script's import where the workers need it (a transform defined there)."""
+    (tmp_path / "train.py").write_text(_SCRIPT_TRANSFORM)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "train.py"), uri, str(tmp_path)],
         cwd=REPO_ROOT,
-        env=env,
+        env=_env(),
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(report["pids"]) == 2 and report["main"] not in report["pids"], "batches did not come from 2 workers"
-    assert report["flags"] == [0], "a DataLoader worker imported Lightning"
+    assert len(report["tags"]) == 2 and report["main"] not in report["tags"], report
 
 
 # -- 7. a dataset deleted and written again at the same path -----------------------------------------

@@ -67,6 +67,31 @@ def test_filter_on_missing_column(dataset_uri):
     assert "label" in message  # the fix lists the real columns
 
 
+@pytest.mark.parametrize("bad", ["id / 0 > 1", "CAST(CAST(id AS string) || 'x' AS int) > 3"])
+def test_filter_that_fails_only_when_evaluated(dataset_uri, bad):
+    """Pinning plans the filter without reading (it passes); the survey that evaluates it raises the
+    same error, in the main process, at setup."""
+    pin_source(LanceSource(dataset_uri, filter=bad), "train")  # planned: no data read, no error
+    message = _check(_setup_error(LanceSource(dataset_uri, filter=bad)), "train.filter", repr(bad))
+    assert "Lance cannot run this filter" in message and "'label'" in message, message
+
+
+def test_filter_that_fails_only_when_evaluated_stops_fit_before_training(tmp_path, dataset_uri):
+    dm = LanceDataModule(train=LanceSource(dataset_uri, filter="id / 0 > 1"), batch_size=10)
+    model = RecordingModel()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    with pytest.raises(ConfigError, match="train.filter"):
+        trainer.fit(model, datamodule=dm)
+    assert model.seen == []
+
+
 def test_filter_matching_no_rows(dataset_uri):
     bad = "label > 100"
     info = _setup_error(LanceSource(dataset_uri, filter=bad))

@@ -1,0 +1,98 @@
+"""Worker processes that start without running the training script again.
+
+Guarantees:
+- A process started through `lean_forkserver()` skips the import of the parent's main module
+  (the training script, or ``python -m`` module) that ``multiprocessing`` performs in every child,
+  whenever nothing pickled to the process refers to that module: the script's imports (Lightning,
+  model code) cost seconds per worker and per loader. When the payload does refer to it (a
+  transform defined in the script), the child imports it as ``multiprocessing`` always does, so the
+  pickled objects resolve.
+- Everything else is the stock ``forkserver`` start: the same server, preload modules, ``sys.path``,
+  working directory and ``argv`` (the preparation data keeps every other field).
+- Only on the Python versions whose forkserver launch this mirrors (`LEAN_PYTHONS`); elsewhere
+  `worker_context` returns the stock context.
+- `start_worker_server` starts the server ahead of the first loader (the data module's ``setup``),
+  so its imports (torch, Arrow, Lance: seconds) overlap with planning and the model's set-up.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import sys
+from multiprocessing import context as mp_context
+from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
+from typing import Any
+
+#: Python versions whose ``popen_forkserver.Popen._launch`` `LeanPopen` mirrors.
+LEAN_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
+#: Preparation-data keys that make a child import the parent's main module.
+_MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
+
+
+def refers_to_main(payload: bytes) -> bool:
+    """Whether a pickle may refer to an object of the main module (conservative: a string
+    ``__main__`` anywhere in it counts)."""
+    return b"__main__" in payload
+
+
+class LeanPopen(popen_forkserver.Popen):
+    """The forkserver launch, with the main-module keys left out when the payload does not need them."""
+
+    def _launch(self, process_obj: Any) -> None:
+        body, buf = io.BytesIO(), io.BytesIO()
+        mp_context.set_spawning_popen(self)
+        try:
+            reduction.dump(process_obj, body)
+            prep_data = spawn.get_preparation_data(process_obj._name)
+            if not refers_to_main(body.getvalue()):
+                for key in _MAIN_KEYS:
+                    prep_data.pop(key, None)
+            reduction.dump(prep_data, buf)
+        finally:
+            mp_context.set_spawning_popen(None)
+        buf.write(body.getbuffer())
+
+        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        # A duplicate of the data pipe's write end tells the child that its parent lives.
+        parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class LeanForkServerProcess(mp_context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> LeanPopen:
+        return LeanPopen(process_obj)
+
+
+class LeanForkServerContext(mp_context.ForkServerContext):
+    """The ``forkserver`` context (same server and preload list) whose processes start lean."""
+
+    Process = LeanForkServerProcess
+
+
+def worker_context(method: str, transform: Any) -> Any:
+    """The multiprocessing context of a loader's workers. With ``forkserver`` the server preloads the
+    package (importing Lance is fork-safe; opening a dataset is not) and the transform's module, so
+    workers fork ready to run, and they start lean where this Python is verified (`LEAN_PYTHONS`)."""
+    if method != "forkserver":
+        return multiprocessing.get_context(method)
+    context = LeanForkServerContext() if sys.version_info[:2] in LEAN_PYTHONS else multiprocessing.get_context(method)
+    modules = ["lance_lightning.load._forkserver"]
+    if transform is not None:
+        modules.append(type(transform).__module__)
+    context.set_forkserver_preload(modules)
+    return context
+
+
+def start_worker_server(num_workers: int, method: str, transform: Any) -> None:
+    """With ``forkserver`` workers, start the fork server now, so that its imports overlap with the
+    rest of the job's start-up (a no-op when it runs already; its preload list is fixed when it starts)."""
+    if num_workers <= 0 or method != "forkserver":
+        return
+    worker_context(method, transform)
+    forkserver.ensure_running()
