@@ -74,8 +74,9 @@ def build_loader(loader: str, workload: str, workers: int, data: dict) -> Any:
 
     tensors = partial(_tensors, jpeg)
     # The peers' workers start by forkserver, as ours do: forking a process that already runs Lance's
-    # threads crashes its workers ("DataLoader worker exited unexpectedly").
-    mp = {"multiprocessing_context": "forkserver"} if workers else {}
+    # threads crashes its workers ("DataLoader worker exited unexpectedly"). They are kept across
+    # epochs, as ours are, where the peer allows it (LanceDB's StreamingDataLoader refuses).
+    mp = {"multiprocessing_context": "forkserver", "persistent_workers": True} if workers else {}
 
     if loader == "lance.torch":
         from lance.torch.data import LanceDataset, SafeLanceDataset
@@ -109,6 +110,7 @@ def build_loader(loader: str, workload: str, workers: int, data: dict) -> Any:
             filter=where,
             transform=partial(_lancedb_rows, jpeg),
         )
+        mp.pop("persistent_workers", None)
         return StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers, **mp)
     raise ValueError(loader)
 

@@ -107,7 +107,7 @@ class LanceDataModule(pl.LightningDataModule):
         num_workers: DataLoader worker processes per rank. 0 (the default) reads on in-process
             threads, the fastest choice unless the transform is heavy Python.
         reader_threads: Threads per process reading, converting and transforming batches; 0 does it
-            all on the training loop's thread (no prefetch). Default ``min(4, os.cpu_count())``.
+            all on the training loop's thread (no prefetch). Default ``min(4, os.cpu_count())``, split among workers.
         prefetch_groups: Read groups prepared ahead (scans: about 8 MiB and at most 16k rows each;
             takes: 16 batches at first, then doubling up to about ``take_group_bytes``).
         prefetch_batches: Transformed batches prepared ahead, per process. Memory bound per
@@ -202,7 +202,7 @@ class LanceDataModule(pl.LightningDataModule):
             # cyclic GC shuts its loaders' workers down slowly (10 s). Calling it raises Lightning's error.
             self.val_dataloader = functools.partial(pl.LightningDataModule.val_dataloader, None)
         if reader_threads is None:
-            reader_threads = min(4, os.cpu_count() or 1)
+            reader_threads = max(1, min(4, os.cpu_count() or 1) // max(1, num_workers))  # the processes share the cores
         check_arguments(
             self.sources,
             at_least={

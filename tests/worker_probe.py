@@ -44,3 +44,11 @@ class ToTuple:
 
     def __call__(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return batch["x"], batch["id"], torch.full((len(batch["id"]),), os.getpid())
+
+
+class WidenRows:
+    """Adds ``wide``: 1,200 float32 per row, each the row's id (a 256-row batch passes 1 MiB)."""
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        batch["wide"] = batch["id"].to(torch.float32)[:, None].expand(-1, 1200).contiguous()
+        return batch

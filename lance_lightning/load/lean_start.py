@@ -9,8 +9,9 @@ Guarantees:
   pickled objects resolve.
 - Everything else is the stock ``forkserver`` start: the same server, preload modules, ``sys.path``,
   working directory and ``argv`` (the preparation data keeps every other field).
-- Only on the Python versions whose forkserver launch this mirrors (`LEAN_PYTHONS`); elsewhere
-  `worker_context` returns the stock context.
+- Only on the Python versions whose forkserver launch this mirrors (`LEAN_PYTHONS`), and unless
+  ``LANCE_LIGHTNING_LEAN_WORKERS=off`` (for a script whose import sets up what workers need besides
+  the objects sent to them); otherwise `worker_context` returns the stock context.
 - `start_worker_server` starts the server ahead of the first loader (the data module's ``setup``),
   so its imports (torch, Arrow, Lance: seconds) overlap with planning and the model's set-up.
 """
@@ -27,6 +28,8 @@ from typing import Any
 
 #: Python versions whose ``popen_forkserver.Popen._launch`` `LeanPopen` mirrors.
 LEAN_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
+#: ``off`` starts workers the stock way (each imports the main module).
+ENV_SWITCH = "LANCE_LIGHTNING_LEAN_WORKERS"
 #: Preparation-data keys that make a child import the parent's main module.
 _MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
 
@@ -81,7 +84,8 @@ def worker_context(method: str, transform: Any) -> Any:
     workers fork ready to run, and they start lean where this Python is verified (`LEAN_PYTHONS`)."""
     if method != "forkserver":
         return multiprocessing.get_context(method)
-    context = LeanForkServerContext() if sys.version_info[:2] in LEAN_PYTHONS else multiprocessing.get_context(method)
+    lean = sys.version_info[:2] in LEAN_PYTHONS and os.environ.get(ENV_SWITCH, "on").strip().lower() != "off"
+    context = LeanForkServerContext() if lean else multiprocessing.get_context(method)
     modules = ["lance_lightning.load._forkserver"]
     if transform is not None:
         modules.append(type(transform).__module__)

@@ -51,6 +51,7 @@ from __future__ import annotations
 import functools
 import random
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,6 +69,7 @@ from lance_lightning.load.dataset import Bundle, LanceIterableDataset, Shipping,
 from lance_lightning.load.lean_start import worker_context
 from lance_lightning.load.workers import STARTING_HINT, guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
+from lance_lightning.produce.slabs import SlabChannel, start_worker_ring
 from lance_lightning.source import StoreEnvironment
 from lance_lightning.vocabulary import Batch
 
@@ -109,14 +111,15 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(np.random.SeedSequence(numpy_seed).generate_state(4))
 
 
-def init_worker(worker_id: int, shipping: Shipping, environment: StoreEnvironment) -> None:
+def init_worker(worker_id: int, shipping: Shipping, environment: StoreEnvironment, slabs: SlabChannel) -> None:
     """A worker's start: it dies with its parent (`watch_parent`), takes the object-store variables
     the loader's process had when the loader was made (``environment``: a forkserver started
     earlier has older ones), its copy of the dataset ships what the loader unpacks (``shipping``),
-    then it is seeded (`seed_worker`)."""
+    large batches through the loader's shared-memory slabs (``slabs``), then it is seeded (`seed_worker`)."""
     watch_parent(worker_id)
     environment.adopt()
     ship_from_worker(shipping)
+    start_worker_ring(slabs, worker_id)
     seed_worker(worker_id)
 
 
@@ -227,11 +230,16 @@ class LanceDataLoader(DataLoader):
             prefetch_factor=prefetch_factor if num_workers > 0 else None,
             multiprocessing_context=context,
             worker_init_fn=functools.partial(
-                init_worker, shipping=Shipping(True, ship_positions), environment=StoreEnvironment.capture()
+                init_worker,
+                shipping=Shipping(True, ship_positions),
+                environment=StoreEnvironment.capture(),
+                slabs=SlabChannel.open(context, num_workers),
             )
             if num_workers > 0
             else None,
         )
+        if num_workers > 0:  # the slabs are this loader's: forgotten with it
+            weakref.finalize(self, self.worker_init_fn.keywords["slabs"].close)
         self.cursor = cursor or CursorTracker(dataset.plan)
         # Public under the constructor's names: Lightning rebuilds a loader from its attributes.
         self.trainer = trainer

@@ -10,9 +10,10 @@ Guarantees:
   process a socket connection and several system calls per tensor: with three columns and
   256-row batches it took about 4 ms a batch (60k rows/s through 2 workers against 1.5M in
   process). Copying a batch through the pipe costs microseconds per 100 KB.
-- Only batches whose tensors hold at most `PARCEL_MAX_BYTES` travel this way; larger ones (and
-  tensors NumPy cannot hold, such as bfloat16, or pinned ones) keep torch's shared memory, whose
-  fixed cost is small beside their size. Lists and other values travel as they are.
+- Only batches whose tensors hold at most `PARCEL_MAX_BYTES` travel this way; larger ones go
+  through the worker's reused shared-memory slabs (`lance_lightning.produce.slabs`: no copy on
+  receipt), or, when none is free, torch's shared memory. Tensors NumPy cannot hold (bfloat16) or
+  pinned ones keep torch's way. Lists and other values travel as they are.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from lance_lightning.produce.convert import Ragged
+from lance_lightning.produce.slabs import NUMPY_DTYPES, worker_ring
 
 #: Batches of at most this many tensor bytes travel inside their message (larger: shared memory,
 #: whose per-tensor handshake, about 1 ms, costs less than copying a megabyte through the pipe).
@@ -43,35 +45,24 @@ class Parcel:
 
 def parcel(batch: Any) -> Any:
     """``batch`` as a `Parcel` when it is a dict whose tensors fit `PARCEL_MAX_BYTES` and can all
-    travel as NumPy arrays; else ``batch`` itself."""
+    travel as NumPy arrays; a larger one as a `SlabParcel` where a slab is free; else ``batch``."""
     if not isinstance(batch, dict):
         return batch
-    total = 0
+    tensors = []
     for value in batch.values():
-        tensors = (value.values, value.offsets) if isinstance(value, Ragged) else (value,)
-        for tensor in tensors:
+        for tensor in (value.values, value.offsets) if isinstance(value, Ragged) else (value,):
             if isinstance(tensor, torch.Tensor):
                 if not _travels(tensor):
                     return batch
-                total += tensor.numel() * tensor.element_size()
-    return Parcel(batch) if total <= PARCEL_MAX_BYTES else batch
+                tensors.append(tensor)
+    if sum(tensor.numel() * tensor.element_size() for tensor in tensors) <= PARCEL_MAX_BYTES:
+        return Parcel(batch)
+    ring = worker_ring()
+    return (ring.pack(batch, tensors) if ring is not None else None) or batch
 
 
 def _travels(tensor: torch.Tensor) -> bool:
-    return tensor.device.type == "cpu" and not tensor.is_pinned() and tensor.dtype in _NUMPY_DTYPES
-
-
-_NUMPY_DTYPES = {
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.float32,
-    torch.float64,
-}
+    return tensor.device.type == "cpu" and not tensor.is_pinned() and tensor.dtype in NUMPY_DTYPES
 
 
 def _pack(batch: dict[str, Any]) -> list[tuple[str, str, Any]]:
