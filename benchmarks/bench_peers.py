@@ -73,7 +73,7 @@ def measure(args: argparse.Namespace) -> dict:
     ensure_peers(args.peer_python)
     data = prepare_data(args)
     print(f"data ready in {time.perf_counter() - began:.0f} s", flush=True)
-    cells = [(w, n, lo) for w in WORKLOADS for n in args.workers for lo in LOADERS]
+    cells = [(w, n, lo) for w in args.workloads for n in args.workers for lo in LOADERS]
     results: dict[str, list[dict]] = {}
     loads = []
     for rep in range(args.reps):
@@ -93,6 +93,7 @@ def measure(args: argparse.Namespace) -> dict:
         "image_bytes": image_bytes(data["images"]),
         "reps": args.reps,
         "workers": args.workers,
+        "workloads": args.workloads,
         "seconds_per_cell": args.seconds,
         "loads": loads,
         "seconds": time.perf_counter() - began,
@@ -140,7 +141,7 @@ def render(raw: dict) -> str:
         "|---|---:|---|---:|---:|---:|---:|---|",
     ]
     verdicts, failures = [], []
-    for workload in WORKLOADS:
+    for workload in raw.get("workloads", WORKLOADS):
         for workers in raw.get("workers", WORKERS):
             best = best_peer(workload, workers)
             for loader in LOADERS:
@@ -221,6 +222,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--workers", type=int, nargs="+", default=list(WORKERS), help="worker counts to run (default 0 2)")
+    ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS), help="default: all")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--rows", type=int, default=400_000)
     ap.add_argument("--images", type=int, default=20_000)

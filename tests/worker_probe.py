@@ -47,8 +47,11 @@ class ToTuple:
 
 
 class WidenRows:
-    """Adds ``wide``: 1,200 float32 per row, each the row's id (a 256-row batch passes 1 MiB)."""
+    """Adds ``wide``: float32 per row, each the row's id, at least 1,200 per row and enough that
+    every batch passes 1 MiB (so it leaves a worker through a shared-memory slab)."""
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        batch["wide"] = batch["id"].to(torch.float32)[:, None].expand(-1, 1200).contiguous()
+        rows = len(batch["id"])
+        width = max(1200, -(-(1 << 20) // (4 * max(1, rows))) + 1)
+        batch["wide"] = batch["id"].to(torch.float32)[:, None].expand(-1, width).contiguous()
         return batch

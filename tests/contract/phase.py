@@ -299,6 +299,8 @@ def data_arguments(
     }
     if cache is not None:
         data["remote_cache"] = {k: v for k, v in cache.items() if k != "exceeds"}
+    if scenario.wide and not reference:
+        data["transform"] = {"class_path": "tests.worker_probe.WidenRows"}
     if scenario.clips is not None:
         data["clips"] = {"class_path": "lance_lightning.VideoClips", "init_args": truth.clip_arguments(scenario.clips)}
     if scenario.packing is not None:

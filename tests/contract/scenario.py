@@ -266,6 +266,9 @@ class Scenario:
     prepare: Prepared | None = None
     #: Video clips as the unit (`Clips`; None: rows or windows; absent from the JSON).
     clips: Clips | None = None
+    #: A transform that makes every batch pass 1 MiB (`tests.worker_probe.WidenRows`), so batches
+    #: leave worker processes through shared-memory slabs (None: no transform; absent from the JSON).
+    wide: bool | None = None
 
     @property
     def sources(self) -> list[Source]:
@@ -312,7 +315,7 @@ class Scenario:
 #: Fields of `Mixture` left out of the JSON of a mixture without a schedule.
 _SCHEDULE_FIELDS = ("schedule", "interpolate", "step_samples")
 #: Fields of `Scenario` left out of the JSON when None.
-_LATER_FIELDS = ("store", "replay", "prepare", "clips")
+_LATER_FIELDS = ("store", "replay", "prepare", "clips", "wide")
 #: Fields added to a part of `Scenario` later, left out of the JSON while at their default (so
 #: that every scenario written before them reads and writes the same line).
 _DEFAULTED_FIELDS = {
@@ -413,6 +416,9 @@ def generate(seed: int) -> Scenario:
     if scenario.store is not None and scenario.resume.session:  # one data module: one cache
         scenario = replace(scenario, store=replace(scenario.store, resume_cache=scenario.store.cache))
     scenario = _damage(random.Random(f"{seed}-damage"), scenario)
+    workers = scenario.topology.num_workers or scenario.resume.topology.num_workers
+    if workers and packing is None and clips is None and random.Random(f"{seed}-wide").random() < 0.5:
+        scenario = replace(scenario, wide=True)
     return _prepare(random.Random(f"{seed}-prepare"), scenario)
 
 

@@ -58,6 +58,10 @@ SHUFFLES = ("none", "shard", "row", "buffer")
 #: fragments, a row shuffle, ``limit_train_batches``, stopped at an epoch end, the replay probe.
 #: The soak's clip scenarios add the rest: mixtures, worker processes, DDP (seeds 7, 25 and 42).
 CLIP_SEEDS = [1017, 969]
+#: A seed of the default run whose scenario sends batches over 1 MiB (`tests.worker_probe.WidenRows`)
+#: from 2 worker processes per rank on 2 DDP ranks through shared-memory slabs, stopped by
+#: ``max_steps`` and resumed on 2 ranks.
+WIDE_SEED = 10
 
 
 def _run(scenario: Scenario, root: Path) -> list[str]:
@@ -127,6 +131,7 @@ def test_sample_covers_the_options() -> None:
         "replay probe": any(s.replay is not None for s in scenarios),
         "prepare, then fit": any(s.prepare is not None for s in scenarios),
         "a killed prepare resumed by the fit": any(s.prepare is not None and s.prepare.kill for s in scenarios),
+        "batches over 1 MiB from workers (slabs)": any(s.wide for s in scenarios),
     }
     assert all(covered.values()), [name for name, yes in covered.items() if not yes]
 
@@ -395,6 +400,17 @@ def test_oracle_reports_a_prepared_table_that_differs_or_a_second_prepare_that_c
     problems = prepared.check(run)
     assert any("rows differ from a direct write" in p for p in problems), problems
     assert any("the resumed run committed" in p for p in problems), problems
+
+
+@pytest.mark.slow
+def test_wide_batch_sample(tmp_path: Path) -> None:
+    scenario = generate(WIDE_SEED)
+    assert scenario.wide and scenario.uses_ddp and scenario.topology.num_workers == 2
+    try:
+        failures = check(run_scenario(scenario, tmp_path))
+    except Inapplicable as refused:  # a fixed seed must be one Lightning runs: else the slabs go unchecked
+        pytest.fail(f"seed {WIDE_SEED} draws a configuration Lightning refuses ({refused}): choose another seed")
+    assert not failures, _fails(scenario, failures)
 
 
 # -- video clips: a sample in the default run, and the oracle's clip checks --------------------------------
