@@ -73,13 +73,14 @@ def measure(args: argparse.Namespace) -> dict:
     ensure_peers(args.peer_python)
     data = prepare_data(args)
     print(f"data ready in {time.perf_counter() - began:.0f} s", flush=True)
-    cells = [(w, n, lo) for w in args.workloads for n in args.workers for lo in LOADERS]
+    loaders = [loader for loader in LOADERS if loader in args.loaders]
+    cells = [(w, n, lo) for w in args.workloads for n in args.workers for lo in loaders]
     results: dict[str, list[dict]] = {}
     loads = []
     for rep in range(args.reps):
-        shift = rep % len(LOADERS)
-        for workload, workers, _ in cells[:: len(LOADERS)]:
-            for loader in LOADERS[shift:] + LOADERS[:shift]:
+        shift = rep % len(loaders)
+        for workload, workers, _ in cells[:: len(loaders)]:
+            for loader in loaders[shift:] + loaders[:shift]:
                 r = run_cell(loader, workload, workers, data, args)
                 results.setdefault(f"{workload}|{workers}|{loader}", []).append(r)
                 loads.append(os.getloadavg()[0])
@@ -94,6 +95,7 @@ def measure(args: argparse.Namespace) -> dict:
         "reps": args.reps,
         "workers": args.workers,
         "workloads": args.workloads,
+        "loaders": loaders,
         "seconds_per_cell": args.seconds,
         "loads": loads,
         "seconds": time.perf_counter() - began,
@@ -144,7 +146,7 @@ def render(raw: dict) -> str:
     for workload in raw.get("workloads", WORKLOADS):
         for workers in raw.get("workers", WORKERS):
             best = best_peer(workload, workers)
-            for loader in LOADERS:
+            for loader in raw.get("loaders", LOADERS):
                 key = f"{workload}|{workers}|{loader}"
                 got = ok(key)
                 if not got:
@@ -222,6 +224,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--workers", type=int, nargs="+", default=list(WORKERS), help="worker counts to run (default 0 2)")
+    ap.add_argument("--loaders", nargs="+", choices=list(LOADERS), default=list(LOADERS), help="default: all")
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS), help="default: all")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--rows", type=int, default=400_000)

@@ -9,7 +9,8 @@ Guarantees:
   a perfect shuffle's entropy on the same rows.
 - `run_cell` runs one cell in a fresh process (``bench_peers.py --cell``: ours with the running
   interpreter, the peers with ``--peer-python``) and returns its result, or ``{"error": ...}``
-  when it fails or gives no result within ``--cell-timeout``.
+  when it fails or gives no result within ``--cell-timeout``; the cell's whole process group
+  (its fork server and workers included) is killed when it ends.
 - Imports nothing but the standard library and `peers_workloads` at module level (the peers'
   environment imports it too).
 """
@@ -17,8 +18,10 @@ Guarantees:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -152,11 +155,20 @@ def run_cell(loader: str, workload: str, workers: int, data: dict, args: argpars
     cmd = [python, str(SCRIPT), "--cell", loader, workload, str(workers), "--seconds", str(args.seconds)]
     cmd += ["--data", json.dumps(data)]
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)} if loader == "lance-lightning" else None
+    # Its own session: a cell that times out is killed with every process it started (its fork
+    # server and workers), so none of them runs on beside the next cells.
+    cell_process = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp", env=env, start_new_session=True
+    )
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd="/tmp", env=env, timeout=args.cell_timeout)
+        stdout, stderr = cell_process.communicate(timeout=args.cell_timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"no result within {args.cell_timeout} s"}
-    if done.returncode != 0:
-        last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:] or ["?"]
-        return {"error": f"exit {done.returncode}: {last[0][:300]}", "stderr": done.stderr[-3000:]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(cell_process.pid, signal.SIGKILL)
+        cell_process.communicate()
+    if cell_process.returncode != 0:
+        last = [line for line in stderr.strip().splitlines() if line.strip()][-1:] or ["?"]
+        return {"error": f"exit {cell_process.returncode}: {last[0][:300]}", "stderr": stderr[-3000:]}
+    return json.loads(stdout.strip().splitlines()[-1])

@@ -52,7 +52,7 @@ from lance_lightning.plan.contract import Plan, SplitSettings
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.rowset import RowSet
 from lance_lightning.plan.split import plan_split
-from lance_lightning.plan.strategies import FilterRead, NoShuffle
+from lance_lightning.plan.strategies import BufferShuffle, FilterRead, NoShuffle
 from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow
 from lance_lightning.produce.heap import HEAP
 from lance_lightning.produce.identity import RowIdentity, check_identity
@@ -216,7 +216,10 @@ class LanceIterableDataset(IterableDataset):
         # A loader's worker sends runs of consecutive batches, one message each: its reads stay
         # whole ranges (interleaved single batches made each worker read every other batch).
         chunk = message_steps(reader, workers) if info is not None and shipping is not None else 1
-        runs = reader.layout.worker_steps(worker, workers, self.rank, chunk)
+        # Runs ramp up to `chunk` (the first batches wait for one batch, not a run), but not where
+        # every worker holding part of a read group reads all of it: a buffer shuffle's buffer.
+        ramp = not isinstance(getattr(reader.plan, "strategy", None), BufferShuffle)
+        runs = reader.layout.worker_steps(worker, workers, self.rank, chunk, ramp)
         steps = [step for run in runs for step in run]
         producer = BatchProducer(
             reader,

@@ -21,6 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: Each round of worker runs at an epoch's start is this many times longer than the last (up to
+#: the run length): a few more, smaller reads, for first batches after one batch's work.
+RUN_RAMP = 4
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -91,9 +95,19 @@ class Layout:
         """``len(self.batch_rows(rank, step))``, without building the positions of a full step."""
         return self.batch_size if 0 <= step < self.full_steps else len(self.batch_rows(rank, step))
 
-    def worker_steps(self, worker: int, num_workers: int, rank: int = 0, chunk: int = 1) -> list[range]:
+    def worker_steps(
+        self, worker: int, num_workers: int, rank: int = 0, chunk: int = 1, ramp: bool = False
+    ) -> list[range]:
         """Rank ``rank``'s batch indices produced by DataLoader worker ``worker`` of ``num_workers``:
         runs of ``chunk`` consecutive steps, worker ``w`` taking runs ``w, w + num_workers, ...``
-        (with ``chunk=1``, steps ``w, w + num_workers, ...``)."""
+        (with ``chunk=1``, steps ``w, w + num_workers, ...``). With ``ramp``, the first runs grow
+        to ``chunk`` (1 step, then `RUN_RAMP` times more for each round of the workers), so an
+        epoch's first batches arrive after one batch's work, not a whole run's."""
         steps, workers = self.rank_steps(rank), max(1, num_workers)
-        return [range(first, min(first + chunk, steps)) for first in range(worker * chunk, steps, workers * chunk)]
+        runs, first, index = [], 0, 0
+        while ramp and first < steps and (length := min(chunk, RUN_RAMP ** (index // workers))) < chunk:
+            if index % workers == worker:
+                runs.append(range(first, min(first + length, steps)))
+            first, index = first + length, index + 1
+        start = first + (worker - index) % workers * chunk  # whole runs, round-robin from run `index`
+        return runs + [range(s, min(s + chunk, steps)) for s in range(start, steps, workers * chunk)]

@@ -7,9 +7,10 @@ Guarantees:
   slot, with each tensor's key, dtype, shape and offset. A slab is made once and reused, so no
   batch costs a fresh shared-memory allocation, its page faults, or torch's per-tensor handshake.
 - The training process unpickles a plain batch (same keys, values, dtypes, shapes; `Ragged`
-  columns as `Ragged`) whose tensors are views of the slab: no copy on receipt. The slab returns
-  to its worker only when the last tensor over it is freed (a finalizer on the batch's buffer),
-  so a batch the training loop keeps is never overwritten.
+  columns as `Ragged`) whose large tensors (`VIEW_BYTES` and more) are views of the slab: no copy
+  on receipt; smaller ones are copied out, so a loop that keeps a batch's ids does not keep its
+  slab. The slab returns to its worker only when the last view of it is freed (a finalizer on the
+  batch's buffer), so a batch the training loop keeps is never overwritten.
 - A worker whose slots are all held (the loop keeps many batches), or whose slabs would pass
   `MAX_SLAB_BYTES`, sends the batch the way torch does (fresh shared memory per tensor): slower,
   never blocked, never wrong.
@@ -36,6 +37,8 @@ SLOTS = 64
 MAX_SLAB_BYTES = 1 << 29
 #: Offsets of tensors in a slab are multiples of this.
 ALIGN = 64
+#: Tensors of at least this many bytes arrive as views of the slab; smaller ones are copied out.
+VIEW_BYTES = 1 << 16
 #: Slabs grow in steps of this many bytes (batches of similar size reuse one slab).
 GRAIN = 1 << 20
 
@@ -165,6 +168,8 @@ def _receive(token: str, worker: int, slot: int, storage: Any, layout: list) -> 
         torch_dtype = getattr(torch, dtype)
         count = int(np.prod(shape, dtype=np.int64))
         array = np.frombuffer(buffer, dtype=NUMPY_DTYPES[torch_dtype], count=count, offset=offset)
+        if array.nbytes < VIEW_BYTES:  # a small column kept (ids to log) must not keep the slab
+            array = array.copy()
         return torch.from_numpy(array.reshape(shape))
 
     batch: dict[str, Any] = {}

@@ -26,7 +26,7 @@ from lance_lightning import (
     ShardShuffle,
     ShuffleStrategy,
 )
-from lance_lightning.plan.layout import Layout
+from lance_lightning.plan.layout import RUN_RAMP, Layout
 from lance_lightning.plan.order import EpochOrder
 from tests.plan_strategies import PURE, enough_units, seeds, shuffle_strategies
 
@@ -191,15 +191,17 @@ def test_batch_len_is_the_length_of_batch_rows(layout: Layout) -> None:
 
 
 @PURE
-@given(layout=layouts(), workers=st.integers(0, 6), chunk=st.integers(1, 5))
-def test_worker_steps_partition_the_rank_steps(layout: Layout, workers: int, chunk: int) -> None:
+@given(layout=layouts(), workers=st.integers(0, 6), chunk=st.integers(1, 40), ramp=st.booleans())
+def test_worker_steps_partition_the_rank_steps(layout: Layout, workers: int, chunk: int, ramp: bool) -> None:
     K = max(1, workers)
-    parts = [layout.worker_steps(w, workers, chunk=chunk) for w in range(K)]
-    assert sorted(s for runs in parts for run in runs for s in run) == list(range(layout.steps))
-    assert all(len(run) == chunk for runs in parts for run in runs[:-1])
+    parts = [layout.worker_steps(w, workers, chunk=chunk, ramp=ramp) for w in range(K)]
     # Round-robin over workers, one run per item (what the DataLoader does), restores the step order.
-    merged = [s for items in itertools.zip_longest(*parts) for run in items if run is not None for s in run]
-    assert merged == list(range(layout.steps))
+    ordered = [run for items in itertools.zip_longest(*parts) for run in items if run is not None]
+    assert [s for run in ordered for s in run] == list(range(layout.steps))
+    # Runs are `chunk` steps (with `ramp`, first 1, RUN_RAMP, ... steps, a round of the workers
+    # each, up to `chunk`); only the last is shorter.
+    length = (lambda j: min(chunk, RUN_RAMP ** (j // K))) if ramp else (lambda j: chunk)
+    assert all(len(run) == length(j) for j, run in enumerate(ordered[:-1]))
 
 
 @PURE

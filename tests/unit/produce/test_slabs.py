@@ -77,6 +77,15 @@ def test_a_slot_is_held_until_the_batch_s_last_tensor_is_freed_then_reused(ring:
     assert ring.slabs[0] is storage  # reused, not reallocated
 
 
+def test_keeping_a_small_column_does_not_keep_the_slab(ring: slabs.SlabRing) -> None:
+    got = crossed(parcel(big_batch(5)))
+    ids, tokens = got["id"], got["tokens"]  # small: copied out on receipt
+    assert ids.numel() * ids.element_size() < slabs.VIEW_BYTES
+    del got
+    gc.collect()
+    assert held(ring) == [] and torch.equal(ids, big_batch(5)["id"]) and tokens.values[0] == 5
+
+
 def test_held_batches_are_never_overwritten_and_a_full_ring_falls_back(ring: slabs.SlabRing) -> None:
     kept = [crossed(parcel(big_batch(seed))) for seed in range(slabs.SLOTS)]
     assert len(held(ring)) == slabs.SLOTS
