@@ -163,7 +163,9 @@ def test_worker_killed_while_main_process_waits_raises(uri: str) -> None:
     finally:
         killer.cancel()
         _shutdown(loader)
-    assert time.monotonic() - started < 15
+    # Never a hang: torch notices a dead forkserver worker when no data arrives for 5 s, so the
+    # live worker's outstanding runs (up to 2 messages of 0.3 s batches here) come first.
+    assert time.monotonic() - started < 60
     assert str(pids[1]) in str(error.value) and "SIGKILL" in str(error.value)
 
 
