@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from lance_lightning.produce.convert import Ragged
-from lance_lightning.produce.slabs import NUMPY_DTYPES, worker_ring
+from lance_lightning.produce.slabs import NUMPY_DTYPES, unpack, worker_ring
 
 #: Batches of at most this many tensor bytes travel inside their message (larger: shared memory,
 #: whose per-tensor handshake, about 1 ms, costs less than copying a megabyte through the pipe).
@@ -82,15 +82,7 @@ def _array(tensor: torch.Tensor) -> np.ndarray:
 
 
 def _unpack(items: list[tuple[str, str, Any]]) -> dict[str, Any]:
-    batch: dict[str, Any] = {}
-    for key, kind, payload in items:
-        if kind == "ragged":
-            batch[key] = Ragged(_tensor(payload[0]), _tensor(payload[1]))
-        elif kind == "tensor":
-            batch[key] = _tensor(payload)
-        else:
-            batch[key] = payload
-    return batch
+    return unpack(items, _tensor)
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:

@@ -172,8 +172,14 @@ def _receive(token: str, worker: int, slot: int, storage: Any, layout: list) -> 
             array = array.copy()
         return torch.from_numpy(array.reshape(shape))
 
+    return unpack(layout, tensor)
+
+
+def unpack(items: list[tuple[str, str, Any]], tensor: Any) -> dict[str, Any]:
+    """A batch from ``(key, kind, payload)`` items: ``tensor(payload)`` for each tensor ("tensor",
+    and the values and offsets of "ragged"), other values as they are."""
     batch: dict[str, Any] = {}
-    for key, kind, payload in layout:
+    for key, kind, payload in items:
         if kind == "ragged":
             batch[key] = Ragged(tensor(payload[0]), tensor(payload[1]))
         elif kind == "tensor":

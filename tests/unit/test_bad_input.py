@@ -76,17 +76,10 @@ def test_filter_that_fails_only_when_evaluated(dataset_uri, bad):
     assert "Lance cannot run this filter" in message and "'label'" in message, message
 
 
-def test_filter_that_fails_only_when_evaluated_stops_fit_before_training(tmp_path, dataset_uri):
+def test_filter_that_fails_only_when_evaluated_stops_fit_before_training(trainer_kwargs, dataset_uri):
     dm = LanceDataModule(train=LanceSource(dataset_uri, filter="id / 0 > 1"), batch_size=10)
     model = RecordingModel()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = pl.Trainer(max_epochs=1, **trainer_kwargs)
     with pytest.raises(ConfigError, match="train.filter"):
         trainer.fit(model, datamodule=dm)
     assert model.seen == []
