@@ -20,15 +20,19 @@ Guarantees:
   otherwise it says which check failed, in one phrase, and returns nothing to use: a damaged,
   truncated or foreign file is never trusted (this project once had a cache that trusted a
   damaged copy).
-- The arrays come back as views of one writable buffer: no copy beyond the read, each 8-byte
-  aligned, and they pickle like the scan's own (DataLoader workers, shared memory).
+- The arrays are stored as one zstd frame (level 1): Elias-Fano codes of a 10% filter of 10^7
+  rows take 0.62 MB instead of 0.69 (one measurement), so every rank that loads the entry reads
+  less; decompressing them takes about 1 ms. They come back as views of one writable buffer (the
+  decompressed frame), each 8-byte aligned, and pickle like the scan's own (DataLoader workers,
+  shared memory).
 - An entry larger than the cache's bound is not written (`write_entry` returns False).
 
 Layout (for tools and tests that inspect or damage entries): `MAGIC`, 32 bytes of SHA-256, then
 the hashed part: the header's length (8 bytes, little-endian), the header (JSON: ``identity``,
-``matched``, ``row_bytes``, ``arrays`` with each array's name, dtype, shape and offset, ``by``:
-the host and process that computed it; padded with spaces), then the arrays' bytes, each padded
-with zeros to a multiple of 8.
+``matched``, ``row_bytes``, ``arrays`` with each array's name, dtype, shape and offset in the
+decompressed frame, ``raw_bytes``: the frame's decompressed size, ``by``: the host and process that
+computed it; padded with spaces), then the zstd frame of the arrays' bytes, each padded with zeros
+to a multiple of 8.
 """
 
 from __future__ import annotations
@@ -44,16 +48,18 @@ from typing import Any
 
 import lance
 import numpy as np
+import pyarrow as pa
 
 from lance_lightning.plan.rowset import RowSet, rowset_from_arrays
 from lance_lightning.redaction import redact_userinfo
 from lance_lightning.source import PinnedSource
 
 #: The identity's and the file's format: an entry of another format is another key.
-FORMAT = 1
+FORMAT = 2
 MAGIC = b"lance-lightning survey\n"
 _DIGEST = 32
 _LENGTH = 8
+_CODEC = pa.Codec("zstd", compression_level=1)
 
 
 @dataclass(frozen=True)
@@ -117,13 +123,14 @@ def load_entry(path: Path, identity: dict[str, Any]) -> tuple[Entry | None, str 
         header = json.loads(bytes(data[start + _LENGTH : body]))
         if header.get("identity") != identity:
             return None, "it records another survey"
+        frame = _CODEC.decompress(memoryview(data)[body:], decompressed_size=header["raw_bytes"])
         arrays = {}
         for spec in header["arrays"]:
             count = int(np.prod(spec["shape"]))
-            values = np.frombuffer(data, np.dtype(spec["dtype"]), count, body + spec["offset"])
+            values = np.frombuffer(frame, np.dtype(spec["dtype"]), count, spec["offset"])
             arrays[spec["name"]] = values.reshape(spec["shape"])
         matches = rowset_from_arrays(arrays)
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, OSError, pa.ArrowException) as error:  # zstd: OSError
         return None, f"its content does not parse ({error})"
     if matches.rows != header["matched"]:
         return None, f"its arrays hold {matches.rows} matches, not the {header['matched']} recorded"
@@ -138,16 +145,24 @@ def write_entry(path: Path, identity: dict[str, Any], matches: RowSet, row_bytes
     for name, values in arrays.items():
         specs.append({"name": name, "dtype": values.dtype.str, "shape": list(values.shape), "offset": offset})
         offset += -(-values.nbytes // 8) * 8
+    raw = bytearray(offset)
+    for spec, values in zip(specs, arrays.values()):  # each array's bytes, then zeros to a multiple of 8
+        raw[spec["offset"] : spec["offset"] + values.nbytes] = memoryview(values.reshape(-1)).cast("B")
+    frame = _CODEC.compress(raw, asbytes=True)
     by = f"{socket.gethostname()}:{os.getpid()}"
-    header = {"identity": identity, "matched": matches.rows, "row_bytes": row_bytes, "arrays": specs, "by": by}
+    header = {
+        "identity": identity,
+        "matched": matches.rows,
+        "row_bytes": row_bytes,
+        "arrays": specs,
+        "raw_bytes": offset,
+        "by": by,
+    }
     text = json.dumps(header).encode()
     lead = len(MAGIC) + _DIGEST + _LENGTH
-    text += b" " * (-(lead + len(text)) % 8)  # the arrays start 8-byte aligned
-    if lead + len(text) + offset > limit:
+    if lead + len(text) + len(frame) > limit:
         return False
-    chunks = [len(text).to_bytes(_LENGTH, "little"), text]
-    for values in arrays.values():  # each array's bytes, then zeros to a multiple of 8
-        chunks += [memoryview(values.reshape(-1)).cast("B"), b"\0" * (-values.nbytes % 8)]
+    chunks = [len(text).to_bytes(_LENGTH, "little"), text, frame]
     digest = hashlib.sha256()
     for chunk in chunks:
         digest.update(chunk)

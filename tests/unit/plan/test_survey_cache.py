@@ -8,6 +8,7 @@ Each test has its own cache directory (``LANCE_LIGHTNING_SURVEY_CACHE_DIR``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -207,8 +208,18 @@ def _flip_last_byte(entry: Path, _other: Path) -> None:
     entry.write_bytes(bytes(data))
 
 
+def _damage_frame_and_rehash(entry: Path, _other: Path) -> None:
+    """A writer's bug, not a disk's: the digest matches, the compressed arrays do not parse."""
+    data = bytearray(entry.read_bytes())
+    data[-8:] = b"\xff" * 8
+    start = len(MAGIC) + 32
+    data[len(MAGIC) : start] = hashlib.sha256(data[start:]).digest()
+    entry.write_bytes(bytes(data))
+
+
 DAMAGE = {
     "flipped byte": _flip_last_byte,
+    "frame damaged, digest remade": _damage_frame_and_rehash,
     "truncated": lambda entry, _other: entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2]),
     "empty": lambda entry, _other: entry.write_bytes(b""),
     "header only": lambda entry, _other: entry.write_bytes(MAGIC),
