@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import torch
+from torch.utils.data import get_worker_info
 
 
 class RecordModules:
@@ -54,4 +56,18 @@ class WidenRows:
         rows = len(batch["id"])
         width = max(1200, -(-(1 << 20) // (4 * max(1, rows))) + 1)
         batch["wide"] = batch["id"].to(torch.float32)[:, None].expand(-1, width).contiguous()
+        return batch
+
+
+class RecordProcess:
+    """Adds ``pid``: the process that made the batch; sleeps ``main_delay_s`` per batch outside
+    DataLoader workers, so a training process reading while its workers start is slower than they are."""
+
+    def __init__(self, main_delay_s: float = 0.0) -> None:
+        self.main_delay_s = main_delay_s
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if self.main_delay_s and get_worker_info() is None:
+            time.sleep(self.main_delay_s)
+        batch["pid"] = torch.full((len(batch["id"]),), os.getpid())
         return batch

@@ -48,7 +48,9 @@ Guarantees:
 
 from __future__ import annotations
 
+import copy as _copy
 import functools
+import itertools
 import random
 import time
 import weakref
@@ -66,9 +68,11 @@ from lance_lightning.device.ahead import DevicePath
 from lance_lightning.errors import ConfigError, WorkerDiedError
 from lance_lightning.lifetime import shared_temp_dir, watch_parent
 from lance_lightning.load.dataset import Bundle, LanceIterableDataset, Shipping, WorkerError, ship_from_worker
+from lance_lightning.load.handoff import WorkerStart, handoff_enabled
 from lance_lightning.load.lean_start import worker_context
 from lance_lightning.load.workers import STARTING_HINT, guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
+from lance_lightning.plan.layout import Layout
 from lance_lightning.produce.slabs import SlabChannel, start_worker_ring
 from lance_lightning.source import StoreEnvironment
 from lance_lightning.vocabulary import Batch
@@ -238,8 +242,11 @@ class LanceDataLoader(DataLoader):
             if num_workers > 0
             else None,
         )
-        if num_workers > 0:  # the slabs are this loader's: forgotten with it
+        #: Workers starting in the background while this process reads (`WorkerStart`), if any.
+        self._worker_start: WorkerStart | None = None
+        if num_workers > 0:  # the slabs are this loader's: forgotten with it; waiting workers let go
             weakref.finalize(self, self.worker_init_fn.keywords["slabs"].close)
+            weakref.finalize(self, dataset.control.release)
         self.cursor = cursor or CursorTracker(dataset.plan)
         # Public under the constructor's names: Lightning rebuilds a loader from its attributes.
         self.trainer = trainer
@@ -273,22 +280,18 @@ class LanceDataLoader(DataLoader):
         dataset.set_epoch(self.cursor.epoch, layout.start)  # the data epoch: its order
         if self.meter is None:
             on_yield = self.cursor.loop.on_yield
-            for batch, _, _ in self._delivered(_raise_worker_errors(self._guarded(self._batches()))):
+            for batch, _, _ in self._delivered(_raise_worker_errors(self._batches(layout))):
                 on_yield()
                 yield batch
         else:
-            yield from self._measured_iter()
+            yield from self._measured_iter(layout)
         self._own_epoch = epoch + 1
 
-    def _measured_iter(self) -> Iterator[Batch]:
+    def _measured_iter(self, layout: Layout) -> Iterator[Batch]:
         meter, clock, on_yield, now = self.meter, self.dataset.clock, self.cursor.loop.on_yield, time.perf_counter
         asked = now()
         meter.start_iteration(asked)
-        raw = self._batches()  # starts the workers on the first epoch: part of the first wait
-        queue = getattr(raw, "_data_queue", None) if self.num_workers > 0 else None
-        batches = self._guarded(raw)
-        if queue is not None:
-            batches = _polling_workers(batches, queue, meter)
+        batches = self._batches(layout)  # starts the workers on the first epoch: part of the first wait
         for batch, shipped, _ in self._delivered(_raise_worker_errors(batches)):
             got = now()
             if shipped:
@@ -311,12 +314,57 @@ class LanceDataLoader(DataLoader):
         """``items`` through the loader's one way to the device (none: host batches)."""
         return items if self.device_path is None else self.device_path.deliver(items, self.dataset.clock)
 
-    def _batches(self) -> Iterator[Batch]:
-        """The dataset's `Shipment`s: through torch's iterator with workers, else straight from the
-        dataset (its batches are final: torch's single-process iterator only added per-batch
-        bookkeeping on the training thread)."""
+    def _batches(self, layout: Layout) -> Iterator[Any]:
+        """The dataset's `Shipment`s (or a worker's `Bundle`s of them, or its `WorkerError`): from
+        running workers through torch's iterator; while workers start, from this process first
+        (`lance_lightning.load.handoff`); without workers straight from the dataset (its batches are
+        final: torch's single-process iterator only added per-batch bookkeeping)."""
         if self.num_workers == 0:
-            return self.dataset.produce(Shipping(stats=False, positions=self._ship_positions))
+            return self._in_process()
+        running = self.persistent_workers and self._iterator is not None
+        if self._worker_start is None and (running or not handoff_enabled()):
+            return self._from_workers(self._start_workers())  # torch starts them, or resets running ones
+        return self._handing_over(layout)
+
+    def _in_process(self) -> Iterator[Any]:
+        dataset = self.dataset
+        if self.pin_memory and not dataset.pin_memory:  # while workers start: torch pins only theirs
+            dataset = _copy.copy(dataset)
+            dataset.pin_memory = True
+        return dataset.produce(Shipping(stats=False, positions=self._ship_positions))
+
+    def _handing_over(self, layout: Layout) -> Iterator[Any]:
+        """This process's batches until the workers are up, then theirs (`WorkerStart`)."""
+        if self._worker_start is None:
+            self._worker_start = WorkerStart(self._start_workers, self.dataset.control).start()
+        starting = self._worker_start
+        epoch, _ = self.dataset.control.get()
+        own = self._in_process()
+        read = 0
+        try:
+            for item in own:
+                yield item
+                read += 1
+                if starting.ready():
+                    break
+            # What this process has read ahead is its own; an epoch it finished leaves the workers
+            # nothing, and waiting for them here reports a worker that failed to start.
+            handed = read + self.dataset.prefetch_batches
+            workers = starting.hand_over(epoch, layout.start + layout.rows_after(handed))
+            self._worker_start = None
+            yield from itertools.islice(own, handed - read)
+        finally:
+            own.close()
+        yield from self._from_workers(workers)
+
+    def _from_workers(self, raw: Iterator[Any]) -> Iterator[Any]:
+        """torch's iterator, guarded against dead workers, recording how many batches wait."""
+        batches = self._guarded(raw)
+        queue = getattr(raw, "_data_queue", None)
+        return batches if self.meter is None or queue is None else _polling_workers(batches, queue, self.meter)
+
+    def _start_workers(self) -> Iterator[Any]:
+        """torch's multi-process iterator (it starts the workers, or resets persistent ones)."""
         shared_temp_dir()  # before torch builds the workers' Process objects, which copy it
         try:
             return super().__iter__()

@@ -30,6 +30,7 @@ import pytest
 from lightning.pytorch.callbacks import Callback
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, WorkerDiedError
+from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
 from tests.harness import ckpt_file, fit
 from tests.helpers import RecordingModel, append_rows, flat, make_table, write_dataset
 
@@ -123,7 +124,8 @@ def test_workers_of_a_script_without_a_main_guard_fail_naming_the_fix(
 
 @pytest.mark.slow  # forkserver workers: 10-20 s on 2 busy cores
 @pytest.mark.timeout(90)
-def test_worker_killed_between_batches_raises(uri: str) -> None:
+def test_worker_killed_between_batches_raises(uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(HANDOFF, "off")  # one worker is followed from the first batch
     dm = _module(uri)
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -145,8 +147,9 @@ def test_worker_killed_between_batches_raises(uri: str) -> None:
 
 @pytest.mark.slow  # forkserver workers: 10-20 s on 2 busy cores
 @pytest.mark.timeout(90)
-def test_worker_killed_while_main_process_waits_raises(uri: str) -> None:
+def test_worker_killed_while_main_process_waits_raises(uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The main thread is blocked in ``next()`` when the worker dies (killed from another thread)."""
+    monkeypatch.setenv(HANDOFF, "off")  # one worker is followed from the first batch
     dm = _module(uri, transform=SlowTransform(0.3))
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -185,7 +188,8 @@ class KillWorkerAt(Callback):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_worker_killed_during_trainer_fit_raises(uri: str, tmp_path: Path) -> None:
+def test_worker_killed_during_trainer_fit_raises(uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(HANDOFF, "off")  # one worker is followed from the first batch
     dm = _module(uri)
     killer = KillWorkerAt(3)
     trainer = pl.Trainer(

@@ -32,6 +32,7 @@ from lance_lightning import (
     RowShuffle,
     WorkerDiedError,
 )
+from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
 from tests.helpers import RecordingModel, append_rows, flat, write_dataset
 from tests.worker_probe import KillOnRow, ToTuple
 
@@ -257,6 +258,7 @@ def test_workers_do_not_import_lightning(tmp_path: Path, uri: str, script: str) 
     because nothing sent to them is defined in it (`lance_lightning.load.lean_start`); with
     ``LANCE_LIGHTNING_LEAN_WORKERS=off`` they import it, as ``multiprocessing`` does."""
     env = {**_env(), "PL_SEED_WORKERS": "1"}  # as after seed_everything(workers=True), which LightningCLI runs
+    env[HANDOFF] = "off"  # every batch from the workers
     if script == "file, stock start":
         env["LANCE_LIGHTNING_LEAN_WORKERS"] = "off"
     command = [sys.executable, "-c", _WORKER_PROBE]
@@ -308,7 +310,7 @@ def test_a_transform_defined_in_the_script_reaches_the_workers(tmp_path: Path, u
     proc = subprocess.run(
         [sys.executable, str(tmp_path / "train.py"), uri, str(tmp_path)],
         cwd=REPO_ROOT,
-        env=_env(),
+        env={**_env(), HANDOFF: "off"},  # every batch from the workers
         capture_output=True,
         text=True,
         timeout=300,
@@ -387,7 +389,10 @@ def test_fork_with_workers_is_refused(uri: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_killed_worker_raises_worker_died_error_through_fit(tmp_path: Path, uri: str) -> None:
+def test_killed_worker_raises_worker_died_error_through_fit(
+    tmp_path: Path, uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(HANDOFF, "off")  # row 200 is read by a worker, never by this process
     dm = _dm(uri, transform=KillOnRow(200, os.getpid()), num_workers=2)
     model = RecordingModel()
     with pytest.raises(WorkerDiedError) as error:
@@ -436,9 +441,12 @@ class TupleRecorder(RecordingModel):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_transform_returning_a_tuple_trains_through_fit(tmp_path: Path, uri: str, num_workers: int) -> None:
+def test_transform_returning_a_tuple_trains_through_fit(
+    tmp_path: Path, uri: str, num_workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Worker statistics and row positions travel beside the batch, so a tuple batch reaches the step intact
     (they rode inside the batch dict before: ``'tuple' object has no attribute 'pop'`` at the first batch)."""
+    monkeypatch.setenv(HANDOFF, "off")  # with workers, every batch from them
     dm = _dm(uri, transform=ToTuple(), num_workers=num_workers)
     model = TupleRecorder()
     _trainer(tmp_path, max_epochs=1).fit(model, datamodule=dm)

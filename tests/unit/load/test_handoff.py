@@ -1,0 +1,161 @@
+"""Worker processes start in the background while the training process reads the first batches
+(`lance_lightning.load.handoff`): the same batches in the same order, each read once, through a
+plain loop, `Trainer.fit` with a stop and a resume, and a process that exits while workers start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+
+from lance_lightning import LanceDataModule, LanceSource, RowShuffle
+from lance_lightning.load.handoff import ENV_SWITCH
+from tests.helpers import RecordingModel, flat, write_dataset
+from tests.worker_probe import RecordProcess
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+ROWS, BATCH = 12_000, 48  # 250 batches an epoch
+#: Each batch read in the training process sleeps this long, so its workers, once up, are faster.
+MAIN_DELAY_S = 0.02
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_dataset(tmp_path_factory.mktemp("handoff") / "ds.lance", rows=ROWS, fragment_rows=4096)
+
+
+def _module(uri: str, workers: int, persistent: bool = True, transform: Any = None) -> LanceDataModule:
+    return LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x"]),
+        batch_size=BATCH,
+        shuffle=RowShuffle(seed=3),
+        num_workers=workers,
+        persistent_workers=persistent,
+        transform=transform,
+    )
+
+
+def _planned(uri: str, epochs: int) -> list[list[list[int]]]:
+    reference = _module(uri, 0)
+    reference.setup("fit")
+    loader = reference.train_dataloader()
+    return [[batch["id"].tolist() for batch in loader] for _ in range(epochs)]
+
+
+def _from_main_then_workers(pids: list[int]) -> bool:
+    """Batches of this process first, then only workers' (at most one switch)."""
+    main = [pid == os.getpid() for pid in pids]
+    return main == sorted(main, reverse=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per epoch"])
+def test_batches_come_from_this_process_until_the_workers_are_up(uri: str, persistent: bool) -> None:
+    epochs = 4
+    planned = _planned(uri, epochs)
+    dm = _module(uri, 2, persistent, RecordProcess(MAIN_DELAY_S))
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    sources = []
+    for epoch in range(epochs):
+        batches = [(batch["id"].tolist(), set(batch["pid"].tolist())) for batch in loader]
+        assert [ids for ids, _ in batches] == planned[epoch], f"epoch {epoch}: rows lost, repeated or out of order"
+        assert all(len(pids) == 1 for _, pids in batches)
+        pids = [pids.pop() for _, pids in batches]
+        assert _from_main_then_workers(pids), f"epoch {epoch}: this process read after its workers"
+        sources.append(pids)
+    assert sources[0][0] == os.getpid(), "the first batch waited for the workers"
+    workers = {pid for pids in sources for pid in pids} - {os.getpid()}
+    assert workers, f"the workers never took over in {epochs} epochs"
+    if persistent:
+        assert len(workers) == 2
+    else:  # every epoch starts its workers, so every epoch begins in this process
+        assert all(pids[0] == os.getpid() for pids in sources)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_off_waits_for_the_workers(uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_SWITCH, "off")
+    dm = _module(uri, 2, True, RecordProcess())
+    dm.setup("fit")
+    pids = {pid for batch in dm.train_dataloader() for pid in batch["pid"].tolist()}
+    assert os.getpid() not in pids and len(pids) == 2
+
+
+class PidRecorder(RecordingModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pids: list[int] = []
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+        self.pids.append(int(batch["pid"][0]))
+        return super().training_step(batch, batch_idx)
+
+
+def _trainer(tmp_path: Path, **kwargs: Any) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+        **kwargs,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_fit_stopped_while_workers_start_resumes_exactly(uri: str, tmp_path: Path) -> None:
+    """Stopped by ``max_steps`` while the first epoch is read in process, resumed with ``ckpt_path``
+    for two more epochs: every epoch trains each row once, in the planned order, as without workers."""
+    planned = _planned(uri, 3)
+    first = PidRecorder()
+    trainer = _trainer(tmp_path, max_steps=30)
+    trainer.fit(first, datamodule=_module(uri, 2, transform=RecordProcess(MAIN_DELAY_S)))
+    ckpt = tmp_path / "stopped.ckpt"
+    trainer.save_checkpoint(ckpt)
+    resumed = PidRecorder()
+    _trainer(tmp_path, max_epochs=3).fit(
+        resumed, datamodule=_module(uri, 2, transform=RecordProcess(MAIN_DELAY_S)), ckpt_path=ckpt
+    )
+    trained = first.seen + resumed.seen
+    assert trained == [batch for epoch in planned for batch in epoch], "rows lost, repeated or out of order"
+    assert len(set(flat(trained[: len(planned[0])]))) == ROWS // BATCH * BATCH
+    assert first.pids[0] == os.getpid() and os.getpid() not in resumed.pids[-10:]
+
+
+_EXITS_WHILE_STARTING = """
+import sys
+from lance_lightning import LanceDataModule, LanceSource
+dm = LanceDataModule(train=LanceSource(sys.argv[1], columns=["id"]), batch_size=1000, num_workers=2)
+dm.setup("fit")
+print(sum(len(batch["id"]) for batch in dm.train_dataloader()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_process_that_exits_while_its_workers_start_exits_cleanly(uri: str) -> None:
+    """The epoch ends in this process before the workers are up; the exit waits for them and stops
+    them, so no worker fails to start after the process is gone (it printed tracebacks before)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_EXITS_WHILE_STARTING), uri],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.split() == [str(ROWS)]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
