@@ -34,6 +34,8 @@ Guarantees:
   The cursor still advances only when a batch is yielded.
 - Without worker processes, batches come straight from the dataset's reader threads (pinned
   there with ``pin_memory``): torch's single-process iterator would only add per-batch bookkeeping.
+  With workers that are not running yet, this process reads the epoch's first batches the same
+  way while they start, then hands them the rest (`lance_lightning.load.handoff`).
 - The loader reads its own copy of the dataset (`LanceIterableDataset.for_loader`): the dataset
   passed in is never changed, and iterating ``loader.dataset`` yields batches, never `Shipment`s.
 - An error of the package's own raised in a worker process (a bad row, a null, a read that failed

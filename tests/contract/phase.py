@@ -55,6 +55,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E40
 from torch import nn  # noqa: E402
 
 from lance_lightning import LanceDataModule  # noqa: E402
+from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF  # noqa: E402
 from tests.contract import prepared, replay, truth  # noqa: E402
 from tests.contract.scenario import Scenario, Topology  # noqa: E402
 from tests.videos import FPS  # noqa: E402
@@ -436,6 +437,9 @@ def run_phase(spec: dict[str, Any]) -> None:
     scenario = Scenario.from_json(spec["scenario"])
     role, root = spec["role"], spec["root"]
     out = recorder(root, role)
+    switched = scenario_environment(scenario)
+    before = {name: os.environ.get(name) for name in switched}
+    os.environ.update(switched)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -453,6 +457,16 @@ def run_phase(spec: dict[str, Any]) -> None:
         raise
     finally:
         out.close()
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def scenario_environment(scenario: Scenario) -> dict[str, str]:
+    """The environment variables a scenario's runs set (its processes and the ranks they launch)."""
+    return {HANDOFF: "off"} if scenario.handoff is False else {}
 
 
 def _run_python(scenario: Scenario, role: str, root: str, spec: dict[str, Any], out: Recorder) -> None:

@@ -49,7 +49,7 @@ import torch
 import yaml
 
 from tests.contract import prepared, store, truth
-from tests.contract.phase import REFERENCE_BATCH, cli_config, run_phase
+from tests.contract.phase import REFERENCE_BATCH, cli_config, run_phase, scenario_environment
 from tests.contract.scenario import Scenario, Topology
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -281,7 +281,7 @@ def _run_phase(
     path = root / f"{role}.json"
     path.write_text(json.dumps(spec))
     return _run_process(
-        [sys.executable, str(Path(__file__).with_name("phase.py")), str(path)], role, topology, root, started
+        [sys.executable, str(Path(__file__).with_name("phase.py")), str(path)], role, topology, root, started, scenario
     )
 
 
@@ -303,7 +303,7 @@ def _run_command(
     command = [str(Path(sys.executable).with_name("lance-lightning")), "fit", "--config", str(config)]
     if ckpt is not None:
         command += ["--ckpt_path", ckpt]
-    phase = _run_process(command, role, topology, root, started)
+    phase = _run_process(command, role, topology, root, started, scenario)
     if phase.returncode in (0, -signal.SIGKILL) or phase.timed_out:
         return phase
     if role == "stop" and scenario.stop.kind == "exception" and "ScenarioStop" in phase.output:
@@ -320,11 +320,13 @@ def _run_command(
     return phase
 
 
-def _run_process(command: list[str], role: str, topology: Topology, root: Path, started: float) -> Phase:
+def _run_process(
+    command: list[str], role: str, topology: Topology, root: Path, started: float, scenario: Scenario
+) -> Phase:
     proc = subprocess.Popen(
         command,
         cwd=REPO_ROOT,
-        env=_env(),
+        env={**_env(), **scenario_environment(scenario)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

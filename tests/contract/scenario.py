@@ -269,6 +269,9 @@ class Scenario:
     #: A transform that makes every batch pass 1 MiB (`tests.worker_probe.WidenRows`), so batches
     #: leave worker processes through shared-memory slabs (None: no transform; absent from the JSON).
     wide: bool | None = None
+    #: False: every loader waits for its workers (``LANCE_LIGHTNING_WORKER_HANDOFF=off``) instead of
+    #: reading the first batches while they start (None: the default; absent from the JSON).
+    handoff: bool | None = None
 
     @property
     def sources(self) -> list[Source]:
@@ -315,7 +318,7 @@ class Scenario:
 #: Fields of `Mixture` left out of the JSON of a mixture without a schedule.
 _SCHEDULE_FIELDS = ("schedule", "interpolate", "step_samples")
 #: Fields of `Scenario` left out of the JSON when None.
-_LATER_FIELDS = ("store", "replay", "prepare", "clips", "wide")
+_LATER_FIELDS = ("store", "replay", "prepare", "clips", "wide", "handoff")
 #: Fields added to a part of `Scenario` later, left out of the JSON while at their default (so
 #: that every scenario written before them reads and writes the same line).
 _DEFAULTED_FIELDS = {
@@ -419,6 +422,8 @@ def generate(seed: int) -> Scenario:
     workers = scenario.topology.num_workers or scenario.resume.topology.num_workers
     if workers and packing is None and clips is None and random.Random(f"{seed}-wide").random() < 0.5:
         scenario = replace(scenario, wide=True)
+    if workers and random.Random(f"{seed}-handoff").random() < 0.3:
+        scenario = replace(scenario, handoff=False)
     return _prepare(random.Random(f"{seed}-prepare"), scenario)
 
 

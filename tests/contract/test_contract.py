@@ -132,6 +132,10 @@ def test_sample_covers_the_options() -> None:
         "prepare, then fit": any(s.prepare is not None for s in scenarios),
         "a killed prepare resumed by the fit": any(s.prepare is not None and s.prepare.kill for s in scenarios),
         "batches over 1 MiB from workers (slabs)": any(s.wide for s in scenarios),
+        "workers waited for (no hand-over)": any(s.handoff is False for s in scenarios),
+        "first batches read while workers start": any(
+            s.handoff is None and (s.topology.num_workers or s.resume.topology.num_workers) for s in scenarios
+        ),
     }
     assert all(covered.values()), [name for name, yes in covered.items() if not yes]
 
