@@ -13,7 +13,9 @@ Guarantees:
   process before that row and by the workers from it, in the plan's order: the same batches a
   restore from a cursor at that batch would read (`lance_lightning.cursor.tracker`).
 - The loader looks whether the workers are up after each batch it yields, never before the
-  first. An epoch this process finishes before they are up ends by waiting for them (handing them
+  first. It hands over after the batches it has read ahead (`handover_step`), and with a buffer
+  shuffle at the start of a buffer: workers that began inside one would read it again, and every
+  later buffer in two pieces. An epoch this process finishes before they are up ends by waiting for them (handing them
   nothing): a worker that failed to start is raised there, at the latest, as it would have been
   at the first batch (`ConfigError`, `WorkerDiedError`), and the next epoch finds them running.
   An iteration abandoned while they start leaves them waiting for the next one. ``release`` lets
@@ -36,6 +38,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lance_lightning.load.dataset import EpochControl
+from lance_lightning.plan.layout import Layout
 
 ENV_SWITCH = "LANCE_LIGHTNING_WORKER_HANDOFF"
 
@@ -43,6 +46,19 @@ ENV_SWITCH = "LANCE_LIGHTNING_WORKER_HANDOFF"
 def handoff_enabled() -> bool:
     """Whether loaders read in process while their workers start (``LANCE_LIGHTNING_WORKER_HANDOFF``)."""
     return os.environ.get(ENV_SWITCH, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def handover_step(layout: Layout, least: int, window_rows: int | None) -> int:
+    """The step the workers begin at: ``least``, or with windows of ``window_rows`` sequence rows
+    (a buffer shuffle's) the first step from ``least`` that starts a window, when one does within a
+    window's steps."""
+    if not window_rows:
+        return least
+    last = min(layout.steps, least + window_rows // layout.step_rows + 1)
+    for step in range(least, last + 1):
+        if (layout.start + layout.rows_after(step)) % window_rows == 0:
+            return step
+    return least
 
 
 class WorkerStart:

@@ -70,7 +70,7 @@ from lance_lightning.device.ahead import DevicePath
 from lance_lightning.errors import ConfigError, WorkerDiedError
 from lance_lightning.lifetime import shared_temp_dir, watch_parent
 from lance_lightning.load.dataset import Bundle, LanceIterableDataset, Shipping, WorkerError, ship_from_worker
-from lance_lightning.load.handoff import WorkerStart, handoff_enabled
+from lance_lightning.load.handoff import WorkerStart, handoff_enabled, handover_step
 from lance_lightning.load.lean_start import worker_context
 from lance_lightning.load.workers import STARTING_HINT, guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
@@ -351,7 +351,8 @@ class LanceDataLoader(DataLoader):
                     break
             # What this process has read ahead is its own; an epoch it finished leaves the workers
             # nothing, and waiting for them here reports a worker that failed to start.
-            handed = read + self.dataset.prefetch_batches
+            window = getattr(getattr(self.dataset.plan, "strategy", None), "window_rows", None)
+            handed = handover_step(layout, read + self.dataset.prefetch_batches, window)
             workers = starting.hand_over(epoch, layout.start + layout.rows_after(handed))
             self._worker_start = None
             yield from itertools.islice(own, handed - read)

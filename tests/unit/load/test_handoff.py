@@ -13,9 +13,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle
-from lance_lightning.load.handoff import ENV_SWITCH
+from lance_lightning.load.handoff import ENV_SWITCH, handover_step
+from lance_lightning.plan.layout import Layout
 from tests.helpers import RecordingModel, flat, write_dataset
 from tests.worker_probe import RecordProcess
 
@@ -52,6 +55,25 @@ def _from_main_then_workers(pids: list[int]) -> bool:
     """Batches of this process first, then only workers' (at most one switch)."""
     main = [pid == os.getpid() for pid in pids]
     return main == sorted(main, reverse=True)
+
+
+@given(
+    start=st.integers(0, 5000),
+    rows=st.integers(1, 5000),
+    world=st.integers(1, 4),
+    batch=st.integers(1, 64),
+    least=st.integers(0, 300),
+    window=st.one_of(st.none(), st.integers(1, 2000)),
+)
+def test_the_hand_over_starts_a_window_when_one_starts_soon(
+    start: int, rows: int, world: int, batch: int, least: int, window: int | None
+) -> None:
+    layout = Layout(start=start, rows=rows, world_size=world, batch_size=batch, drop_last=False)
+    least = min(least, layout.steps)
+    step = handover_step(layout, least, window)
+    starts = [s for s in range(least, layout.steps + 1) if window and (start + layout.rows_after(s)) % window == 0]
+    soon = [s for s in starts if s <= least + (window or 0) // layout.step_rows + 1]
+    assert step == (soon[0] if soon else least)
 
 
 @pytest.mark.slow
