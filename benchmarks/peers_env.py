@@ -10,7 +10,8 @@ Guarantees:
 - `run_cell` runs one cell in a fresh process (``bench_peers.py --cell``: ours with the running
   interpreter, the peers with ``--peer-python``) and returns its result, or ``{"error": ...}``
   when it fails or gives no result within ``--cell-timeout``; the cell's whole process group
-  (its fork server and workers included) is killed when it ends.
+  (its fork server and workers included) is killed when it ends. Ours runs with
+  ``LANCE_LIGHTNING_WORKER_HANDOFF=off``: with workers, every batch is a worker's.
 - Imports nothing but the standard library and `peers_workloads` at module level (the peers'
   environment imports it too).
 """
@@ -154,7 +155,10 @@ def run_cell(loader: str, workload: str, workers: int, data: dict, args: argpars
     python = sys.executable if loader == "lance-lightning" else str(args.peer_python)
     cmd = [python, str(SCRIPT), "--cell", loader, workload, str(workers), "--seconds", str(args.seconds)]
     cmd += ["--data", json.dumps(data)]
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent)} if loader == "lance-lightning" else None
+    # Ours with workers waits for them, as the peers' loaders do: the timed window measures the
+    # worker path, not the batches the training process reads while they start (the hand-over).
+    handoff = {"LANCE_LIGHTNING_WORKER_HANDOFF": "off"}
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent), **handoff} if loader == "lance-lightning" else None
     # Its own session: a cell that times out is killed with every process it started (its fork
     # server and workers), so none of them runs on beside the next cells.
     cell_process = subprocess.Popen(
