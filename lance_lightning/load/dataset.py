@@ -37,7 +37,6 @@ import copy as _copy
 import dataclasses
 import itertools
 import multiprocessing
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -70,40 +69,16 @@ from lance_lightning.vocabulary import Batch, BatchTransform
 
 
 class EpochControl:
-    """Epoch and start row of the next iteration, shared with worker processes, and the gate
-    a loader's workers pass before they read them (`lance_lightning.load.handoff`): open unless a
-    loader closes it while its workers start."""
-
-    OPEN, CLOSED, RELEASED = 0, 1, 2
-    #: Seconds between a waiting worker's looks at the gate.
-    POLL_S = 0.002
+    """Epoch and start row of the next iteration, shared with worker processes."""
 
     def __init__(self, context: Any | None = None) -> None:
-        self._values = (context or multiprocessing).RawArray("q", 3)
+        self._values = (context or multiprocessing).RawArray("q", 2)
 
     def set(self, epoch: int, start: int) -> None:
         self._values[0], self._values[1] = epoch, start
 
     def get(self) -> tuple[int, int]:
         return int(self._values[0]), int(self._values[1])
-
-    def close_gate(self) -> None:
-        self._values[2] = self.CLOSED
-
-    def open_gate(self, epoch: int, start: int) -> None:
-        """Workers at the gate read epoch ``epoch`` from sequence row ``start``."""
-        self.set(epoch, start)
-        self._values[2] = self.OPEN
-
-    def release(self) -> None:
-        """Workers at the gate read nothing this iteration (their loader is gone)."""
-        self._values[2] = self.RELEASED
-
-    def pass_gate(self) -> bool:
-        """In a worker: wait while the gate is closed; False when it was released."""
-        while self._values[2] == self.CLOSED:
-            time.sleep(self.POLL_S)
-        return self._values[2] == self.OPEN
 
 
 @dataclass(frozen=True)
@@ -225,10 +200,8 @@ class LanceIterableDataset(IterableDataset):
             yield WorkerError(error)  # pickled whole, raised again by the loader
 
     def _produce(self, shipping: Shipping | None) -> Iterator[Any]:
-        info = get_worker_info()
-        if info is not None and not self.control.pass_gate():
-            return
         epoch, start = self.control.get()
+        info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         reader = plan_reader(
             self.plan,

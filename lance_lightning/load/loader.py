@@ -244,11 +244,10 @@ class LanceDataLoader(DataLoader):
             if num_workers > 0
             else None,
         )
-        #: Workers starting in the background while this process reads (`WorkerStart`), if any.
+        #: What this process waits on, reading, before it starts its workers (`WorkerStart`), if any.
         self._worker_start: WorkerStart | None = None
-        if num_workers > 0:  # the slabs are this loader's: forgotten with it; waiting workers let go
+        if num_workers > 0:  # the slabs are this loader's: forgotten with it
             weakref.finalize(self, self.worker_init_fn.keywords["slabs"].close)
-            weakref.finalize(self, dataset.control.release)
         self.cursor = cursor or CursorTracker(dataset.plan)
         # Public under the constructor's names: Lightning rebuilds a loader from its attributes.
         self.trainer = trainer
@@ -336,9 +335,9 @@ class LanceDataLoader(DataLoader):
         return dataset.produce(Shipping(stats=False, positions=self._ship_positions))
 
     def _handing_over(self, layout: Layout) -> Iterator[Any]:
-        """This process's batches until the workers are up, then theirs (`WorkerStart`)."""
+        """This process's batches until workers can start without delay, then theirs (`WorkerStart`)."""
         if self._worker_start is None:
-            self._worker_start = WorkerStart(self._start_workers, self.dataset.control).start()
+            self._worker_start = WorkerStart(self.multiprocessing_context).start()
         starting = self._worker_start
         epoch, _ = self.dataset.control.get()
         own = self._in_process()
@@ -349,11 +348,13 @@ class LanceDataLoader(DataLoader):
                 read += 1
                 if starting.ready():
                     break
-            # What this process has read ahead is its own; an epoch it finished leaves the workers
-            # nothing, and waiting for them here reports a worker that failed to start.
+            # What this process has read ahead is its own. An epoch it finished hands the workers
+            # nothing: starting them here reports a worker that cannot start.
             window = getattr(getattr(self.dataset.plan, "strategy", None), "window_rows", None)
             handed = handover_step(layout, read + self.dataset.prefetch_batches, window)
-            workers = starting.hand_over(epoch, layout.start + layout.rows_after(handed))
+            starting.wait()
+            self.dataset.set_epoch(epoch, layout.start + layout.rows_after(handed))
+            workers = self._start_workers()
             self._worker_start = None
             yield from itertools.islice(own, handed - read)
         finally:
