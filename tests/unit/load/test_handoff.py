@@ -94,6 +94,9 @@ def test_batches_come_from_this_process_until_the_workers_are_up(uri: str, persi
         assert _from_main_then_workers(pids), f"epoch {epoch}: this process read after its workers"
         sources.append(pids)
     assert sources[0][0] == os.getpid(), "the first batch waited for the workers"
+    totals = loader.metrics_snapshot().totals  # this process's batches and the workers', once each
+    assert totals["delivered_rows"] == sum(len(epoch) for epoch in planned) * BATCH
+    assert totals["transform_rows"] >= totals["delivered_rows"]  # read ahead here, then handed over
     workers = {pid for pids in sources for pid in pids} - {os.getpid()}
     assert workers, f"the workers never took over in {epochs} epochs"
     if persistent:
