@@ -20,7 +20,7 @@ Guarantees:
 - Every process is started by the loader's own thread (the fork server in `WorkerStart.start`, the
   workers at the hand-over): a process started by a thread that then ends would lose its death
   signal (`lance_lightning.lifetime`). The background thread only starts an empty process through
-  the fork server (the server's child, not this process's) and waits for it.
+  the fork server (the server's child, not this process's): it returns once the server has forked it.
 - ``LANCE_LIGHTNING_WORKER_HANDOFF=off`` makes every iteration wait for its workers and read
   nothing in this process (for transforms that must run only in workers, and for tests that
   follow one worker).
