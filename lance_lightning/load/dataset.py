@@ -56,6 +56,7 @@ from lance_lightning.plan.strategies import BufferShuffle, FilterRead, NoShuffle
 from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow
 from lance_lightning.produce.heap import HEAP
 from lance_lightning.produce.identity import RowIdentity, check_identity
+from lance_lightning.produce.parcel import slab_run
 from lance_lightning.produce.producer import BatchProducer
 from lance_lightning.produce.threads import ReaderThreads
 from lance_lightning.produce.transform import TransformStep
@@ -240,7 +241,7 @@ class LanceIterableDataset(IterableDataset):
             yield from batches
         else:
             for run in runs:
-                yield Bundle(list(itertools.islice(batches, len(run))))
+                yield Bundle(slab_run(list(itertools.islice(batches, len(run)))))
         HEAP.after_epoch()
 
 

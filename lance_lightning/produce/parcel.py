@@ -12,8 +12,10 @@ Guarantees:
   process). Copying a batch through the pipe costs microseconds per 100 KB.
 - Only batches whose tensors hold at most `PARCEL_MAX_BYTES` travel this way; larger ones go
   through the worker's reused shared-memory slabs (`lance_lightning.produce.slabs`: no copy on
-  receipt), or, when none is free, torch's shared memory. Tensors NumPy cannot hold (bfloat16) or
-  pinned ones keep torch's way. Lists and other values travel as they are.
+  receipt), or, when none is free, torch's shared memory. A worker's run of small batches sent as
+  one message (`slab_run`) shares one slab when a tensor of it would arrive as a view of it
+  (`VIEW_BYTES`): one copy into shared memory per batch, none on receipt, one slot per message.
+  Tensors NumPy cannot hold (bfloat16) or pinned ones keep torch's way. Lists and other values travel as they are.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import numpy as np
 import torch
 
 from lance_lightning.produce.convert import Ragged
-from lance_lightning.produce.slabs import NUMPY_DTYPES, unpack, worker_ring
+from lance_lightning.produce.slabs import NUMPY_DTYPES, VIEW_BYTES, unpack, worker_ring
+from lance_lightning.vocabulary import Shipment
 
 #: Batches of at most this many tensor bytes travel inside their message (larger: shared memory,
 #: whose per-tensor handshake, about 1 ms, costs less than copying a megabyte through the pipe).
@@ -46,19 +49,48 @@ class Parcel:
 def parcel(batch: Any) -> Any:
     """``batch`` as a `Parcel` when it is a dict whose tensors fit `PARCEL_MAX_BYTES` and can all
     travel as NumPy arrays; a larger one as a `SlabParcel` where a slab is free; else ``batch``."""
-    if not isinstance(batch, dict):
+    tensors = _tensors(batch)
+    if tensors is None:
         return batch
+    if sum(tensor.numel() * tensor.element_size() for tensor in tensors) <= PARCEL_MAX_BYTES:
+        return Parcel(batch)
+    ring = worker_ring()
+    return (ring.pack(batch, tensors) if ring is not None else None) or batch
+
+
+def slab_run(shipments: list[Shipment]) -> list[Shipment]:
+    """A worker's run of consecutive batches (one message), its `Parcel`s copied together into one
+    free slab when one of their tensors would arrive as a view (`VIEW_BYTES`): then no batch of
+    the run is copied on receipt. Else, or with no slab free, the run as it is."""
+    ring = worker_ring()
+    small = [i for i, shipment in enumerate(shipments) if isinstance(shipment.batch, Parcel)]
+    if ring is None or not small:
+        return shipments
+    items = [(shipments[i].batch.batch, _tensors(shipments[i].batch.batch)) for i in small]
+    if not any(t.numel() * t.element_size() >= VIEW_BYTES for _, tensors in items for t in tensors):
+        return shipments
+    packed = ring.pack_run(items)
+    if packed is None:
+        return shipments
+    run = list(shipments)
+    for i, slab in zip(small, packed):
+        run[i] = run[i]._replace(batch=slab)
+    return run
+
+
+def _tensors(batch: Any) -> list[torch.Tensor] | None:
+    """The tensors of a dict batch, Ragged columns' two each, or None when one cannot travel as a
+    NumPy array (or ``batch`` is no dict)."""
+    if not isinstance(batch, dict):
+        return None
     tensors = []
     for value in batch.values():
         for tensor in (value.values, value.offsets) if isinstance(value, Ragged) else (value,):
             if isinstance(tensor, torch.Tensor):
                 if not _travels(tensor):
-                    return batch
+                    return None
                 tensors.append(tensor)
-    if sum(tensor.numel() * tensor.element_size() for tensor in tensors) <= PARCEL_MAX_BYTES:
-        return Parcel(batch)
-    ring = worker_ring()
-    return (ring.pack(batch, tensors) if ring is not None else None) or batch
+    return tensors
 
 
 def _travels(tensor: torch.Tensor) -> bool:

@@ -93,27 +93,38 @@ class SlabRing:
 
     def pack(self, batch: dict[str, Any], tensors: list[torch.Tensor]) -> SlabParcel | None:
         """``batch`` copied into a free slab, or None when no slot is free (or the bound is reached)."""
+        parcels = self.pack_run([(batch, tensors)])
+        return parcels[0] if parcels else None
+
+    def pack_run(self, batches: list[tuple[dict[str, Any], list[torch.Tensor]]]) -> list[SlabParcel] | None:
+        """Consecutive ``(batch, tensors)`` copied into one free slab, one `SlabParcel` each (sent in
+        one message: the slot returns when the last of them is freed), or None as for ``pack``."""
         offsets, end = [], 0
-        for tensor in tensors:
-            offsets.append(end)
-            end += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+        for _, tensors in batches:
+            for tensor in tensors:
+                offsets.append(end)
+                end += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
         slot = self._slot(max(end, ALIGN))
         if slot is None:
             return None
         storage = self.slabs[slot]
         whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
-        specs = iter(zip(tensors, offsets))
-        layout = []
-        for key, value in batch.items():
-            if isinstance(value, Ragged):
-                layout.append((key, "ragged", (_copy_in(whole, *next(specs)), _copy_in(whole, *next(specs)))))
-            elif isinstance(value, torch.Tensor):
-                layout.append((key, "tensor", _copy_in(whole, *next(specs))))
-            else:
-                layout.append((key, "value", value))
+        specs = iter(zip((tensor for _, tensors in batches for tensor in tensors), offsets))
         first = not self.sent[slot]
         self.sent[slot] = True
-        return SlabParcel(self.channel.token, self.worker, slot, storage if first else None, layout)
+        parcels = []
+        for part, (batch, _) in enumerate(batches):
+            layout = []
+            for key, value in batch.items():
+                if isinstance(value, Ragged):
+                    layout.append((key, "ragged", (_copy_in(whole, *next(specs)), _copy_in(whole, *next(specs)))))
+                elif isinstance(value, torch.Tensor):
+                    layout.append((key, "tensor", _copy_in(whole, *next(specs))))
+                else:
+                    layout.append((key, "value", value))
+            shared = storage if first and part == 0 else None
+            parcels.append(SlabParcel(self.channel.token, self.worker, slot, shared, layout, len(batches) - part))
+        return parcels
 
     def _slot(self, nbytes: int) -> int | None:
         held, base = self.channel.held, self.worker * SLOTS
@@ -143,25 +154,35 @@ def _copy_in(whole: torch.Tensor, tensor: torch.Tensor, offset: int) -> tuple[st
 
 
 class SlabParcel:
-    """A batch in a slab, unpickled in the training process as the plain batch over the slab."""
+    """A batch in a slab, unpickled in the training process as the plain batch over the slab.
+    ``left``: this batch and those after it in the same slab and message (the first one counts
+    them all)."""
 
-    __slots__ = ("token", "worker", "slot", "storage", "layout")
+    __slots__ = ("token", "worker", "slot", "storage", "layout", "left")
 
-    def __init__(self, token: str, worker: int, slot: int, storage: Any, layout: list) -> None:
+    def __init__(self, token: str, worker: int, slot: int, storage: Any, layout: list, left: int = 1) -> None:
         self.token, self.worker, self.slot, self.storage, self.layout = token, worker, slot, storage, layout
+        self.left = left
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_receive, (self.token, self.worker, self.slot, self.storage, self.layout))
+        return (_receive, (self.token, self.worker, self.slot, self.storage, self.layout, self.left))
 
 
-def _receive(token: str, worker: int, slot: int, storage: Any, layout: list) -> dict[str, Any]:
+#: Batches of a slot's message still alive in the training process, by (token, worker, slot).
+_LIVE: dict[tuple[str, int, int], int] = {}
+
+
+def _receive(token: str, worker: int, slot: int, storage: Any, layout: list, left: int = 1) -> dict[str, Any]:
     channel = _CHANNELS[token]
     if storage is not None:
         channel.storages[(worker, slot)] = storage
     storage = channel.storages[(worker, slot)]
+    key = (token, worker, slot)
+    _LIVE.setdefault(key, left)  # the message's first batch counts them all
     buffer = _buffer_type(storage.nbytes()).from_address(storage.data_ptr())
-    # The slot is freed when the last tensor over ``buffer`` is; the finalizer keeps the slab mapped.
-    weakref.finalize(buffer, _release, channel.held, worker * SLOTS + slot, storage)
+    # The slot is freed when the last tensor over the last of its batches' buffers is; the
+    # finalizer keeps the slab mapped.
+    weakref.finalize(buffer, _release_one, key, channel.held, worker * SLOTS + slot, storage)
 
     def tensor(spec: tuple[str, tuple[int, ...], int]) -> torch.Tensor:
         dtype, shape, offset = spec
@@ -189,8 +210,11 @@ def unpack(items: list[tuple[str, str, Any]], tensor: Any) -> dict[str, Any]:
     return batch
 
 
-def _release(held: Any, index: int, storage: Any) -> None:
-    held[index] = 0
+def _release_one(key: tuple[str, int, int], held: Any, index: int, storage: Any) -> None:
+    _LIVE[key] -= 1
+    if not _LIVE[key]:
+        del _LIVE[key]
+        held[index] = 0
 
 
 _BUFFER_TYPES: dict[int, type] = {}

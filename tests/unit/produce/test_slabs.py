@@ -14,7 +14,8 @@ import torch
 from lance_lightning import LanceDataModule, LanceSource, NoShuffle
 from lance_lightning.produce import slabs
 from lance_lightning.produce.convert import Ragged
-from lance_lightning.produce.parcel import PARCEL_MAX_BYTES, parcel
+from lance_lightning.produce.parcel import PARCEL_MAX_BYTES, parcel, slab_run
+from lance_lightning.vocabulary import Shipment
 from tests.helpers import write_dataset
 from tests.worker_probe import WidenRows
 
@@ -98,18 +99,50 @@ def test_held_batches_are_never_overwritten_and_a_full_ring_falls_back(ring: sla
     assert held(ring) == []
 
 
+def small_shipment(seed: int) -> Shipment:
+    batch = {"id": torch.arange(256) + seed, "vec": torch.full((256, 128), float(seed))}  # vec: 128 KiB
+    return Shipment(parcel(batch), None, None)
+
+
+def test_a_run_of_small_batches_shares_one_slot_until_its_last_batch_is_freed(ring: slabs.SlabRing) -> None:
+    run = slab_run([small_shipment(seed) for seed in range(3)])
+    assert all(isinstance(shipment.batch, slabs.SlabParcel) for shipment in run)
+    got = [shipment.batch for shipment in crossed(run)]  # one message, as a worker's Bundle
+    assert held(ring) == [0]
+    for seed, batch in enumerate(got):
+        assert torch.equal(batch["vec"], torch.full((256, 128), float(seed))) and batch["id"][0] == seed
+    kept = got.pop(1)["vec"]
+    del got, batch
+    gc.collect()
+    assert held(ring) == [0] and torch.equal(kept, torch.full((256, 128), 1.0))
+    del kept
+    gc.collect()
+    assert held(ring) == []
+
+
+def test_a_run_with_nothing_to_view_stays_in_its_message(ring: slabs.SlabRing) -> None:
+    run = [Shipment(parcel({"id": torch.arange(256) + seed}), None, None) for seed in range(3)]
+    assert slab_run(run) == run and held(ring) == []
+
+
 @pytest.mark.slow
-def test_workers_hand_large_batches_equal_to_in_process_ones(tmp_path: Path) -> None:
+@pytest.mark.parametrize("size", ["large", "small"])
+def test_workers_hand_batches_equal_to_in_process_ones(tmp_path: Path, size: str) -> None:
     """Through a loader with 2 workers, over 3 epochs, with every batch of an epoch kept until its
-    end: each equals the in-process batch (a slot reused under a kept batch would change it)."""
-    uri = write_dataset(tmp_path / "ds.lance", 4000, fragment_rows=1000)
+    end: each equals the in-process batch (a slot reused under a kept batch would change it).
+    ``large``: each batch passes 1 MiB (a slab each); ``small``: 2048-row batches whose ``vec`` is
+    64 KiB, sent in runs of 2 that share a slab."""
+    uri = write_dataset(tmp_path / "ds.lance", 48_000, fragment_rows=12_000)
+    columns, batch_size, transform = (
+        (["id", "x"], 256, WidenRows()) if size == "large" else (["id", "x", "vec"], 2048, None)
+    )
 
     def epochs(workers: int) -> list[list[dict]]:
         dm = LanceDataModule(
-            train=LanceSource(uri, columns=["id", "x"]),
-            batch_size=256,
+            train=LanceSource(uri, columns=columns),
+            batch_size=batch_size,
             shuffle=NoShuffle(),
-            transform=WidenRows(),
+            transform=transform,
             num_workers=workers,
         )
         dm.setup("fit")
@@ -117,7 +150,8 @@ def test_workers_hand_large_batches_equal_to_in_process_ones(tmp_path: Path) -> 
         seen = []
         for _ in range(3):
             batches = list(loader)
-            assert all(batch["wide"].numel() * 4 > PARCEL_MAX_BYTES for batch in batches)
+            if size == "large":
+                assert all(batch["wide"].numel() * 4 > PARCEL_MAX_BYTES for batch in batches)
             seen.append([{key: value.clone() for key, value in batch.items()} for batch in batches])
         if workers:
             assert loader.worker_init_fn.keywords["slabs"].storages, "no batch came through a slab"
