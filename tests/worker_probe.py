@@ -49,12 +49,18 @@ class ToTuple:
 
 
 class WidenRows:
-    """Adds ``wide``: float32 per row, each the row's id, at least 1,200 per row and enough that
-    every batch passes 1 MiB (so it leaves a worker through a shared-memory slab)."""
+    """Adds ``wide``: float32 per row, each the row's id, at least ``min_width`` per row and enough
+    that every batch passes ``batch_bytes``: by default 1 MiB (each batch leaves a worker through a
+    shared-memory slab of its own); ``WidenRows(98304, 1)`` makes batches of about 96 KiB, whose
+    runs share a slab (`lance_lightning.produce.parcel.slab_run`)."""
+
+    def __init__(self, batch_bytes: int = 1 << 20, min_width: int = 1200) -> None:
+        self.batch_bytes = batch_bytes
+        self.min_width = min_width
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         rows = len(batch["id"])
-        width = max(1200, -(-(1 << 20) // (4 * max(1, rows))) + 1)
+        width = max(self.min_width, -(-self.batch_bytes // (4 * max(1, rows))) + 1)
         batch["wide"] = batch["id"].to(torch.float32)[:, None].expand(-1, width).contiguous()
         return batch
 

@@ -156,6 +156,9 @@ class ContractModel(pl.LightningModule):
             self.recorder.write({"t": "replay", "units": units})
             return (self.weight - float(len(units))).pow(2).sum()
         self.batches += 1
+        wide = batch.get("wide")  # `tests.worker_probe.WidenRows`: every value is its row's id
+        if wide is not None and not torch.equal(wide, batch["id"].to(wide.dtype)[:, None].expand_as(wide)):
+            raise AssertionError("a wide batch's values are not its rows' ids: its slab was overwritten")
         event = {"t": "batch", "epoch": self.current_epoch, "idx": batch_idx, "gstep": self.global_step, "units": units}
         clips = clips_of(batch)
         if clips is not None:
@@ -302,6 +305,8 @@ def data_arguments(
         data["remote_cache"] = {k: v for k, v in cache.items() if k != "exceeds"}
     if scenario.wide and not reference:
         data["transform"] = {"class_path": "tests.worker_probe.WidenRows"}
+        if scenario.wide_bytes is not None:
+            data["transform"]["init_args"] = {"batch_bytes": scenario.wide_bytes, "min_width": 1}
     if scenario.clips is not None:
         data["clips"] = {"class_path": "lance_lightning.VideoClips", "init_args": truth.clip_arguments(scenario.clips)}
     if scenario.packing is not None:

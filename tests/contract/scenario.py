@@ -269,6 +269,9 @@ class Scenario:
     #: A transform that makes every batch pass 1 MiB (`tests.worker_probe.WidenRows`), so batches
     #: leave worker processes through shared-memory slabs (None: no transform; absent from the JSON).
     wide: bool | None = None
+    #: With ``wide``: each batch about this many bytes instead of over 1 MiB (96 KiB: a worker's run
+    #: of batches shares one slab; None: over 1 MiB; absent from the JSON).
+    wide_bytes: int | None = None
     #: False: every loader waits for its workers (``LANCE_LIGHTNING_WORKER_HANDOFF=off``) instead of
     #: reading the first batches while they start (None: the default; absent from the JSON).
     handoff: bool | None = None
@@ -317,8 +320,10 @@ class Scenario:
 
 #: Fields of `Mixture` left out of the JSON of a mixture without a schedule.
 _SCHEDULE_FIELDS = ("schedule", "interpolate", "step_samples")
+#: ``wide_bytes`` when drawn: batches between `VIEW_BYTES` (64 KiB) and 1 MiB.
+SMALL_WIDE_BYTES = 96 * 1024
 #: Fields of `Scenario` left out of the JSON when None.
-_LATER_FIELDS = ("store", "replay", "prepare", "clips", "wide", "handoff")
+_LATER_FIELDS = ("store", "replay", "prepare", "clips", "wide", "handoff", "wide_bytes")
 #: Fields added to a part of `Scenario` later, left out of the JSON while at their default (so
 #: that every scenario written before them reads and writes the same line).
 _DEFAULTED_FIELDS = {
@@ -422,6 +427,8 @@ def generate(seed: int) -> Scenario:
     workers = scenario.topology.num_workers or scenario.resume.topology.num_workers
     if workers and packing is None and clips is None and random.Random(f"{seed}-wide").random() < 0.5:
         scenario = replace(scenario, wide=True)
+        if random.Random(f"{seed}-wide-bytes").random() < 0.5:
+            scenario = replace(scenario, wide_bytes=SMALL_WIDE_BYTES)
     if workers and random.Random(f"{seed}-handoff").random() < 0.3:
         scenario = replace(scenario, handoff=False)
     return _prepare(random.Random(f"{seed}-prepare"), scenario)

@@ -58,10 +58,11 @@ SHUFFLES = ("none", "shard", "row", "buffer")
 #: fragments, a row shuffle, ``limit_train_batches``, stopped at an epoch end, the replay probe.
 #: The soak's clip scenarios add the rest: mixtures, worker processes, DDP (seeds 7, 25 and 42).
 CLIP_SEEDS = [1017, 969]
-#: A seed of the default run whose scenario sends batches over 1 MiB (`tests.worker_probe.WidenRows`)
-#: from 2 worker processes per rank on 2 DDP ranks through shared-memory slabs, stopped by
-#: ``max_steps`` and resumed on 2 ranks.
-WIDE_SEED = 10
+#: Seeds of the default run whose scenarios send wide batches (`tests.worker_probe.WidenRows`) from 2
+#: worker processes per rank on 2 DDP ranks through shared-memory slabs: 10, batches over 1 MiB
+#: (a slab each), stopped by ``max_steps`` and resumed on 2 ranks; 189, batches of about 96 KiB
+#: (a worker's run shares a slab), the first batches read while the workers start.
+WIDE_SEEDS = {"over 1 MiB": 10, "96 KiB": 189}
 
 
 def _run(scenario: Scenario, root: Path) -> list[str]:
@@ -87,6 +88,7 @@ def test_sample(seed: int, tmp_path: Path) -> None:
 
 def test_sample_covers_the_options() -> None:
     scenarios = [generate(seed) for seed in SAMPLE_SEEDS]
+    wide = scenarios + [generate(seed) for seed in WIDE_SEEDS.values()]
     covered = {
         "ddp": any(s.uses_ddp for s in scenarios),
         "workers": any(s.topology.num_workers or s.resume.topology.num_workers for s in scenarios),
@@ -131,7 +133,8 @@ def test_sample_covers_the_options() -> None:
         "replay probe": any(s.replay is not None for s in scenarios),
         "prepare, then fit": any(s.prepare is not None for s in scenarios),
         "a killed prepare resumed by the fit": any(s.prepare is not None and s.prepare.kill for s in scenarios),
-        "batches over 1 MiB from workers (slabs)": any(s.wide for s in scenarios),
+        "batches over 1 MiB from workers (slabs)": any(s.wide and s.wide_bytes is None for s in wide),
+        "runs of 96 KiB batches from workers (one slab a run)": any(s.wide and s.wide_bytes for s in wide),
         "workers waited for (no hand-over)": any(s.handoff is False for s in scenarios),
         "first batches read while workers start": any(
             s.handoff is None and (s.topology.num_workers or s.resume.topology.num_workers) for s in scenarios
@@ -407,13 +410,14 @@ def test_oracle_reports_a_prepared_table_that_differs_or_a_second_prepare_that_c
 
 
 @pytest.mark.slow
-def test_wide_batch_sample(tmp_path: Path) -> None:
-    scenario = generate(WIDE_SEED)
+@pytest.mark.parametrize("seed", list(WIDE_SEEDS.values()), ids=list(WIDE_SEEDS))
+def test_wide_batch_sample(tmp_path: Path, seed: int) -> None:
+    scenario = generate(seed)
     assert scenario.wide and scenario.uses_ddp and scenario.topology.num_workers == 2
     try:
         failures = check(run_scenario(scenario, tmp_path))
     except Inapplicable as refused:  # a fixed seed must be one Lightning runs: else the slabs go unchecked
-        pytest.fail(f"seed {WIDE_SEED} draws a configuration Lightning refuses ({refused}): choose another seed")
+        pytest.fail(f"seed {seed} draws a configuration Lightning refuses ({refused}): choose another seed")
     assert not failures, _fails(scenario, failures)
 
 
