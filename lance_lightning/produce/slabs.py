@@ -2,15 +2,17 @@
 
 Guarantees:
 - In a `LanceDataLoader`'s worker process, a batch too large to travel inside its message
-  (`lance_lightning.produce.parcel`) is copied once into one of the worker's shared-memory slabs
-  and travels as a `SlabParcel`: the slab's handle the first time the slab is used, then only its
-  slot, with each tensor's key, dtype, shape and offset. A slab is made once and reused, so no
+  (`lance_lightning.produce.parcel`), or a run of small batches sent as one message
+  (`SlabRing.pack_run`), is copied once into one of the worker's shared-memory slabs and travels
+  as `SlabParcel`s: the slab's handle the first time the slab is used, then only its slot, with
+  each tensor's key, dtype, shape and offset. A slab is made once and reused, so no
   batch costs a fresh shared-memory allocation, its page faults, or torch's per-tensor handshake.
 - The training process unpickles a plain batch (same keys, values, dtypes, shapes; `Ragged`
   columns as `Ragged`) whose large tensors (`VIEW_BYTES` and more) are views of the slab: no copy
   on receipt; smaller ones are copied out, so a loop that keeps a batch's ids does not keep its
-  slab. The slab returns to its worker only when the last view of it is freed (a finalizer on the
-  batch's buffer), so a batch the training loop keeps is never overwritten.
+  slab. The slab returns to its worker only when the last view of it is freed (a finalizer on each
+  batch's buffer, counting down the batches of its message), so a batch the training loop keeps
+  is never overwritten.
 - A worker whose slots are all held (the loop keeps many batches), or whose slabs would pass
   `MAX_SLAB_BYTES`, sends the batch the way torch does (fresh shared memory per tensor): slower,
   never blocked, never wrong.
