@@ -74,7 +74,7 @@ def slab_run(shipments: list[Shipment]) -> list[Shipment]:
         return shipments
     run = list(shipments)
     for i, slab in zip(small, packed):
-        run[i] = run[i]._replace(batch=slab)
+        run[i] = Shipment(slab, run[i].stats, run[i].positions)
     return run
 
 
