@@ -170,8 +170,9 @@ print(sum(len(batch["id"]) for batch in dm.train_dataloader()))
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_process_that_exits_while_its_workers_start_exits_cleanly(uri: str) -> None:
-    """The epoch ends in this process before the workers are up; the exit waits for them and stops
-    them, so no worker fails to start after the process is gone (it printed tracebacks before)."""
+    """The epoch is read in this process before the workers are up and ends by starting them
+    (handing them nothing); the process then exits at once: no worker is left failing to start
+    after it is gone (the hand-over's first version printed their tracebacks)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_EXITS_WHILE_STARTING), uri],
