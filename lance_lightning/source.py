@@ -53,6 +53,7 @@ from lance_lightning.redaction import (
     redact_userinfo,
     secret_values,
 )
+from lance_lightning.version_ref import resolve_version
 
 #: The input formats `Prepare` (and ``lance-lightning prepare``) read (`lance_lightning.write`).
 PREPARE_FORMATS = ("imagefolder", "webdataset", "parquet", "hf", "videofolder", "audiofolder")
@@ -110,24 +111,28 @@ class LanceSource:
         uri: Local path or object-store URI (``s3://bucket/ds.lance``) of a Lance dataset.
         columns: Columns to read; ``None`` reads every column.
         filter: SQL predicate pushed down to Lance, e.g. ``"split = 'train'"``.
-        version: Dataset version to read; ``None`` pins the latest version at setup.
+        version: Dataset version to read: a number or a Lance tag name (``"release-1"``); ``None``
+            pins the latest version at setup. The number it names is pinned (`lance_lightning.version_ref`).
         storage_options: Object-store options passed to Lance (endpoint, region, credentials).
         prepare: Make the dataset at ``uri`` from raw files first, when it does not exist yet
             (`Prepare`; run by ``prepare_data``, once per node).
+        asof: Instead of ``version``: an ISO 8601 time; the latest version written at or before it.
     """
 
     uri: str
     columns: list[str] | None = None
     filter: str | None = None
-    version: int | None = None
+    version: int | str | None = None
     storage_options: dict[str, str] | None = None
     prepare: Prepare | None = None
+    asof: str | None = None
 
     def __repr__(self) -> str:
         return (
             f"LanceSource(uri={redact_config(self.uri)!r}, columns={self.columns!r}, filter={self.filter!r}, "
             f"version={self.version!r}, storage_options={redact_options(self.storage_options)!r}"
-            + (f", prepare={self.prepare!r})" if self.prepare is not None else ")")
+            + (f", prepare={self.prepare!r}" if self.prepare is not None else "")
+            + (f", asof={self.asof!r})" if self.asof is not None else ")")
         )
 
 
@@ -152,6 +157,8 @@ class PinnedSource:
     #: For a local copy of a remote source's matching rows (`lance_lightning.materialize.cache`):
     #: the source it stands for, whose identity it keeps (the same rows in the same order).
     stands_for: PinnedSource | None = field(default=None, repr=False)
+    #: How the config named the version, when not by its number (``"tag release-1"``): shown only.
+    pinned_by: str = field(default="", repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.location:
@@ -180,6 +187,11 @@ class PinnedSource:
     def _handle(self, reads: bool) -> tuple[tuple, dict[str, str] | None]:
         options = _read_options(self.location, self.storage_options) if reads else self.storage_options
         return (os.getpid(), _where(self.location), self.version, self.data_tag, _options_key(options)), options
+
+    @property
+    def version_shown(self) -> str:
+        """``version 3``, or ``version 3 (tag release-1)`` when the config named it so."""
+        return f"version {self.version}" + (f" ({self.pinned_by})" if self.pinned_by else "")
 
     def identity(self) -> dict[str, Any]:
         """Plain, credential-free description used in checkpointed cursors: ``data`` (the pinned
@@ -283,8 +295,10 @@ def pin_source(source: LanceSource, param: str) -> PinnedSource:
         raise ConfigError(f"{param}.uri", source.uri, "a source needs a dataset URI", "give a local path or s3:// URI")
     check_not_redacted(f"{param}.storage_options", source.storage_options)
     dataset = _open_latest(source, param)
-    if source.version is not None:
-        dataset = _checkout(dataset, source, param)
+    pinned_by = ""
+    if source.version is not None or source.asof is not None:
+        number, pinned_by = resolve_version(dataset, source.version, source.asof, param, source.uri)
+        dataset = dataset.checkout_version(number)
     schema_names = dataset.schema.names
     columns = tuple(source.columns) if source.columns is not None else tuple(schema_names)
     missing = [c for c in columns if c not in schema_names]
@@ -309,6 +323,7 @@ def pin_source(source: LanceSource, param: str) -> PinnedSource:
         data_tag=_data_tag(dataset),
         blob_columns=blob_columns(dataset.schema, columns),
         location=source.uri,
+        pinned_by=pinned_by,
     )
 
 
@@ -396,19 +411,6 @@ def _open_error(uri: str, param: str, text: str) -> ConfigError:
         f"the dataset could not be opened ({reason})",
         f"check the endpoint and region (environment or `{param}.storage_options`) and that the store is reachable",
     )
-
-
-def _checkout(dataset: lance.LanceDataset, source: LanceSource, param: str) -> lance.LanceDataset:
-    available = [v["version"] for v in dataset.versions()]
-    if source.version not in available:
-        shown = available if len(available) <= 20 else available[:5] + ["..."] + available[-5:]
-        raise ConfigError(
-            f"{param}.version",
-            source.version,
-            f"that version does not exist (or was cleaned up) at {source.uri}",
-            f"pick an existing version {shown}, or omit `version` to pin the latest",
-        )
-    return dataset.checkout_version(source.version)
 
 
 def _validate_filter(dataset: lance.LanceDataset, source: LanceSource, param: str) -> None:

@@ -3,7 +3,9 @@
 Guarantees:
 - `plan_at_cursor` plans the train split at the version (a plain source), the versions (a
   mixture's sources) or the materialized view the saved cursor was read at, where no version was
-  configured: a resume reads the rows the cursor counts, after the dataset moved on. Under a
+  configured as a number (a version named by a tag or ``asof`` is re-pinned to the number the
+  cursor holds, though the tag has moved since): a resume reads the rows the cursor counts, after
+  the dataset moved on. Under a
   trainer the split is planned here for the first time (``setup`` leaves it to the restore), so a
   resume surveys the data once. The data module then restores the cursor strictly
   (`lance_lightning.cursor.tracker.CursorTracker.restore`); with ``resume_data=False`` it is not
@@ -35,6 +37,7 @@ from lance_lightning.plan.contract import Plan
 from lance_lightning.plan.mixture import LanceMixture
 from lance_lightning.redaction import redact_userinfo
 from lance_lightning.source import LanceSource
+from lance_lightning.version_ref import names_a_number
 
 _GONE = "the checkpoint's data cursor was read at this version, which no longer exists"
 _FIX = "restore that version, or resume with `resume_data=False` to start the data epoch fresh"
@@ -64,7 +67,8 @@ def _repin_source(
 ) -> None:
     """Plan the train split at the version (or view) the cursor was read at, where that differs."""
     identity = current.source.identity() if current is not None else {"uri": redact_userinfo(configured.uri)}
-    target = repin_target(cursor, identity["uri"], identity.get("version"), configured.version, materialize is not None)
+    by_number = configured.version if names_a_number(configured.version) else None
+    target = repin_target(cursor, identity["uri"], identity.get("version"), by_number, materialize is not None)
     if target is not None and target[0] == "view":
         view = materialize.reopen(target[1])
         if view is not None:
@@ -86,7 +90,8 @@ def _repin_mixture(
         if current is not None
         else [{"uri": redact_userinfo(source.uri), "version": None} for source in mixture.sources]
     )
-    versions = repin_versions(cursor, identities, [source.version for source in mixture.sources])
+    by_number = [source.version if names_a_number(source.version) else None for source in mixture.sources]
+    versions = repin_versions(cursor, identities, by_number)
     if versions is None:
         return
     try:

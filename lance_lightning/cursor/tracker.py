@@ -128,9 +128,10 @@ class CursorTracker:
         if pending is None or (pending["rows_consumed"] == 0 and pending["steps"] == 0):
             return None
         unit, rows, start = self.plan.unit, self.plan.matched_rows, pending["rows_consumed"]
+        versions = ", ".join((source.stands_for or source).version_shown for source in self.plan.sources)
         line = (
             f"  resume: data epoch {pending['epoch']} at {unit} {start:,} of {rows:,} "
-            f"({pending['steps']:,} step(s) of trainer epoch {pending['trainer_epoch']} done)"
+            f"({versions}; {pending['steps']:,} step(s) of trainer epoch {pending['trainer_epoch']} done)"
         )
         if start >= rows:
             return line + ": finished; the next epoch is read whole"

@@ -127,7 +127,9 @@ class LanceMixture:
     def at_versions(self, versions: list[int | None]) -> LanceMixture:
         """This mixture with source ``j`` pinned to ``versions[j]`` (a resume re-pins the versions
         its checkpoint was read at)."""
-        sources = [replace(source, version=version) for source, version in zip(self.sources, versions, strict=True)]
+        sources = [
+            replace(source, version=version, asof=None) for source, version in zip(self.sources, versions, strict=True)
+        ]
         schedule, interpolate, step_samples = self.schedule_args
         return LanceMixture(
             sources,

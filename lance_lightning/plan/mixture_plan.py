@@ -210,14 +210,14 @@ class MixturePlan:
         if self.schedule is not None:
             for name, plan in zip(self.names, self.plans, strict=True):
                 src = plan.source
-                lines.append(f"  {name}: {src.uri} @ version {src.version}, {plan.matched_rows:,} {plan.unit}s")
+                lines.append(f"  {name}: {src.uri} @ {src.version_shown}, {plan.matched_rows:,} {plan.unit}s")
             lines += self.schedule.lines(self.names, self.matched_rows, self.block)
         else:
             total = sum(self.weights)
             for name, plan, weight, count in zip(self.names, self.plans, self.weights, self.counts):
                 src = plan.source
                 lines.append(
-                    f"  {name}: {src.uri} @ version {src.version}, {plan.matched_rows:,} {plan.unit}s, "
+                    f"  {name}: {src.uri} @ {src.version_shown}, {plan.matched_rows:,} {plan.unit}s, "
                     f"weight {weight / total:.4f}"
                     f" -> {count:,} per block ({count / self.block:.4f})"
                 )

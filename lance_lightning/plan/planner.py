@@ -175,7 +175,7 @@ class ReadPlan:
         order = self.order(0)
         src = self.source.stands_for or self.source
         lines = [
-            f"split '{self.split}': {src.uri} @ version {src.version}, columns {list(src.columns)}",
+            f"split '{self.split}': {src.uri} @ {src.version_shown}, columns {list(src.columns)}",
             *([f"  cache: {self.cache}"] if self.cache else []),
             f"  {'rows' if self.documents is None else 'documents'}: {self.matched_documents:,} of {src.total_rows:,}"
             + (f" match filter {src.filter!r} (selectivity {self.selectivity:.2%})" if src.filter else ""),
