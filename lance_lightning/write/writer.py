@@ -11,7 +11,11 @@ Guarantees:
 - Every unit is one Lance commit, in unit order (units are written in parallel, on threads,
   spawned processes or Ray tasks, and committed in order by the calling thread): the first an
   ``Overwrite`` that creates the dataset, the others an ``Append`` (a unit whose files were all
-  skipped commits no fragment). Each commit's transaction properties hold
+  skipped commits no fragment). Every unit's fragment files are written in Lance's append mode, so
+  each lists the field ids of the dataset's schema (blob columns included), whichever unit, pool
+  or rerun wrote it; before each commit the fragments are checked against the dataset (its schema,
+  its files' field ids) and a mismatch is refused (`IntegrityError`, nothing committed) rather
+  than committed as columns that read another column's data. Each commit's transaction properties hold
   the plan's fingerprint, the unit's index and its skipped files: the record of committed units is
   the dataset's own history, written in the same atomic commit as the unit's rows.
 - Complete only when the last commit, an ``UpdateConfig``, sets the ``lance_lightning.prepare``
@@ -22,6 +26,8 @@ Guarantees:
 - A rerun of the same prepare (same fingerprint) continues after the last committed unit; since
   units, ids and commit order do not depend on timing or workers, the result equals an
   uninterrupted run's, row for row and in order. On a complete output it writes nothing.
+- A partial output whose data files are numbered two ways (left by a version before issue #50
+  was fixed) is refused with a `ConfigError` saying to delete it.
 - An output that exists and is not this prepare's (another schema, another input, not a Lance
   dataset, not made by prepare) is refused with a `ConfigError` before anything is written.
 """
@@ -61,6 +67,9 @@ RECORDED_SKIPS = 1000
 #: Rows per fragment file at most: a unit normally fits one fragment.
 MAX_ROWS_PER_FILE = 1 << 20
 
+#: A unit's written fragments: an ``Overwrite`` when written before the staging dataset existed
+#: (holding the schema Lance numbered them by), else an ``Append``.
+Written = LanceOperation.Overwrite | LanceOperation.Append
 #: Reads one unit's rows: (survey, unit, skipped list to append to, on_bad_file) -> record batches.
 UnitReader = Callable[[Survey, Unit, list[Skipped], str], Any]
 
@@ -107,6 +116,11 @@ class DatasetWriter:
             return Progress(self.staging)
         if not _same_schema(partial.schema, self.survey.schema):
             raise self._refusal(partial, {}, self.staging)
+        try:
+            data_file_fields(partial)
+        except IntegrityError as error:
+            problem = str(error).removeprefix(f"{partial.uri} ")
+            raise ConfigError("output", self.staging, problem, "delete it and prepare again") from None
         record = _record(partial)
         if record.get("fingerprint") == self.fingerprint:
             return Progress(self.staging, complete=True, record=record)
@@ -199,9 +213,13 @@ class DatasetWriter:
 
     def write_unit(
         self, unit: Unit, read: UnitReader, on_bad_file: str, on_rows: Callable[[int], None] | None
-    ) -> tuple[LanceOperation.Overwrite, list[Skipped]]:
-        """Write one unit's rows as fragment files (not yet part of any version): the operation that
-        would create a dataset of them (its schema as Lance stores it, blob columns included)."""
+    ) -> tuple[Written, list[Skipped]]:
+        """Write one unit's rows as fragment files (not yet part of any version), in Lance's append
+        mode: numbered by the staging dataset's schema when it exists, else as the dataset that unit
+        0 creates would number them (an ``Overwrite`` holding that schema; `commit` checks it is the
+        dataset's). Never Lance's overwrite mode on an existing dataset: that numbers the fields anew
+        and stores blob columns another way, so every column after a blob would be read from
+        another column's data (issue #50)."""
         skipped: list[Skipped] = []
         failed: list[Exception] = []
 
@@ -222,7 +240,7 @@ class DatasetWriter:
                 self.staging,
                 schema=self.survey.schema,
                 return_transaction=True,
-                mode="overwrite",
+                mode="append",
                 max_rows_per_file=MAX_ROWS_PER_FILE,
                 storage_options=self.storage_options,
             )
@@ -232,17 +250,22 @@ class DatasetWriter:
             raise
         return transaction.operation, skipped
 
-    def commit(self, unit: Unit, written: LanceOperation.Overwrite, skipped: list[Skipped]) -> None:
-        """Commit one unit: its rows and its record, in one transaction."""
+    def commit(self, unit: Unit, written: Written, skipped: list[Skipped]) -> None:
+        """Commit one unit: its rows and its record, in one transaction; first check its fragments
+        are numbered as the dataset (`IntegrityError` otherwise: nothing is committed)."""
         properties = {
             PLAN_KEY: self.fingerprint,
             UNIT_KEY: str(unit.index),
             SKIPPED_KEY: json.dumps([[s.path, s.reason] for s in skipped]),
         }
         if unit.index == 0:
+            if not isinstance(written, LanceOperation.Overwrite):
+                raise IntegrityError(f"unit 0 was written into an existing dataset at {self.staging}")
             operation, version = written, 0
         else:
-            operation, version = LanceOperation.Append(written.fragments), self._latest().version
+            dataset = self._latest()
+            _check_numbering(dataset, written, unit)
+            operation, version = LanceOperation.Append(written.fragments), dataset.version
         lance.LanceDataset.commit(
             self.staging,
             Transaction(version, operation, transaction_properties=properties),
@@ -325,6 +348,45 @@ class _RayFuture(Future):
     def cancel(self) -> bool:
         self._ray.cancel(self._ref)
         return True
+
+
+class IntegrityError(RuntimeError):
+    """A unit's fragment files are not numbered as the dataset they were to join: nothing of the
+    unit was committed (the output stays resumable); a defect of lance-lightning, to report."""
+
+
+def _check_numbering(dataset: lance.LanceDataset, written: Written, unit: Unit) -> None:
+    """Refuse (`IntegrityError`) fragments whose field ids are not the dataset's: written against
+    another schema than the dataset's, or whose data files list other fields than its files do."""
+    if isinstance(written, LanceOperation.Overwrite) and written.new_schema != dataset.lance_schema:
+        raise IntegrityError(
+            f"unit {unit.index} was written with another schema than the dataset's at {dataset.uri}: "
+            "not committed (rerun to retry; report this as a lance-lightning defect)"
+        )
+    expected = data_file_fields(dataset)
+    for fragment in written.fragments:
+        for data_file in fragment.files:
+            if expected is not None and list(data_file.fields) != expected:
+                raise IntegrityError(
+                    f"unit {unit.index}'s data file lists the field ids {list(data_file.fields)}, the dataset's "
+                    f"files at {dataset.uri} {expected}: not committed (rerun to retry; report this defect)"
+                )
+
+
+def data_file_fields(dataset: lance.LanceDataset) -> list[int] | None:
+    """The field ids the data files of a prepared dataset list (every file holds every column), or
+    None if it has no data file yet; `IntegrityError` if its files disagree (a corrupt dataset)."""
+    seen = {tuple(f.fields) for fragment in dataset.get_fragments() for f in fragment.metadata.files}
+    if len(seen) > 1:
+        raise IntegrityError(f"{dataset.uri} {MISNUMBERED} {sorted(seen)}")
+    return list(seen.pop()) if seen else None
+
+
+#: What a dataset whose data files list different field ids is.
+MISNUMBERED = (
+    "holds data files numbered two ways (some columns read another column's data: written by "
+    "lance-lightning before issue #50 was fixed); their field ids:"
+)
 
 
 def _record(dataset: lance.LanceDataset) -> dict[str, Any]:

@@ -117,3 +117,28 @@ def test_the_prepare_command_imports_neither_lightning_nor_torch() -> None:
         packages_imported_by(["lance_lightning.cli.prepare", "lance_lightning.write.prepare"], ("lightning", "torch"))
         == []
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed", [False, True])
+def test_videofolder_of_several_units_reads_back_as_its_files(tmp_path: Path, killed: bool) -> None:
+    """Issue #50's reproduction: two class folders of three 3 KB ``.mp4`` files, ``--unit-files 2
+    --workers 1`` (units written after the dataset exists), also SIGKILLed after the first commit and
+    rerun: every column of every row equals the input files' (the oracle), blob bytes included."""
+    from tests.unit.write.test_prepare_blobs import class_folder
+
+    expected = [
+        {"id": r["id"], "video": r["blob"], **{k: r[k] for k in ("label", "label_name", "path")}}
+        for r in class_folder(tmp_path / "raw", ".mp4")
+    ]
+    args = ["--format", "videofolder", "--input", str(tmp_path / "raw"), "--output", str(tmp_path / "v.lance")]
+    args += ["--unit-files", "2", "--workers", "1"]
+    if killed:
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        run = subprocess.run([sys.executable, str(KILLER), "commit:1", "cli", *args], env=env, capture_output=True)
+        assert run.returncode == -signal.SIGKILL, run.stderr.decode()[-2000:]
+    code, output = run_cli_process(["prepare", *args], tmp_path)
+    assert code == 0 and "6 rows in 3 units" in output and "0 files skipped" in output, output
+    assert ("resumed after 1 of 3 units" in output) == killed, output
+    got = lance.dataset(str(tmp_path / "v.lance")).to_table(blob_handling="all_binary").to_pylist()
+    assert got == expected
