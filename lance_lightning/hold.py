@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import shlex
 import time
 import warnings
 from collections.abc import Iterable
@@ -41,6 +40,7 @@ from typing import Any
 import lance
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.launch import tool_command
 from lance_lightning.redaction import redact_text, secret_values
 from lance_lightning.source import PinnedSource
 
@@ -191,15 +191,14 @@ def _delete_tag(source: PinnedSource, tag: str) -> None:
     except Exception as error:  # noqa: BLE001 - leaving a tag behind must not fail a finished fit
         warnings.warn(
             f"could not remove the Lance tag {tag!r} from {source.uri} ({_first_line(error, source)}): version "
-            f"{source.version} stays held; remove it with `lance-lightning holds {source.uri} --release {tag}`",
+            f"{source.version} stays held; remove it with `{release_command(source, tag)}`",
             stacklevel=2,
         )
 
 
 def release_command(source: PinnedSource, tag: str | None = None) -> str:
     """The command that removes ``tag`` (all of this package's tags without one) from ``source``'s dataset."""
-    words = ["lance-lightning", "holds", source.uri, "--release", *([tag] if tag else [])]
-    command = shlex.join(words)
+    command = tool_command(["holds", source.uri, "--release", *([tag] if tag else [])])
     if source.storage_options:
         command += " --storage-option KEY=VALUE ..."  # the store's options, never printed
     return command

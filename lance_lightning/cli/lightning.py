@@ -52,6 +52,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lance_lightning.cli.parser import OneScreenParser
 from lance_lightning.errors import ConfigError
+from lance_lightning.launch import launched_with, shown_path
 from lance_lightning.lifetime import SIGTERM_EXIT_STATUS, exit_on_sigterm
 from lance_lightning.plan.mixture import LanceMixture
 from lance_lightning.preflight import check_checkpoint_file, check_writable
@@ -163,7 +164,7 @@ class LanceLightningCLI(LightningCLI):
             raised.append(f"--trainer.max_epochs={epochs + 1}")
         if not reached and trainer.limit_train_batches == 0:
             reached.append("limit_train_batches=0")
-        shown = _shown_path(checkpoint)
+        shown = shown_path(checkpoint)
         if raised:
             why = " and ".join(reached)
             done = f"the run in {shown} is complete: it trained {steps} step(s) in {epochs} epoch(s), and {why} "
@@ -198,59 +199,9 @@ def resume_command(argv: list[str] | None, checkpoint: str, extra: list[str] | N
             skip = True
         elif not arg.startswith("--ckpt_path="):
             kept.append(arg)
-    program = _launched_with(sys.argv[1:] if argv == sys.argv[1:] else None)
-    words = [*redact_command(program), *redact_command(kept), *(extra or []), "--ckpt_path", _shown_path(checkpoint)]
+    program = launched_with(sys.argv[1:] if argv == sys.argv[1:] else None)
+    words = [*redact_command(program), *redact_command(kept), *(extra or []), "--ckpt_path", shown_path(checkpoint)]
     return shlex.join(words)
-
-
-def _launched_with(arguments: list[str] | None) -> list[str]:
-    """The words before the arguments that started this command, to run it again from the same
-    directory: ``uv run [its options] <program>`` when ``uv run`` started this process with
-    ``arguments`` (the parent's command line, on Linux; elsewhere the ``UV`` variable that ``uv run``
-    sets), else the program."""
-    parent = _parent_command()
-    if arguments and parent and Path(parent[0]).name in ("uv", "uv.exe") and "run" in parent[1:]:
-        if len(parent) > len(arguments) and parent[-len(arguments) :] == arguments:
-            prefix = parent[: len(parent) - len(arguments)]
-            uv = shutil.which("uv")
-            if uv and os.path.exists(prefix[0]) and os.path.samefile(uv, prefix[0]):
-                prefix[0] = "uv"
-            return prefix
-    if parent is None and arguments and os.environ.get("UV") and os.environ.get("UV_RUN_RECURSION_DEPTH"):
-        return ["uv", "run", *_program()]
-    return _program()
-
-
-def _parent_command() -> list[str] | None:
-    """The parent process's command line (Linux ``/proc``), or None where it cannot be read."""
-    try:
-        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return [word.decode(errors="replace") for word in raw.split(b"\0")[:-1]]
-
-
-def _program() -> list[str]:
-    """How to start ``lance-lightning`` from here: its name when ``PATH`` finds this installation's
-    script, else the script's path, or ``python -m lance_lightning.cli``."""
-    found = shutil.which("lance-lightning")
-    started = sys.argv[0] if sys.argv else ""
-    if Path(started).name == "lance-lightning":
-        if os.sep not in started or (found and os.path.exists(started) and os.path.samefile(found, started)):
-            return ["lance-lightning"]
-        return [_shown_path(started)]
-    if found and os.path.samefile(Path(found).parent, Path(sys.executable).parent):
-        return ["lance-lightning"]
-    python = shutil.which("python")  # the same path, not only the same binary: a venv's python is a link
-    same = python is not None and os.path.abspath(python) == os.path.abspath(sys.executable)
-    return ["python" if same else sys.executable, "-m", "lance_lightning.cli"]
-
-
-def _shown_path(path: str) -> str:
-    """``path`` relative to the current directory when it lies inside it, else absolute."""
-    absolute = os.path.abspath(path)
-    relative = os.path.relpath(absolute, os.getcwd())
-    return absolute if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
 
 
 class _TrainStarted(Callback):

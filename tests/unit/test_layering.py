@@ -25,8 +25,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "lance_lightning"
 STAGES: list[tuple[str, ...]] = [
     ("redaction",),
     ("errors",),
-    ("checks", "vocabulary", "lifetime", "preflight"),
+    ("checks", "vocabulary", "lifetime", "preflight", "launch"),
     ("metrics",),
+    ("version_ref",),  # which version a source names (a number, a tag, a moment)
     ("source",),
     ("media",),  # what a clip is (samplers) and how it decodes (PyAV): plan counts clips, read decodes them
     ("plan",),
