@@ -10,7 +10,10 @@ Guarantees:
   loaded whole by a scan); images are plain binary, which reads faster for small files.
 - A file at the top level, or one whose extension is not the format's, is refused (`ConfigError`
   naming it) at survey time, before anything is written. A file that cannot be read, is empty or
-  (for images) does not decode is skipped and listed, or refused, by ``on_bad_file``.
+  (for images) does not decode whole is skipped and listed, or refused, by ``on_bad_file``: every
+  image is decoded fully (PIL ``verify()`` then ``load()``) and a PNG or GIF must keep its end
+  marker, so an image cut short at any byte (a JPEG whose scan stops halfway included) is never
+  kept as a good row.
 """
 
 from __future__ import annotations
@@ -117,7 +120,9 @@ class ClassFolder:
         return None
 
     def _check(self, data: bytes) -> str | None:
-        """Why ``data`` is not a valid file of this format (images: PIL's verify), or None."""
+        """Why ``data`` is not a valid file of this format, or None. Images are decoded whole (PIL's
+        ``load()``, after ``verify()`` checked the structure and checksums) and must end with their
+        format's end marker: a file cut short anywhere is caught, as training would find it."""
         if self.column != "image":
             return None  # video/audio: decoding needs FFmpeg; only unreadable or empty files are caught
         from PIL import Image, UnidentifiedImageError
@@ -125,9 +130,22 @@ class ClassFolder:
         try:
             with Image.open(io.BytesIO(data)) as image:
                 image.verify()
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+            with Image.open(io.BytesIO(data)) as image:
+                image.load()  # raises on a truncated scan (LOAD_TRUNCATED_IMAGES is False unless a user set it)
+                kind = image.format
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as error:
             return f"is not a readable image ({str(error).split(' <')[0]})"  # without the buffer's address
+        if kind in _END_MARKERS and not _END_MARKERS[kind](data):
+            return f"is not a readable image (a {kind} file cut short: its end marker is missing)"
         return None
+
+
+#: Formats whose files end with a marker that a whole-image decode does not need: PNG's ``IEND``
+#: chunk (with its checksum), GIF's trailer byte.
+_END_MARKERS = {
+    "PNG": lambda data: b"IEND\xaeB`\x82" in data,
+    "GIF": lambda data: data.rstrip(b"\0").endswith(b";"),
+}
 
 
 IMAGE_FOLDER = ClassFolder(
