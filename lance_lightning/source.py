@@ -7,7 +7,9 @@ Guarantees:
 - `pin_source` opens the dataset once in the calling (main) process, pins the version (the latest
   at setup unless one is given) and validates URI, version, columns and filter (the filter's scan
   is planned, no data read). Every failure is a `ConfigError` naming the parameter, the value and
-  the fix.
+  the fix. A dataset written by a ``prepare`` that did not finish (its last commit a unit's, its
+  completion record missing: an interrupted prepare to an object store, or a local ``OUT.partial``)
+  is refused, naming the URI and both fixes (rerun the prepare, or ``allow_incomplete: true``).
 - A `PinnedSource` is small and picklable. Each process opens it lazily, at most once, and always
   at the pinned version, so new versions written during training never change what a run reads.
   A dataset deleted and written again at the same path (its versions restart at 1) is a new
@@ -54,6 +56,11 @@ from lance_lightning.redaction import (
     secret_values,
 )
 from lance_lightning.version_ref import resolve_version
+
+#: Dataset config key a prepare sets in its last commit: its completion record (`lance_lightning.write`).
+PREPARE_DONE_KEY = "lance_lightning.prepare"
+#: Transaction property of each of a prepare's unit commits: the plan's fingerprint.
+PREPARE_PLAN_KEY = "lance_lightning.prepare.plan"
 
 #: The input formats `Prepare` (and ``lance-lightning prepare``) read (`lance_lightning.write`).
 PREPARE_FORMATS = ("imagefolder", "webdataset", "parquet", "hf", "videofolder", "audiofolder")
@@ -117,6 +124,9 @@ class LanceSource:
         prepare: Make the dataset at ``uri`` from raw files first, when it does not exist yet
             (`Prepare`; run by ``prepare_data``, once per node).
         asof: Instead of ``version``: an ISO 8601 time; the latest version written at or before it.
+        allow_incomplete: Read a dataset whose ``prepare`` was interrupted (its units committed so
+            far, without the completion record). By default such a dataset is refused at setup:
+            rerun the prepare to finish it.
     """
 
     uri: str
@@ -126,13 +136,15 @@ class LanceSource:
     storage_options: dict[str, str] | None = None
     prepare: Prepare | None = None
     asof: str | None = None
+    allow_incomplete: bool = False
 
     def __repr__(self) -> str:
         return (
             f"LanceSource(uri={redact_config(self.uri)!r}, columns={self.columns!r}, filter={self.filter!r}, "
             f"version={self.version!r}, storage_options={redact_options(self.storage_options)!r}"
             + (f", prepare={self.prepare!r}" if self.prepare is not None else "")
-            + (f", asof={self.asof!r})" if self.asof is not None else ")")
+            + (f", asof={self.asof!r}" if self.asof is not None else "")
+            + (", allow_incomplete=True)" if self.allow_incomplete else ")")
         )
 
 
@@ -299,6 +311,7 @@ def pin_source(source: LanceSource, param: str) -> PinnedSource:
     if source.version is not None or source.asof is not None:
         number, pinned_by = resolve_version(dataset, source.version, source.asof, param, source.uri)
         dataset = dataset.checkout_version(number)
+    _check_complete(dataset, source, param)
     schema_names = dataset.schema.names
     columns = tuple(source.columns) if source.columns is not None else tuple(schema_names)
     missing = [c for c in columns if c not in schema_names]
@@ -324,6 +337,32 @@ def pin_source(source: LanceSource, param: str) -> PinnedSource:
         blob_columns=blob_columns(dataset.schema, columns),
         location=source.uri,
         pinned_by=pinned_by,
+    )
+
+
+def _check_complete(dataset: lance.LanceDataset, source: LanceSource, param: str) -> None:
+    """Refuse a version written by a prepare that did not finish: its last commit is a unit's (it
+    holds the plan's fingerprint) and the completion record is missing; unless ``allow_incomplete``."""
+    check_choice(
+        f"{param}.allow_incomplete", source.allow_incomplete, (False, True), "is not a boolean", "true or false"
+    )
+    if source.allow_incomplete or PREPARE_DONE_KEY in dataset.config():
+        return
+    try:
+        transaction = dataset.read_transaction(dataset.version)
+    except (ValueError, OSError):  # no transaction file (an old dataset): nothing says it is a prepare's
+        return
+    if PREPARE_PLAN_KEY not in ((transaction.transaction_properties or {}) if transaction is not None else {}):
+        return
+    raise ConfigError(
+        f"{param}.uri",
+        source.uri,
+        f"was written by a prepare that did not finish (version {dataset.version} holds only the "
+        f"{dataset.count_rows():,} rows committed so far; the completion record, dataset config key "
+        f"`{PREPARE_DONE_KEY}`, is missing)",
+        "rerun the same prepare (`lance-lightning prepare` with the same --format, --input and --output, "
+        "or the source's `prepare` spec) to finish it, or set `allow_incomplete: true` on the source "
+        "to read the rows committed so far",
     )
 
 

@@ -52,16 +52,14 @@ from lance import LanceOperation, Transaction
 from lance.fragment import write_fragments
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.source import PREPARE_DONE_KEY, PREPARE_PLAN_KEY
 from lance_lightning.write.units import Skipped, Survey, Unit
 
-#: Dataset config key of a complete prepare (JSON: fingerprint, format, input, rows, skipped).
-DONE_KEY = "lance_lightning.prepare"
+#: Dataset config key of a complete prepare (JSON: fingerprint, format, input, rows, skipped); a
+#: reader refuses a prepared dataset without it (`lance_lightning.source.pin_source`).
+DONE_KEY = PREPARE_DONE_KEY
 #: Transaction properties of a unit's commit.
-PLAN_KEY, UNIT_KEY, SKIPPED_KEY = (
-    "lance_lightning.prepare.plan",
-    "lance_lightning.prepare.unit",
-    "lance_lightning.prepare.skipped",
-)
+PLAN_KEY, UNIT_KEY, SKIPPED_KEY = PREPARE_PLAN_KEY, "lance_lightning.prepare.unit", "lance_lightning.prepare.skipped"
 #: Skipped files kept in the completion record (the report counts them all).
 RECORDED_SKIPS = 1000
 #: Rows per fragment file at most: a unit normally fits one fragment.
