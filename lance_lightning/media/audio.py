@@ -5,13 +5,19 @@ Guarantees:
   2 = stereo, mixed by FFmpeg's resampler) starting at output sample
   ``round(fraction * (total - count))``, where ``total`` is the stream's length at
   ``sample_rate``: ``start = fraction * (duration - seconds)`` rounded to that rate's sample grid.
-  ``start`` is in seconds from the stream's start. A window longer than the stream raises
-  `BadMedia` before anything is decoded.
-- The samples are exactly (bit for bit) those of the whole stream decoded and resampled with
-  ``av.AudioResampler(format="fltp", layout=..., rate=sample_rate)`` at the same indices: decoding
-  starts at a source sample on the grid both rates share (so the resampler's phase matches) and
-  far enough before the window that the resampling filter has warmed up; earlier samples of the
-  first decoded frame are cut off by their timestamps.
+  ``start`` is in seconds from the stream's start, which is the whole-stream decode's first
+  sample (after an MP3's encoder delay, an AAC's priming samples, an Opus pre-skip). A window
+  longer than the stream raises `BadMedia` before anything is decoded.
+- The samples are those of the whole stream decoded and resampled with
+  ``av.AudioResampler(format="fltp", layout=..., rate=sample_rate)`` at the same indices, within
+  `tolerance` of the codec: bit for bit for PCM (WAV) and lossless codecs (FLAC, ...); MP3 1e-3,
+  Opus 5e-3, AAC 0.05 (its noise-coded bands are random in the decoder; see `TOLERANCE`), at
+  every window start including the first and the last. Decoding starts `preroll` before the
+  window (lossy decoders: 0.1 s for MP3 and AAC, 0.2 s for Opus), below the stream's start when
+  the window is near it (the encoder's priming frames are decoded and discarded as in a
+  whole-stream decode), and on a source sample on the grid both rates share (so the resampler's
+  phase matches), far enough before the window that the resampling filter has warmed up; what
+  comes before the window is cut off by the frames' timestamps.
 - It seeks to the frame at or before that sample (`decode_from`) and stops decoding once the
   window is full; a stream that ends first, or any PyAV/FFmpeg error, raises `BadMedia`.
 """
@@ -33,6 +39,43 @@ from lance_lightning.errors import BadMedia
 from lance_lightning.media.containers import OpenAudio, decode_from
 
 LAYOUTS = {1: "mono", 2: "stereo"}
+#: Decoders whose output is exact: a window equals the whole-stream decode bit for bit.
+LOSSLESS = ("flac", "alac", "wavpack", "tta", "ape", "truehd", "mlp")
+#: Largest absolute difference (samples in [-1, 1]) of a window against the whole-stream decode
+#: resampled the same way, per lossy decoder family (measured on `tests/media_corpus.py`, 21
+#: windows a file: MP3 0, Opus 6e-4, AAC 0.037). MP3 converges exactly after `PREROLL_SECONDS`;
+#: Opus nearly; AAC regenerates the bands its encoder coded as noise (PNS) from the decoder's
+#: random state, which depends on every frame decoded since the start: those samples differ
+#: with the same energy (AAC without PNS is exact), by up to the noise's own amplitude.
+TOLERANCE = {"mp3": 1e-3, "aac": 0.05, "opus": 5e-3}
+#: The tolerance of a lossy codec not listed (not measured: as AAC's).
+DEFAULT_TOLERANCE = 0.05
+#: Seconds decoded and discarded before a window, per decoder family: MP3's frames reach back
+#: into earlier frames' bytes (the bit reservoir, up to 511 bytes: several frames at low bit
+#: rates) and overlap the previous frame; AAC's overlap the previous frame; Opus needs at least
+#: 80 ms (RFC 7845; 80 ms left differences up to 0.018 on the corpus, 200 ms 6e-4).
+PREROLL_SECONDS = {"mp3": 0.1, "aac": 0.1, "opus": 0.2}
+#: Pre-roll of a lossy codec not listed above.
+DEFAULT_PREROLL_SECONDS = 0.2
+
+
+def _family(codec: str) -> str | None:
+    return next((name for name in TOLERANCE if name in codec), None)  # mp3float, libopus, ...
+
+
+def tolerance(codec: str) -> float:
+    """How far a window of ``codec`` (an FFmpeg decoder or encoder name) may be from the
+    whole-stream decode: 0.0 for PCM and lossless codecs, `TOLERANCE` for lossy ones."""
+    if codec.startswith("pcm_") or codec in LOSSLESS:
+        return 0.0
+    return TOLERANCE.get(_family(codec), DEFAULT_TOLERANCE)
+
+
+def preroll(codec: str, source_rate: int) -> int:
+    """Source samples decoded and discarded before a window of ``codec`` (0 when lossless)."""
+    if tolerance(codec) == 0.0:
+        return 0
+    return math.ceil(PREROLL_SECONDS.get(_family(codec), DEFAULT_PREROLL_SECONDS) * source_rate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,10 +111,13 @@ def decode_audio_clip(opened: OpenAudio, fraction: float, seconds: float, sample
     unit = source_rate // math.gcd(source_rate, sample_rate)
     begin = max(0, (first * source_rate - _warmup(source_rate, sample_rate) * sample_rate) // (unit * sample_rate))
     begin *= unit
+    # Lossy decoders need frames before ``begin`` decoded and thrown away (`preroll`).
+    # Below 0 (before the stream's start): the encoder's priming frames are decoded too.
+    seek_at = begin - preroll(opened.stream.codec_context.name, source_rate)
     window = _Window(np.empty((channels, count), np.float32), first)
     resampler = av.AudioResampler(format="fltp", layout=LAYOUTS[channels], rate=sample_rate)
     try:
-        with contextlib.closing(decode_from(opened, opened.start_time + (begin + 0.5) / source_rate)) as decoded:
+        with contextlib.closing(decode_from(opened, opened.start_time + (seek_at + 0.5) / source_rate)) as decoded:
             for frame in decoded:
                 if frame.pts is None:
                     raise BadMedia("a decoded audio frame has no timestamp")

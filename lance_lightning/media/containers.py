@@ -3,7 +3,10 @@
 Guarantees:
 - `open_video` / `open_audio` parse a file's headers once (for MP4, the ``moov`` index) and
   return an `OpenVideo` / `OpenAudio` holding the container, its first video/audio stream, the
-  stream's rate, length and time base, and the file object. They take the file: ``close()``
+  stream's rate, length and time base, and the file object. A video's length and times are its
+  own stream's, from its frame index (`lance_lightning.media.frame_index`: every frame's time,
+  taken once), never the container's duration; an audio stream's start is its own
+  ``start_time`` (after the encoder's delay: the whole-stream decode's first sample). They take the file: ``close()``
   closes the container and then the file, and is safe to call twice (a failed open leaves the
   file open, the caller's).
 - The file object only needs ``read``, ``seek``, ``tell`` (a ``lance.BlobFile``, an
@@ -15,7 +18,8 @@ Guarantees:
   ``read`` passes through unchanged (it is I/O, not media). `BadMedia` pickles with its reason.
 - `decode_from` yields a stream's frames decoded forward from the keyframe at or before a time,
   never starting after it (unless the stream starts after it); it seeks back further only if the
-  demuxer lands too late.
+  demuxer lands too late, never to a negative timestamp (AVI: FFmpeg refuses it) nor more than
+  a second before the stream's start.
 - `MediaPool` keeps at most ``capacity`` open media keyed by the caller's hashable keys, least
   recently checked in evicted (and closed) first. ``checkout`` removes an entry, so one thread
   uses it at a time; one lock guards the map and nothing is closed while it is held.
@@ -35,9 +39,11 @@ from typing import Any, BinaryIO
 
 import av
 import av.error
+import numpy as np
 from av.video.reformatter import VideoReformatter
 
 from lance_lightning.errors import BadMedia
+from lance_lightning.media.frame_index import frame_index
 
 #: PyAV's AVIO buffer over the file object (its largest read). On a 600-frame 128x128 H.264 MP4 a
 #: 16-frame clip reads ~43 KB with 4 KiB or 16 KiB (7 or 3 reads); bigger buffers save reads but
@@ -57,6 +63,8 @@ class OpenMedia:
     start_pts: int
     start_time: float
     duration: float
+    #: The lowest timestamp a seek goes to (`seek_floor`).
+    seek_floor: int
 
     def close(self) -> None:
         """Close the container, then the file object; a second call does nothing."""
@@ -69,14 +77,19 @@ class OpenMedia:
 @dataclasses.dataclass(eq=False)
 class OpenVideo(OpenMedia):
     fps: float
-    #: Frames in the stream (the header's count, else duration * fps).
-    frames: int
+    #: Every frame's presentation time in ``time_base`` units, sorted (`frame_index`).
+    frame_pts: np.ndarray
     height: int
     width: int
     #: Converts this video's frames to RGB (and resizes), reused for every frame: one converter
     #: per open video, on the decoding thread (PyAV makes one per frame otherwise, each starting a
     #: pool of threads: 17 of a 128x128 clip's 20 ms).
     reformatter: Any = dataclasses.field(default_factory=VideoReformatter)
+
+    @property
+    def frames(self) -> int:
+        """Frames in the stream: those a whole-stream decode gives."""
+        return len(self.frame_pts)
 
 
 @dataclasses.dataclass(eq=False)
@@ -87,26 +100,26 @@ class OpenAudio(OpenMedia):
 
 
 def open_video(file: BinaryIO) -> OpenVideo:
-    """The first video stream of ``file``, headers parsed; `BadMedia` when there is none."""
-    container, stream, times = _open_stream(file, "video", {})
+    """The first video stream of ``file``, headers parsed and its frames indexed
+    (`lance_lightning.media.frame_index`); `BadMedia` when there is none."""
+    container, stream, _ = _open_stream(file, "video", {})
     try:
         fps = stream.average_rate or stream.guessed_rate
         if not fps:
             raise BadMedia("the video stream has no frame rate")
-        start_pts, start_time, duration = times
-        frames = stream.frames or round(duration * fps)
-        if frames <= 0:
-            raise BadMedia("the video stream has no frames")
+        index = frame_index(container, stream)
+        start_pts = int(index[0])  # the first frame's time, not the container's start
         return OpenVideo(
             container=container,
             stream=stream,
             file=file,
             time_base=stream.time_base,
             start_pts=start_pts,
-            start_time=start_time,
-            duration=duration or frames / float(fps),
+            start_time=float(start_pts * stream.time_base),
+            duration=len(index) / float(fps),
+            seek_floor=seek_floor(stream, start_pts),
             fps=float(fps),
-            frames=frames,
+            frame_pts=index,
             height=stream.codec_context.height,
             width=stream.codec_context.width,
         )
@@ -128,6 +141,8 @@ def open_audio(file: BinaryIO) -> OpenAudio:
         if not rate or not duration:
             raise BadMedia("the audio stream has no sample rate or no known duration")
         samples = round(duration * rate)
+        if "ogg" in container.format.name.split(","):
+            samples -= stream.codec_context.delay  # Ogg's duration counts the pre-skip the decoder drops
         return OpenAudio(
             container=container,
             stream=stream,
@@ -136,6 +151,7 @@ def open_audio(file: BinaryIO) -> OpenAudio:
             start_pts=start_pts,
             start_time=start_time,
             duration=duration,
+            seek_floor=seek_floor(stream, start_pts),
             sample_rate=rate,
             samples=samples,
         )
@@ -181,22 +197,38 @@ def decode_from(opened: OpenMedia, seconds: float) -> Iterator[Any]:
 
     The first frame yielded starts at or before ``seconds`` (or is the stream's first). A demuxer
     that lands after the time, or past the last keyframe (MPEG-TS seeks by decode times and lands
-    on the next keyframe), is asked again for a point 1, 2, 4... seconds earlier, down to a second
-    before the stream's start."""
+    on the next keyframe), is asked again for a point 1, 2, 4... seconds earlier, down to
+    ``opened.seek_floor`` (`seek_floor`)."""
+    lowest = opened.seek_floor
     seek_to, back = seconds, 1.0
     while True:
         ticks = math.floor((Fraction(seek_to) - Fraction(opened.start_time)) / opened.time_base) + opened.start_pts
+        ticks = max(ticks, lowest)
         opened.container.seek(ticks, stream=opened.stream, backward=True, any_frame=False)
         frames = opened.container.decode(opened.stream)
         first = next(frames, None)
         if first is not None and first.time is None:
             raise BadMedia("a decoded frame has no timestamp")
         landed = first is not None and first.time <= seconds  # none: it landed past the last keyframe
-        if landed or seek_to < opened.start_time - 1.0:
+        if landed or ticks <= lowest:
             if first is not None:
                 yield from itertools.chain((first,), frames)
             return
         seek_to, back = seek_to - back, back * 2
+
+
+def seek_floor(stream: Any, start_pts: int) -> int:
+    """The lowest timestamp to seek ``stream`` to: its index's first (MP4's AAC priming packet
+    lies before the start and must be decoded for the first samples to be right), else a second
+    before the stream's start (MPEG-TS seeks by decode times, which begin before the
+    presentation times) but never a negative timestamp unless the stream starts below 0 (AVI has
+    none before its first frame: FFmpeg refuses the seek with "Operation not permitted")."""
+    entries = stream.index_entries
+    if entries is not None and len(entries):
+        return min(int(entries[0].timestamp), start_pts)
+    if start_pts <= 0:
+        return start_pts
+    return max(0, start_pts - math.ceil(1 / stream.time_base))
 
 
 class MediaPool:

@@ -6,10 +6,14 @@ Guarantees:
   video of ``n`` frames, where ``start = floor(fraction * (n - span))`` and
   ``span = round((frames - 1) * step) + 1``: a ``fraction`` of 0 starts at the first frame, 1 ends
   at the last. A clip with ``span > n`` raises `BadMedia` before anything is decoded.
+- ``n`` and every frame's time come from the video stream's frame index
+  (`lance_lightning.media.frame_index`), never from the container's duration: no clip reaches
+  past the last frame, whatever the other tracks' lengths or the stream's start time.
 - The frames are exactly those a decode of the whole video from its start gives at those
-  indices (RGB by PyAV's ``reformat(format="rgb24")``): for each target it takes the first frame
-  whose time is at least the target's time minus half a frame period. ``timestamps`` are the
-  taken frames' own presentation times, in seconds.
+  indices (RGB by PyAV's ``reformat(format="rgb24")``), also at variable frame rates: for each
+  target it takes the first frame whose time is at least halfway between the target's indexed
+  time and the previous frame's. ``timestamps`` are the taken frames' own presentation times, in
+  seconds (the stream's: a video starting at 1.25 s has its first frame at 1.25).
 - It decodes forward from the keyframe at or before the first target and stops once the last
   target is taken; a container reused from a `MediaPool` seeks again, reading no headers.
 - ``frames`` is uint8 ``[T, 3, H, W]``, a channels-first view of one ``[T, H, W, 3]`` array that
@@ -76,8 +80,7 @@ def decode_video_clip(
     if frames < 1 or not step > 0:
         raise ValueError(f"need frames >= 1 and step > 0, got frames={frames}, step={step}")
     indices = _clip_indices(opened.frames, step, frames, fraction)
-    # A frame answers a target from half a period before the target's time (timestamps round).
-    thresholds = opened.start_time + (indices - 0.5) / opened.fps
+    thresholds = _thresholds(opened, indices)
     height, width = size if size is not None else (opened.height, opened.width)
     pixels = np.empty((frames, height, width, 3), np.uint8)
     timestamps = np.empty(frames, np.float64)
@@ -103,10 +106,20 @@ def decode_video_clip(
         raise BadMedia(f"decoding the video failed: {error}") from error
     if taken < frames:
         raise BadMedia(
-            f"the video ended before frame {indices[taken]} (at {thresholds[taken] + 0.5 / opened.fps:.3f}s) "
-            f"of the clip, though its header counts {opened.frames} frames"
+            f"the video ended before frame {indices[taken]} of the clip "
+            f"(at {float(opened.frame_pts[indices[taken]] * opened.time_base):.3f}s), though its index counts "
+            f"{opened.frames} frames"
         )
     return VideoClip(frames=pixels.transpose(0, 3, 1, 2), timestamps=timestamps)
+
+
+def _thresholds(opened: OpenVideo, indices: np.ndarray) -> np.ndarray:
+    """Seconds from which a decoded frame answers each target: halfway between the target's time
+    in the frame index and the frame before it (half a period before the first frame), so a
+    decoder's rounding of a timestamp never moves a frame to a neighbour's slot."""
+    pts = opened.frame_pts.astype(np.float64)
+    before = np.where(indices > 0, pts[np.maximum(indices - 1, 0)], pts[0] - (pts[1] - pts[0] if len(pts) > 1 else 1.0))
+    return (pts[indices] + before) / 2 * float(opened.time_base)
 
 
 def _copy_rgb(frame: object, into: np.ndarray) -> None:

@@ -112,7 +112,10 @@ def test_a_clip_longer_than_the_video_is_bad_media(video) -> None:
 
 
 def test_a_video_that_ends_before_its_header_says_is_bad_media(video) -> None:
-    opened = dataclasses.replace(open_video(io.BytesIO(video)), frames=FRAMES + 5)
+    opened = open_video(io.BytesIO(video))
+    step = int(opened.frame_pts[1] - opened.frame_pts[0])
+    extra = opened.frame_pts[-1] + step * np.arange(1, 6)
+    opened = dataclasses.replace(opened, frame_pts=np.concatenate([opened.frame_pts, extra]))
     with pytest.raises(BadMedia, match="ended before frame 121 "):
         decode_video_clip(opened, 1.0, 4, 1.0, None)
     opened.close()

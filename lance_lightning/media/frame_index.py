@@ -1,0 +1,60 @@
+"""The frame index of a video stream: every frame's presentation time, taken once when it opens.
+
+Guarantees:
+- `frame_index(container, stream)` returns int64 presentation timestamps (in the stream's
+  ``time_base``), sorted, one per frame a whole-stream decode gives: its length is the frame count
+  clips are planned on, and frame ``i`` of a clip is the decoded frame at ``index[i]``. It never
+  comes from the container's duration (which covers every track: a longer audio track in
+  Matroska/WebM added frames that do not exist) nor from a header's count alone (an AVI header
+  counted a dropped, empty frame).
+- MP4/MOV and AVI: from the index the demuxer read with the headers (no further read). Entries
+  marked discarded (edit lists) and empty packets are left out. MP4 lists decode times: they are
+  shifted so the first is the stream's first presentation time, which is exact for constant frame
+  rates and for variable ones without B-frames.
+- Other containers (Matroska, WebM, MPEG-TS, ...), or an index that does not list every frame:
+  the video stream's packets are demuxed (not decoded) once, from the start, and their
+  timestamps kept: this reads the whole file once per open (the open media stays in the pool).
+- A stream whose frames carry no timestamps, or that has none, raises `BadMedia`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import av.error
+import numpy as np
+
+from lance_lightning.errors import BadMedia
+
+#: Demuxers whose index lists every frame (MP4's sample tables, AVI's idx1).
+INDEXED_FORMATS = ("mov", "mp4", "avi")
+
+
+def frame_index(container: Any, stream: Any) -> np.ndarray:
+    """Sorted int64 presentation timestamps of every frame of ``stream``, in its ``time_base``."""
+    names = set(container.format.name.split(","))
+    if names & set(INDEXED_FORMATS) and stream.frames:
+        entries = [e for e in stream.index_entries if e.size > 0 and not e.is_discard]
+        # The header's count may include an empty (dropped) frame the index leaves out.
+        if entries and stream.frames - 1 <= len(entries) <= stream.frames:
+            times = np.sort(np.array([e.timestamp for e in entries], dtype=np.int64))
+            start = stream.start_time if stream.start_time is not None else int(times[0])
+            return times + (start - times[0])
+    return _demuxed(container, stream)
+
+
+def _demuxed(container: Any, stream: Any) -> np.ndarray:
+    """Timestamps of the stream's non-empty packets, demuxed from the start (no decode)."""
+    times = []
+    try:
+        for packet in container.demux(stream):
+            if packet.size == 0:
+                continue  # the flush packet at the end, or an empty (dropped) frame
+            if packet.pts is None:
+                raise BadMedia("a video packet has no timestamp: its frames cannot be placed")
+            times.append(packet.pts)
+    except av.error.FFmpegError as error:
+        raise BadMedia(f"reading the video's packets failed: {error}") from error
+    if not times:
+        raise BadMedia("the video stream has no frames")
+    return np.sort(np.array(times, dtype=np.int64))

@@ -1,0 +1,109 @@
+"""Every file of the media corpus (`tests/media_corpus.py`: the containers and codecs users' files
+come in) decodes, at the first, middle and last possible clip, to exactly what a whole-stream PyAV
+decode gives at those indices (within the stated tolerance for lossy audio), and the length the
+planner uses is the whole-stream decode's."""
+
+from __future__ import annotations
+
+import functools
+import io
+
+import numpy as np
+import pytest
+
+from lance_lightning.media.audio import LAYOUTS, decode_audio_clip, tolerance
+from lance_lightning.media.containers import open_audio, open_video
+from lance_lightning.media.video import decode_video_clip
+from tests.media_corpus import by_name, corpus, missing_encoders, whole_audio, whole_video_rgb
+
+VIDEOS = [item.name for item in corpus() if item.kind == "video"]
+AUDIOS = [item.name for item in corpus() if item.kind == "audio"]
+FRACTIONS = (0.0, 0.5, 1.0, 0.3)
+AUDIO_FRACTIONS = (0.0, 1.0, *np.linspace(0.05, 0.95, 10).tolist())
+
+
+def test_the_corpus_has_every_container_and_codec() -> None:
+    """This wheel has every encoder the corpus uses; a missing one would leave its files out."""
+    assert missing_encoders() == []
+    assert {item.name.rsplit(".", 1)[1] for item in corpus()} == {
+        "mp4", "mov", "mkv", "webm", "avi", "ts", "wav", "flac", "mp3", "m4a", "opus"
+    }  # fmt: skip
+
+
+@functools.cache
+def rgb(name: str, size: tuple[int, int] | None = None) -> np.ndarray:
+    return whole_video_rgb(by_name(name).data, size)
+
+
+@pytest.mark.parametrize("name", VIDEOS)
+def test_video_clips_are_the_whole_decode_at_their_indices(name: str) -> None:
+    item = by_name(name)
+    expected = rgb(name)
+    opened = open_video(io.BytesIO(item.data))
+    try:
+        # The planner's frame count is the whole decode's: never a frame past the last one.
+        assert opened.frames == item.frames == len(expected)
+        for frames, step in [(4, 1.0), (3, 2.5), (item.frames, 1.0)]:
+            span = round((frames - 1) * step) + 1
+            for fraction in FRACTIONS:
+                clip = decode_video_clip(opened, fraction, frames, step, None)
+                first = int(np.floor(fraction * (item.frames - span)))
+                indices = first + np.round(np.arange(frames) * step).astype(int)
+                where = f"{name} fraction {fraction} frames {frames} step {step}: indices {indices.tolist()}"
+                np.testing.assert_array_equal(clip.frames.transpose(0, 2, 3, 1), expected[indices], err_msg=where)
+                np.testing.assert_allclose(clip.timestamps, np.array(item.frame_times)[indices], err_msg=where)
+    finally:
+        opened.close()
+
+
+@pytest.mark.parametrize("name", VIDEOS[:6])
+def test_video_clips_resized_are_the_whole_decode_resized(name: str) -> None:
+    item = by_name(name)
+    expected = rgb(name, (24, 40))
+    opened = open_video(io.BytesIO(item.data))
+    try:
+        for fraction in (1.0, 0.0):
+            clip = decode_video_clip(opened, fraction, 5, 2.0, (24, 40))
+            first = int(np.floor(fraction * (item.frames - 9)))
+            np.testing.assert_array_equal(clip.frames.transpose(0, 2, 3, 1), expected[first : first + 9 : 2])
+    finally:
+        opened.close()
+
+
+@functools.cache
+def pcm(name: str, sample_rate: int, channels: int) -> np.ndarray:
+    return whole_audio(by_name(name).data, sample_rate, channels)
+
+
+@pytest.mark.parametrize("name", AUDIOS)
+@pytest.mark.parametrize("rate, channels", [(None, None), (16000, 1)])
+def test_audio_windows_are_the_whole_decode_at_their_samples(name: str, rate: int | None, channels: int | None) -> None:
+    """Windows at the start, the middle and the end, at the file's own rate and resampled: WAV and
+    FLAC bit-exact, MP3, AAC and Opus within `tolerance` of their codec (decoder pre-roll and the
+    encoder's delay handled)."""
+    item = by_name(name)
+    rate, channels = rate or item.sample_rate, channels or item.channels
+    expected = pcm(name, rate, channels)
+    atol = tolerance(item.codecs[0])
+    assert atol == item.tolerance
+    opened = open_audio(io.BytesIO(item.data))
+    try:
+        # The length the planner uses: the container's (the decode adds AAC's end padding only).
+        assert opened.samples == item.duration_samples <= item.samples
+        total = opened.samples * rate // item.sample_rate
+        assert total <= expected.shape[1]
+        count = round(0.4 * rate)
+        for fraction in AUDIO_FRACTIONS:
+            window = decode_audio_clip(opened, fraction, 0.4, rate, channels)
+            first = round(fraction * (total - count))
+            assert window.start == first / rate
+            want = expected[:, first : first + count]
+            error = float(np.max(np.abs(window.samples - want)))
+            assert error <= atol, f"{name} at {fraction} ({first}): off by {error:.4g} > {atol}"
+    finally:
+        opened.close()
+
+
+def test_lossless_tolerance_is_zero_and_channels_are_the_layouts() -> None:
+    assert tolerance("flac") == tolerance("pcm_s16le") == 0.0
+    assert set(LAYOUTS) == {1, 2}
