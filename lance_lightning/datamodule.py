@@ -257,6 +257,8 @@ class LanceDataModule(pl.LightningDataModule):
         settings += (packing, clips)
         self.split_settings: dict[Split, SplitSettings] = {s: split_settings(s, *settings) for s in self.sources}
         self.plans: dict[Split, Plan] = {}
+        #: Per split planned with `plan_instead`: ``(start, offset)`` pairs kept on its ``_position``.
+        self.position_shifts: dict[Split, list[tuple[int, int]]] = {}
         self.train_cursor: CursorTracker | None = None
         self.version_hold = VersionHold(hold_versions)
         #: Output URI -> what `prepare_data` did to it (sources with a ``prepare`` spec; shown by `explain`).
@@ -335,15 +337,21 @@ class LanceDataModule(pl.LightningDataModule):
             if self.materialize is not None and not isinstance(source, LanceMixture):
                 source = self.materialize.apply(source, split)
         settings = self.split_settings[split]
+        self.position_shifts.pop(split, None)
         self.plans[split] = self.remote_cache.apply(split, plan_split(split, source, settings), settings, self.retry)
         self._drop_loader(split)
         if split == "train":
             self.train_cursor = CursorTracker(self.plans["train"], resume=self.resume_data)
 
-    def plan_instead(self, split: Split, source: LanceSource) -> None:
+    def plan_instead(
+        self, split: Split, source: LanceSource, position_shifts: list[tuple[int, int]] | None = None
+    ) -> None:
         """Plan ``split`` from ``source`` for this run, in place of its configured source (a
-        prediction writer's unfinished rows at its pinned version, `lance_lightning.write.predictions`)."""
+        prediction writer's unfinished rows at its pinned version, `lance_lightning.write.predictions`);
+        ``position_shifts`` keep the ``_position`` of the wider read (`RowIdentity`)."""
         self._plan(split, source)
+        if position_shifts:
+            self.position_shifts[split] = list(position_shifts)
         self._check_plans()
 
     def explain(self, split: Split = "train") -> str:
@@ -417,6 +425,7 @@ class LanceDataModule(pl.LightningDataModule):
                 retry=self.retry,
                 row_identity=split in self.identity_splits
                 and not (self.identity_by_default and identity_problem(split, self.plans[split])),
+                position_shifts=self.position_shifts.get(split),
             )
             train = split == "train"
             trainer = self.trainer

@@ -4,7 +4,9 @@ so a test knows every row's expected value whatever the rank, batch or rerun.
 Run as ``python tests/predict_writer_model.py URI RUN_DIR DEVICES [KILL_AFTER]`` by
 tests/scenarios/test_prediction_writer.py (Lightning's ``ddp`` strategy re-runs the same command
 for rank 1): each rank writes the ids it predicted to ``predicted.rank<r>.json`` beside
-``RUN_DIR``. With ``KILL_AFTER`` set, rank zero SIGKILLs itself once that many batches are written.
+``RUN_DIR``; the columns are ``emb``, ``score``, ``name`` and ``draw`` (a seeded per-row draw of
+the `AddDraw` transform, which a resumed run must draw as the uninterrupted one did). With
+``KILL_AFTER`` set, rank zero SIGKILLs itself once that many batches are written.
 """
 
 from __future__ import annotations
@@ -40,23 +42,59 @@ def embedding_of(ids: np.ndarray) -> np.ndarray:
     return np.stack([ids * 1.0 + k for k in range(DIM)], axis=1).astype(np.float32)
 
 
-class IdModel(pl.LightningModule):
-    """Predicts ``{"emb": embedding_of(id), "score": id / 2, "name": "row<id>"}`` (or only ``emb``)."""
+class AddDraw:
+    """A transform adding ``draw``: each row's first `RowRandom` uniform draw (seeded test-time
+    randomness, keyed by the row's ``_position``)."""
 
-    def __init__(self, outputs: str = "dict") -> None:
+    def __init__(self, seed: int = 7) -> None:
+        from lance_lightning.transforms import RowRandom
+
+        self.random = RowRandom(seed)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {**batch, "draw": self.random.uniform(batch)}
+
+
+class RejectIds:
+    """A transform that rejects (`RowError`) the rows whose ``id`` is in ``ids``."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = set(ids)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        from lance_lightning.errors import RowError
+
+        for index, value in enumerate(batch["id"].tolist()):
+            if value in self.ids:
+                raise RowError("id", index, f"id {value} is rejected by the test")
+        return batch
+
+
+class IdModel(pl.LightningModule):
+    """Predicts ``{"emb": embedding_of(id), "score": id / 2, "name": "row<id>"}`` (or only ``emb``;
+    ``draws``: also ``draw``, the batch's per-row draw; ``scale`` multiplies ``emb``, a model with
+    other weights)."""
+
+    def __init__(self, outputs: str = "dict", scale: float = 1.0) -> None:
         super().__init__()
+        self.save_hyperparameters()
         self.outputs = outputs
-        self.layer = torch.nn.Linear(1, 1)
+        with torch.random.fork_rng():  # the same weights in every run: the writer compares them on a rerun
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(1, 1)
         #: The ids this process predicted, in order.
         self.predicted: list[int] = []
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
         ids = batch["id"]
         self.predicted.extend(int(i) for i in ids)
-        emb = torch.from_numpy(embedding_of(ids.cpu().numpy()))
+        emb = torch.from_numpy(embedding_of(ids.cpu().numpy())) * float(self.hparams.scale)
         if self.outputs == "tensor":
             return emb
-        return {"emb": emb, "score": ids.double() / 2, "name": [f"row{int(i)}" for i in ids]}
+        outputs = {"emb": emb, "score": ids.double() / 2, "name": [f"row{int(i)}" for i in ids]}
+        if self.outputs == "draws":
+            outputs["draw"] = batch["draw"].reshape(-1).double()
+        return outputs
 
 
 class KillAfter(pl.Callback):
@@ -75,7 +113,8 @@ def main(uri: str, run_dir: str, devices: int, kill_after: int | None) -> None:
     from lance_lightning import LanceDataModule, LanceSource
     from lance_lightning.write.predictions import LancePredictionWriter
 
-    writer = LancePredictionWriter(columns=["emb", "score", "name"], run_dir=run_dir, flush_rows=40)
+    columns = ["emb", "score", "name", "draw"]
+    writer = LancePredictionWriter(columns=columns, run_dir=run_dir, flush_rows=40)
     callbacks: list[Any] = [writer] + ([KillAfter(kill_after)] if kill_after else [])
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -87,8 +126,8 @@ def main(uri: str, run_dir: str, devices: int, kill_after: int | None) -> None:
         enable_checkpointing=False,
         callbacks=callbacks,
     )
-    dm = LanceDataModule(predict=LanceSource(uri, columns=["id"]), batch_size=16)
-    model = IdModel()
+    dm = LanceDataModule(predict=LanceSource(uri, columns=["id"]), batch_size=16, transform=AddDraw())
+    model = IdModel("draws")
     trainer.predict(model, datamodule=dm, return_predictions=False)
     Path(run_dir).with_name(f"predicted.rank{trainer.global_rank}.json").write_text(json.dumps(model.predicted))
 

@@ -122,6 +122,8 @@ class LanceIterableDataset(IterableDataset):
         retry: How reads ride out transient storage errors.
         row_identity: Add the rows' identity keys to each batch, before the transform
             (`lance_lightning.produce.identity`).
+        position_shifts: With ``row_identity``: ``(start, offset)`` pairs added to the rows'
+            ``_position`` (a restricted read keeping a wider read's positions, `RowIdentity`).
     """
 
     def __init__(
@@ -140,12 +142,14 @@ class LanceIterableDataset(IterableDataset):
         pin_memory: bool = False,
         retry: RetryPolicy = DEFAULT_POLICY,
         row_identity: bool = False,
+        position_shifts: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         if row_identity:
             check_identity(plan.split, plan)
         self.row_identity = bool(row_identity)
+        self.position_shifts = [tuple(pair) for pair in position_shifts] if position_shifts else None
         self.blob_files = blob_files_of(transform)
         self.plan = reading_plan(plan, self.blob_files)
         self.world_size = world_size
@@ -232,7 +236,9 @@ class LanceIterableDataset(IterableDataset):
             pin_memory=self.pin_memory,
             ship_positions=shipping is not None and shipping.positions,
             shipments=shipping is not None,
-            identity=RowIdentity(self.plan.source, epoch, self.retry) if self.row_identity else None,
+            identity=RowIdentity(self.plan.source, epoch, self.retry, self.position_shifts)
+            if self.row_identity
+            else None,
             blob_files=self.blob_files,
             parcels=info is not None and shipping is not None,
         )

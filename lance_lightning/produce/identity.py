@@ -8,7 +8,10 @@ Guarantees:
   Lance's ``_rowaddr`` is), ``_rowid`` (Lance's ``_rowid``: the stable row id when the dataset has
   stable row ids, else the row address), ``_position`` (the row's index in the epoch's order, as
   the plan orders it: the same whatever the rank, worker, thread, batch size or resume point) and
-  ``_epoch`` (the data epoch).
+  ``_epoch`` (the data epoch). A read restricted to some fragments of a wider read (a prediction
+  writer's rerun, `lance_lightning.write.predict_run.restricted`) keeps the wider read's
+  ``_position`` values (``shifts``: the offset added from each start of the read's own sequence),
+  so per-row draws do not change; a replaced row keeps its slot's, as in the wider read.
 - A row replaced by the bad-row policy carries its replacement's address and id, and its slot's
   ``_position`` and ``_epoch`` (its draws, `lance_lightning.transforms.RowRandom`, are the slot's).
 - Addresses cost no I/O when the pinned version has no deletions and no stable row ids (computed
@@ -53,21 +56,35 @@ class RowIdentity:
         source: The pinned source the rows are read from.
         epoch: The data epoch being read.
         retry: How the look-up of addresses rides out transient storage errors.
+        shifts: ``(start, offset)`` pairs, ascending starts: a row at epoch-order position ``p`` of
+            this read, the last start ``<= p`` giving ``offset``, gets ``_position`` ``p + offset``
+            (a restricted read's rows keep the positions of the wider read); ``None``: nothing.
     """
 
-    def __init__(self, source: PinnedSource, epoch: int, retry: RetryPolicy = DEFAULT_POLICY) -> None:
+    def __init__(
+        self,
+        source: PinnedSource,
+        epoch: int,
+        retry: RetryPolicy = DEFAULT_POLICY,
+        shifts: list[tuple[int, int]] | None = None,
+    ) -> None:
         self.source = source
         self.epoch = epoch
         self.retry = retry
+        self.shifts = shifts
 
     def keys(self, positions: np.ndarray, sequence: np.ndarray) -> dict[str, torch.Tensor]:
         """The identity keys of rows at dataset ``positions`` and epoch-order positions ``sequence``."""
         positions = np.asarray(positions, dtype=np.int64)
         address, row_id = self.addresses(positions)
+        sequence = np.array(sequence, dtype=np.int64)
+        if self.shifts:
+            starts, offsets = np.array(self.shifts, dtype=np.int64).reshape(-1, 2).T
+            sequence += offsets[np.maximum(np.searchsorted(starts, sequence, side="right") - 1, 0)]
         return {
             ROW_ADDRESS: torch.from_numpy(address),
             ROW_ID: torch.from_numpy(row_id),
-            EPOCH_POSITION: torch.from_numpy(np.array(sequence, dtype=np.int64)),
+            EPOCH_POSITION: torch.from_numpy(sequence),
             EPOCH: torch.full((len(positions),), self.epoch, dtype=torch.int64),
         }
 

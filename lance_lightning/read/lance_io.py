@@ -164,7 +164,8 @@ def _read_positions(source: PinnedSource, positions: np.ndarray, scan_mode: bool
 def row_ids(source: PinnedSource, dataset: lance.LanceDataset, positions: np.ndarray) -> np.ndarray:
     """Lance row ids of the live-row ``positions``: computed from fragment sizes when the version
     has no deletions and no stable row ids (id = fragment id << 32 | offset), else looked up."""
-    key = (source.uri, source.version, tuple(sorted((source.storage_options or {}).items())))
+    # data_tag: a dataset written again at the same path restarts its version numbers
+    key = (source.uri, source.version, source.data_tag, tuple(sorted((source.storage_options or {}).items())))
     fragments = _FRAGMENT_STARTS.get(key)
     if fragments is None:
         fragments = _fragment_starts(dataset)

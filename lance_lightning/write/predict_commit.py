@@ -9,6 +9,11 @@ Guarantees:
   of the existing columns' data, same types), whose transaction properties carry the run
   id (`RUN_PROPERTY`). `committed_version` finds that version again from the dataset's
   transactions, so a run killed between its commit and its marker never commits twice.
+- A concurrent run of the same command (a twin: the same run id) that committed first is
+  recognised: `commit` returns its version (``made`` false) instead of blaming its Merge.
+- `fingerprint` names the read version's data files (fragment ids and file names, which are unique
+  per write): a dataset deleted and written again at the same path, whose version numbers restart,
+  has another.
 - Rows another writer appended while the run lasted are kept, with nulls in the new columns (the
   commit is made on top of the appends). Any other change since the read version (a compaction,
   a delete, an update, another schema change) makes `commit` raise a `ConfigError` that names the
@@ -34,9 +39,11 @@ from lance.fragment import DataFile
 from lance_lightning.errors import ConfigError
 from lance_lightning.source import PinnedSource
 from lance_lightning.write.predict_store import (
+    BAD,
     OFFSET,
     ROW_IDS,
     RunFolder,
+    good_rows,
     record_metadata,
     record_schema,
     split_addresses,
@@ -50,6 +57,12 @@ def run_id(location: str, filter: str | None, columns: list[str], run_name: str,
     """16 hex digits naming the run: same dataset, filter, columns, name, overwrite and table -> same run."""
     key = json.dumps([location.rstrip("/"), filter, sorted(columns), run_name, overwrite, table])
     return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def fingerprint(dataset: lance.LanceDataset) -> str:
+    """16 hex digits naming the data files of ``dataset``'s version (fragment ids and file names)."""
+    files = [[f.fragment_id, [d.path for d in f.metadata.files]] for f in dataset.get_fragments()]
+    return hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]
 
 
 def expected_rows(dataset: lance.LanceDataset, filter: str | None) -> dict[int, int]:
@@ -89,16 +102,20 @@ def commit(
     columns: list[str],
     overwrite: bool = False,
     attempts: int = 5,
-) -> int:
-    """Commit every fragment's record as one version (module docstring); returns it. Rows another
-    writer appended since the read version are kept, with nulls in new columns (their old values
-    in overwritten ones)."""
+) -> tuple[int, bool]:
+    """Commit every fragment's record as one version (module docstring); returns it, and whether this
+    call made it (false: a twin run of the same run id had committed it). Rows another writer
+    appended since the read version are kept, with nulls in new columns (their old values in
+    overwritten ones)."""
     records = [folder.record(fragment) for fragment in fragments]
     missing = [fragment for fragment, record in zip(fragments, records, strict=True) if record is None]
     if missing:
         raise RuntimeError(f"prediction run {run}: fragments {missing} have no record at commit time")
     mine = [record_metadata(record) for record in records]
     for attempt in range(attempts):
+        twin = committed_version(source.location, source.storage_options, source.version, run)
+        if twin is not None:
+            return twin, False
         latest = lance.dataset(source.location, storage_options=source.storage_options)
         appended = _appended_fragments(source, latest)
         if overwrite:
@@ -107,9 +124,10 @@ def commit(
             operation = lance.LanceOperation.Merge(mine + appended, record_schema(records[0]))
         transaction = lance.Transaction(latest.version, operation, transaction_properties={RUN_PROPERTY: run})
         try:
-            return lance.LanceDataset.commit(
+            made = lance.LanceDataset.commit(
                 source.location, transaction, storage_options=source.storage_options, max_retries=0
-            ).version
+            )
+            return made.version, True
         except Exception as error:  # noqa: BLE001 - Lance's conflict errors have no public type
             if attempt == attempts - 1 or "conflict" not in str(error).lower():
                 raise
@@ -172,15 +190,15 @@ def write_table(
     address in the read version; then the outputs); returns the version."""
 
     stored = folder.read_pieces_schema(fragments)
-    names = [name for name in stored.names if name not in (OFFSET, ROW_IDS)]
+    names = [name for name in stored.names if name not in (OFFSET, ROW_IDS, BAD)]
     schema = pa.schema(
         [pa.field("row_id", pa.uint64()), pa.field("row_address", pa.uint64())] + [stored.field(n) for n in names]
     )
 
     def batches() -> Any:
         for fragment in fragments:
-            pieces = folder.read_pieces(fragment)
-            if pieces is None:
+            pieces, _ = good_rows(folder.read_pieces(fragment))
+            if pieces is None or pieces.num_rows == 0:
                 continue
             address = ((np.int64(fragment) << 32) | pieces.column(OFFSET).to_numpy()).astype(np.uint64)
             keys = {"row_id": pieces.column(ROW_IDS).cast(pa.uint64()), "row_address": address}
@@ -208,6 +226,15 @@ def written(folder: RunFolder, fragments: list[int]) -> tuple[int, int]:
     """(rows predicted, bytes of new column files) over the fragments' records."""
     records = [folder.record(fragment) or {} for fragment in fragments]
     return sum(r.get("rows", 0) for r in records), sum(r.get("bytes", 0) for r in records)
+
+
+def bad_rows(folder: RunFolder, fragments: list[int]) -> int:
+    """Bad rows the bad-row policy replaced (null outputs) over the fragments' pieces or records."""
+    total = 0
+    for fragment in fragments:
+        record = folder.record(fragment)
+        total += record.get("bad", 0) if record is not None else good_rows(folder.read_pieces(fragment))[1]
+    return total
 
 
 def check_new_columns(schema: Any, columns: list[str], overwrite: bool) -> None:

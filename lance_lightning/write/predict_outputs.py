@@ -3,7 +3,7 @@
 Guarantees:
 - `OutputColumns.convert` turns one batch's output into ``{column: pyarrow.Array}`` of exactly the
   batch's row count: a tensor ``(N,)`` is a scalar column, ``(N, D)`` a fixed-size list of ``D``
-  (``float16``, ``float32``, ``float64``, integer or bool, kept as given); a list of ``N`` strings a
+  (``float16``, ``float32``, ``float64``, integer or bool, kept as given; ``D`` >= 1); a list of ``N`` strings a
   string column; a list of ``N`` 1-D tensors or a `Ragged` a variable-length list column; a dict of
   such values several columns (its keys are the column names).
 - The first batch fixes each column's Arrow type; a later batch whose columns, type or vector size
@@ -136,6 +136,13 @@ def _tensor_column(param: str, value: torch.Tensor, batch_idx: int) -> pa.Array:
     data = value.detach().cpu()
     if data.dim() == 1:
         return pa.array(data.numpy(), type=kind)
+    if data.dim() == 2 and data.shape[1] == 0:
+        raise ConfigError(
+            param,
+            f"shape {tuple(data.shape)}",
+            f"batch {batch_idx} returned vectors of size 0: the column would hold no values (Lance refuses it)",
+            "return at least one value per row ((N,) or (N, D) with D >= 1)",
+        )
     if data.dim() == 2:
         flat = pa.array(data.contiguous().reshape(-1).numpy(), type=kind)
         return pa.FixedSizeListArray.from_arrays(flat, int(data.shape[1]))

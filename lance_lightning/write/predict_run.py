@@ -1,17 +1,28 @@
 """The writer's dealings with Lightning: which source the predict split reads, the same split
-restricted to a run's unfinished fragments, and steps every rank finishes together.
+restricted to a run's unfinished fragments, what computes the values, and steps every rank
+finishes together.
 
 Guarantees: `predict_source` refuses (`ConfigError`) a predict split whose row addresses do not
 name rows of the dataset it reads (no data module, a mixture, a local view, identity off);
-`restricted` reads exactly the rows of the given fragments at the given version;
-`fragments_to_read` gives every rank a row (finished fragments are added when fewer unfinished
-rows are left than ranks); `together`
-never leaves a rank waiting at a collective for a rank whose step failed.
+`restricted` reads exactly the rows of the given fragments at the given version, and
+`position_shifts` gives those rows the ``_position`` of the uninterrupted run (so `RowRandom`,
+`RandomFlip` or a seeded `DeviceAugment` draw the same); `fragments_to_read` gives every rank a
+row (finished fragments are added when fewer unfinished rows are left than ranks);
+`model_identity` names what computes the values (the module's class, hyperparameters, the source
+of ``predict_step`` and ``forward``, and a hash of its weights once loaded), `model_change` says
+what differs between two; `together` never leaves a rank waiting at a collective for a rank
+whose step failed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
 from typing import Any
+
+import numpy as np
+import torch
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.source import LanceSource, PinnedSource
@@ -81,3 +92,95 @@ def restricted(source: PinnedSource, version: int, fragments: list[int]) -> Lanc
     ranges = " OR ".join(f"(_rowaddr >= {a << 32} AND _rowaddr < {b << 32})" for a, b in spans)
     where = ranges if source.filter is None else f"({source.filter}) AND ({ranges})"
     return LanceSource(source.location, list(source.columns), where, version, source.storage_options)
+
+
+def position_shifts(order: list[int], expected: dict[int, int], reading: list[int]) -> list[tuple[int, int]]:
+    """``(start, offset)`` pairs giving the rows of a read of ``reading`` (fragments in ``order``)
+    the epoch positions they have in a read of all of ``order`` (`RowIdentity`'s ``shifts``)."""
+    full, whole, restricted, shifts = {}, 0, 0, []
+    for fragment in order:
+        full[fragment], whole = whole, whole + expected[fragment]
+    for fragment in sorted(reading, key=order.index):
+        if expected[fragment]:
+            shifts.append((restricted, full[fragment] - restricted))
+            restricted += expected[fragment]
+    return shifts
+
+
+#: What `model_change` names for each key of `model_identity`.
+MODEL_PARTS = {
+    "class": "the LightningModule's class",
+    "hparams": "its hyperparameters (self.hparams)",
+    "code": "the source of its predict_step/forward",
+    "weights": "its weights (the loaded checkpoint, or the weights it was built with)",
+}
+
+
+def model_identity(pl_module: Any, trainer: Any = None, weights: bool = True) -> dict[str, str]:
+    """What computes the values: ``class``, ``hparams``, ``code`` (a hash of the source of
+    ``predict_step`` and ``forward``) and, with ``weights`` (once a checkpoint is loaded), a hash
+    of the state dict; ``checkpoint`` (the trainer's ``ckpt_path``) is only shown."""
+    kind = type(pl_module)
+    hparams = json.dumps(dict(getattr(pl_module, "hparams", {}) or {}), sort_keys=True, default=repr)
+    code = hashlib.sha256()
+    for name in ("predict_step", "forward"):
+        function = getattr(kind, name, None)
+        try:
+            code.update(inspect.getsource(function).encode())
+        except (OSError, TypeError):
+            code.update(repr(getattr(function, "__qualname__", function)).encode())
+    identity = {"class": f"{kind.__module__}.{kind.__qualname__}", "hparams": hparams, "code": code.hexdigest()[:16]}
+    if weights:
+        digest = hashlib.sha256()
+        for name, tensor in pl_module.state_dict().items():
+            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+            if tensor.device.type != "meta":
+                digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        identity["weights"] = digest.hexdigest()[:16]
+        identity["checkpoint"] = str(getattr(trainer, "ckpt_path", None) or "")
+    return identity
+
+
+def model_change(saved: dict[str, str] | None, current: dict[str, str]) -> list[tuple[str, str, str]]:
+    """``(what, was, now)`` for each part of `model_identity` that differs (parts either lacks are skipped)."""
+    if not saved:
+        return []
+    changed = []
+    for key, what in MODEL_PARTS.items():
+        if key in saved and key in current and saved[key] != current[key]:
+            was, now = saved[key], current[key]
+            if key == "weights":
+                was += f" from {saved.get('checkpoint') or 'no checkpoint'}"
+                now += f" from {current.get('checkpoint') or 'no checkpoint'}"
+            changed.append((what, was, now))
+    return changed
+
+
+class Slots:
+    """The row address each epoch position of the uninterrupted predict read names (the read is in
+    storage order, so position ``p`` is the ``k``-th matching row of its fragment): a batch row
+    whose ``_rowaddr`` is not its slot's is a replacement the bad-row policy put there."""
+
+    def __init__(self, source: PinnedSource, order: list[int], expected: dict[int, int]) -> None:
+        self.source, self.order = source, order
+        self.starts = np.cumsum([0] + [expected[f] for f in order])[:-1]
+        self.offsets: dict[int, np.ndarray] = {}
+
+    def addresses(self, positions: np.ndarray) -> np.ndarray:
+        """The slot addresses of ``positions`` (epoch positions of the uninterrupted read)."""
+        index = np.searchsorted(self.starts, positions, side="right") - 1
+        out = np.empty(len(positions), dtype=np.int64)
+        for i, (where, position) in enumerate(zip(index.tolist(), np.asarray(positions).tolist(), strict=True)):
+            fragment = self.order[where]
+            out[i] = (fragment << 32) | int(self._offsets(fragment)[position - int(self.starts[where])])
+        return out
+
+    def _offsets(self, fragment: int) -> np.ndarray:
+        if fragment not in self.offsets:
+            rows = (
+                self.source.open()
+                .get_fragment(fragment)
+                .to_table(columns=[], filter=self.source.filter, with_row_address=True)
+            )
+            self.offsets[fragment] = rows.column("_rowaddr").to_numpy().astype(np.int64) & 0xFFFFFFFF
+        return self.offsets[fragment]

@@ -6,15 +6,20 @@ Guarantees:
   rank: their offsets, Lance row ids and output columns, an Arrow IPC file whose name holds its
   rank, first offset and row count), a fragment's *record* (the ``FragmentMetadata`` of the
   fragment with its new column file(s), written by `RunFolder.finish`, and the Lance schema with
-  the new columns), ``run.json`` (read version, filter, rows expected per fragment),
+  the new columns as JSON and protobuf bytes: nothing read back from storage is unpickled),
+  ``run.json`` (read version, its files' fingerprint, the model's identity, rows expected per fragment),
   ``columns.json`` (the output columns' Arrow types) and ``marker.json`` (the committed version).
 - A fragment is finished once its pieces hold as many rows as the run expects of it (the predict
   split reads each row once); `RunFolder.finish` then writes its column file(s) through
   ``LanceFragment.merge_columns`` at the pinned version, reading only the fragment's row
   addresses: the existing columns' files are neither read nor rewritten. Rows a run did not
   predict (deleted, or outside the filter) get nulls.
+- A bad row the bad-row policy replaced (`ReplaceBadRow`) is stored in its own fragment's piece
+  with null outputs and ``_bad`` set: it counts toward the fragment's rows, gets nulls, and is
+  counted as bad in the record (never as written).
 - The folder lives under the dataset (``<uri>/_lance_lightning/predict/<run id>``) unless one is
-  given; nothing in it is read by Lance.
+  given; on an object store it is opened with the dataset's ``storage_options`` (endpoint,
+  credentials, region); nothing in it is read by Lance.
 """
 
 from __future__ import annotations
@@ -22,25 +27,54 @@ from __future__ import annotations
 import base64
 import json
 import os
-import pickle
 import uuid
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 from lance.fragment import FragmentMetadata
+from lance.schema import LanceSchema
 
+from lance_lightning.errors import ConfigError
 from lance_lightning.source import PinnedSource
 
 #: The column of a piece holding each row's offset in its fragment.
 OFFSET = "_offset"
 #: The column of a piece holding each row's Lance row id (`lance_lightning.vocabulary.ROW_ID`).
 ROW_IDS = "_row_id"
+#: The column of a piece marking a bad row the bad-row policy replaced (its outputs are null).
+BAD = "_bad"
 #: With ``overwrite``, the new column files' names for the columns they replace (never committed).
 OVERWRITE_PREFIX = "__lance_lightning_new_"
 _LOW = np.int64(0xFFFFFFFF)
+
+
+def filesystem(root: str, storage_options: dict[str, str] | None) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow file system and path of ``root``; an ``s3://`` root uses Lance's
+    ``storage_options`` (keys, endpoint, region, ``allow_http``), else pyarrow's defaults."""
+    if not root.startswith(("s3://", "s3a://")) or not storage_options:
+        return pafs.FileSystem.from_uri(root)
+    options = {key.lower(): str(value) for key, value in storage_options.items()}
+
+    def first(*keys: str) -> str | None:
+        return next((options[key] for key in keys if options.get(key)), None)
+
+    endpoint = first("aws_endpoint", "endpoint", "aws_endpoint_url", "endpoint_url")
+    scheme = None
+    if endpoint and "://" in endpoint:
+        scheme, endpoint = endpoint.split("://", 1)
+    s3 = pafs.S3FileSystem(
+        access_key=first("aws_access_key_id", "access_key_id"),
+        secret_key=first("aws_secret_access_key", "secret_access_key"),
+        session_token=first("aws_session_token", "session_token"),
+        region=first("aws_region", "region") or "us-east-1",
+        endpoint_override=endpoint,
+        scheme=scheme or ("http" if first("allow_http", "aws_allow_http") == "true" else "https"),
+    )
+    return s3, root.split("://", 1)[1].rstrip("/")
 
 
 def split_addresses(addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -52,11 +86,11 @@ def split_addresses(addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class RunFolder:
     """The files of one prediction run under ``root`` (a local path or a URI pyarrow opens)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, storage_options: dict[str, str] | None = None) -> None:
         if "://" not in root:
             root = os.path.abspath(root)
         self.root = root
-        self.fs, self.path = pafs.FileSystem.from_uri(root)
+        self.fs, self.path = filesystem(root, storage_options)
 
     # -- whole files ------------------------------------------------------------------------
     def _write(self, name: str, data: bytes) -> None:
@@ -121,6 +155,49 @@ class RunFolder:
             return None
         return pa.concat_tables(tables).sort_by(OFFSET)
 
+    def stored(self) -> bool:
+        """Whether any piece is stored (of any fragment)."""
+        return bool(self._names("pieces"))
+
+    def drop_all(self) -> None:
+        """Delete everything the run stored: pieces, records, run.json, columns, model and marker."""
+        for name in ("pieces", "records"):
+            if self.fs.get_file_info(f"{self.path}/{name}").type != pafs.FileType.NotFound:
+                self.fs.delete_dir(f"{self.path}/{name}")
+        for name in ("marker.json", "run.json", "columns.json", "model.json"):
+            if self.fs.get_file_info(f"{self.path}/{name}").type != pafs.FileType.NotFound:
+                self.fs.delete_file(f"{self.path}/{name}")
+
+    def check_writable(self, dataset: str | None = None) -> None:
+        """`ConfigError` naming the folder when the run folder (or, for a local ``dataset``, its
+        ``data/`` folder, where the new column files go) cannot be written."""
+        probe = f"probe-{uuid.uuid4().hex}"
+        try:
+            self._write(probe, b"")
+            self.fs.delete_file(f"{self.path}/{probe}")
+        except OSError as error:
+            raise ConfigError(
+                "LancePredictionWriter.run_dir",
+                self.root,
+                f"the prediction run folder cannot be written ({type(error).__name__}: {error})",
+                "make it writable, or set run_dir to a writable folder",
+            ) from None
+        if dataset is None or "://" in dataset:
+            return
+        data = os.path.join(dataset, "data")
+        try:
+            with open(os.path.join(data, probe), "wb"):
+                pass
+            os.remove(os.path.join(data, probe))
+        except OSError as error:
+            raise ConfigError(
+                "predict dataset",
+                dataset,
+                f"its data folder cannot be written ({type(error).__name__}: {error}), and the new columns' files "
+                "go there",
+                "make the dataset folder writable, or write the outputs to a table of their own (table: <uri>)",
+            ) from None
+
     def drop_pieces(self, fragment: int | None = None) -> None:
         """Delete the pieces of ``fragment`` (of every fragment for ``None``)."""
         folder = f"{self.path}/pieces" + ("" if fragment is None else f"/{fragment}")
@@ -141,7 +218,7 @@ class RunFolder:
         ``overwrite`` the file's columns get names of their own (`OVERWRITE_PREFIX`): the commit
         replaces the existing columns' data with them."""
         dataset = source.open()
-        table = self.read_pieces(fragment)
+        table, bad = good_rows(self.read_pieces(fragment))
         stored = {(OVERWRITE_PREFIX if overwrite else "") + name: kind for name, kind in types.items()}
         metadata, schema = dataset.get_fragment(fragment).merge_columns(
             _lookup(table, list(types), stored), columns=["_rowaddr"], reader_schema=pa.schema(list(stored.items()))
@@ -151,12 +228,21 @@ class RunFolder:
         record = {
             "fragment": fragment,
             "metadata": metadata.to_json(),
-            "schema": base64.b64encode(pickle.dumps(schema)).decode(),
+            "lance_schema": _schema_json(schema),
             "rows": 0 if table is None else table.num_rows,
+            "bad": bad,
             "bytes": written,
         }
         self.write_json(f"records/{fragment}.json", record)
         return record
+
+
+def good_rows(table: pa.Table | None) -> tuple[pa.Table | None, int]:
+    """``table`` without its bad rows (`BAD`), and how many there were."""
+    if table is None or BAD not in table.column_names:
+        return table, 0
+    bad = table.column(BAD).combine_chunks().fill_null(False)
+    return table.filter(pa.compute.invert(bad)), int(pa.compute.sum(bad.cast(pa.int64())).as_py() or 0)
 
 
 def record_metadata(record: dict[str, Any]) -> FragmentMetadata:
@@ -164,8 +250,25 @@ def record_metadata(record: dict[str, Any]) -> FragmentMetadata:
 
 
 def record_schema(record: dict[str, Any]) -> Any:
-    """The Lance schema a record's column files were written for (written by this run only)."""
-    return pickle.loads(base64.b64decode(record["schema"]))  # noqa: S301 - our own record
+    """The Lance schema a record's column files were written for: parsed from its JSON metadata and
+    protobuf field bytes (`_schema_json`), never unpickled. A record of an older release (a pickled
+    schema) is refused by name."""
+    if "lance_schema" not in record:
+        raise ConfigError(
+            "prediction run record",
+            f"fragment {record.get('fragment')}",
+            "was written by an older lance-lightning (a pickled schema, which is never loaded)",
+            "delete the run folder and rerun the prediction",
+        )
+    saved = record["lance_schema"]
+    return LanceSchema._from_protos(saved["metadata"], *(base64.b64decode(field) for field in saved["fields"]))
+
+
+def _schema_json(schema: LanceSchema) -> dict[str, Any]:
+    """A Lance schema as JSON: its metadata and each field's protobuf bytes (what Lance's own
+    ``__reduce__`` hands to ``LanceSchema._from_protos``), base64-encoded."""
+    _, (metadata, *fields) = schema.__reduce__()
+    return {"metadata": metadata, "fields": [base64.b64encode(field).decode() for field in fields]}
 
 
 def _lookup(table: pa.Table | None, names: list[str], types: dict[str, pa.DataType]) -> Any:

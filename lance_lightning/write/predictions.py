@@ -13,14 +13,27 @@ Guarantees (docs/writing-predictions.md):
   owners finish what is left and rank zero commits every fragment as **one** version
   (`lance_lightning.write.predict_commit.commit`) and writes the marker.
 - A run killed at any moment and rerun with the same command reads only the fragments not yet
-  finished, at the first run's read version (held by a Lance tag until the commit), and ends with
-  the same column values as an uninterrupted run; a rerun after the commit predicts nothing and
-  says which version holds the columns.
+  finished, at the first run's read version (held by a Lance tag until the commit), with the
+  epoch positions (``_position``) of the uninterrupted run, so per-row randomness draws the same,
+  and ends with the same column values as an uninterrupted run; a rerun after the commit (also a
+  second ``trainer.predict`` of the same ``Trainer``) predicts nothing and says which version
+  holds the columns. A twin run of the same command that committed first is reported as such.
+- A rerun checks that the run's pieces still belong: a dataset deleted and written again at the
+  same path (its read version's files differ, or the version is gone) starts the run over, said in
+  one line; another model (class, hyperparameters, ``predict_step``/``forward`` source, weights)
+  than the one that predicted the stored pieces is a `ConfigError` naming what changed, both
+  values and the fix (rerun with the first model, or delete the run folder to start over).
+- A bad row the bad-row policy replaced (`ReplaceBadRow`) gets nulls, never its replacement's
+  outputs; the report counts it in ``bad_rows``, not in ``rows``.
 - With ``table``, the outputs go to a separate Lance table instead (keyed by the rows' Lance row
   ids, stable when the dataset has stable row ids), created in one version; the same pieces, kill
   and rerun rules hold, and the predicted dataset is not changed.
-- Bad input (an existing column, outputs that change type or size, a row count that is not the
-  batch's, a non-tensor output, a batch without row addresses) is a `ConfigError` before any commit.
+- Bad input (an existing column, a column name with a dot, a run folder that cannot be written,
+  outputs that change type or size or have no values, a row count that is not the batch's, a
+  non-tensor output, a batch without row addresses) is a `ConfigError` before any commit: the
+  names and the folder before any batch, outputs at the first batch that shows them. An error
+  raised after the run started says that its run folder and hold tag are kept for a rerun, and
+  how to release them.
 """
 
 from __future__ import annotations
@@ -35,12 +48,13 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.produce.badrows import ReplaceBadRow
 from lance_lightning.source import PinnedSource
-from lance_lightning.vocabulary import ROW_ADDRESS, ROW_ID
+from lance_lightning.vocabulary import EPOCH_POSITION, IDENTITY_KEYS, ROW_ADDRESS, ROW_ID
 from lance_lightning.write import predict_commit as commits
 from lance_lightning.write import predict_run as runs
 from lance_lightning.write.predict_outputs import OutputColumns, read_types, types_json
-from lance_lightning.write.predict_store import ROW_IDS, RunFolder, split_addresses
+from lance_lightning.write.predict_store import BAD, ROW_IDS, RunFolder, split_addresses
 
 
 class LancePredictionWriter(BasePredictionWriter):
@@ -77,6 +91,15 @@ class LancePredictionWriter(BasePredictionWriter):
             raise ConfigError(
                 "columns", columns, "must be a column name or a list of distinct names", "columns: embedding"
             )
+        for name in names:
+            if "." in name or name in _RESERVED or name.strip() != name:
+                raise ConfigError(
+                    "LancePredictionWriter.columns",
+                    name,
+                    f"Lance reads a dot as a nested field path, the names {sorted(_RESERVED)} are Lance's or the "
+                    "row identity keys', and a blank around a name is a typo",
+                    f"name the column without dots or blanks, e.g. {_plain(name)!r}",
+                )
         if not isinstance(flush_rows, int) or flush_rows < 1:
             raise ConfigError("flush_rows", flush_rows, "must be an integer >= 1", "flush_rows: 65536")
         self.names, self.run_name, self.run_dir = names, run_name, run_dir
@@ -98,24 +121,25 @@ class LancePredictionWriter(BasePredictionWriter):
                 "remove limit_predict_batches, or choose the rows with a filter on data.predict",
             )
         source = runs.predict_source(trainer.datamodule)
-        self.rank, self.report = trainer.global_rank, {}
+        self.rank, self.report, self.skipped_limit = trainer.global_rank, {}, None
         self.run = commits.run_id(
             source.location, source.filter, self.names, self.run_name, self.overwrite, self.table or ""
         )
-        self.folder = RunFolder(self.run_dir or f"{source.location.rstrip('/')}/_lance_lightning/predict/{self.run}")
+        self.where = self.run_dir or f"{source.location.rstrip('/')}/_lance_lightning/predict/{self.run}"
+        self.folder = RunFolder(self.where, source.storage_options)
+        runs.together(trainer, lambda: self._check_folders(source) if trainer.global_rank == 0 else None)
         fresh = self.folder.read_json("run.json") is None and self.folder.read_json("marker.json") is None
         if fresh and self.table:
             commits.check_table(self.table, source.storage_options, self.overwrite)
         elif fresh:
             commits.check_new_columns(source.open().schema, self.names, self.overwrite)
-        trainer.strategy.barrier("lance-lightning predict writer: checked")
-        if trainer.global_rank == 0:
-            self._prepare(source)
-        trainer.strategy.barrier("lance-lightning predict writer: prepared")
+        saved = self.folder.read_json("model.json")
+        self._check_model(saved, runs.model_identity(pl_module, weights=False), source)
+        runs.together(trainer, lambda: self._prepare(source) if trainer.global_rank == 0 else None)
         self.state = self.folder.read_json("run.json")
         marker = self.folder.read_json("marker.json")
         if marker is not None:
-            trainer.limit_predict_batches = 0
+            self._skip(trainer)
             self.report = marker
             where = self.table or source.uri
             rank_zero_info(
@@ -133,15 +157,101 @@ class LancePredictionWriter(BasePredictionWriter):
         self.buffers: dict[int, list[tuple[np.ndarray, dict[str, pa.Array]]]] = {}
         self.owned = {f for f, i in self.order.items() if i % trainer.world_size == trainer.global_rank}
         self.done_through = -1  # ordinal of the last fragment this rank has read past
+        replacing_rows = isinstance(getattr(trainer.datamodule, "bad_rows", None), ReplaceBadRow)
+        #: The slot address of each epoch position, with a policy that replaces bad rows (else None).
+        self.slots = runs.Slots(self.source, self.state["order"], self.expected) if replacing_rows else None
         unfinished = [f for f in self.state["order"] if f not in self.finished]
         reading = runs.fragments_to_read(self.state["order"], self.expected, unfinished, trainer.world_size)
         #: Finished fragments read again only so that every rank has a row: their outputs are dropped.
         self.again = set(reading) - set(unfinished)
         if not unfinished:
-            trainer.limit_predict_batches = 0
+            self._skip(trainer)
             self._end(trainer)
         elif len(reading) < len(self.order) or self.source.version != source.version:
-            trainer.datamodule.plan_instead("predict", runs.restricted(source, self.source.version, reading))
+            shifts = runs.position_shifts(self.state["order"], self.expected, reading)
+            restricted = runs.restricted(source, self.source.version, reading)
+            trainer.datamodule.plan_instead("predict", restricted, shifts)
+
+    def _skip(self, trainer: Any) -> None:
+        """Read nothing this ``predict`` (the trainer's limit is given back at teardown; the loop's
+        batch counts of an earlier ``predict`` of the same trainer are cleared, so it skips)."""
+        self.skipped_limit = trainer.limit_predict_batches
+        trainer.limit_predict_batches = 0
+        trainer.predict_loop.max_batches = []
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if getattr(stage, "value", stage) == "predict" and getattr(self, "skipped_limit", None) is not None:
+            trainer.limit_predict_batches, self.skipped_limit = self.skipped_limit, None
+
+    def _check_folders(self, source: PinnedSource) -> None:
+        """Rank zero, before any batch: the run folder (and the dataset's data folder) can be written;
+        a stale run is discarded (`_discard_stale`)."""
+        self.folder.check_writable(None if self.table else source.location)
+        self._discard_stale(source)
+
+    def _discard_stale(self, source: PinnedSource) -> None:
+        """Rank zero: start the run over when the dataset at the path is not the one its pieces (or
+        its commit) were computed from: written again at the same path since (module docstring)."""
+        state, marker = self.folder.read_json("run.json"), self.folder.read_json("marker.json")
+        why = None
+        if marker is not None and not self.table:
+            if (
+                commits.committed_version(source.location, source.storage_options, marker["read_version"], self.run)
+                != (marker["version"])
+            ):
+                why = f"version {marker['version']} there was not committed by this run"
+        elif state is not None:
+            try:
+                files = commits.fingerprint(replace(source, version=state["version"]).open())
+            except Exception:  # noqa: BLE001 - a version that is gone: the dataset was written again
+                files = "(version not found)"
+            if files != state.get("files"):
+                why = (
+                    f"its version {state['version']} has other data files ({files}, the run read {state.get('files')})"
+                )
+        if why is None:
+            return
+        self.folder.drop_all()
+        rank_zero_info(
+            f"prediction writer: the dataset at {source.uri} is not the one run {self.run} predicted from ({why}; "
+            "it was deleted and written again): starting the run over, its stored pieces dropped"
+        )
+
+    def _check_model(self, saved: dict[str, str] | None, current: dict[str, str], source: PinnedSource) -> None:
+        """`ConfigError` when another model computed what the run holds: stored pieces or records
+        (or, after the commit, the columns); a run holding nothing yet takes the current model."""
+        changed = runs.model_change(saved, current)
+        marker = self.folder.read_json("marker.json")
+        held = marker is not None or self.folder.recorded() or self.folder.stored()
+        if not changed or not held:
+            return
+        what = "; ".join(f"{name} was {was}, now {now}" for name, was, now in changed)
+        if marker is not None:
+            raise ConfigError(
+                "LancePredictionWriter.columns",
+                self.names,
+                f"run {self.run} committed these column(s) of {self.table or source.uri} in version "
+                f"{marker['version']} with another model: {what}",
+                "set overwrite: true to replace them with this model's outputs, or write other columns",
+            )
+        raise ConfigError(
+            "model",
+            current["class"],
+            f"run {self.run} (folder {self.where}) holds outputs another model predicted, and finishing it with this "
+            f"one would mix two models' outputs: {what}",
+            "rerun with the first model to finish the run, or start over with this one: delete the run folder "
+            f"{self.where} and release its hold (lance-lightning holds {source.uri} --release "
+            f"lance-lightning-predict-{self.run}-v{(self.folder.read_json('run.json') or {}).get('version')})",
+        )
+
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        """The loaded model (a checkpoint is restored after ``setup``) against the one the run's
+        pieces came from: all ranks read the same record, so all refuse together."""
+        current = runs.model_identity(pl_module, trainer)
+        saved = self.folder.read_json("model.json")
+        self._check_model(saved, current, self.source)
+        if trainer.global_rank == 0 and saved != current:
+            self.folder.write_json("model.json", current)
 
     def _prepare(self, source: PinnedSource) -> None:
         """Rank zero: write ``run.json`` (fresh run), the marker (a commit without one), drop the
@@ -156,6 +266,7 @@ class LancePredictionWriter(BasePredictionWriter):
             state.update(
                 replacing=replacing,
                 columns=self.names,
+                files=commits.fingerprint(source.open()),
                 expected={str(k): v for k, v in expected.items()},
                 order=list(expected),
             )
@@ -194,10 +305,27 @@ class LancePredictionWriter(BasePredictionWriter):
                 "keep row identity on for the predict split (row_identity: null or [predict]) and return a dict "
                 f"with '{ROW_ADDRESS}' from any transform",
             )
+        try:
+            self._write_batch(prediction, batch, batch_idx)
+        except ConfigError as error:
+            raise self._kept(error) from None
+
+    def _write_batch(self, prediction: Any, batch: dict[str, Any], batch_idx: int) -> None:
         addresses = batch[ROW_ADDRESS].detach().cpu().numpy().astype(np.int64)
         columns = self.outputs.convert(prediction, len(addresses), batch_idx)
         ids = batch[ROW_ID].detach().cpu().numpy() if ROW_ID in batch else addresses
+        bad = np.zeros(len(addresses), dtype=bool)
+        if self.slots is not None and EPOCH_POSITION in batch:
+            # A replaced bad row: its slot's row gets nulls (flagged bad), the replacement's outputs
+            # are dropped (the replacement row gets its own from its own slot).
+            slots = self.slots.addresses(batch[EPOCH_POSITION].detach().cpu().numpy().astype(np.int64))
+            bad = slots != addresses
+            if bad.any():
+                take = pa.array(np.arange(len(addresses)), mask=bad)
+                columns = {name: array.take(take) for name, array in columns.items()}
+                addresses, ids = slots, np.where(bad, slots, ids)
         columns[ROW_IDS] = pa.array(ids.astype(np.int64))
+        columns[BAD] = pa.array(bad)
         if self.replacing and batch_idx == 0:
             commits.check_replaced_types(self.source.open().schema, self.outputs.types)
         fragments, offsets = split_addresses(addresses)
@@ -210,10 +338,22 @@ class LancePredictionWriter(BasePredictionWriter):
                 self._flush(fragment)
         self._finish_ready(self.done_through)
 
+    def _kept(self, error: ConfigError) -> ConfigError:
+        """``error`` saying what stays of the run: its folder and the hold tag on its read version."""
+        tag = commits.hold_tag(self.source, self.run)
+        return ConfigError(
+            error.param,
+            error.value,
+            error.problem,
+            f"{error.fix}. Nothing was committed; the run folder {self.where} and the hold tag {tag} are kept so "
+            f"that a rerun continues; to give the run up instead: delete that folder and run `lance-lightning holds "
+            f"{self.source.uri} --release {tag}`",
+        )
+
     def _flush(self, fragment: int) -> None:
         parts = self.buffers.pop(fragment)
         offsets = np.concatenate([part[0] for part in parts])
-        columns = {name: pa.concat_arrays([part[1][name] for part in parts]) for name in [*self.names, ROW_IDS]}
+        columns = {name: pa.concat_arrays([part[1][name] for part in parts]) for name in [*self.names, ROW_IDS, BAD]}
         if self.folder.read_json("columns.json") is None:
             self.folder.write_json("columns.json", types_json(self.outputs.types))
         self.folder.write_piece(fragment, self.rank, offsets, columns)
@@ -252,20 +392,25 @@ class LancePredictionWriter(BasePredictionWriter):
                 self.folder.finish(self.source, fragment, self._types(), self.replacing)
 
     def _commit(self) -> None:
-        if self.table:
-            fragments, options = list(self.order), self.source.storage_options
-            version = commits.write_table(self.folder, fragments, self.table, options, self.run, self.overwrite)
-            self._mark(self.source, version)
-            return
-        self._mark(
-            self.source,
-            commits.commit(self.source, self.folder, list(self.order), self.run, self.names, self.replacing),
-        )
+        try:
+            if self.table:
+                fragments, options = list(self.order), self.source.storage_options
+                version = commits.write_table(self.folder, fragments, self.table, options, self.run, self.overwrite)
+                self._mark(self.source, version)
+                return
+            version, made = commits.commit(
+                self.source, self.folder, list(self.order), self.run, self.names, self.replacing
+            )
+        except ConfigError as error:
+            raise self._kept(error) from None
+        self._mark(self.source, version, twin=not made)
 
-    def _mark(self, source: PinnedSource, version: int) -> None:
-        """Rank zero, after the commit: the marker, the report line, the pieces and the hold released."""
+    def _mark(self, source: PinnedSource, version: int, twin: bool = False) -> None:
+        """Rank zero, after the commit: the marker, the report line, the pieces and the hold released
+        (``twin``: a concurrent run of the same command made the commit)."""
         fragments = [int(f) for f in self.folder.read_json("run.json")["order"]]
         latest = lance.dataset(source.location, storage_options=source.storage_options)
+        bad = commits.bad_rows(self.folder, fragments)
         if self.table:
             rows, written = commits.table_written(self.table, source.storage_options, version)
             appended = latest.count_rows() - latest.checkout_version(source.version).count_rows()
@@ -275,12 +420,21 @@ class LancePredictionWriter(BasePredictionWriter):
                 latest.checkout_version(version).count_rows() - latest.checkout_version(source.version).count_rows()
             )
         marker = {"run": self.run, "version": version, "read_version": source.version, "columns": self.names}
-        marker.update(rows=rows, bytes=written, appended_rows=max(0, appended))
+        marker.update(rows=rows, bad_rows=bad, bytes=written, appended_rows=max(0, appended))
         self.folder.write_json("marker.json", marker)
         self.folder.drop_pieces()
         commits.release(source, self.run)
         where = f"table {self.table} (rows of {source.uri})" if self.table else source.uri
         late = f"; {appended} rows appended meanwhile have no value (null)" if appended > 0 else ""
+        if bad:
+            late += f"; {bad} bad rows (replaced by the bad-row policy) have no value (null)"
+        if twin:
+            rank_zero_info(
+                f"prediction writer: column(s) {', '.join(self.names)} of {where} are in version {version}, committed "
+                f"by another run of the same command (run {self.run}, read version {source.version}) while this one "
+                f"ran: {rows} rows{late}"
+            )
+            return
         rank_zero_info(
             f"prediction writer: wrote column(s) {', '.join(self.names)} of {where}: {rows} rows, "
             f"{runs.size(written)} of new column files, committed as version {version} (run {self.run}, read version "
@@ -291,6 +445,14 @@ class LancePredictionWriter(BasePredictionWriter):
         if not self.outputs.types:
             self.outputs.types = read_types(self.folder.read_json("columns.json"))
         return self.outputs.types
+
+
+#: Column names Lance or row identity use: an output column may not take them.
+_RESERVED = frozenset({"_rowid", "_rowaddr", "_rowoffset", "_distance", "_score", *IDENTITY_KEYS})
+
+
+def _plain(name: str) -> str:
+    return name.strip().replace(".", "_").lstrip("_") or "prediction"
 
 
 def _rows(parts: list[tuple[np.ndarray, dict[str, pa.Array]]]) -> int:

@@ -19,7 +19,7 @@ import pytest
 from tests.harness import REPO_ROOT, subprocess_env
 from tests.predict_writer_model import embedding_of, write_rows
 
-COLUMNS = ["emb", "score", "name"]
+COLUMNS = ["emb", "score", "name", "draw"]
 WORKER = str(REPO_ROOT / "tests" / "predict_writer_model.py")
 
 

@@ -143,7 +143,9 @@ class _BadModel(pl.LightningModule):
     def __init__(self, bad: str) -> None:
         super().__init__()
         self.bad = bad
-        self.layer = torch.nn.Linear(1, 1)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(1, 1)
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
         rows = len(batch["id"])
