@@ -354,8 +354,9 @@ class LanceDataModule(pl.LightningDataModule):
             self.position_shifts[split] = list(position_shifts)
         self._check_plans()
 
-    def explain(self, split: Split = "train") -> str:
-        """Which plan was chosen for ``split`` and why: rows, selectivity, strategy, batches per rank."""
+    def explain(self, split: Split = "train", world_size: int | None = None) -> str:
+        """Which plan was chosen for ``split`` and why: rows, selectivity, strategy, batches per rank
+        (of ``world_size`` ranks; the trainer's, or 1, when not given)."""
         if split not in self.plans:
             if self.sources.get(split) is None:
                 raise ConfigError("split", split, "that split is not configured", f"configure `data.{split}`")
@@ -364,7 +365,7 @@ class LanceDataModule(pl.LightningDataModule):
         holds = describe_holds([source.stands_for or source for source in plan.sources], self.version_hold.run)
         uris = [(source.stands_for or source).uri for source in plan.sources]
         prepared = [self.prepared[uri] for uri in uris if uri in self.prepared]
-        return "\n".join([plan.explain(self.world_size), *([holds] if holds else []), *prepared])
+        return "\n".join([plan.explain(world_size or self.world_size), *([holds] if holds else []), *prepared])
 
     # -- dataloaders ------------------------------------------------------------------------
     def train_dataloader(self) -> LanceDataLoader:

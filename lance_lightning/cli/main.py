@@ -29,15 +29,19 @@ _TOOLS = {
     "materialize": "lance_lightning.cli.materialize:materialize_main",
     "holds": "lance_lightning.cli.holds:holds_main",
     "prepare": "lance_lightning.cli.prepare:prepare_main",
+    "explain": "lance_lightning.cli.explain:main",
 }
+#: LightningCLI's subcommands (`lance_lightning.cli.lightning`).
+_STAGES = ("fit", "validate", "test", "predict")
 _DESCRIPTION = (
     "Train with a LanceDataModule. Also: `lance-lightning profile --config X.yaml [--batches N] "
     "[--split train]` runs only the data pipeline of a config and reports what limits it; "
     "`lance-lightning materialize --uri URI --out-dir DIR` copies a source to a local view once; "
     "`lance-lightning holds URI [--release]` lists (or removes) the tags that hold versions fits train on; "
-    "`lance-lightning prepare --format F --input PATH --output URI` converts raw files to a Lance dataset."
+    "`lance-lightning prepare --format F --input PATH --output URI` converts raw files to a Lance dataset; "
+    "`lance-lightning explain --config X.yaml [--split S] [--world_size N]` prints each split's plan."
 )
-_HELP = f"""usage: lance-lightning [-h] {{fit,validate,test,predict,profile,materialize,holds,prepare}} ...
+_HELP = f"""usage: lance-lightning [-h] {{{",".join([*_STAGES, *_TOOLS])}}} ...
 
 {_DESCRIPTION}
 
@@ -50,6 +54,7 @@ subcommands (each takes --config X.yaml and --help):
   materialize  Copy a (remote) Lance dataset to a local materialized view, once.
   holds        List (or --release) the Lance tags holding the versions fits train on.
   prepare      Convert raw files (image folders, tar shards, Parquet, HF) to a Lance dataset, resumably.
+  explain      Print the plan of each split of a config (version, rows, strategy, batches per rank).
 
 Errors print a few lines; set {TRACEBACK_ENV}=1 for the full traceback.
 """
@@ -63,6 +68,10 @@ def main(args: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(_HELP, end="")
         return
+    if not argv[0].startswith("-") and argv[0] not in (*_STAGES, *_TOOLS):
+        choices = ", ".join([*_STAGES, *_TOOLS])
+        print(f"lance-lightning: error: {argv[0]!r} is not a subcommand (choose from {choices})", file=sys.stderr)
+        sys.exit(2)
     try:
         if argv[0] in _TOOLS:
             module, function = _TOOLS[argv[0]].split(":")

@@ -48,8 +48,17 @@ _IGNORED_VALUES = ("seed_everything", "ckpt_path")
 _IGNORED_HELP = "ignored without --replay (no model is run); with it, as in `lance-lightning fit`"
 
 
-def build_parser(data_options: bool = True) -> Any:
-    """The profile parser; without ``data_options`` ``data:`` is one mapping (no Lightning import)."""
+def build_parser(
+    data_options: bool = True,
+    *,
+    prog: str = "lance-lightning profile",
+    description: str = "Run only the data pipeline of a training config for N batches and report what limits "
+    "it. With --replay, fit the config's model for N steps instead and add the compute floor to the report.",
+    profile_options: bool = True,
+) -> Any:
+    """The parser of a command that reads a fit config's ``data:`` and ignores its other keys (``profile``,
+    ``explain``); without ``data_options`` ``data:`` is one mapping (no Lightning import); without
+    ``profile_options`` it has only ``--config`` and the config's keys."""
     from typing import Optional
 
     from jsonargparse import ActionConfigFile, ArgumentParser
@@ -60,28 +69,25 @@ def build_parser(data_options: bool = True) -> Any:
     class ProfileParser(OneScreenParser, ArgumentParser):
         """Redacted dumps, one-screen errors."""
 
-    parser = ProfileParser(
-        prog="lance-lightning profile",
-        description="Run only the data pipeline of a training config for N batches and report what limits it. "
-        "With --replay, fit the config's model for N steps instead and add the compute floor to the report.",
-    )
+    parser = ProfileParser(prog=prog, description=description)
     parser.add_argument("--config", action=ActionConfigFile, help="a lance-lightning fit config (YAML)")
-    parser.add_argument("--batches", type=int, default=200, help="batches to read (epochs follow each other)")
-    parser.add_argument("--split", type=Split, default="train", help="which split's loader to run")
-    parser.add_argument("--progress", type=bool, default=True, help="show a progress bar on stderr")
-    parser.add_argument(
-        "--replay",
-        type=Optional[Any],
-        default=None,
-        help="also build the model and fit --batches steps, then replay this many cached batches: "
-        "report the compute floor (the step with data for free)",
-    )
-    parser.add_argument(
-        "--replay_steps",
-        type=Optional[Any],
-        default=None,
-        help="steps to replay (with --replay; default: DataLoadingMonitor's replay_steps, 20)",
-    )
+    if profile_options:
+        parser.add_argument("--batches", type=int, default=200, help="batches to read (epochs follow each other)")
+        parser.add_argument("--split", type=Split, default="train", help="which split's loader to run")
+        parser.add_argument("--progress", type=bool, default=True, help="show a progress bar on stderr")
+        parser.add_argument(
+            "--replay",
+            type=Optional[Any],
+            default=None,
+            help="also build the model and fit --batches steps, then replay this many cached batches: "
+            "report the compute floor (the step with data for free)",
+        )
+        parser.add_argument(
+            "--replay_steps",
+            type=Optional[Any],
+            default=None,
+            help="steps to replay (with --replay; default: DataLoadingMonitor's replay_steps, 20)",
+        )
     if data_options:
         from lance_lightning.datamodule import LanceDataModule
 
@@ -94,10 +100,11 @@ def build_parser(data_options: bool = True) -> Any:
             help="the LanceDataModule's arguments, as under `data:` of a fit config; "
             "`lance-lightning fit --help` lists them",
         )
+    ignored = _IGNORED_HELP if profile_options else "ignored: no model is built"
     for key in _IGNORED_DICTS:
-        parser.add_argument(f"--{key}", type=Optional[dict], default=None, help=_IGNORED_HELP)
+        parser.add_argument(f"--{key}", type=Optional[dict], default=None, help=ignored)
     for key in _IGNORED_VALUES:
-        parser.add_argument(f"--{key}", type=Optional[Any], default=None, help=_IGNORED_HELP)
+        parser.add_argument(f"--{key}", type=Optional[Any], default=None, help=ignored)
     return parser
 
 
