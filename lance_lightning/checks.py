@@ -1,4 +1,4 @@
-"""The one validator for configuration values: integers, choices and credentials.
+"""The one validator for configuration values: integers, positive numbers, choices and credentials.
 
 Guarantees: a value that fails a check raises `ConfigError` naming the parameter, the value and
 the fix; ``bool`` never passes as an integer (YAML ``true`` is not 1); `check_not_redacted`
@@ -8,6 +8,7 @@ and says to pass credentials through the environment.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -29,6 +30,17 @@ def check_int(
     if not is_int(value) or (minimum is not None and value < minimum):
         if problem is None:
             problem = "must be an integer" if minimum is None else f"must be an integer >= {minimum}"
+        raise ConfigError(param, value, problem, fix)
+    return value
+
+
+def check_positive_number(param: str, value: Any, fix: str, *, optional: bool = False) -> Any:
+    """``value`` if it is a finite number > 0 (``None`` when ``optional``), else `ConfigError`
+    (``inf``, ``nan``, 0, negatives, ``bool`` and strings are refused)."""
+    if optional and value is None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        problem = "must be a finite number > 0" + (", or null" if optional else "")
         raise ConfigError(param, value, problem, fix)
     return value
 

@@ -5,7 +5,8 @@ column ``video`` (or plain binary with ``blob=False``) beside ``id`` and ``label
 ``truncated`` hold only the first half of their file, rows in ``garbage`` random bytes, rows in
 ``short`` fewer frames than any clip here asks for. `write_audio` does the same for FLAC tones.
 Each video is encoded once per process (cached), so datasets written from the same rows in one
-process hold the same bytes.
+process hold the same bytes. `write_corpus_media` writes the files of `tests.media_corpus` of
+one kind (every container and codec) the same way, ``label`` being the row and ``name`` the file's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from lance_lightning.media.synthetic import encode_audio, encode_video, moving_shapes, tone
+from tests.media_corpus import MediaFile, corpus
 
 FPS = 24
 BLOB = {"lance-encoding:blob": "true"}
@@ -67,6 +69,24 @@ def write_audio(
         )
         files.append(data[: len(data) // 3] if row in truncated else data)
     return _write(path, "audio", files, True, rows, None)
+
+
+def write_corpus_media(path: Path | str, kind: str, names: tuple[str, ...] | None = None) -> list[MediaFile]:
+    """The corpus files of ``kind`` ("video" or "audio"; only ``names`` when given) as a Lance
+    blob column ``kind`` beside ``id``, ``label`` (the row) and ``name``; their descriptions, by row."""
+    items = [item for item in corpus() if item.kind == kind and (names is None or item.name in names)]
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64()),
+            pa.field(kind, pa.large_binary(), metadata=BLOB),
+            pa.field("label", pa.int64()),
+            pa.field("name", pa.string()),
+        ]
+    )
+    rows = range(len(items))
+    data = {"id": rows, kind: [item.data for item in items], "label": rows, "name": [item.name for item in items]}
+    lance.write_dataset(pa.table(data, schema=schema), str(path), max_rows_per_file=4)
+    return items
 
 
 def _write(path: Path | str, column: str, values: list[bytes], blob: bool, rows: int, fragment_rows: int | None) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from lance_lightning.checks import check_choice, check_int
+from lance_lightning.checks import check_choice, check_int, check_positive_number
 from lance_lightning.errors import ConfigError
 
 START_MODES = ("random", "even")
@@ -96,8 +96,9 @@ class VideoClips(ClipSampler):
         super().__init__(column, clips_per_item, starts, seed, decoder, open_files)
         check_int("VideoClips.frames", frames, 1, "set frames: 8")
         check_int("VideoClips.frame_step", frame_step, 1, "set frame_step: 1")
-        if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0):
-            raise ConfigError("VideoClips.fps", fps, "must be a positive number or null", "set fps: 8, or null")
+        check_positive_number(
+            "VideoClips.fps", fps, "set fps: 8 (frames per second of the video's time), or null", optional=True
+        )
         self.frames = frames
         self.frame_step = frame_step
         self.fps = None if fps is None else float(fps)
@@ -137,8 +138,7 @@ class AudioClips(ClipSampler):
         open_files: int = 64,
     ) -> None:
         super().__init__(column, clips_per_item, starts, seed, decoder, open_files)
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-            raise ConfigError("AudioClips.seconds", seconds, "must be a positive number", "set seconds: 1.0")
+        check_positive_number("AudioClips.seconds", seconds, "set seconds: 1.0")
         check_int("AudioClips.sample_rate", sample_rate, 1, "set sample_rate: 16000")
         check_choice("AudioClips.channels", channels, (1, 2), "must be 1 (mono) or 2 (stereo)", "set channels: 1")
         self.seconds = float(seconds)

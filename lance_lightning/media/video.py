@@ -51,8 +51,8 @@ def frame_step(opened: OpenVideo, frame_step: int | None = None, fps: float | No
     if frame_step is not None and fps is not None:
         raise ValueError(f"give frame_step or fps, not both (got {frame_step} and {fps})")
     if fps is not None:
-        if not fps > 0:
-            raise ValueError(f"fps must be > 0, got {fps}")
+        if not (math.isfinite(fps) and fps > 0):
+            raise ValueError(f"fps must be a finite number > 0, got {fps}")
         return opened.fps / fps
     if frame_step is None:
         return 1.0

@@ -20,6 +20,8 @@ Guarantees:
   `ReplaceBadRow` decodes, in its place, the clip at another unit chosen by ``(seed, unit,
   attempt)``, so batch sizes never change and every rank keeps its batch count. Each bad clip is
   counted once as ``bad_rows`` in the reading thread's clock.
+- Videos of different sizes in one batch with ``size: null`` raise `ConfigError` naming
+  ``VideoClips.size``, both sizes and their rows, and the fix (set ``size``).
 - Each batch is an Arrow table: the split's other columns of each clip's row, the media column as
   a ``fixed_shape_tensor`` (video ``uint8 [T, 3, H, W]``, audio ``float32 [channels, samples]``),
   ``<column>_timestamps`` (video frame times) or ``<column>_start`` (audio start, seconds), and
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lance_lightning.errors import BadMedia, BadRowError
+from lance_lightning.errors import BadMedia, BadRowError, ConfigError
 from lance_lightning.media.decoders import ClipDecoder, clip_decoder
 from lance_lightning.media.samplers import AudioClips
 from lance_lightning.metrics.clock import active_clock
@@ -118,7 +120,7 @@ class ClipReader(PlanReader):
             if index is not None:
                 table = table.take(pa.array(index))
             columns.update((name, table.column(name)) for name in table.column_names)
-        columns[self.sampler.column] = _tensor(np.stack(media))
+        columns[self.sampler.column] = _tensor(_stack(media, rows, self.sampler.column))
         suffix = "_start" if isinstance(self.sampler, AudioClips) else "_timestamps"
         columns[self.sampler.column + suffix] = _fixed_list(np.stack(times))
         columns[CLIP_ROW] = pa.array(rows, pa.int64())
@@ -268,6 +270,25 @@ class TimedFile(io.RawIOBase):
 
 #: Seconds the current thread spent in media file reads since its clip read began.
 _FILE_TIME = threading.local()
+
+
+def _stack(media: list[np.ndarray], rows: np.ndarray, column: str) -> np.ndarray:
+    """The clips of a batch as one array; `ConfigError` naming ``VideoClips.size`` when videos of
+    different sizes meet in one batch with ``size: null`` (no resize)."""
+    shapes = {clip.shape for clip in media}
+    if len(shapes) > 1:
+        first = media[0].shape
+        other = next(i for i, clip in enumerate(media) if clip.shape != first)
+        sizes = [f"{shape[-2]}x{shape[-1]}" for shape in (first, media[other].shape)]
+        raise ConfigError(
+            "VideoClips.size",
+            None,
+            f"keeps each video's own size, and one batch holds clips of column {column!r} of {sizes[0]} "
+            f"(dataset row {int(rows[0])}) and {sizes[1]} (dataset row {int(rows[other])}), which cannot be "
+            "stacked into one tensor",
+            f"set size: [height, width] (e.g. size: [{first[-2]}, {first[-1]}]) to resize every clip while decoding",
+        )
+    return np.stack(media)
 
 
 def _tensor(values: np.ndarray) -> pa.Array:

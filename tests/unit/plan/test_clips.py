@@ -65,6 +65,13 @@ def test_clip_units_map_each_clip_to_its_row() -> None:
         (lambda: VideoClips(decoder="torchcodec"), "VideoClips.decoder"),
         (lambda: VideoClips(column=""), "VideoClips.column"),
         (lambda: AudioClips(seconds=0), "AudioClips.seconds"),
+        # Regression (#50): `fps: .inf` passed and failed at decode, naming neither `fps` nor a fix.
+        (lambda: VideoClips(fps=float("inf")), "VideoClips.fps"),
+        (lambda: VideoClips(fps=float("nan")), "VideoClips.fps"),
+        (lambda: VideoClips(fps=-2.0), "VideoClips.fps"),
+        (lambda: VideoClips(fps="8"), "VideoClips.fps"),
+        (lambda: AudioClips(seconds=float("inf")), "AudioClips.seconds"),
+        (lambda: AudioClips(seconds=float("nan")), "AudioClips.seconds"),
         (lambda: AudioClips(channels=6), "AudioClips.channels"),
         (lambda: AudioClips(open_files=0), "AudioClips.open_files"),
     ],
@@ -73,7 +80,9 @@ def test_bad_sampler_arguments_name_the_parameter(make, param: str) -> None:
     with pytest.raises(ConfigError) as error:
         make()
     assert error.value.param == param
-    assert "Fix:" in str(error.value)
+    assert "Fix:" in str(error.value) and f"`{param}`=" in str(error.value)
+    if param in ("VideoClips.fps", "AudioClips.seconds"):
+        assert "must be a finite number > 0" in str(error.value)
 
 
 def test_samplers_describe_what_chooses_a_clip() -> None:

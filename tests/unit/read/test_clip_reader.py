@@ -20,7 +20,8 @@ from lance_lightning.media.decoders import clip_decoder
 from lance_lightning.media.video import decode_video_clip
 from lance_lightning.plan.clips import start_fractions
 from lance_lightning.plan.packing import TokenPacking
-from tests.videos import write_audio, write_videos
+from tests.media_corpus import whole_audio, whole_video_rgb
+from tests.videos import write_audio, write_corpus_media, write_videos
 
 CLIPS = VideoClips(frames=3, frame_step=2, clips_per_item=2, size=[16, 16], seed=4)
 
@@ -193,3 +194,83 @@ def test_a_missing_decoder_is_named_before_reading(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("clips.decoder |") and "uv add av" in out.stdout
+
+
+# -- the media corpus through the reader (#50) ------------------------------------------------------
+def by_row(dm: LanceDataModule, media: str) -> dict[int, list[tuple[np.ndarray, np.ndarray]]]:
+    """Each dataset row's clips (media, times), in start order."""
+    clips: dict[int, list] = {}
+    for batch in batches(dm):
+        for i, row in enumerate(batch["_clip_row"].tolist()):
+            times = batch[f"{media}_timestamps" if media == "video" else f"{media}_start"][i].numpy()
+            clips.setdefault(row, []).append((batch[media][i].numpy(), times))
+    return {row: sorted(found, key=lambda clip: float(clip[1][0])) for row, found in clips.items()}
+
+
+def test_corpus_videos_give_the_whole_decode_at_the_first_middle_and_last_clip(tmp_path: Path) -> None:
+    """MP4, MOV, MKV, WebM, AVI and MPEG-TS (with longer and shorter audio tracks, start offsets,
+    B-frames, 29.97/60 fps, variable rate) as Lance blobs: the first, middle and last possible
+    clips equal a whole-stream PyAV decode (resized by PyAV) at their indices, and the last clip
+    ends at the stream's last decoded frame (a container duration covering a longer audio track
+    planned frames that do not exist, and an AVI clip at frame 0 failed to seek)."""
+    items = write_corpus_media(tmp_path / "v.lance", "video")
+    size, frames, step = (32, 48), 5, 2
+    sampler = VideoClips(frames=frames, frame_step=step, clips_per_item=3, starts="even", size=list(size))
+    dm = LanceDataModule(
+        train=LanceSource(str(tmp_path / "v.lance"), columns=["video", "name"]),
+        batch_size=5,
+        clips=sampler,
+        drop_last=False,
+    )
+    clips = by_row(dm, "video")
+    assert sorted(clips) == list(range(len(items)))
+    span = (frames - 1) * step + 1
+    for row, item in enumerate(items):
+        expected = whole_video_rgb(item.data, size)
+        assert len(expected) == item.frames
+        for fraction, (pixels, times) in zip((0.0, 0.5, 1.0), clips[row], strict=True):
+            first = int(np.floor(fraction * (item.frames - span)))
+            indices = np.arange(first, first + span, step)
+            np.testing.assert_array_equal(
+                pixels.transpose(0, 2, 3, 1), expected[indices], err_msg=f"{item.name} {fraction}"
+            )
+            np.testing.assert_allclose(times, np.array(item.frame_times)[indices], err_msg=item.name)
+        assert clips[row][-1][1][-1] == pytest.approx(item.frame_times[-1])  # the last clip ends at the last frame
+
+
+def test_corpus_audio_windows_are_the_whole_decode_within_the_codec_tolerance(tmp_path: Path) -> None:
+    """WAV, FLAC, MP3, M4A and Ogg/Opus as Lance blobs: windows at the start, middle and end equal
+    the whole stream decoded and resampled by PyAV, exactly for WAV and FLAC, within the codec's
+    stated tolerance for the lossy ones (MP3 windows were off by up to 0.38 from their start)."""
+    items = write_corpus_media(tmp_path / "a.lance", "audio")
+    rate, seconds = 16000, 0.5
+    sampler = AudioClips(seconds=seconds, sample_rate=rate, clips_per_item=3, starts="even")
+    dm = LanceDataModule(
+        train=LanceSource(str(tmp_path / "a.lance"), columns=["audio"]), batch_size=4, clips=sampler, drop_last=False
+    )
+    windows = by_row(dm, "audio")
+    count = round(seconds * rate)
+    for row, item in enumerate(items):
+        expected = whole_audio(item.data, rate, 1)
+        total = item.duration_samples * rate // item.sample_rate
+        assert total <= expected.shape[1]
+        for fraction, (samples, start) in zip((0.0, 0.5, 1.0), windows[row], strict=True):
+            first = round(fraction * (total - count))
+            assert float(start[0]) == first / rate
+            error = float(np.max(np.abs(samples[0] - expected[0, first : first + count])))
+            assert error <= item.tolerance, f"{item.name} at {fraction}: off by {error:.4g}"
+
+
+def test_videos_of_two_sizes_without_size_name_the_parameter(tmp_path: Path) -> None:
+    """Regression (#50): `size: null` with videos of two sizes ended in 106 lines of numpy's "all
+    input arrays must have the same shape"."""
+    write_corpus_media(tmp_path / "v.lance", "video", names=("h264.mp4", "h264_60.mp4"))
+    dm = LanceDataModule(
+        train=LanceSource(str(tmp_path / "v.lance"), columns=["video"]),
+        batch_size=2,
+        clips=VideoClips(frames=2),
+    )
+    with pytest.raises(ConfigError) as error:
+        batches(dm)
+    assert error.value.param == "VideoClips.size"
+    assert "48x64" in str(error.value) and "32x48" in str(error.value) and "set size: [" in str(error.value)
