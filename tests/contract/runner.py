@@ -21,6 +21,9 @@ Guarantees:
   of the table, SIGKILLs a prepare of it where the scenario says, and runs the stopped phase
   before the reference one: the scenario's own first fit (in this process, the CLI or DDP)
   prepares the table; the versions it pins are read after it.
+- A scenario's issue #50 parts (`tests.contract.parts`: a prepare of raw files, the prediction
+  writer, clips over the media corpus) run first, each in a folder of its own; ``fit=False``
+  runs only them.
 - The package's Lance tags on every table are recorded after the stopped and the resumed runs.
   A scenario with ``resume.maintenance`` runs `truth.maintain` in between (only when a checkpoint
   is resumed: a fresh run would read the compacted layout); the resume must then fail with a
@@ -49,6 +52,7 @@ import torch
 import yaml
 
 from tests.contract import prepared, store, truth
+from tests.contract.parts import run_parts
 from tests.contract.phase import REFERENCE_BATCH, cli_config, run_phase, scenario_environment
 from tests.contract.scenario import Scenario, Topology
 
@@ -118,6 +122,8 @@ class Run:
     #: ``root``, what the kill left (``killed``) and its `prepared.state` after the stopped run, the
     #: reference run and before the resume.
     prepare: dict[str, Any] = field(default_factory=dict)
+    #: The failures of the scenario's issue #50 parts (`tests.contract.parts.run_parts`).
+    parts: list[str] = field(default_factory=list)
 
 
 def held_after_stop(scenario: Scenario, checkpointed: bool = True) -> bool:
@@ -137,10 +143,16 @@ def run_scenario(scenario: Scenario, root: Path, isolate: bool = False, s3: Any 
     """Write the scenario's tables under ``root`` (or on S3: on the started server ``s3``, or one
     started for this scenario) and run its phases; return what they recorded."""
     root.mkdir(parents=True, exist_ok=True)
+    parts = run_parts(scenario, root / "parts")
+    if scenario.fit is False:
+        return Run(scenario, parts=parts)
     if scenario.store is None:
-        return _run_scenario(scenario, root, isolate, truth.write_tables(scenario, root))
-    with store.serving() if s3 is None else nullcontext(s3) as server:
-        return _run_scenario(scenario, root, isolate, store.write_tables(scenario, root, server))
+        run = _run_scenario(scenario, root, isolate, truth.write_tables(scenario, root))
+    else:
+        with store.serving() if s3 is None else nullcontext(s3) as server:
+            run = _run_scenario(scenario, root, isolate, store.write_tables(scenario, root, server))
+    run.parts = parts
+    return run
 
 
 def _run_scenario(scenario: Scenario, root: Path, isolate: bool, uris: list[str]) -> Run:

@@ -49,8 +49,12 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from tests.contract import truth
+from tests.contract.media_draws import Media
+from tests.contract.parts import draw_parts
+from tests.contract.prepare_draws import Ingest
 from tests.contract.replay import Replay, draw_replay
 from tests.contract.store import Cache, Store, with_store
+from tests.contract.writer_draws import Writing
 
 #: Calls a user script makes on the data module before ``trainer.fit`` (in order).
 CALLS_BEFORE_FIT = ("explain", "setup", "train_dataloader", "state_dict", "peek", "dataset")
@@ -275,6 +279,15 @@ class Scenario:
     #: False: every loader waits for its workers (``LANCE_LIGHTNING_WORKER_HANDOFF=off``) instead of
     #: reading the first batches while they start (None: the default; absent from the JSON).
     handoff: bool | None = None
+    #: Issue #50's parts (`tests.contract.parts`), each checked against its own oracle beside the
+    #: fit: a ``prepare`` of raw files (`tests.contract.prepare_draws.Ingest`), a ``Trainer.predict``
+    #: with the prediction writer (`tests.contract.writer_draws.Writing`) and clips over the media
+    #: corpus (`tests.contract.media_draws.Media`); None: not drawn (absent from the JSON).
+    ingest: Ingest | None = None
+    writing: Writing | None = None
+    media: Media | None = None
+    #: False: only the parts above run (a replayed case of one of them; the fit is not run).
+    fit: bool | None = None
 
     @property
     def sources(self) -> list[Source]:
@@ -323,7 +336,9 @@ _SCHEDULE_FIELDS = ("schedule", "interpolate", "step_samples")
 #: ``wide_bytes`` when drawn: batches between `VIEW_BYTES` (64 KiB) and 1 MiB.
 SMALL_WIDE_BYTES = 96 * 1024
 #: Fields of `Scenario` left out of the JSON when None.
-_LATER_FIELDS = ("store", "replay", "prepare", "clips", "wide", "handoff", "wide_bytes")
+_LATER_FIELDS = (
+    "store", "replay", "prepare", "clips", "wide", "handoff", "wide_bytes", "ingest", "writing", "media", "fit"
+)  # fmt: skip
 #: Fields added to a part of `Scenario` later, left out of the JSON while at their default (so
 #: that every scenario written before them reads and writes the same line).
 _DEFAULTED_FIELDS = {
@@ -431,7 +446,7 @@ def generate(seed: int) -> Scenario:
             scenario = replace(scenario, wide_bytes=SMALL_WIDE_BYTES)
     if workers and random.Random(f"{seed}-handoff").random() < 0.3:
         scenario = replace(scenario, handoff=False)
-    return _prepare(random.Random(f"{seed}-prepare"), scenario)
+    return draw_parts(seed, _prepare(random.Random(f"{seed}-prepare"), scenario))
 
 
 def _table(rng: random.Random, index: int, tokens: bool) -> Table:

@@ -1,0 +1,299 @@
+"""``prepare`` drawn (issue #50): every format, unit size against worker count, blob members, bad
+files, a SIGKILL at every commit point and the rerun, checked against the input files themselves.
+
+Guarantees:
+- `Ingest` (a `tests.contract.scenario.Scenario`'s ``ingest``; JSON like every part of it) says
+  what one prepare composes: the format (``imagefolder``, ``videofolder``, ``audiofolder``,
+  ``webdataset``, ``parquet``), how many files (samples) in how many classes (shards), whether
+  members average 1 MiB or more (a webdataset extension stored as a Lance blob), ``unit_files``
+  against ``workers`` (often more than ``2 * workers`` units), a truncated JPEG among the images
+  (``on_bad_file: skip``: it must be skipped and listed), and where a first prepare is SIGKILLed
+  (``commit:N``, ``write:N``, ``rename``: `tests/prepare_kill.py`) before the rerun.
+- `draw_ingest` draws one from its own random stream; `write_input` writes the raw files
+  (deterministic bytes from ``seed``; video and audio bytes are not decoded by ``prepare``, so
+  random bytes under the right extension are the file's bytes as well as any).
+- `run_ingest` runs what the user runs: ``lance-lightning prepare`` in a subprocess (the killed one
+  through `tests/prepare_kill.py`, then the same command again) and returns every failure.
+- The oracle (`expected_rows`, `compare`) is computed without the package from the files on disk:
+  every row's every column read back from the dataset (blob columns as bytes) equals the file's
+  bytes, its class folder's position and name, its relative path (webdataset: the sample's key,
+  shard and each member's bytes; parquet: the input's rows), ids the input positions, nothing
+  more; a skipped file is named in the closing report; the rerun after a kill says resumed (or
+  already complete after ``rename``) and leaves a complete dataset and no ``.partial``.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import signal
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+KILLER = REPO_ROOT / "tests" / "prepare_kill.py"
+FORMATS = ("imagefolder", "videofolder", "audiofolder", "webdataset", "parquet")
+#: A member size at or above which the webdataset extension becomes a blob column (``shards.BLOB_BYTES``,
+#: restated: the oracle does not import the package).
+BIG = (1 << 20) + 4096
+_EXTENSIONS = {"imagefolder": ("png", "jpg"), "videofolder": ("mp4", "mkv"), "audiofolder": ("wav", "flac")}
+#: What the closing report says of a skipped truncated image (the file's path is on the line).
+SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class Ingest:
+    """One prepare of raw files, killed and rerun where drawn."""
+
+    format: Literal["imagefolder", "videofolder", "audiofolder", "webdataset", "parquet"] = "imagefolder"
+    #: Files (folders: media files; webdataset: samples; parquet: files of ``rows_per_file`` rows).
+    files: int = 6
+    #: Class folders (folders) or samples per shard (webdataset).
+    group: int = 2
+    #: Members of about 1 MiB (folders: each media file; webdataset: the ``bin`` member).
+    big: bool = False
+    unit_files: int = 1
+    workers: int = 1
+    #: A first prepare SIGKILLed at this moment before the rerun (None: one uninterrupted prepare).
+    kill: str | None = None
+    #: One JPEG cut short among the images (imagefolder only).
+    truncated: bool = False
+    seed: int = 0
+
+
+def units(ingest: Ingest) -> int:
+    """How many work units the input makes (one per ``unit_files`` input files; no unit is over
+    ``unit_bytes``' default of 256 MiB here)."""
+    inputs = ingest.files
+    if ingest.format == "webdataset":
+        inputs = -(-ingest.files // ingest.group)
+    elif ingest.format == "parquet":
+        inputs = ingest.files
+    return -(-inputs // ingest.unit_files)
+
+
+def draw_ingest(rng: random.Random) -> Ingest:
+    fmt = rng.choice(FORMATS)
+    big = fmt in ("webdataset", "videofolder", "audiofolder") and rng.random() < 0.5
+    files = rng.randint(3, 7) if big else rng.randint(4, 14)
+    group = rng.randint(1, 3) if fmt == "webdataset" else rng.randint(1, 3)
+    workers = rng.choice([1, 1, 2, 3])
+    ingest = Ingest(fmt, files, group, big, rng.choice([1, 1, 2, 3]), workers, None, False, rng.randrange(1000))
+    if fmt == "imagefolder" and rng.random() < 0.4:
+        ingest = Ingest(**{**ingest.__dict__, "truncated": True})
+    n = units(ingest)
+    if rng.random() < 0.6:
+        moments = [f"write:{rng.randrange(n)}", "rename"] + ([f"commit:{rng.randint(1, n - 1)}"] * 2 if n > 1 else [])
+        ingest = Ingest(**{**ingest.__dict__, "kill": rng.choice(moments)})
+    return ingest
+
+
+# -- the input --------------------------------------------------------------------------------------
+def _image(i: int, jpeg: bool) -> bytes:
+    """A small noisy image (its JPEG's scan data is most of the file)."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(i).integers(0, 256, (24, 20 + i % 5, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG" if jpeg else "PNG")
+    return out.getvalue()
+
+
+def decodes(data: bytes) -> bool:
+    """Whether PIL decodes the whole image (the oracle's test of a good image: every pixel)."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+    except (OSError, SyntaxError, ValueError):
+        return False
+    return True
+
+
+def write_input(ingest: Ingest, root: Path) -> Path:
+    """The raw files of ``ingest`` under ``root/raw`` (written once)."""
+    folder = root / "raw"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(ingest.seed)
+    if ingest.format == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for k in range(ingest.files):
+            rows = rng.randint(1, 9)
+            x = [rng.randrange(1 << 40) for _ in range(rows)]
+            pq.write_table(pa.table({"x": x, "text": [f"f{k}-{v}" for v in x]}), folder / f"part-{k:03d}.parquet")
+        return folder
+    if ingest.format == "webdataset":
+        for shard in range(-(-ingest.files // ingest.group)):
+            with tarfile.open(folder / f"shard-{shard:03d}.tar", "w") as tar:
+                for n in range(min(ingest.group, ingest.files - shard * ingest.group)):
+                    size = BIG + rng.randrange(4096) if ingest.big else rng.randint(10, 3000)
+                    members = {
+                        "bin": rng.randbytes(size),
+                        "cls": str(rng.randrange(5)).encode(),
+                        "txt": rng.randbytes(9),
+                    }
+                    for ext, data in members.items():
+                        info = tarfile.TarInfo(f"s{shard}-{n:02d}.{ext}")
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+        return folder
+    extensions = _EXTENSIONS[ingest.format]
+    for i in range(ingest.files):
+        name = f"class{i % ingest.group}"
+        (folder / name).mkdir(exist_ok=True)
+        ext = extensions[i % 2]
+        if ingest.format == "imagefolder":
+            data = _image(i + ingest.seed, ext == "jpg")
+            if ingest.truncated and i == ingest.files // 2:  # headers whole, the scan cut short
+                whole = _image(i + ingest.seed, True)
+                ext, data = "jpg", whole[: len(whole) * 3 // 4]
+        else:
+            data = rng.randbytes(BIG + rng.randrange(4096) if ingest.big else rng.randint(100, 5000))
+        (folder / name / f"{i:03d}.{ext}").write_bytes(data)
+    return folder
+
+
+def truncated_file(ingest: Ingest) -> str | None:
+    """The relative path of the truncated JPEG (None: there is none)."""
+    if not ingest.truncated or ingest.format != "imagefolder":
+        return None
+    i = ingest.files // 2
+    return f"class{i % ingest.group}/{i:03d}.jpg"
+
+
+# -- the oracle (no package) ------------------------------------------------------------------------
+def _walk(root: Path) -> list[Path]:
+    """Files in the documented order: folders sorted, a folder's files (sorted) before its sub-folders'."""
+    import os
+
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [Path(folder) / name for name in sorted(files) if not name.startswith(".")]
+    return found
+
+
+def expected_rows(ingest: Ingest, folder: Path) -> dict[int, dict[str, Any]]:
+    """id -> every column's value, from the files on disk."""
+    rows: dict[int, dict[str, Any]] = {}
+    files = _walk(folder)
+    if ingest.format == "parquet":
+        import pyarrow.parquet as pq
+
+        for row in [r for path in files for r in pq.read_table(path).to_pylist()]:
+            rows[len(rows)] = row
+        return rows
+    if ingest.format == "webdataset":
+        for path in files:
+            with tarfile.open(path) as tar:
+                for member in tar.getmembers():
+                    key, _, ext = member.name.partition(".")
+                    if not rows or rows[len(rows) - 1]["key"] != key:
+                        rows[len(rows)] = {"key": key, "shard": path.name}
+                    rows[len(rows) - 1][ext.replace(".", "_")] = tar.extractfile(member).read()
+        return rows
+    column = {"imagefolder": "image", "videofolder": "video", "audiofolder": "audio"}[ingest.format]
+    classes = sorted({path.parent.name for path in files})
+    for i, path in enumerate(files):
+        relative = path.relative_to(folder).as_posix()
+        if column != "image" or decodes(path.read_bytes()):
+            label = classes.index(path.parent.name)
+            rows[i] = {column: path.read_bytes(), "label": label, "label_name": path.parent.name, "path": relative}
+    return rows
+
+
+def read_back(uri: str) -> dict[int, dict[str, Any]]:
+    """Every row of the dataset at ``uri``, blob columns as bytes, keyed by ``id`` (pylance only)."""
+    import lance
+
+    dataset = lance.dataset(uri)
+    table = dataset.to_table(blob_handling="all_binary")
+    rows: dict[int, dict[str, Any]] = {}
+    for row in table.to_pylist():
+        rows.setdefault(row.pop("id"), row)
+    if len(rows) != table.num_rows:
+        rows[-1] = {"duplicate ids": table.num_rows - len(rows)}
+    return rows
+
+
+def compare(want: dict[int, dict[str, Any]], got: dict[int, dict[str, Any]]) -> list[str]:
+    """Where the dataset's rows differ from the input's (the first few)."""
+    problems: list[str] = []
+    if sorted(got) != sorted(want):
+        problems.append(f"prepare: ids {sorted(got)[:20]}, the input has {sorted(want)[:20]} ({len(want)} rows)")
+    for i in sorted(set(want) & set(got)):
+        for name, value in want[i].items():
+            if got[i].get(name) != value:
+                shown = got[i].get(name)
+                shown = f"{len(shown)} bytes" if isinstance(shown, bytes) else repr(shown)[:60]
+                wanted = f"{len(value)} bytes" if isinstance(value, bytes) else repr(value)[:60]
+                problems.append(f"prepare: row {i} column {name}: {shown}, the input has {wanted}")
+        extra = set(got[i]) - set(want[i])
+        if extra and not problems:
+            problems.append(f"prepare: row {i} has columns {sorted(extra)} the input does not")
+        if len(problems) >= 6:
+            break
+    return problems
+
+
+# -- the run ----------------------------------------------------------------------------------------
+def _args(ingest: Ingest, folder: Path, out: str) -> list[str]:
+    return [
+        "--format", ingest.format, "--input", str(folder), "--output", out,
+        "--unit-files", str(ingest.unit_files), "--workers", str(ingest.workers),
+    ]  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, "PYTHONPATH": str(REPO_ROOT)}
+
+
+def run_ingest(ingest: Ingest, root: Path) -> list[str]:
+    """Prepare ``ingest``'s input as a user does (killed and rerun where drawn); every failure."""
+    folder = write_input(ingest, root)
+    out = str(root / "prepared.lance")
+    args = _args(ingest, folder, out)
+    problems: list[str] = []
+    if ingest.kill is not None:
+        killed = subprocess.run(
+            [sys.executable, str(KILLER), ingest.kill, "cli", *args],
+            cwd=root, env=_env(), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if killed.returncode != -signal.SIGKILL:
+            problems.append(f"prepare: the prepare to kill at {ingest.kill} exited {killed.returncode}")
+            problems.append(killed.stderr[-1500:])
+        if Path(out).exists():
+            problems.append(f"prepare: killed at {ingest.kill}, the output already looked complete")
+    done = subprocess.run(
+        [sys.executable, "-m", "lance_lightning.cli", "prepare", *args],
+        cwd=root, env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        return [*problems, f"prepare: exited {done.returncode}:\n{output[-2000:]}"]
+    if ingest.kill is not None:
+        want = "already complete" if ingest.kill == "rename" else "resumed"
+        if want not in output:
+            problems.append(f"prepare: the rerun after a kill at {ingest.kill} said {output.strip()[-300:]!r}")
+    skipped = truncated_file(ingest)
+    if skipped is not None and ingest.kill != "rename" and skipped not in output:
+        problems.append(f"prepare: the truncated {skipped} is not named in the report: {output.strip()[-300:]!r}")
+    if Path(f"{out}.partial").exists():
+        problems.append("prepare: a .partial is left after the rerun")
+    if not Path(out).exists():
+        return [*problems, "prepare: no dataset after the rerun"]
+    try:
+        got = read_back(out)
+    except Exception as error:  # noqa: BLE001 - a dataset that does not read is the finding
+        return [*problems, f"prepare: the dataset does not read back: {type(error).__name__}: {str(error)[:300]}"]
+    return problems + compare(expected_rows(ingest, folder), got)
