@@ -1,6 +1,9 @@
 """The Trainer subcommands of ``lance-lightning`` (fit, validate, test, predict): LightningCLI, made safe.
 
 Guarantees:
+- ``config.yaml`` is written into the run's folder (the log directory) only: a run with no logger
+  and no ``trainer.default_root_dir`` (a predict with ``logger: false``) writes none, never into
+  the current directory.
 - Every config this CLI writes or prints (``config.yaml`` in the log directory, ``--print_config``,
   the hyperparameters stored in checkpoints and ``hparams.yaml``, all made by the parser's
   ``dump``) has its credentials redacted (`lance_lightning.redaction`: secret ``storage_options``
@@ -48,7 +51,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from lance_lightning.cli.parser import OneScreenParser
 from lance_lightning.errors import ConfigError
@@ -204,6 +207,17 @@ def resume_command(argv: list[str] | None, checkpoint: str, extra: list[str] | N
     return shlex.join(words)
 
 
+class RunFolderConfig(SaveConfigCallback):
+    """Lightning's ``config.yaml`` in the run's folder, and nowhere else: a run with no logger and no
+    ``trainer.default_root_dir`` has no folder of its own (Lightning's would be the current
+    directory), so nothing is written."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if trainer.logger is None and self.config.get("trainer.default_root_dir") is None:
+            self.already_saved = True
+        super().setup(trainer, pl_module, stage)
+
+
 class _TrainStarted(Callback):
     """Whether the fit started training (Lightning skips it when a restored run's limits are reached)."""
 
@@ -268,6 +282,7 @@ def run(args: list[str] | None, description: str) -> None:
             datamodule_class=LanceDataModule,
             subclass_mode_model=True,
             parser_class=RedactingParser,
+            save_config_callback=RunFolderConfig,
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"description": description, "prog": "lance-lightning"},
             args=args,

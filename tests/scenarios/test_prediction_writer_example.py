@@ -40,6 +40,7 @@ def test_digits_embed_then_train_on_the_embedding(tmp_path: Path) -> None:
     assert "prediction writer: wrote column(s) embedding of data/digits.lance: 1797 rows" in out
     dataset = lance.dataset(str(tmp_path / "data" / "digits.lance"))
     assert dataset.version == 2 and dataset.schema.field("embedding").type.list_size == 32
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"], "the run left files outside its dataset"
     vectors = np.stack(dataset.to_table(columns=["embedding"])["embedding"].to_numpy(zero_copy_only=False))
     assert vectors.shape == (1797, 32) and np.isfinite(vectors).all() and vectors.std() > 0
 
