@@ -44,6 +44,14 @@ ROW_ID = "_rowid"
 EPOCH_POSITION = "_position"
 EPOCH = "_epoch"
 IDENTITY_KEYS: tuple[str, ...] = (ROW_ADDRESS, ROW_ID, EPOCH_POSITION, EPOCH)
+#: Column names Lance reserves for its system columns: a dataset cannot have a column of these names.
+LANCE_RESERVED_COLUMNS: tuple[str, ...] = (
+    ROW_ID,
+    ROW_ADDRESS,
+    "_rowoffset",
+    "_row_created_at_version",
+    "_row_last_updated_at_version",
+)
 #: A clip's dataset row (its position in the pinned version), in batches of clips (`lance_lightning.read.clips`).
 CLIP_ROW = "_clip_row"
 #: The splits with row identity when ``row_identity`` is not set: predict only.

@@ -1,7 +1,10 @@
 """A prepare that SIGKILLs itself at a chosen moment, for the kill-and-rerun tests (the CLI scenario
 and the contract checker). Moments: ``commit:N`` right after the writer's N-th unit commit,
 ``write:N`` after writing the files of unit N (before its commit; once units 0..N-1 are committed),
-``rename`` after the completion commit, before the output is moved in place.
+``rename`` after the completion commit, before the output is moved in place; and, instead of a
+SIGKILL: ``pause:N`` after the N-th unit commit creates the file named by ``$PREPARE_PAUSED`` and
+sleeps (until a SIGINT, say), ``worker:N`` makes the ``--pool processes`` worker that writes unit N
+SIGKILL itself (spawned workers import this file as ``__mp_main__``, which arms them).
 
     python tests/prepare_kill.py MOMENT cli ARGS...        # lance-lightning prepare ARGS
     python tests/prepare_kill.py MOMENT spec SPEC_JSON OUT  # prepare(Prepare(**SPEC), OUT)
@@ -14,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 
 def arm(moment: str) -> None:
@@ -31,6 +35,10 @@ def arm(moment: str) -> None:
         commits.append(unit.index)
         if kind == "commit" and len(commits) == int(n):
             kill()
+        if kind == "pause" and len(commits) == int(n):
+            Path(os.environ["PREPARE_PAUSED"]).write_text("paused")
+            while True:
+                time.sleep(0.05)
 
     def write_unit(self, unit, *args):  # noqa: ANN001, ANN202
         out = real_write(self, unit, *args)
@@ -44,8 +52,28 @@ def arm(moment: str) -> None:
         return out
 
     writer.DatasetWriter.commit, writer.DatasetWriter.write_unit = commit, write_unit
+    if kind == "worker":
+        os.environ[_WORKER_ENV] = n  # inherited by the spawned workers
     if kind == "rename":
         writer.os.replace = kill
+
+
+#: The unit whose spawned worker SIGKILLs itself (moment ``worker:N``).
+_WORKER_ENV = "PREPARE_KILL_WORKER"
+
+
+def _arm_worker(unit_index: int) -> None:
+    """In a spawned worker: SIGKILL this process when it starts writing unit ``unit_index``."""
+    from lance_lightning.write import writer
+
+    real_write = writer.DatasetWriter.write_unit
+
+    def write_unit(self, unit, *args):  # noqa: ANN001, ANN202
+        if unit.index == unit_index:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_write(self, unit, *args)
+
+    writer.DatasetWriter.write_unit = write_unit
 
 
 def main(argv: list[str]) -> None:
@@ -64,3 +92,5 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+elif __name__ == "__mp_main__" and os.environ.get(_WORKER_ENV):
+    _arm_worker(int(os.environ[_WORKER_ENV]))

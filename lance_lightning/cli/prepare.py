@@ -9,6 +9,9 @@ Guarantees:
   files and why) to stdout; ``--quiet`` prints only the report's first line.
 - Rerunning the same command after an interruption (Ctrl-C, SIGKILL, a full disk) continues from
   the last committed unit; the result equals an uninterrupted run's, row for row.
+- Ctrl-C (exit status 130), a full disk or a file-size limit (``ENOSPC``, ``EFBIG``) and a dead
+  ``--pool processes`` worker (``BrokenProcessPool``) end the command with a few lines on stderr
+  (what happened, that the output is intact and resumable, the command to rerun), never a traceback.
 - Storage options given with ``--storage-option`` are used to write and are never printed.
 - Imports neither Lightning nor torch.
 """
@@ -16,10 +19,16 @@ Guarantees:
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import shlex
 import sys
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
 from lance_lightning.cli.parser import add_storage_options, storage_options
 from lance_lightning.errors import ConfigError
+from lance_lightning.redaction import redact_text, secret_values
 from lance_lightning.source import PREPARE_FORMATS, Prepare
 
 
@@ -81,8 +90,59 @@ def prepare_main(argv: list[str] | None = None) -> int:
     except ConfigError as error:  # the flag, not the spec's field, names what to change
         flag = "--" + error.param.rsplit(".", 1)[-1].replace("_", "-")
         raise ConfigError(flag, error.value, error.problem, error.fix) from None
+    except KeyboardInterrupt:
+        return _stopped(argv, options, "interrupted (Ctrl-C)", 130)
+    except BrokenProcessPool:
+        return _stopped(argv, options, "a worker process of --pool processes died (killed, or out of memory?)", 1)
+    except OSError as error:
+        full = _disk_full(error, args.output)
+        if full is None:
+            raise
+        return _stopped(argv, options, full, 1)
     print(report.line() if args.quiet else report.text(), flush=True)
     return 0
+
+
+#: Free bytes below which the file system of a local output that failed a write counts as full.
+FULL_BYTES = 1 << 20
+
+
+def _disk_full(error: BaseException, output: str) -> str | None:
+    """What a full disk or a file-size limit says (``ENOSPC``, ``EFBIG``, also as Lance words it), or
+    None. A local output's file system left with less than `FULL_BYTES` free counts as full whatever
+    the error says (Lance reports a blob file cut short by a full disk as a bad blob range)."""
+    if "://" not in output:
+        folder = Path(output).absolute().parent
+        while not folder.exists():
+            folder = folder.parent
+        fs = os.statvfs(folder)
+        if fs.f_bavail * fs.f_frsize < FULL_BYTES:
+            return f"the output's disk is full ({fs.f_bavail * fs.f_frsize:,} bytes free)"
+    seen: BaseException | None = error
+    while seen is not None:
+        text = str(seen)
+        if getattr(seen, "errno", None) == errno.ENOSPC or "No space left on device" in text:
+            return "the output's disk is full (No space left on device)"
+        if getattr(seen, "errno", None) == errno.EFBIG or "File too large" in text:
+            return "a file of the output reached the size limit (File too large)"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _stopped(argv: list[str] | None, options: dict[str, str], what: str, code: int) -> int:
+    """A prepare stopped by something outside it: a few lines on stderr (the credentials in
+    ``options`` redacted), no traceback; the exit status."""
+    args = sys.argv[2:] if argv is None else argv
+    shown = redact_text(shlex.join(["lance-lightning", "prepare", *args]), secret_values({"storage_options": options}))
+    print(
+        f"lance-lightning prepare: stopped: {what}.\n"
+        "  The output is intact: the units committed so far are kept, nothing else is visible, and\n"
+        "  a rerun of the same command continues from them (making room first if the disk is full):\n"
+        f"  {shown}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

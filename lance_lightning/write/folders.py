@@ -58,7 +58,8 @@ class ClassFolder:
         root = check_input(input_, file_ok=False)
         items: list[Item] = []
         classes: list[str] = []
-        for path in walk_files(root):
+        skipped: list[Skipped] = []
+        for path in walk_files(root, skipped, on_bad_file):
             parts = path.relative_to(root).parts
             if len(parts) == 1:
                 raise ConfigError(
@@ -83,7 +84,7 @@ class ClassFolder:
             pa.field("label_name", pa.string()),
             pa.field("path", pa.string()),
         ]
-        return Survey(root, items, with_id(fields), info={"classes": classes})
+        return Survey(root, items, with_id(fields), skipped, info={"classes": classes})
 
     def read(self, survey: Survey, unit: Unit, skipped: list[Skipped], on_bad_file: str) -> Iterator[pa.RecordBatch]:
         """Yield the unit's rows as record batches of at most `BATCH_ROWS` rows, in item order."""

@@ -75,8 +75,9 @@ class WebDataset:
 
     def survey(self, input_: str, on_bad_file: str) -> Survey:
         root = check_input(input_, file_ok=True)
-        paths = [root] if root.is_file() else list(walk_files(root))
-        items, skipped, extensions = [], [], {}
+        skipped: list[Skipped] = []
+        paths = [root] if root.is_file() else list(walk_files(root, skipped, on_bad_file))
+        items, extensions = [], {}
         for path in paths:
             if not path.name.lower().endswith(_SHARD_SUFFIXES):
                 raise refuse_foreign(path, root, self.name, "a tar shard (.tar, .tar.gz, .tgz)")
@@ -112,7 +113,9 @@ class WebDataset:
             count, total = extensions[ext]
             blob = total >= BLOB_BYTES * count
             fields.append(pa.field(column, pa.large_binary(), metadata=BLOB_METADATA if blob else None))
-        return Survey(root, items, with_id(fields), skipped, {"columns": columns})
+        return Survey(
+            root, items, with_id(fields, where="the extensions of the shards' members"), skipped, {"columns": columns}
+        )
 
     def read(self, survey: Survey, unit: Unit, skipped: list[Skipped], on_bad_file: str) -> Iterator[pa.RecordBatch]:
         """Yield the unit's samples as record batches of at most `BATCH_ROWS` rows, in order."""

@@ -47,8 +47,9 @@ class _TableFormat(ABC):
     name = ""
 
     @abstractmethod
-    def files(self, root: Path) -> list[Path]:
-        """The format's files under ``root`` (or ``root`` itself), in the order they are read."""
+    def files(self, root: Path, skipped: list[Skipped], on_bad_file: str) -> list[Path]:
+        """The format's files under ``root`` (or ``root`` itself), in the order they are read
+        (entries that are not regular files listed in ``skipped``, `walk_files`)."""
 
     @abstractmethod
     def inspect(self, path: Path) -> tuple[pa.Schema, int]:
@@ -60,9 +61,10 @@ class _TableFormat(ABC):
 
     def survey(self, input_: str, on_bad_file: str) -> Survey:
         root = check_input(input_, file_ok=self.name == "parquet")
-        items, skipped = [], []
+        items: list[Item] = []
+        skipped: list[Skipped] = []
         first: pa.Schema | None = None
-        for path in self.files(root):
+        for path in self.files(root, skipped, on_bad_file):
             name = relative(path, root)
             try:
                 schema, rows = self.inspect(path)
@@ -85,7 +87,7 @@ class _TableFormat(ABC):
         if first is None or not any(item.rows for item in items):
             raise empty_input(root, self.name, "rows in readable files")
         metadata = {k: v for k, v in (first.metadata or {}).items() if k == b"huggingface"} or None
-        return Survey(root, items, with_id(list(first.remove_metadata()), metadata), skipped)
+        return Survey(root, items, with_id(list(first.remove_metadata()), metadata, where=items[0].path), skipped)
 
     def read(self, survey: Survey, unit: Unit, skipped: list[Skipped], on_bad_file: str) -> Iterator[pa.RecordBatch]:
         """Yield the unit's rows with their ``id`` column, in file order."""
@@ -100,8 +102,8 @@ class _TableFormat(ABC):
 class Parquet(_TableFormat):
     name = "parquet"
 
-    def files(self, root: Path) -> list[Path]:
-        paths = [root] if root.is_file() else list(walk_files(root))
+    def files(self, root: Path, skipped: list[Skipped], on_bad_file: str) -> list[Path]:
+        paths = [root] if root.is_file() else list(walk_files(root, skipped, on_bad_file))
         for path in paths:
             if path.suffix.lower() not in (".parquet", ".pq"):
                 raise refuse_foreign(path, root, self.name, "a Parquet file (.parquet)")
@@ -119,7 +121,7 @@ class Parquet(_TableFormat):
 class HuggingFace(_TableFormat):
     name = "hf"
 
-    def files(self, root: Path) -> list[Path]:
+    def files(self, root: Path, skipped: list[Skipped], on_bad_file: str) -> list[Path]:
         state = root / "state.json"
         if not state.exists():
             splits = root / "dataset_dict.json"

@@ -10,14 +10,20 @@ Guarantees:
   stable whether a row before it was skipped, whatever the workers, and across an interrupted run.
 - `fingerprint` hashes the format, the items (path, size, rows), the unit boundaries and the
   schema: a rerun resumes a partial output only when it is the same.
-- Every check of the input raises `ConfigError` naming the file or the flag, before anything is written.
+- Every check of the input raises `ConfigError` naming the file or the flag, before anything is written:
+  a column name Lance reserves (``_rowid``, ``_rowaddr``, ...) or ``id`` among them.
+- `walk_files` never opens what is not a regular file: FIFOs, sockets, devices, dangling symbolic
+  links, link loops and names that are not UTF-8 are skipped and listed (path shown escaped), or
+  refused by ``on_bad_file="error"``; a prepare never blocks on one.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +32,7 @@ from typing import Any
 import pyarrow as pa
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.vocabulary import LANCE_RESERVED_COLUMNS
 
 #: The column holding each row's stable integer id.
 ID_COLUMN = "id"
@@ -107,14 +114,52 @@ def fingerprint(format_: str, survey: Survey, units: list[Unit]) -> str:
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def walk_files(root: Path) -> Iterator[Path]:
-    """Every file under ``root``, folders in sorted order and a folder's files (sorted) before its
-    sub-folders'; hidden files and folders (``.DS_Store``, ``.git``) are left out."""
+def walk_files(root: Path, skipped: list[Skipped], on_bad_file: str) -> Iterator[Path]:
+    """Every regular file under ``root``, folders in sorted order and a folder's files (sorted)
+    before its sub-folders'; hidden files and folders (``.DS_Store``, ``.git``) are left out. An
+    entry that is not a regular file (a FIFO, socket or device, a dangling symbolic link, a link
+    loop) or whose name is not UTF-8 is never opened: it is listed in ``skipped`` (or, with
+    ``on_bad_file="error"``, refused naming it) and left out."""
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             if not name.startswith("."):
-                yield Path(folder) / name
+                path = Path(folder) / name
+                problem = _not_a_file(path)
+                if problem is None:
+                    yield path
+                    continue
+                shown = shown_path(path, root)
+                if on_bad_file == "error":
+                    raise ConfigError(
+                        "input", shown, problem, "remove it from the input, or pass --on-bad-file skip to leave it out"
+                    )
+                skipped.append(Skipped(shown, problem))
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why ``path`` is not a regular file with a UTF-8 name that prepare may open, or None."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return "has a file name that is not UTF-8 (rename it)"
+    try:
+        mode = path.stat().st_mode  # follows a symbolic link; never opens the file
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "is a symbolic link loop"
+        if path.is_symlink():
+            return f"is a dangling symbolic link (to {os.readlink(path)})"
+        return f"cannot be read ({error.strerror or error})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    return f"is not a regular file ({kind}): never opened"
+
+
+def shown_path(path: Path, root: Path) -> str:
+    """`relative`, with bytes that are not UTF-8 shown as ``\\xNN`` escapes."""
+    return os.fsencode(relative(path, root)).decode("utf-8", "backslashreplace")
 
 
 def relative(path: Path, root: Path) -> str:
@@ -164,9 +209,17 @@ FORMAT_OF_SUFFIX = {
 }
 
 
-def with_id(fields: list[pa.Field], metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
-    """The output schema: ``id`` (int64, not null) first, then ``fields``; a field named ``id`` is refused."""
+def with_id(fields: list[pa.Field], metadata: dict[bytes, bytes] | None = None, *, where: str = "") -> pa.Schema:
+    """The output schema: ``id`` (int64, not null) first, then ``fields``; a field named ``id``, or a
+    name Lance reserves (`LANCE_RESERVED_COLUMNS`), is refused naming it and ``where`` it comes from."""
     for item in fields:
+        if item.name in LANCE_RESERVED_COLUMNS:
+            raise ConfigError(
+                "input",
+                where or item.name,
+                f"has a column named `{item.name}`, a name Lance reserves ({', '.join(LANCE_RESERVED_COLUMNS)})",
+                f"rename the column `{item.name}` in the input (e.g. `source{item.name}`) and prepare again",
+            )
         if item.name == ID_COLUMN:
             raise ConfigError(
                 "input",

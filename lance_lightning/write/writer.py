@@ -182,7 +182,9 @@ class DatasetWriter:
         elif pool == "ray":  # Ray tasks: imported only here
             executor = _RayExecutor(local=is_local(self.staging))
         else:  # Lance is not fork-safe: spawned processes only
-            executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+            executor = ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_interrupts
+            )
         with executor:
             pending: deque[tuple[Unit, Future]] = deque()
 
@@ -290,6 +292,14 @@ class DatasetWriter:
         staging = Path(self.staging)
         if is_local(self.staging) and staging.is_dir() and not (staging / "_versions").exists():
             shutil.rmtree(staging)
+
+
+def _ignore_interrupts() -> None:
+    """A spawned worker ignores Ctrl-C (SIGINT reaches the whole process group): the calling process
+    stops the prepare, and the workers finish or drop their units without a traceback of their own."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class _RayExecutor(Executor):

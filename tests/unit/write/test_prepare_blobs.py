@@ -27,13 +27,13 @@ from lance_lightning.write.writer import DatasetWriter
 CLASS_FOLDERS = {"videofolder": ".mp4", "audiofolder": ".wav"}
 
 
-def class_folder(root: Path, ext: str, classes: int = 2, per_class: int = 3) -> list[dict]:
-    """``root/c<k>/f<n><ext>`` of distinct bytes; the rows an exact prepare holds (the oracle)."""
+def class_folder(root: Path, ext: str, classes: int = 2, per_class: int = 3, size: int = 3000) -> list[dict]:
+    """``root/c<k>/f<n><ext>`` of about ``size`` distinct bytes; the rows an exact prepare holds (the oracle)."""
     rows = []
     for k in range(classes):
         (root / f"c{k}").mkdir(parents=True)
         for n in range(per_class):
-            data = bytes([k, n]) * 1500 + f"{k}/{n}".encode()
+            data = bytes([k, n]) * (size // 2) + f"{k}/{n}".encode()
             (root / f"c{k}" / f"f{n}{ext}").write_bytes(data)
             path = f"c{k}/f{n}{ext}"
             rows.append({"blob": data, "label": k, "label_name": f"c{k}", "path": path})
