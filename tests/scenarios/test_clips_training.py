@@ -10,13 +10,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from lance_lightning.errors import BadRowError
 from tests.clip_worker import fit_clips
 from tests.harness import ckpt_file
 from tests.helpers import run_ddp_script
-from tests.videos import FPS, write_audio, write_videos
+from tests.media_corpus import whole_audio, whole_video_rgb
+from tests.reliability.helpers import ONE_SCREEN_LINES, error_screen, run_command
+from tests.videos import FPS, write_audio, write_corpus_media, write_videos
 
 ROWS = 12
 CLIPS = {"frames": 4, "frame_step": 3, "clips_per_item": 2, "size": [16, 16], "seed": 7}  # 24 clips an epoch
@@ -149,3 +152,80 @@ def test_audio_windows_resume_with_workers_and_another_batch_size(tmp_path: Path
     )
     assert sum(per_epoch(whole)[0].values()) == 12 and len(per_epoch(whole)) == 2
     assert per_epoch(stopped + resumed) == per_epoch(whole)
+
+
+# -- the media corpus through Trainer.fit and the CLI (#50) ------------------------------------------
+def test_corpus_videos_train_the_frames_a_whole_decode_gives(tmp_path: Path) -> None:
+    """``Trainer.fit`` over MP4, MOV, MKV, WebM, AVI and MPEG-TS videos (audio tracks longer and
+    shorter, start offsets, B-frames, variable rate): every trained clip, the first, middle and
+    last of each video, has the times and pixels of a whole-stream PyAV decode at its indices."""
+    items = write_corpus_media(tmp_path / "corpus.lance", "video")
+    frames, step, size = 4, 2, (32, 48)
+    clips = {"frames": frames, "frame_step": step, "clips_per_item": 3, "starts": "even", "size": list(size)}
+    spec = {"uri": str(tmp_path / "corpus.lance"), "root": str(tmp_path), "name": "corpus", "shuffle": "none"}
+    _, records, _ = fit_clips({**spec, "batch_size": 4, "max_epochs": 1, "num_workers": 0, "clips": clips})
+    span = (frames - 1) * step + 1
+    expected = []
+    for row, item in enumerate(items):
+        pixels = whole_video_rgb(item.data, size)
+        for fraction in (0.0, 0.5, 1.0):
+            indices = int(np.floor(fraction * (item.frames - span))) + np.arange(0, span, step)
+            times = [round(item.frame_times[i], 6) for i in indices[[0, -1]]]
+            expected.append([0, row, row, *times, int(pixels[indices].astype(np.int64).sum())])
+    assert sorted(records) == sorted(expected)
+
+
+def test_corpus_audio_trains_windows_at_the_whole_decode_s_samples(tmp_path: Path) -> None:
+    """``Trainer.fit`` over WAV, FLAC, MP3, M4A and Ogg/Opus with ``AudioClips``: each window starts
+    where the plan puts it on the whole-stream decode's sample grid, and its samples sum as the
+    whole decode's do (exactly for WAV and FLAC, within the codec's tolerance per sample)."""
+    items = write_corpus_media(tmp_path / "audio.lance", "audio")
+    rate, seconds = 16000, 0.5
+    clips = {"seconds": seconds, "sample_rate": rate, "clips_per_item": 3, "starts": "even"}
+    spec = {"uri": str(tmp_path / "audio.lance"), "root": str(tmp_path), "name": "audio", "shuffle": "none"}
+    _, records, _ = fit_clips(
+        {**spec, "media": "audio", "batch_size": 3, "max_epochs": 1, "num_workers": 0, "clips": clips}
+    )
+    assert len(records) == 3 * len(items)
+    count = round(seconds * rate)
+    for row, item in enumerate(items):
+        whole = whole_audio(item.data, rate, 1)[0]
+        total = item.duration_samples * rate // item.sample_rate
+        trained = sorted(r for r in records if r[1] == row)
+        for fraction, (_, _, label, start, _, total_sum) in zip((0.0, 0.5, 1.0), trained, strict=True):
+            first = round(fraction * (total - count))
+            assert label == row and start == round(first / rate, 6)
+            assert (
+                abs(total_sum - float(whole[first : first + count].astype(np.float64).sum()))
+                <= 1e-3 + item.tolerance * count
+            )
+
+
+def _fit_config(tmp_path: Path, uri: str, clips: str) -> Path:
+    path = tmp_path / "clips.yaml"
+    path.write_text(f"""\
+trainer: {{accelerator: cpu, max_steps: 2, logger: false, enable_progress_bar: false, enable_model_summary: false,
+  enable_checkpointing: false, default_root_dir: {tmp_path / "root"}}}
+model: {{class_path: tests.clip_worker.ClipRecorder}}
+data:
+  train: {{uri: {uri}, columns: [video, label]}}
+  batch_size: 2
+  clips: {{class_path: lance_lightning.VideoClips, init_args: {clips}}}
+""")
+    return path
+
+
+@pytest.mark.slow
+def test_videos_of_two_sizes_without_size_end_on_one_screen(tmp_path: Path) -> None:
+    """Regression (#50): ``size: null`` over videos of two sizes ended ``lance-lightning fit`` in 106
+    lines of numpy's "all input arrays must have the same shape"; now one screen naming
+    ``VideoClips.size``, both sizes and the fix. (``fps: .inf`` is refused when the sampler is
+    made: tests/unit/plan/test_clips.py.)"""
+    write_corpus_media(tmp_path / "two_sizes.lance", "video", names=("h264.mp4", "h264_60.mp4"))
+    config = _fit_config(tmp_path, str(tmp_path / "two_sizes.lance"), "{frames: 2, size: null}")
+    code, output = run_command(["fit", "--config", str(config)])
+    screen = error_screen(output)
+    assert code == 1 and "Traceback" not in output, output[-3000:]
+    assert len(screen) <= ONE_SCREEN_LINES, "\n".join(screen)
+    for fragment in ["VideoClips.size", "48x64", "32x48", "set size: ["]:
+        assert fragment in "\n".join(screen), output[-3000:]
