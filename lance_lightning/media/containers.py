@@ -43,7 +43,7 @@ import numpy as np
 from av.video.reformatter import VideoReformatter
 
 from lance_lightning.errors import BadMedia
-from lance_lightning.media.frame_index import frame_index
+from lance_lightning.media.frame_index import frame_index, seek_floor
 
 #: PyAV's AVIO buffer over the file object (its largest read). On a 600-frame 128x128 H.264 MP4 a
 #: 16-frame clip reads ~43 KB with 4 KiB or 16 KiB (7 or 3 reads); bigger buffers save reads but
@@ -215,20 +215,6 @@ def decode_from(opened: OpenMedia, seconds: float) -> Iterator[Any]:
                 yield from itertools.chain((first,), frames)
             return
         seek_to, back = seek_to - back, back * 2
-
-
-def seek_floor(stream: Any, start_pts: int) -> int:
-    """The lowest timestamp to seek ``stream`` to: its index's first (MP4's AAC priming packet
-    lies before the start and must be decoded for the first samples to be right), else a second
-    before the stream's start (MPEG-TS seeks by decode times, which begin before the
-    presentation times) but never a negative timestamp unless the stream starts below 0 (AVI has
-    none before its first frame: FFmpeg refuses the seek with "Operation not permitted")."""
-    entries = stream.index_entries
-    if entries is not None and len(entries):
-        return min(int(entries[0].timestamp), start_pts)
-    if start_pts <= 0:
-        return start_pts
-    return max(0, start_pts - math.ceil(1 / stream.time_base))
 
 
 class MediaPool:

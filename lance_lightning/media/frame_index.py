@@ -1,4 +1,5 @@
-"""The frame index of a video stream: every frame's presentation time, taken once when it opens.
+"""Where a stream's frames are: a video's frame index (every frame's presentation time, taken
+once when it opens) and the lowest timestamp any stream is sought to.
 
 Guarantees:
 - `frame_index(container, stream)` returns int64 presentation timestamps (in the stream's
@@ -15,10 +16,15 @@ Guarantees:
   the video stream's packets are demuxed (not decoded) once, from the start, and their
   timestamps kept: this reads the whole file once per open (the open media stays in the pool).
 - A stream whose frames carry no timestamps, or that has none, raises `BadMedia`.
+- `seek_floor`: seeks never go to a negative timestamp unless the stream starts below 0 (AVI has
+  none before its first frame: FFmpeg refuses such a seek), nor below an indexed stream's first
+  entry (MP4's AAC priming packet, before the start, is the lowest), nor more than a second
+  before the stream's start.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import av.error
@@ -58,3 +64,17 @@ def _demuxed(container: Any, stream: Any) -> np.ndarray:
     if not times:
         raise BadMedia("the video stream has no frames")
     return np.sort(np.array(times, dtype=np.int64))
+
+
+def seek_floor(stream: Any, start_pts: int) -> int:
+    """The lowest timestamp to seek ``stream`` to: its index's first (MP4's AAC priming packet
+    lies before the start and must be decoded for the first samples to be right), else a second
+    before the stream's start (MPEG-TS seeks by decode times, which begin before the
+    presentation times) but never a negative timestamp unless the stream starts below 0 (AVI has
+    none before its first frame: FFmpeg refuses the seek with "Operation not permitted")."""
+    entries = stream.index_entries
+    if entries is not None and len(entries):
+        return min(int(entries[0].timestamp), start_pts)
+    if start_pts <= 0:
+        return start_pts
+    return max(0, start_pts - math.ceil(1 / stream.time_base))
