@@ -10,6 +10,8 @@ import io
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lance_lightning.media.audio import LAYOUTS, decode_audio_clip, tolerance
 from lance_lightning.media.containers import open_audio, open_video
@@ -107,3 +109,61 @@ def test_audio_windows_are_the_whole_decode_at_their_samples(name: str, rate: in
 def test_lossless_tolerance_is_zero_and_channels_are_the_layouts() -> None:
     assert tolerance("flac") == tolerance("pcm_s16le") == 0.0
     assert set(LAYOUTS) == {1, 2}
+
+
+#: Audio tracks whose windows are known not to match (found by this corpus, not fixed): Matroska
+#: and WebM time their audio in milliseconds, coarser than a sample, so a frame's sample index
+#: after a seek is off by up to half a millisecond (a tone's window then differs by up to 0.4),
+#: and their audio stream has no duration of its own (the container's covers the video: the last
+#: window runs past the audio). Placing frames by counting samples needs an audio index.
+COARSE_AUDIO = {"h264_aac.mkv", "vp9_opus.webm"}
+WITH_AUDIO = [
+    pytest.param(
+        item.name, marks=pytest.mark.xfail(strict=True, reason="millisecond audio timestamps (see COARSE_AUDIO)")
+    )
+    if item.name in COARSE_AUDIO
+    else item.name
+    for item in corpus()
+    if item.kind == "video" and len(item.codecs) > 1
+]
+
+
+@pytest.mark.parametrize("name", WITH_AUDIO)
+def test_audio_tracks_of_videos_give_the_whole_decode(name: str) -> None:
+    """``AudioClips`` over a video's audio track (AAC in MP4 and MOV, MP3 in AVI, MP2 in MPEG-TS
+    starting at 1 s): windows at the start, middle and end within the codec's tolerance."""
+    item = by_name(name)
+    expected = whole_audio(item.data)
+    opened = open_audio(io.BytesIO(item.data))
+    try:
+        rate, count = opened.sample_rate, round(0.3 * opened.sample_rate)
+        assert opened.samples <= expected.shape[1]
+        for fraction in (0.0, 0.5, 1.0):
+            window = decode_audio_clip(opened, fraction, 0.3, rate, 2)
+            first = round(fraction * (opened.samples - count))
+            error = float(np.max(np.abs(window.samples - expected[:, first : first + count])))
+            assert error <= tolerance(item.codecs[1]), f"{name} at {fraction}: off by {error:.4g}"
+    finally:
+        opened.close()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(["h264_start125.mkv", "mpeg4_mp3.avi", "h264_vfr.mp4", "h264_bframes_aac.mp4", "h264_mp2.ts"]),
+    fraction=st.floats(0.0, 1.0),
+    frames=st.integers(1, 6),
+    step=st.sampled_from([1.0, 2.0, 0.5, 2.4, 3.0]),
+)
+def test_any_clip_of_a_tricky_video_is_the_whole_decode(name: str, fraction: float, frames: int, step: float) -> None:
+    """Any clip that fits, anywhere: the whole decode's frames at its indices, never past the end."""
+    item = by_name(name)
+    span = round((frames - 1) * step) + 1
+    opened = open_video(io.BytesIO(item.data))
+    try:
+        clip = decode_video_clip(opened, fraction, frames, step, None)
+    finally:
+        opened.close()
+    indices = int(np.floor(fraction * (item.frames - span))) + np.round(np.arange(frames) * step).astype(int)
+    assert indices[-1] < item.frames
+    np.testing.assert_array_equal(clip.frames.transpose(0, 2, 3, 1), rgb(name)[indices])
+    np.testing.assert_allclose(clip.timestamps, np.array(item.frame_times)[indices])
