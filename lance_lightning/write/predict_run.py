@@ -1,6 +1,5 @@
 """The writer's dealings with Lightning: which source the predict split reads, the same split
-restricted to a run's unfinished fragments, what computes the values, and steps every rank
-finishes together.
+restricted to a run's unfinished fragments, and steps every rank finishes together.
 
 Guarantees: `predict_source` refuses (`ConfigError`) a predict split whose row addresses do not
 name rows of the dataset it reads (no data module, a mixture, a local view, identity off);
@@ -8,21 +7,16 @@ name rows of the dataset it reads (no data module, a mixture, a local view, iden
 `position_shifts` gives those rows the ``_position`` of the uninterrupted run (so `RowRandom`,
 `RandomFlip` or a seeded `DeviceAugment` draw the same); `fragments_to_read` gives every rank a
 row (finished fragments are added when fewer unfinished rows are left than ranks);
-`model_identity` names what computes the values (the module's class, hyperparameters, the source
-of ``predict_step`` and ``forward``, and a hash of its weights once loaded), `model_change` says
-what differs between two; `together` never leaves a rank waiting at a collective for a rank
-whose step failed.
+`Slots` names the row each epoch position of the uninterrupted read is (a replaced bad row is
+told from its slot); `together` never leaves a rank waiting at a collective for a rank whose
+step failed.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import json
 from typing import Any
 
 import numpy as np
-import torch
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.source import LanceSource, PinnedSource
@@ -105,55 +99,6 @@ def position_shifts(order: list[int], expected: dict[int, int], reading: list[in
             shifts.append((restricted, full[fragment] - restricted))
             restricted += expected[fragment]
     return shifts
-
-
-#: What `model_change` names for each key of `model_identity`.
-MODEL_PARTS = {
-    "class": "the LightningModule's class",
-    "hparams": "its hyperparameters (self.hparams)",
-    "code": "the source of its predict_step/forward",
-    "weights": "its weights (the loaded checkpoint, or the weights it was built with)",
-}
-
-
-def model_identity(pl_module: Any, trainer: Any = None, weights: bool = True) -> dict[str, str]:
-    """What computes the values: ``class``, ``hparams``, ``code`` (a hash of the source of
-    ``predict_step`` and ``forward``) and, with ``weights`` (once a checkpoint is loaded), a hash
-    of the state dict; ``checkpoint`` (the trainer's ``ckpt_path``) is only shown."""
-    kind = type(pl_module)
-    hparams = json.dumps(dict(getattr(pl_module, "hparams", {}) or {}), sort_keys=True, default=repr)
-    code = hashlib.sha256()
-    for name in ("predict_step", "forward"):
-        function = getattr(kind, name, None)
-        try:
-            code.update(inspect.getsource(function).encode())
-        except (OSError, TypeError):
-            code.update(repr(getattr(function, "__qualname__", function)).encode())
-    identity = {"class": f"{kind.__module__}.{kind.__qualname__}", "hparams": hparams, "code": code.hexdigest()[:16]}
-    if weights:
-        digest = hashlib.sha256()
-        for name, tensor in pl_module.state_dict().items():
-            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-            if tensor.device.type != "meta":
-                digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        identity["weights"] = digest.hexdigest()[:16]
-        identity["checkpoint"] = str(getattr(trainer, "ckpt_path", None) or "")
-    return identity
-
-
-def model_change(saved: dict[str, str] | None, current: dict[str, str]) -> list[tuple[str, str, str]]:
-    """``(what, was, now)`` for each part of `model_identity` that differs (parts either lacks are skipped)."""
-    if not saved:
-        return []
-    changed = []
-    for key, what in MODEL_PARTS.items():
-        if key in saved and key in current and saved[key] != current[key]:
-            was, now = saved[key], current[key]
-            if key == "weights":
-                was += f" from {saved.get('checkpoint') or 'no checkpoint'}"
-                now += f" from {current.get('checkpoint') or 'no checkpoint'}"
-            changed.append((what, was, now))
-    return changed
 
 
 class Slots:

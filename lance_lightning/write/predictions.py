@@ -51,6 +51,7 @@ from lance_lightning.errors import ConfigError
 from lance_lightning.produce.badrows import ReplaceBadRow
 from lance_lightning.source import PinnedSource
 from lance_lightning.vocabulary import EPOCH_POSITION, IDENTITY_KEYS, ROW_ADDRESS, ROW_ID
+from lance_lightning.write import predict_checks as checks
 from lance_lightning.write import predict_commit as commits
 from lance_lightning.write import predict_run as runs
 from lance_lightning.write.predict_outputs import OutputColumns, read_types, types_json
@@ -134,7 +135,7 @@ class LancePredictionWriter(BasePredictionWriter):
         elif fresh:
             commits.check_new_columns(source.open().schema, self.names, self.overwrite)
         saved = self.folder.read_json("model.json")
-        self._check_model(saved, runs.model_identity(pl_module, weights=False), source)
+        self._check_model(saved, checks.model_identity(pl_module, weights=False), source)
         runs.together(trainer, lambda: self._prepare(source) if trainer.global_rank == 0 else None)
         self.state = self.folder.read_json("run.json")
         marker = self.folder.read_json("marker.json")
@@ -191,24 +192,8 @@ class LancePredictionWriter(BasePredictionWriter):
 
     def _discard_stale(self, source: PinnedSource) -> None:
         """Rank zero: start the run over when the dataset at the path is not the one its pieces (or
-        its commit) were computed from: written again at the same path since (module docstring)."""
-        state, marker = self.folder.read_json("run.json"), self.folder.read_json("marker.json")
-        why = None
-        if marker is not None and not self.table:
-            if (
-                commits.committed_version(source.location, source.storage_options, marker["read_version"], self.run)
-                != (marker["version"])
-            ):
-                why = f"version {marker['version']} there was not committed by this run"
-        elif state is not None:
-            try:
-                files = commits.fingerprint(replace(source, version=state["version"]).open())
-            except Exception:  # noqa: BLE001 - a version that is gone: the dataset was written again
-                files = "(version not found)"
-            if files != state.get("files"):
-                why = (
-                    f"its version {state['version']} has other data files ({files}, the run read {state.get('files')})"
-                )
+        its commit) were computed from (`predict_checks.stale`)."""
+        why = checks.stale(self.folder, source, self.run, self.table)
         if why is None:
             return
         self.folder.drop_all()
@@ -218,36 +203,14 @@ class LancePredictionWriter(BasePredictionWriter):
         )
 
     def _check_model(self, saved: dict[str, str] | None, current: dict[str, str], source: PinnedSource) -> None:
-        """`ConfigError` when another model computed what the run holds: stored pieces or records
-        (or, after the commit, the columns); a run holding nothing yet takes the current model."""
-        changed = runs.model_change(saved, current)
-        marker = self.folder.read_json("marker.json")
-        held = marker is not None or self.folder.recorded() or self.folder.stored()
-        if not changed or not held:
-            return
-        what = "; ".join(f"{name} was {was}, now {now}" for name, was, now in changed)
-        if marker is not None:
-            raise ConfigError(
-                "LancePredictionWriter.columns",
-                self.names,
-                f"run {self.run} committed these column(s) of {self.table or source.uri} in version "
-                f"{marker['version']} with another model: {what}",
-                "set overwrite: true to replace them with this model's outputs, or write other columns",
-            )
-        raise ConfigError(
-            "model",
-            current["class"],
-            f"run {self.run} (folder {self.where}) holds outputs another model predicted, and finishing it with this "
-            f"one would mix two models' outputs: {what}",
-            "rerun with the first model to finish the run, or start over with this one: delete the run folder "
-            f"{self.where} and release its hold (lance-lightning holds {source.uri} --release "
-            f"lance-lightning-predict-{self.run}-v{(self.folder.read_json('run.json') or {}).get('version')})",
-        )
+        error = checks.model_refusal(self.folder, self.names, self.run, self.where, self.table, source, saved, current)
+        if error is not None:
+            raise error
 
     def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
         """The loaded model (a checkpoint is restored after ``setup``) against the one the run's
         pieces came from: all ranks read the same record, so all refuse together."""
-        current = runs.model_identity(pl_module, trainer)
+        current = checks.model_identity(pl_module, trainer)
         saved = self.folder.read_json("model.json")
         self._check_model(saved, current, self.source)
         if trainer.global_rank == 0 and saved != current:

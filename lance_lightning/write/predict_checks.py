@@ -1,0 +1,133 @@
+"""What a prediction rerun checks before it predicts anything: that the dataset at the path is
+the one the run's pieces were computed from, and that the model is the one that computed them.
+
+Guarantees:
+- `stale` says why a run folder belongs to another dataset than the one now at the path (deleted
+  and written again: the read version is gone or its data files differ from the fingerprint in
+  ``run.json``; a marker whose version was not committed by the run), or ``None``: the writer
+  then starts the run over.
+- `model_identity` names what computes the values: the module's class, its hyperparameters, a
+  hash of the source of ``predict_step`` and ``forward`` and, once a checkpoint is loaded, a hash
+  of its weights (``checkpoint``, the trainer's ``ckpt_path``, is only shown).
+- `model_refusal` is the `ConfigError` for a model other than the one whose outputs the run holds
+  (stored pieces or records, or committed columns), naming each part that changed with both
+  values and the fix; ``None`` when nothing changed or the run holds nothing yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from lance_lightning.errors import ConfigError
+from lance_lightning.source import PinnedSource
+from lance_lightning.write import predict_commit as commits
+from lance_lightning.write.predict_store import RunFolder
+
+
+def stale(folder: RunFolder, source: PinnedSource, run: str, table: str | None) -> str | None:
+    """Why the run in ``folder`` was not computed from the dataset now at ``source``'s path, or ``None``."""
+    state, marker = folder.read_json("run.json"), folder.read_json("marker.json")
+    if marker is not None and not table:
+        found = commits.committed_version(source.location, source.storage_options, marker["read_version"], run)
+        return (
+            None if found == marker["version"] else f"version {marker['version']} there was not committed by this run"
+        )
+    if marker is not None or state is None:
+        return None
+    try:
+        files = commits.fingerprint(replace(source, version=state["version"]).open())
+    except Exception:  # noqa: BLE001 - a version that is gone: the dataset was written again
+        files = "(version not found)"
+    if files == state.get("files"):
+        return None
+    return f"its version {state['version']} has other data files ({files}, the run read {state.get('files')})"
+
+
+def model_refusal(
+    folder: RunFolder,
+    names: list[str],
+    run: str,
+    where: str,
+    table: str | None,
+    source: PinnedSource,
+    saved: dict[str, str] | None,
+    current: dict[str, str],
+) -> ConfigError | None:
+    """The `ConfigError` for another model than the one whose outputs the run holds (module docstring)."""
+    changed = model_change(saved, current)
+    marker = folder.read_json("marker.json")
+    if not changed or not (marker is not None or folder.recorded() or folder.stored()):
+        return None
+    what = "; ".join(f"{name} was {was}, now {now}" for name, was, now in changed)
+    if marker is not None:
+        return ConfigError(
+            "LancePredictionWriter.columns",
+            names,
+            f"run {run} committed these column(s) of {table or source.uri} in version {marker['version']} with "
+            f"another model: {what}",
+            "set overwrite: true to replace them with this model's outputs, or write other columns",
+        )
+    version = (folder.read_json("run.json") or {}).get("version")
+    return ConfigError(
+        "model",
+        current["class"],
+        f"run {run} (folder {where}) holds outputs another model predicted, and finishing it with this one would "
+        f"mix two models' outputs: {what}",
+        f"rerun with the first model to finish the run, or start over with this one: delete the run folder {where} "
+        f"and release its hold (lance-lightning holds {source.uri} --release lance-lightning-predict-{run}-v{version})",
+    )
+
+
+#: What `model_change` names for each key of `model_identity`.
+MODEL_PARTS = {
+    "class": "the LightningModule's class",
+    "hparams": "its hyperparameters (self.hparams)",
+    "code": "the source of its predict_step/forward",
+    "weights": "its weights (the loaded checkpoint, or the weights it was built with)",
+}
+
+
+def model_identity(pl_module: Any, trainer: Any = None, weights: bool = True) -> dict[str, str]:
+    """What computes the values: ``class``, ``hparams``, ``code`` (a hash of the source of
+    ``predict_step`` and ``forward``) and, with ``weights`` (once a checkpoint is loaded), a hash
+    of the state dict; ``checkpoint`` (the trainer's ``ckpt_path``) is only shown."""
+    kind = type(pl_module)
+    hparams = json.dumps(dict(getattr(pl_module, "hparams", {}) or {}), sort_keys=True, default=repr)
+    code = hashlib.sha256()
+    for name in ("predict_step", "forward"):
+        function = getattr(kind, name, None)
+        try:
+            code.update(inspect.getsource(function).encode())
+        except (OSError, TypeError):
+            code.update(repr(getattr(function, "__qualname__", function)).encode())
+    identity = {"class": f"{kind.__module__}.{kind.__qualname__}", "hparams": hparams, "code": code.hexdigest()[:16]}
+    if weights:
+        digest = hashlib.sha256()
+        for name, tensor in pl_module.state_dict().items():
+            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+            if tensor.device.type != "meta":
+                digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        identity["weights"] = digest.hexdigest()[:16]
+        identity["checkpoint"] = str(getattr(trainer, "ckpt_path", None) or "")
+    return identity
+
+
+def model_change(saved: dict[str, str] | None, current: dict[str, str]) -> list[tuple[str, str, str]]:
+    """``(what, was, now)`` for each part of `model_identity` that differs (parts either lacks are skipped)."""
+    if not saved:
+        return []
+    changed = []
+    for key, what in MODEL_PARTS.items():
+        if key in saved and key in current and saved[key] != current[key]:
+            was, now = saved[key], current[key]
+            if key == "weights":
+                was += f" from {saved.get('checkpoint') or 'no checkpoint'}"
+                now += f" from {current.get('checkpoint') or 'no checkpoint'}"
+            changed.append((what, was, now))
+    return changed
