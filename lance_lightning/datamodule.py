@@ -55,6 +55,7 @@ from lance_lightning.lifetime import destroy_gloo_group_at_exit
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.lean_start import start_worker_server
 from lance_lightning.load.loader import LanceDataLoader
+from lance_lightning.load.race import Race
 from lance_lightning.materialize.cache import RemoteCache
 from lance_lightning.materialize.view import MaterializedView
 from lance_lightning.media.samplers import AudioClips, VideoClips
@@ -365,7 +366,10 @@ class LanceDataModule(pl.LightningDataModule):
         holds = describe_holds([source.stands_for or source for source in plan.sources], self.version_hold.run)
         uris = [(source.stands_for or source).uri for source in plan.sources]
         prepared = [self.prepared[uri] for uri in uris if uri in self.prepared]
-        return "\n".join([plan.explain(world_size or self.world_size), *([holds] if holds else []), *prepared])
+        workers = [Race(self.num_workers, None).describe()] if self.num_workers > 0 else []  # who reads
+        return "\n".join(
+            [plan.explain(world_size or self.world_size), *([holds] if holds else []), *prepared, *workers]
+        )
 
     # -- dataloaders ------------------------------------------------------------------------
     def train_dataloader(self) -> LanceDataLoader:

@@ -143,6 +143,7 @@ class DataLoadingMonitor(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._loader is None:
             return
+        self._config = self._loader.describe()  # what the loader did (e.g. who read: its workers' race)
         self.per_rank = _gather(trainer, pl_module, self._fit_figures())
         worst = max(range(len(self.per_rank)), key=lambda r: self.per_rank[r]["wait_fraction"])
         self.diagnosis = diagnose(self.per_rank[worst], self._config, rank=worst)

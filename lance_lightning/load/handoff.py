@@ -1,38 +1,50 @@
-"""Worker processes start while the training process reads the epoch's first batches.
+"""Worker processes start while the training process reads the epoch's batches; a race decides who reads on.
 
 Guarantees:
 - When a `LanceDataLoader`'s iteration needs worker processes that are not running (its first
   iteration, every iteration without persistent workers), it does not wait for them: it reads the
   epoch's batches in its own process, as with ``num_workers=0``, while `WorkerStart` waits on a
   background thread for the fork server to finish its imports (about 2.3 s on a 2-core VM:
-  longer than a 10^5-row epoch read in process).
-- Once the server is ready, the loader starts the workers itself (a fork each) with the sequence
-  row of the first batch it will not read (`handover_step`: after the batches it has read ahead,
-  and with a buffer shuffle at the start of a buffer, since workers that began inside one would
-  read it again and every later buffer in two pieces), and hands them the rest of the epoch.
-  Each batch is read once, by this process before that row and by the workers from it, in the
-  plan's order: the same batches a restore from a cursor at that batch reads
-  (`lance_lightning.cursor.tracker`).
+  longer than a 10^5-row epoch read in process). It measures the rate it reads at meanwhile
+  (`lance_lightning.load.race`).
+- Once the server is ready (and a window of batches was measured in process), the loader
+  starts the workers itself (a fork each) with the sequence row of the first batch it will not
+  read (`handover_step`: after the batches it has read ahead, and with a buffer shuffle at the
+  start of a buffer, since workers that began inside one would read it again and every later
+  buffer in two pieces), and takes the rest of the epoch from them. While racing it measures their
+  delivered rate over a trial; if they are not faster by `lance_lightning.load.race.MARGIN` it
+  stops them and reads on in process from the first batch they did not deliver. Each batch is
+  read once, in the plan's order, whichever side reads it: the same batches a restore from a
+  cursor at that batch reads (`lance_lightning.cursor.tracker`).
 - The loader looks whether the server is ready after each batch it yields, never before the
-  first. An epoch this process finishes first ends by starting the workers (handing them
-  nothing), so a worker that cannot start is raised there, at the latest, as it would have been
-  at the first batch (`ConfigError`, `WorkerDiedError`), and the next epoch finds them running.
+  first (nor before `lance_lightning.load.race.WINDOW_BATCHES` batches were measured here). An
+  epoch this process finishes first does not wait for the server: the next epoch looks again and
+  starts the workers there, raising a worker that cannot start (`ConfigError`, `WorkerDiedError`)
+  when their batches are needed. (Before the race, such an epoch ended by waiting for the server
+  and starting the workers: 5.5 s for a 10^5-row scan that reads in 0.06 s.)
 - Every process is started by the loader's own thread (the fork server in `WorkerStart.start`, the
   workers at the hand-over): a process started by a thread that then ends would lose its death
   signal (`lance_lightning.lifetime`). The background thread only starts an empty process through
   the fork server (the server's child, not this process's): it returns once the server has forked it.
+  The server's temp folder has its janitor before the server starts (`shared_temp_dir`), so a
+  training process killed before any worker starts leaves no ``pymp-*`` folder.
 - ``LANCE_LIGHTNING_WORKER_HANDOFF=off`` makes every iteration wait for its workers and read
   nothing in this process (for transforms that must run only in workers, and for tests that
-  follow one worker).
+  follow one worker); ``LANCE_LIGHTNING_WORKER_CHOICE`` forces the race's outcome.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
+import time
+from collections.abc import Iterator
 from multiprocessing import forkserver
 from typing import Any
 
+from lance_lightning.lifetime import shared_temp_dir
+from lance_lightning.load.dataset import Bundle, WorkerError
 from lance_lightning.plan.layout import Layout
 
 ENV_SWITCH = "LANCE_LIGHTNING_WORKER_HANDOFF"
@@ -67,6 +79,7 @@ class WorkerStart:
 
     def start(self) -> WorkerStart:
         if self._forkserver:
+            shared_temp_dir()  # the server's socket lives there: its janitor first
             forkserver.ensure_running()  # on this thread (see the module docstring)
         self._thread.start()
         return self
@@ -89,3 +102,112 @@ class WorkerStart:
 
     def wait(self) -> None:
         self._thread.join()
+
+
+def _batches_in(item: Any) -> int:
+    """Batches in one item a loader reads: a worker's run of them, an error (none) or one."""
+    if isinstance(item, Bundle):
+        return len(item.shipments)
+    return 0 if isinstance(item, WorkerError) else 1
+
+
+def _timed(items: Iterator[Any], record: Any, skip_first: bool = True) -> Iterator[Any]:
+    """``items``, calling ``record(batches, seconds)`` for each, seconds from the arrival of the one
+    before (the loop's whole cycle: its step, its wait); the first item only starts the clock."""
+    last = None if skip_first else time.perf_counter()
+    for item in items:
+        got = time.perf_counter()
+        if last is not None:
+            record(_batches_in(item), got - last)
+        last = got
+        yield item
+
+
+def read_epoch(loader: Any, layout: Layout) -> Iterator[Any]:
+    """The epoch's items of ``loader`` (a `LanceDataLoader` with workers), from whichever side the
+    race has chosen, starting the workers while reading in process when it needs them."""
+    race = loader.race
+    running = loader.persistent_workers and loader._iterator is not None
+    if loader._worker_start is None and (not handoff_enabled() or (running and race.choice == "workers")):
+        return loader._from_workers(loader._start_workers())  # torch starts them, or resets running ones
+    if race.choice == "in_process":
+        return _in_process_epoch(loader)
+    if running and loader._worker_start is None:  # undecided, persistent workers up: their trial
+        return _trial(loader, loader._start_workers(), layout, 0)
+    return _handing_over(loader, layout)
+
+
+def _in_process_epoch(loader: Any) -> Iterator[Any]:
+    """The rest of the epoch (from the dataset's start row) read in process; the choice re-checked
+    at its end."""
+    race, rows = loader.race, loader.dataset.plan.batch_size
+    yield from _timed(loader._in_process(), lambda n, s: race.in_process(n, n * rows, s))
+    race.decide()
+
+
+def _handing_over(loader: Any, layout: Layout) -> Iterator[Any]:
+    """This process's batches until workers can start without delay (`WorkerStart`), then theirs."""
+    race, dataset = loader.race, loader.dataset
+    if loader._worker_start is None:
+        loader._worker_start = WorkerStart(loader.multiprocessing_context).start()
+    starting = loader._worker_start
+    epoch, _ = dataset.control.get()
+    own = loader._in_process()
+    rows = dataset.plan.batch_size
+    read = 0
+    try:
+        for item in _timed(own, lambda n, s: race.in_process(n, n * rows, s)):
+            yield item
+            read += 1
+            if starting.ready() and race.rates.in_process is not None:
+                break
+        else:  # the epoch is done before the server: the next one looks at it again
+            race.decide()
+            return
+        # What this process has read ahead is its own.
+        window = getattr(getattr(dataset.plan, "strategy", None), "window_rows", None)
+        handed = handover_step(layout, read + dataset.prefetch_batches, window)
+        starting.wait()
+        dataset.set_epoch(epoch, layout.start + layout.rows_after(handed))
+        workers = loader._start_workers()
+        loader._worker_start = None
+        race.new_workers()
+        yield from itertools.islice(own, handed - read)
+    finally:
+        own.close()
+    yield from _trial(loader, workers, layout, handed)
+
+
+def _trial(loader: Any, raw: Iterator[Any], layout: Layout, step: int) -> Iterator[Any]:
+    """The workers' items from ``step`` (``raw``: torch's iterator); racing, until the trial decides:
+    the workers keep reading, or they stop and this process reads on from their first batch not
+    delivered."""
+    race, dataset = loader.race, loader.dataset
+    workers = loader._from_workers(raw)
+    if race.choice == "workers":
+        yield from workers
+        return
+    rows = dataset.plan.batch_size
+    epoch, _ = dataset.control.get()
+    last = time.perf_counter()
+    decided = None
+    try:
+        for item in workers:
+            got = time.perf_counter()
+            decided = race.worker_item(_batches_in(item) * rows, got - last)
+            last = got
+            yield item
+            step += _batches_in(item)
+            if decided is not None:
+                break
+        else:
+            return
+    finally:
+        if decided == "in_process":
+            workers.close()
+            loader._stop_workers(raw)
+    if decided == "workers":
+        yield from workers
+        return
+    dataset.set_epoch(epoch, layout.start + layout.rows_after(step))
+    yield from _in_process_epoch(loader)

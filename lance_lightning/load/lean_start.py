@@ -13,7 +13,9 @@ Guarantees:
   ``LANCE_LIGHTNING_LEAN_WORKERS=off`` (for a script whose import sets up what workers need besides
   the objects sent to them); otherwise `worker_context` returns the stock context.
 - `start_worker_server` starts the server ahead of the first loader (the data module's ``setup``),
-  so its imports (torch, Arrow, Lance: seconds) overlap with planning and the model's set-up.
+  so its imports (torch, Arrow, Lance: seconds) overlap with planning and the model's set-up. The
+  server's socket folder (``pymp-*``) gets its janitor first (`lance_lightning.lifetime.shared_temp_dir`):
+  a training process SIGKILLed before its first worker starts leaves no folder behind.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import sys
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any
+
+from lance_lightning.lifetime import shared_temp_dir
 
 #: Python versions whose ``popen_forkserver.Popen._launch`` `LeanPopen` mirrors.
 LEAN_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
@@ -99,4 +103,5 @@ def start_worker_server(num_workers: int, method: str, transform: Any) -> None:
     if num_workers <= 0 or method != "forkserver":
         return
     worker_context(method, transform)
+    shared_temp_dir()  # the server's socket lives in this folder: its janitor removes it however we end
     forkserver.ensure_running()

@@ -35,7 +35,9 @@ Guarantees:
 - Without worker processes, batches come straight from the dataset's reader threads (pinned
   there with ``pin_memory``): torch's single-process iterator would only add per-batch bookkeeping.
   With workers that are not running yet, this process reads the epoch's first batches the same
-  way while they start, then hands them the rest (`lance_lightning.load.handoff`).
+  way while they start, then hands them the rest (`lance_lightning.load.handoff`) unless a measured
+  race finds them no faster than this process: then this process reads on, the same rows in the
+  same order (`lance_lightning.load.race`; ``describe()`` and the end-of-fit report state it).
 - The loader reads its own copy of the dataset (`LanceIterableDataset.for_loader`): the dataset
   passed in is never changed, and iterating ``loader.dataset`` yields batches, never `Shipment`s.
 - An error of the package's own raised in a worker process (a bad row, a null, a read that failed
@@ -52,7 +54,6 @@ from __future__ import annotations
 
 import copy as _copy
 import functools
-import itertools
 import random
 import time
 import weakref
@@ -70,12 +71,14 @@ from lance_lightning.device.ahead import DevicePath
 from lance_lightning.errors import ConfigError, WorkerDiedError
 from lance_lightning.lifetime import shared_temp_dir, watch_parent
 from lance_lightning.load.dataset import Bundle, LanceIterableDataset, Shipping, WorkerError, ship_from_worker
-from lance_lightning.load.handoff import WorkerStart, handoff_enabled, handover_step
+from lance_lightning.load.handoff import WorkerStart, read_epoch
 from lance_lightning.load.lean_start import worker_context
+from lance_lightning.load.race import Race
 from lance_lightning.load.workers import STARTING_HINT, guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
 from lance_lightning.plan.layout import Layout
 from lance_lightning.produce.slabs import SlabChannel, start_worker_ring
+from lance_lightning.produce.threads import ReaderThreads
 from lance_lightning.source import StoreEnvironment
 from lance_lightning.vocabulary import Batch
 
@@ -246,6 +249,10 @@ class LanceDataLoader(DataLoader):
         )
         #: What this process waits on, reading, before it starts its workers (`WorkerStart`), if any.
         self._worker_start: WorkerStart | None = None
+        #: Who reads the batches, the workers or this process (`lance_lightning.load.race`).
+        self.race = Race(num_workers, prefetch_factor) if num_workers > 0 else None
+        #: The dataset this process reads with when it has workers (`_in_process`).
+        self._own_reader: LanceIterableDataset | None = None
         if num_workers > 0:  # the slabs are this loader's: forgotten with it
             weakref.finalize(self, self.worker_init_fn.keywords["slabs"].close)
         self.cursor = cursor or CursorTracker(dataset.plan)
@@ -317,49 +324,27 @@ class LanceDataLoader(DataLoader):
 
     def _batches(self, layout: Layout) -> Iterator[Any]:
         """The dataset's `Shipment`s (or a worker's `Bundle`s of them, or its `WorkerError`): from
-        running workers through torch's iterator; while workers start, from this process first
-        (`lance_lightning.load.handoff`); without workers straight from the dataset (its batches are
-        final: torch's single-process iterator only added per-batch bookkeeping)."""
+        running workers through torch's iterator; while workers start, from this process first,
+        and from whichever side the race chose (`lance_lightning.load.handoff`); without workers
+        straight from the dataset (its batches are final: torch's single-process iterator only
+        added per-batch bookkeeping)."""
         if self.num_workers == 0:
             return self._in_process()
-        running = self.persistent_workers and self._iterator is not None
-        if self._worker_start is None and (running or not handoff_enabled()):
-            return self._from_workers(self._start_workers())  # torch starts them, or resets running ones
-        return self._handing_over(layout)
+        return read_epoch(self, layout)
 
     def _in_process(self) -> Iterator[Any]:
+        """This process's batches. With workers configured (reading while they start, or chosen by
+        the race) a copy of the dataset reads, with the reader threads of all the workers (the
+        cores they would use) and pinning as torch pins theirs."""
         dataset = self.dataset
-        if self.pin_memory and not dataset.pin_memory:  # while workers start: torch pins only theirs
-            dataset = _copy.copy(dataset)
-            dataset.pin_memory = True
+        if self.num_workers > 0:
+            if self._own_reader is None:
+                dataset = self._own_reader = _copy.copy(dataset)
+                dataset.pin_memory = dataset.pin_memory or self.pin_memory
+                dataset.reader_threads = max(1, dataset.reader_threads) * self.num_workers
+                dataset.pools = ReaderThreads(dataset.reader_threads)
+            dataset = self._own_reader
         return dataset.produce(Shipping(stats=False, positions=self._ship_positions))
-
-    def _handing_over(self, layout: Layout) -> Iterator[Any]:
-        """This process's batches until workers can start without delay, then theirs (`WorkerStart`)."""
-        if self._worker_start is None:
-            self._worker_start = WorkerStart(self.multiprocessing_context).start()
-        starting = self._worker_start
-        epoch, _ = self.dataset.control.get()
-        own = self._in_process()
-        read = 0
-        try:
-            for item in own:
-                yield item
-                read += 1
-                if starting.ready():
-                    break
-            # What this process has read ahead is its own. An epoch it finished hands the workers
-            # nothing: starting them here reports a worker that cannot start.
-            window = getattr(getattr(self.dataset.plan, "strategy", None), "window_rows", None)
-            handed = handover_step(layout, read + self.dataset.prefetch_batches, window)
-            starting.wait()
-            self.dataset.set_epoch(epoch, layout.start + layout.rows_after(handed))
-            workers = self._start_workers()
-            self._worker_start = None
-            yield from itertools.islice(own, handed - read)
-        finally:
-            own.close()
-        yield from self._from_workers(workers)
 
     def _from_workers(self, raw: Iterator[Any]) -> Iterator[Any]:
         """torch's iterator, guarded against dead workers, recording how many batches wait."""
@@ -379,6 +364,14 @@ class LanceDataLoader(DataLoader):
                 f"a worker process failed while starting ({type(error).__name__}; its traceback is printed above)",
                 STARTING_HINT,
             ) from error
+
+    def _stop_workers(self, raw: Iterator[Any]) -> None:
+        """Shut down the workers of torch's iterator ``raw`` (the race chose this process)."""
+        shutdown = getattr(raw, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        if self._iterator is raw:
+            self._iterator = None
 
     def metrics_snapshot(self) -> Snapshot:
         """Cumulative totals of this process: the consumer's side and every pipeline stage.
@@ -405,6 +398,7 @@ class LanceDataLoader(DataLoader):
             "transform": type(transform).__name__ if transform is not None else None,
             "world_size": dataset.world_size,
             "rank": dataset.rank,
+            "workers_choice": self.race.describe(done=True) if self.race is not None else None,
         }
 
     def state_dict(self) -> dict[str, Any]:

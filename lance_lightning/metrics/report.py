@@ -236,6 +236,8 @@ def format_report(
             f"  storage retries          {show('retries', ',.0f')} ({show('throttles', ',.0f')} throttled "
             f"by the store), {show('retry_wait_s', ',.2f')} s waiting between them"
         )
+    if config.get("workers_choice"):
+        lines.append(f"  {config['workers_choice']}")
     if workers:
         lines.append(
             f"  worker output            {show('workers_ready', '.2f')} finished batches not yet received when asked"

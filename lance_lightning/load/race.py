@@ -1,0 +1,146 @@
+"""Who reads a loader's batches, its workers or the training process: decided by a measured race.
+
+Guarantees:
+- With ``num_workers > 0`` a `LanceDataLoader` reads in the training process while its workers
+  start (`lance_lightning.load.handoff`), measuring the rows per second the training loop receives
+  (`Rates.in_process`: all its batches' rows over their seconds, once `WINDOW_BATCHES` are
+  measured; the first batch of each iteration is left out: it carries the start). Once the
+  workers run it takes their batches for a trial (`Race.trial_items` messages, each worker's
+  first message left out: it carries the worker's start) and measures their delivered rate the
+  same way (`Rates.workers`): rows over the seconds of the training loop's whole cycle.
+- `choose` is the decision, a pure function of the two rates: the workers only when they deliver at
+  least `MARGIN` times the in-process rate; ``in_process`` otherwise (the copies between processes
+  and the idle memory of workers are then not worth it). Either way every batch is read once, in
+  the plan's order: the loader switches at a batch boundary and the other side begins at the next
+  batch, as a restore from a cursor there would (`lance_lightning.cursor.tracker`).
+- The choice is kept for the loader's later epochs and re-checked cheaply at each epoch boundary
+  while it reads in process (`Race.decide` with the rates measured so far, the in-process one
+  growing with every epoch read here): once it names the workers they start again. A worker
+  that cannot start is raised when the loader starts its workers: at the hand-over, or at the
+  latest in the next epoch, never dropped; an epoch this process finishes before the fork server
+  is ready does not wait for it.
+- ``LANCE_LIGHTNING_WORKER_CHOICE`` (`CHOICE_SWITCH`) forces the outcome of every trial:
+  ``workers`` or ``in_process``; ``race`` (the default) measures. Everything else runs as in a
+  race (the workers start, the trial runs), so a forced outcome takes the same path as a measured
+  one: the knob the tests use to check both paths' rows and order without timing margins.
+- `Race.describe` states what it will do (``explain()``) and what it did, with both rates (the
+  end-of-fit report). Nothing here reads a clock: the loader passes the seconds it measured, so the
+  decision is tested with any rates (tests/unit/load/test_race.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+#: The workers must deliver at least this multiple of the in-process rate to take over.
+MARGIN = 1.15
+#: In-process batches per measured window.
+WINDOW_BATCHES = 16
+#: Forces the race's outcome: ``race`` (default), ``workers`` or ``in_process``.
+CHOICE_SWITCH = "LANCE_LIGHTNING_WORKER_CHOICE"
+CHOICES = ("race", "workers", "in_process")
+
+
+def forced_choice() -> str:
+    """``race``, ``workers`` or ``in_process`` from `CHOICE_SWITCH` (an unknown value is ``race``)."""
+    value = os.environ.get(CHOICE_SWITCH, "race").strip().lower().replace("-", "_")
+    return value if value in CHOICES else "race"
+
+
+def choose(in_process: float | None, workers: float | None, margin: float = MARGIN) -> str | None:
+    """``workers``, ``in_process``, or None while the workers' rate is unknown (rows per second)."""
+    if workers is None:
+        return None
+    if in_process is None or in_process <= 0:
+        return "workers"  # nothing measured in process: the configured workers
+    return "workers" if workers >= margin * in_process else "in_process"
+
+
+@dataclass
+class Rates:
+    """Measured rows per second of each side (None until measured)."""
+
+    in_process: float | None = None
+    workers: float | None = None
+    #: Everything measured in process: batches, rows, seconds.
+    window: list[float] = field(default_factory=lambda: [0, 0, 0.0])
+    #: The workers' trial: messages left out, messages, rows and seconds measured.
+    trial: list[float] = field(default_factory=lambda: [0, 0, 0, 0.0])
+
+    def add_in_process(self, batches: int, rows: int, seconds: float) -> None:
+        """Add to the in-process total; its rate counts once `WINDOW_BATCHES` batches are measured."""
+        window = self.window
+        window[0] += batches
+        window[1] += rows
+        window[2] += seconds
+        if window[0] >= WINDOW_BATCHES:
+            self.in_process = window[1] / window[2] if window[2] > 0 else float("inf")
+
+
+class Race:
+    """The decision of one loader with ``num_workers`` workers (see the module docstring)."""
+
+    def __init__(self, num_workers: int, prefetch_factor: int | None, forced: str | None = None) -> None:
+        self.num_workers = num_workers
+        self.forced = forced if forced is not None else forced_choice()
+        self.rates = Rates()
+        self.choice: str | None = None
+        #: Worker messages measured before deciding (each worker's first one is left out).
+        self.trial_items = max(4, 2 * num_workers * (prefetch_factor or 2))
+        self.switches = 0
+
+    @property
+    def racing(self) -> bool:
+        return self.forced == "race"
+
+    def in_process(self, batches: int, rows: int, seconds: float) -> None:
+        """Record ``batches`` of ``rows`` rows read in this process in ``seconds`` (the loop's cycle)."""
+        self.rates.add_in_process(batches, rows, seconds)
+
+    def worker_item(self, rows: int, seconds: float) -> str | None:
+        """Record a message of ``rows`` rows from the workers that took ``seconds``; the choice once
+        the trial is complete, None while it runs."""
+        trial = self.rates.trial
+        if trial[0] < self.num_workers:
+            trial[0] += 1  # a worker's first message: its start
+            return None
+        trial[1] += 1
+        trial[2] += rows
+        trial[3] += seconds
+        if trial[1] < self.trial_items:
+            return None
+        self.rates.workers = trial[2] / trial[3] if trial[3] > 0 else float("inf")
+        self.rates.trial = [0, 0, 0, 0.0]
+        return self.decide()
+
+    def new_workers(self) -> None:
+        """Workers (re)started: their first messages carry their start again (what the trial measured
+        so far is kept)."""
+        self.rates.trial[0] = 0
+
+    def decide(self) -> str | None:
+        """The choice from the rates measured so far (`choose`, or the forced outcome), once the
+        workers' rate is known; until then the choice stays as it is."""
+        if self.rates.workers is None:
+            return self.choice
+        chosen = choose(self.rates.in_process, self.rates.workers) if self.racing else self.forced
+        self.switches += int(self.choice is not None and chosen != self.choice)
+        self.choice = chosen
+        return chosen
+
+    def describe(self, done: bool = False) -> str:
+        """What the loader will do (``done``: what it did), with the rates measured."""
+        if self.forced != "race":
+            how = f"forced by {CHOICE_SWITCH}={self.forced}"
+        else:
+            how = f"chosen by a measured race (workers take over at {MARGIN:g}x the in-process rows/s)"
+        rates = self.rates
+        shown = ", ".join(
+            f"{name} {rate:,.0f} rows/s" if rate is not None else f"{name} not measured"
+            for name, rate in (("in process", rates.in_process), ("workers", rates.workers))
+        )
+        if not done:
+            return f"workers: {self.num_workers}, {how}; the rows and their order are the same either way"
+        outcome = {"workers": "the workers read", "in_process": "the training process read", None: "undecided"}
+        return f"workers: {self.num_workers}, {how}: {outcome[self.choice]} ({shown})"

@@ -1,0 +1,162 @@
+"""Who reads a loader's batches (`lance_lightning.load.race`): the decision from injected rates, and
+both outcomes through `Trainer.fit` (forced with ``LANCE_LIGHTNING_WORKER_CHOICE``): the same rows
+in the same order as without workers, the switch where the trial ended, the report saying so."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lance_lightning import DataLoadingMonitor, LanceDataModule, LanceSource, RowShuffle
+from lance_lightning.load.handoff import ENV_SWITCH
+from lance_lightning.load.race import CHOICE_SWITCH, MARGIN, WINDOW_BATCHES, Race, choose
+from tests.helpers import RecordingModel, write_dataset
+from tests.worker_probe import RecordProcess
+
+ROWS, BATCH, EPOCHS = 12_000, 48, 4  # 250 batches an epoch
+
+rates = st.floats(min_value=1.0, max_value=1e9, allow_nan=False)
+
+
+@given(in_process=st.one_of(st.none(), rates), workers=st.one_of(st.none(), rates))
+def test_the_workers_are_chosen_only_when_faster_by_the_margin(in_process: float | None, workers: float | None) -> None:
+    chosen = choose(in_process, workers)
+    if workers is None:
+        assert chosen is None  # nothing to compare yet
+    elif in_process is None:
+        assert chosen == "workers"
+    else:
+        assert chosen == ("workers" if workers >= MARGIN * in_process else "in_process")
+
+
+@given(
+    num_workers=st.integers(1, 8),
+    prefetch=st.one_of(st.none(), st.integers(1, 8)),
+    in_batch_s=st.floats(1e-5, 1.0),
+    worker_batch_s=st.floats(1e-5, 1.0),
+    rows=st.integers(1, 4096),
+    forced=st.sampled_from(["race", "workers", "in_process"]),
+)
+def test_a_race_decides_once_the_trial_is_measured(
+    num_workers: int, prefetch: int | None, in_batch_s: float, worker_batch_s: float, rows: int, forced: str
+) -> None:
+    race = Race(num_workers, prefetch, forced=forced)
+    for _ in range(WINDOW_BATCHES):
+        race.in_process(1, rows, in_batch_s)
+    assert race.rates.in_process == pytest.approx(rows / in_batch_s)
+    start_s = 100.0  # each worker's first message carries its start: left out
+    decisions = [race.worker_item(rows, start_s) for _ in range(num_workers)]
+    decisions += [race.worker_item(rows, worker_batch_s) for _ in range(race.trial_items)]
+    assert decisions[:-1] == [None] * (len(decisions) - 1), "decided before the trial ended"
+    assert race.rates.workers == pytest.approx(rows / worker_batch_s)
+    expected = choose(rows / in_batch_s, rows / worker_batch_s) if forced == "race" else forced
+    assert decisions[-1] == race.choice == expected
+    described = race.describe(done=True)
+    assert ("measured race" in described) == (forced == "race")
+    assert {"workers": "the workers read", "in_process": "the training process read"}[expected] in described
+
+
+def test_a_choice_stays_until_the_workers_are_measured() -> None:
+    race = Race(2, None)
+    for _ in range(3 * WINDOW_BATCHES):
+        race.in_process(1, 256, 1e-4)
+    assert race.decide() is None and race.choice is None
+    assert "undecided" in race.describe(done=True) and "workers not measured" in race.describe(done=True)
+
+
+# -- through Trainer.fit -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_dataset(tmp_path_factory.mktemp("race") / "ds.lance", rows=ROWS, fragment_rows=4096)
+
+
+def _module(uri: str, workers: int) -> LanceDataModule:
+    return LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x"]),
+        batch_size=BATCH,
+        shuffle=RowShuffle(seed=5),
+        num_workers=workers,
+        transform=RecordProcess(),
+    )
+
+
+class PidRecorder(RecordingModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pids: list[int] = []
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+        self.pids.append(int(batch["pid"][0]))
+        return super().training_step(batch, batch_idx)
+
+
+def _fit(uri: str, tmp_path: Path, workers: int) -> tuple[PidRecorder, pl.Trainer, DataLoadingMonitor]:
+    model, monitor = PidRecorder(), DataLoadingMonitor(report=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+        max_epochs=EPOCHS,
+        callbacks=[monitor],
+    )
+    trainer.fit(model, datamodule=_module(uri, workers))
+    return model, trainer, monitor
+
+
+def _warm_fork_server(uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start the fork server and wait for its imports (an epoch read by workers alone), so that
+    the fit's workers start at its first hand-over point: the trial then surely runs in the fit."""
+    with monkeypatch.context() as patch:
+        patch.setenv(ENV_SWITCH, "off")
+        dm = _module(uri, 2)
+        dm.setup("fit")
+        assert sum(len(batch["id"]) for batch in dm.train_dataloader()) == ROWS // BATCH * BATCH
+
+
+def _segments(pids: list[int]) -> list[str]:
+    """The runs of sources in order: ``main`` (this process) and ``workers``."""
+    runs: list[str] = []
+    for pid in pids:
+        side = "main" if pid == os.getpid() else "workers"
+        if not runs or runs[-1] != side:
+            runs.append(side)
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("outcome", ["in_process", "workers"])
+def test_both_outcomes_train_the_rows_of_a_fit_without_workers_in_order(
+    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    """The same batches, in the same order, as a fit with ``num_workers=0``, whichever side the race
+    chooses: forced to stay in process, the workers read a trial's batches and stop, and this
+    process reads on from the next batch; forced to the workers, they read every later batch."""
+    reference, _, _ = _fit(uri, tmp_path / "reference", 0)
+    _warm_fork_server(uri, monkeypatch)
+    monkeypatch.setenv(CHOICE_SWITCH, outcome)
+    model, trainer, monitor = _fit(uri, tmp_path / outcome, 2)
+    assert model.seen == reference.seen, "rows lost, repeated or out of order"
+    loader = trainer.train_dataloader
+    assert loader.race.choice == outcome and loader.race.rates.workers is not None
+    if outcome == "in_process":
+        assert _segments(model.pids) == ["main", "workers", "main"], "no trial, or no switch back"
+        assert loader._iterator is None, "the workers were kept after the race chose this process"
+    else:
+        assert _segments(model.pids) == ["main", "workers"]
+        assert len(set(model.pids[-3 * ROWS // BATCH // 2 :])) == 2, "both workers read the later epochs"
+    said = {"in_process": "the training process read", "workers": "the workers read"}[outcome]
+    report = monitor.report()
+    assert f"forced by {CHOICE_SWITCH}={outcome}: {said} (in process " in report, report
