@@ -40,14 +40,16 @@ Guarantees:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import lance
 import pyarrow as pa
 
+from lance_lightning.catalog import check_catalog, locate, shown_namespace
 from lance_lightning.checks import check_choice, check_int, check_not_redacted
 from lance_lightning.errors import ConfigError
+from lance_lightning.open_errors import filter_error, open_error
 from lance_lightning.redaction import (
     redact_config,
     redact_options,
@@ -127,9 +129,12 @@ class LanceSource:
         allow_incomplete: Read a dataset whose ``prepare`` was interrupted (its units committed so
             far, without the completion record). By default such a dataset is refused at setup:
             rerun the prepare to finish it.
+        namespace: Instead of ``uri``: a Lance namespace (catalog), ``{impl: dir, properties: {root:
+            ...}}`` as ``lance_namespace.connect`` takes it; with ``table_id`` (`lance_lightning.catalog`).
+        table_id: The table's id in ``namespace``, e.g. ``["images"]``.
     """
 
-    uri: str
+    uri: str = ""
     columns: list[str] | None = None
     filter: str | None = None
     version: int | str | None = None
@@ -137,6 +142,20 @@ class LanceSource:
     prepare: Prepare | None = None
     asof: str | None = None
     allow_incomplete: bool = False
+    namespace: dict[str, Any] | None = None
+    table_id: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        check_catalog(self.uri, self.namespace, self.table_id, "LanceSource", self.prepare is not None)
+
+    def located(self, param: str) -> LanceSource:
+        """This source, a catalog table replaced by its URI and storage options (`lance_lightning.catalog`)."""
+        if self.namespace is None and self.table_id is None:
+            return self
+        uri, options = locate(
+            self.uri, self.storage_options, self.namespace, self.table_id, param, prepares=self.prepare is not None
+        )
+        return replace(self, uri=uri, storage_options=options, namespace=None, table_id=None)
 
     def __repr__(self) -> str:
         return (
@@ -144,7 +163,9 @@ class LanceSource:
             f"version={self.version!r}, storage_options={redact_options(self.storage_options)!r}"
             + (f", prepare={self.prepare!r}" if self.prepare is not None else "")
             + (f", asof={self.asof!r}" if self.asof is not None else "")
-            + (", allow_incomplete=True)" if self.allow_incomplete else ")")
+            + (", allow_incomplete=True" if self.allow_incomplete else "")
+            + (f", namespace={shown_namespace(self.namespace)!r}" if self.namespace is not None else "")
+            + (f", table_id={self.table_id!r})" if self.table_id is not None else ")")
         )
 
 
@@ -303,6 +324,7 @@ def _options_key(options: dict[str, str] | None) -> tuple:
 
 def pin_source(source: LanceSource, param: str) -> PinnedSource:
     """Open, pin and validate ``source``; ``param`` names it in errors (e.g. ``"train"``)."""
+    source = source.located(param)
     if not isinstance(source.uri, str) or not source.uri:
         raise ConfigError(f"{param}.uri", source.uri, "a source needs a dataset URI", "give a local path or s3:// URI")
     check_not_redacted(f"{param}.storage_options", source.storage_options)
@@ -379,77 +401,7 @@ def _open_latest(source: LanceSource, param: str) -> lance.LanceDataset:
         return lance.dataset(source.uri, storage_options=source.storage_options, session=dataset_session(source.uri))
     except (ValueError, OSError) as error:
         shown = redact_text(str(error), secret_values({"storage_options": source.storage_options}))
-        raise _open_error(source.uri, param, shown) from None
-
-
-#: Object-store answers that mean the credentials were refused or lack a permission.
-_DENIED = (
-    "403 forbidden",
-    "accessdenied",
-    "signaturedoesnotmatch",
-    "invalidaccesskeyid",
-    "expiredtoken",
-    "invalidtoken",
-    "authorizationpermissionmismatch",
-    "authenticationfailed",
-    "401 unauthorized",
-)
-
-
-def _open_error(uri: str, param: str, text: str) -> ConfigError:
-    """The `ConfigError` for a source that Lance could not open, with the fix for its cause."""
-    lower, remote = text.lower(), "://" in uri and not uri.startswith("file://")
-    where, reason = f"{param}.uri", _first_line(text)
-    if (not remote and os.path.isfile(uri)) or "not a directory" in lower:
-        return ConfigError(
-            where,
-            uri,
-            "this is a file, not a Lance dataset (a directory with _versions/ inside)",
-            "convert it once, e.g. for Parquet: lance.write_dataset(pyarrow.parquet.read_table(path), "
-            "'data/name.lance'), and give that directory as the uri",
-        )
-    if "nosuchbucket" in lower:
-        bucket = uri.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]  # the host, without userinfo
-        return ConfigError(
-            where,
-            uri,
-            f"the bucket {bucket!r} does not exist on this endpoint",
-            "check the bucket name in the uri and the endpoint in the environment or "
-            f"`{param}.storage_options` (aws_endpoint / AWS_ENDPOINT)",
-        )
-    if any(code in lower for code in _DENIED):
-        return ConfigError(
-            where,
-            uri,
-            f"the store refused access ({reason})",
-            "check the credentials (environment variables such as AWS_ACCESS_KEY_ID / "
-            "AWS_SECRET_ACCESS_KEY, a profile, or storage_options) and that they may read this path",
-        )
-    if "permission denied" in lower or "os error 13" in lower:
-        return ConfigError(
-            where,
-            uri,
-            "permission denied reading the dataset",
-            "give this user read access to the dataset directory (e.g. chmod -R u+rX, or run as its owner)",
-        )
-    if "not found" in lower or "no such file" in lower:
-        if remote:
-            return ConfigError(
-                where,
-                uri,
-                "no Lance dataset exists at that path in the bucket",
-                "check the key after the bucket name (list it with your store's tools), or write the dataset first",
-            )
-        hint = "" if os.path.isabs(uri) else f"; relative paths resolve from the working directory {os.getcwd()}"
-        return ConfigError(
-            where, uri, "no Lance dataset exists there", f"check the path{hint}, or write the dataset first"
-        )
-    return ConfigError(
-        where,
-        uri,
-        f"the dataset could not be opened ({reason})",
-        f"check the endpoint and region (environment or `{param}.storage_options`) and that the store is reachable",
-    )
+        raise open_error(source.uri, param, shown) from None
 
 
 def _validate_filter(dataset: lance.LanceDataset, source: LanceSource, param: str) -> None:
@@ -460,20 +412,6 @@ def _validate_filter(dataset: lance.LanceDataset, source: LanceSource, param: st
         dataset.scanner(columns=[], filter=source.filter).explain_plan()
     except (ValueError, OSError) as error:
         raise filter_error(f"{param}.filter", source.filter, error, dataset.schema.names) from None
-
-
-def filter_error(param: str, filter: str, error: BaseException, columns: list[str]) -> ConfigError:
-    """The `ConfigError` for a filter Lance cannot run (``error``: what Lance raised)."""
-    return ConfigError(
-        param,
-        filter,
-        f"Lance cannot run this filter ({_first_line(str(error))})",
-        f'write a SQL predicate over the columns {columns}, e.g. "label = 3"',
-    )
-
-
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0].split(", /")[0] if text.strip() else text
 
 
 BLOB_V2 = "lance.blob.v2"

@@ -26,6 +26,7 @@ Guarantees:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from lance_lightning.cursor.loop import loaded_checkpoint, normalize_loop_state
@@ -66,7 +67,8 @@ def _repin_source(
     plan: Callable[[Any], None],
 ) -> None:
     """Plan the train split at the version (or view) the cursor was read at, where that differs."""
-    identity = current.source.identity() if current is not None else {"uri": redact_userinfo(configured.uri)}
+    located = {"uri": redact_userinfo(configured.located("train").uri)}
+    identity = current.source.identity() if current is not None else located
     by_number = configured.version if names_a_number(configured.version) else None
     target = repin_target(cursor, identity["uri"], identity.get("version"), by_number, materialize is not None)
     if target is not None and target[0] == "view":
@@ -76,7 +78,7 @@ def _repin_source(
     elif target is not None:
         source = configured
         try:
-            plan(LanceSource(source.uri, source.columns, source.filter, target[1], source.storage_options))
+            plan(replace(source, version=target[1], asof=None))
         except ConfigError as error:
             raise ConfigError("train.version", target[1], _GONE, _FIX) from error
 
@@ -88,7 +90,10 @@ def _repin_mixture(
     identities = (
         [source.identity() for source in current.sources]
         if current is not None
-        else [{"uri": redact_userinfo(source.uri), "version": None} for source in mixture.sources]
+        else [
+            {"uri": redact_userinfo(source.located(f"train.sources[{j}]").uri), "version": None}
+            for j, source in enumerate(mixture.sources)
+        ]
     )
     by_number = [source.version if names_a_number(source.version) else None for source in mixture.sources]
     versions = repin_versions(cursor, identities, by_number)

@@ -72,7 +72,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -332,11 +332,12 @@ def materialize_view(
     """
     started = time.perf_counter()
     config = MaterializedView(str(cache_dir), shuffle_seed=shuffle_seed, chunk_rows=chunk_rows, verify=verify)
-    wanted = LanceSource(
-        uri=source.uri,
+    wanted = replace(
+        source,
         columns=columns if columns is not None else source.columns,
         filter=filter if filter is not None else source.filter,
         version=version if version is not None else source.version,
+        asof=None if version is not None else source.asof,
         storage_options=storage_options if storage_options is not None else source.storage_options,
     )
     pinned = pin_source(wanted, param)

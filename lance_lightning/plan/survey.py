@@ -33,13 +33,14 @@ import pyarrow.compute as pc
 from lance_lightning.errors import ConfigError
 from lance_lightning.media.decoders import check_pyav
 from lance_lightning.media.samplers import AudioClips, ClipSampler
+from lance_lightning.open_errors import filter_error
 from lance_lightning.plan.clips import ClipUnits
 from lance_lightning.plan.filter_scan import find_matches
 from lance_lightning.plan.packing import DocumentIndex, TokenPacking
 from lance_lightning.plan.planner import Survey
 from lance_lightning.plan.rowset import RowSet
 from lance_lightning.plan.survey_cache import cached_survey
-from lance_lightning.source import PinnedSource, filter_error
+from lance_lightning.source import PinnedSource
 
 #: Rows read at setup to estimate the bytes per row.
 ROW_BYTES_SAMPLE = 64

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from lance_lightning import ConfigError, LanceDataModule, LanceSource
-from lance_lightning.source import _open_error
+from lance_lightning.open_errors import open_error
 from lance_lightning.transforms import Compose, DecodeImage
 from tests.helpers import RecordingModel, make_table, run_cli, write_dataset
 from tests.s3_server import S3Server
@@ -118,7 +118,7 @@ def test_a_relative_path_hint_only_for_relative_paths(tmp_path: Path) -> None:
 def test_local_permission_error_says_to_fix_permissions() -> None:
     """The classifier, on Lance's message for an unreadable directory (root, which runs CI, bypasses
     file permissions, so the real case runs only for other users below)."""
-    error = _open_error(
+    error = open_error(
         "/data/x.lance",
         "train",
         "LanceError(IO): Generic LocalFileSystem error: Unable to open "

@@ -27,7 +27,8 @@ STAGES: list[tuple[str, ...]] = [
     ("errors",),
     ("checks", "vocabulary", "lifetime", "preflight", "launch"),
     ("metrics",),
-    ("version_ref",),  # which version a source names (a number, a tag, a moment)
+    # Opening a source: which version it names, where a catalog puts it, what failed and how to fix it.
+    ("version_ref", "catalog", "open_errors"),
     ("source",),
     ("media",),  # what a clip is (samplers) and how it decodes (PyAV): plan counts clips, read decodes them
     ("plan",),
