@@ -23,6 +23,13 @@
 - `prepared`: "prepare, then fit" (issue #40): a table given as raw Parquet that the first fit's
   ``prepare_data`` prepares (after a SIGKILLed prepare, where drawn), checked against a direct
   write of the same rows, with every later prepare doing nothing.
+- `parts` (issue #50): parts a scenario draws beside its fit, each from its own random stream and
+  checked against its own oracle (``fit=False``: only them, as the replayed ``issue50-*`` cases do):
+  `prepare_draws` (``lance-lightning prepare`` of raw files in every format, killed and rerun,
+  read back against the files), `writer_draws` (``Trainer.predict`` with the prediction writer
+  through `writer_script`, killed on any rank and rerun, against values computed from each row's
+  ``id`` and an uninterrupted run) and `media_draws` (video clips and audio windows over
+  `tests.media_corpus`, against a whole-stream PyAV decode).
 
 Where Lightning's loop meets the loader (issue #37): why the checker missed the four defects, and
 which part of it now finds each (each is also a replayed case, ``issue37-*`` in ``cases.jsonl``;
@@ -60,4 +67,45 @@ each failed on the code before the fix, 5a33ce1, and passes after it):
    (`store.damage`, through `tests.helpers.damage_cached_copy`). The intent fails the wrong rows,
    the health check fails the traceback, and `store.check_cache` fails a copy still damaged after
    the resume (it reads every copy with Lance and compares it with `truth`).
+
+Writing and media (issue #50): why the checker missed each defect, and which part of it now finds
+it (each is a replayed case, ``issue50-*`` in ``cases.jsonl``; each failed on 53f5928, the code
+before the fixes, with the failure its ``found`` quotes):
+
+1. ``prepare`` scrambled the columns after a blob column in every unit after the first commit
+   (``issue50-blob-units``, ``issue50-blob-units-webdataset-rerun``). Missed: the only prepare the
+   checker drew was "prepare, then fit" of Parquet (no blob column, one unit per file), held to a
+   direct write of the same rows. Found now by `prepare_draws`: video/audio folders and webdataset
+   members of about 1 MiB (blob columns), ``unit_files`` against ``workers`` (often more than
+   ``2 x workers`` units), a SIGKILL at every commit point and the rerun, every column of every
+   row read back (blobs as bytes) and compared with the files, their class folders and paths.
+2. The writer, rerun after a SIGKILL on a dataset deleted and rewritten at the same path,
+   committed a version that did not read (``issue50-rewritten-dataset``). 3. A rerun with another
+   model mixed two models' outputs (``issue50-other-model``). Missed: the checker never ran the
+   prediction writer (predict was only a call after fit, without a writer), so no kill or rerun of
+   it either. Found now by `writer_draws`: ``Writing.rerun`` (the same, ``rewritten``,
+   ``other_model``) after a kill at a random batch on any rank; the oracle computes every row's
+   value from its ``id`` and the model's scale (no package), so a version that does not read, a
+   row of the other model or of the old dataset fails.
+4. A resumed predict with per-row randomness wrote other values than an uninterrupted run
+   (``issue50-row-random-resume``, ``issue50-device-augment-resume``). Missed: per-row randomness
+   was checked only across resumed fits (tests/row_random_worker.py), never a predict rerun.
+   Found now by ``Writing.random`` (``RowRandom``, ``RandomFlip``, ``DeviceAugment(seed=...)``)
+   with a kill, each row's value held to an uninterrupted one-rank run without workers.
+5. MP3 / M4A windows started on other samples than a whole-stream decode
+   (``issue50-audio-windows``). 6. Clips planned outside the video for MKV/WebM with a longer
+   audio track or a non-zero start; an AVI clip at frame 0 failed (``issue50-clips-outside``).
+   Missed: the checker's clips were video only, H.264 in MP4 without audio, starting at 0 at a
+   constant rate (`tests.videos`), where the container's duration and the stream agree. Found now
+   by `media_draws`: clips and windows over every file of the media corpus (MP4/MOV/MKV/WebM/AVI/
+   MPEG-TS, WAV/FLAC/MP3/M4A/Opus), ``even`` starts (the first and the last possible clip always
+   drawn), each compared with a whole-stream PyAV decode (frames bit-exact at their times; samples
+   within the codec's tolerance from their documented first sample).
+7. ``prepare`` kept a truncated JPEG as a good row (``issue50-truncated-jpeg``). Missed: no bad
+   input was ever drawn. Found now by ``Ingest.truncated`` (a JPEG cut at 3/4: headers whole),
+   the oracle decoding every image whole with PIL and expecting exactly the others as rows.
+
+Also found as cases: ``ReplaceBadRow`` choosing a row of another fragment failed the writer's
+commit (``issue50-replace-bad-row``: ``Writing.bad``), and a second ``trainer.predict`` of the same
+trainer after the writer committed failed (``issue50-second-predict``: ``Writing.second``).
 """

@@ -56,7 +56,7 @@ class Media:
 #: The corpus's files (names fixed when the corpus was written: a drawn scenario names them).
 VIDEOS = (
     "h264.mp4", "h264_bframes_aac.mp4", "h264_2997.mp4", "h264_60.mp4", "h264_aac_short.mov", "h264_aac.mkv",
-    "h264_start125.mkv", "h264_vfr.mkv", "vp9_opus.webm", "vp8.webm", "mpeg4_mp3.avi", "h264_mp2.ts",
+    "h264_start125.mkv", "h264_vfr.mkv", "h264_vfr.mp4", "vp9_opus.webm", "vp8.webm", "mpeg4_mp3.avi", "h264_mp2.ts",
 )  # fmt: skip
 AUDIOS = ("pcm.wav", "mono.flac", "stereo.mp3", "mono22k.mp3", "stereo.m4a", "mono16k.m4a", "stereo.opus")
 

@@ -96,6 +96,18 @@ def describe(scenario: Scenario) -> str:
         parts.append(f"replay={scenario.replay.batches}x{scenario.replay.steps}")
     if scenario.prepare is not None:
         parts.append(f"prepare(workers={scenario.prepare.workers}, kill={scenario.prepare.kill})")
+    if scenario.ingest is not None:
+        i = scenario.ingest
+        big = " big" if i.big else ""
+        parts.append(f"ingest({i.format}{big} n={i.files} units/{i.unit_files} W{i.workers} kill={i.kill})")
+    if scenario.writing is not None:
+        w = scenario.writing
+        killed = f" kill=r{w.kill_rank}@{w.kill_batch}->{w.rerun}" if w.kill_rank is not None else ""
+        parts.append(f"predict(W{w.world_size}K{w.num_workers} {w.random} bad={w.bad}{killed})")
+    if scenario.media is not None:
+        parts.append(f"media({scenario.media.kind} {','.join(scenario.media.names)} x{scenario.media.per_item})")
+    if scenario.fit is False:
+        parts.append("no-fit")
     return " ".join(parts)
 
 

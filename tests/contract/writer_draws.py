@@ -12,7 +12,8 @@ Guarantees:
 - `run_writing` runs what a user runs: `tests/contract/writer_script.py` as a script (Lightning's
   DDP launcher starts rank 1), SIGKILLed where drawn (the other rank is ended with the session),
   then rerun after the drawn change, and an uninterrupted one-rank run without workers on a copy
-  of the final dataset (the reference). It returns every failure of the oracle:
+  of the final dataset (the reference). A one-rank run that is not killed runs the script's
+  `predict` in this process. It returns every failure of the oracle:
   - the rerun (or the one run) ends without an error, except the documented ones: a bad row with
     ``RaiseOnBadRow`` raises ``BadRowError`` and nothing is committed; a rerun with another model
     may be refused with a ``ConfigError``, and then nothing of either model is committed;
@@ -172,7 +173,12 @@ def _spec(writing: Writing, uri: str, root: Path, name: str, **changes: Any) -> 
 
 def _launch(spec: dict[str, Any]) -> tuple[int, list[dict[str, Any]], str]:
     """The script on the spec's ranks, in a session of its own: (rank 0's status, each returned
-    rank's record, the output's tail). A kill on any rank ends the whole session shortly after."""
+    rank's record, the output's tail). A kill on any rank ends the whole session shortly after.
+    One rank without a kill runs in this process instead (an interpreter start saved)."""
+    if spec["devices"] == 1 and spec["kill_rank"] is None:
+        from tests.contract.writer_script import predict
+
+        return 0, [predict(spec)[1]], ""
     path = Path(f"{spec['out']}.json")
     path.write_text(json.dumps(spec))
     log = Path(f"{spec['out']}.log")
