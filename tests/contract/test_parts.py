@@ -75,11 +75,12 @@ def test_parts_draw_every_dimension() -> None:
 
 
 def test_media_names_are_the_corpus() -> None:
-    """A drawn scenario names corpus files: the names fixed here are the corpus's own."""
+    """A drawn scenario names corpus files, every one of them, each long enough for any drawn clip."""
     from tests.media_corpus import corpus
 
     assert set(VIDEOS) == {i.name for i in corpus() if i.kind == "video"}
     assert set(AUDIOS) == {i.name for i in corpus() if i.kind == "audio"}
+    assert min(i.frames for i in corpus() if i.kind == "video") >= 21  # `draw_media`'s longest span
 
 
 def test_parts_come_from_their_own_streams() -> None:
