@@ -20,7 +20,8 @@ Guarantees:
   the first decoded frame's (sample's) time in seconds, ``frame_times`` every decoded frame's time.
 - Videos (64x48 or 48x32, 24-60 frames): H.264 in MP4 (24 fps; B-frames with a longer AAC
   track; 29.97 fps; 60 fps), MOV (H.264 with a shorter AAC track), Matroska (H.264 + a longer
-  AAC track; variable frame rate; starting at 1.25 s), MP4 at a variable frame rate, WebM (VP9 + a slightly longer Opus track;
+  AAC track; variable frame rate; starting at 1.25 s), MP4 at a variable frame rate, MP4 cut at a
+  non-keyframe (an edit list hides its first 5 frames), WebM (VP9 + a slightly longer Opus track;
   VP8 alone), AVI (MPEG-4 Part 2 with MP3 audio; its header counts one frame more than decode) and
   MPEG-TS (H.264 + MP2 audio, starting at 1.0 s; no frame count in the header).
 - Audio (about 2.3 s, mono and stereo, 16-48 kHz): WAV (PCM), FLAC, MP3 (LAME, with its
@@ -201,6 +202,14 @@ VIDEOS = (
         frames=30,
         durations=tuple([1, 1, 2, 1, 3, 1, 1, 2] * 4)[:30],
         note="variable frame rate",
+    ),
+    _Video(
+        "h264_cut.mp4",
+        "mp4",
+        "libx264",
+        Fraction(24),
+        start=-5 / 24,
+        note="cut at a non-keyframe (as `ffmpeg -ss -c copy` cuts): an edit list hides 5 decoded frames",
     ),
     _Video(
         "h264_vfr.mp4",

@@ -40,9 +40,10 @@ def frame_index(container: Any, stream: Any) -> np.ndarray:
     """Sorted int64 presentation timestamps of every frame of ``stream``, in its ``time_base``."""
     names = set(container.format.name.split(","))
     if names & set(INDEXED_FORMATS) and stream.frames:
-        entries = [e for e in stream.index_entries if e.size > 0 and not e.is_discard]
+        listed = [e for e in stream.index_entries if e.size > 0]
+        entries = [e for e in listed if not e.is_discard]  # an edit list's cut frames are decoded, not shown
         # The header's count may include an empty (dropped) frame the index leaves out.
-        if entries and stream.frames - 1 <= len(entries) <= stream.frames:
+        if entries and stream.frames - 1 <= len(listed) <= stream.frames:
             times = np.sort(np.array([e.timestamp for e in entries], dtype=np.int64))
             start = stream.start_time if stream.start_time is not None else int(times[0])
             return times + (start - times[0])
@@ -54,8 +55,8 @@ def _demuxed(container: Any, stream: Any) -> np.ndarray:
     times = []
     try:
         for packet in container.demux(stream):
-            if packet.size == 0:
-                continue  # the flush packet at the end, or an empty (dropped) frame
+            if packet.size == 0 or packet.is_discard:
+                continue  # the flush packet at the end, an empty (dropped) frame, or one an edit list cuts
             if packet.pts is None:
                 raise BadMedia("a video packet has no timestamp: its frames cannot be placed")
             times.append(packet.pts)
