@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from lance_lightning import AudioClips, LanceDataModule, LanceMixture, LanceSource, RowShuffle, VideoClips
+from lance_lightning import (
+    AudioClips,
+    LanceDataModule,
+    LanceMixture,
+    LanceSource,
+    ReplaceBadRow,
+    RowShuffle,
+    VideoClips,
+)
 from lance_lightning.errors import ConfigError
 from lance_lightning.media.audio import decode_audio_clip
 from lance_lightning.media.containers import open_audio, open_video
@@ -216,14 +224,16 @@ def test_corpus_videos_give_the_whole_decode_at_the_first_middle_and_last_clip(t
     items = write_corpus_media(tmp_path / "v.lance", "video")
     size, frames, step = (32, 48), 5, 2
     sampler = VideoClips(frames=frames, frame_step=step, clips_per_item=3, starts="even", size=list(size))
+    # Under `ReplaceBadRow` a good clip wrongly refused was silently replaced by another row's.
     dm = LanceDataModule(
         train=LanceSource(str(tmp_path / "v.lance"), columns=["video", "name"]),
         batch_size=5,
         clips=sampler,
         drop_last=False,
+        bad_rows=ReplaceBadRow(seed=0),
     )
     clips = by_row(dm, "video")
-    assert sorted(clips) == list(range(len(items)))
+    assert sorted(clips) == list(range(len(items))) and all(len(found) == 3 for found in clips.values())
     span = (frames - 1) * step + 1
     for row, item in enumerate(items):
         expected = whole_video_rgb(item.data, size)
