@@ -10,6 +10,7 @@ ids ``[0,1,2,3,4]`` where the dataset's files list ``[0,1,4,5,6]``, so ``label``
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -152,3 +153,23 @@ def test_a_partial_output_with_misnumbered_fragments_is_refused(tmp_path: Path, 
     with pytest.raises(ConfigError, match="numbered two ways") as error:
         prepare(spec, str(tmp_path / "out.lance"), progress=False)
     assert error.value.param == "output" and "delete it" in error.value.fix
+
+
+@pytest.mark.slow
+def test_ray_tasks_write_every_unit_as_the_input_after_a_blob_column(tmp_path: Path) -> None:
+    """``pool="ray"`` goes through the same `DatasetWriter.write_unit`: both blob layouts (a class
+    folder, a WebDataset blob extension) on a local 2-CPU Ray instance read back as their input."""
+    # Under `uv run`, Ray workers would get a uv environment of their own, without Ray: on one
+    # machine they must use this interpreter (as in tests/scenarios/test_ray.py). Read at import.
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        for fmt in ("videofolder", "webdataset"):
+            root, expected = _expected(fmt, tmp_path / fmt)
+            spec = Prepare(fmt, str(root), unit_files=1, workers=1, pool="ray")
+            assert prepare(spec, str(tmp_path / fmt / "out.lance"), progress=False).units > 2
+            got = read_all(tmp_path / fmt / "out.lance")
+            assert got == [{name: row[name] for name in got[0]} for row in expected]
+    finally:
+        ray.shutdown()
