@@ -3,9 +3,12 @@ Hugging Face ``save_to_disk`` folder) to a Lance dataset, in parallel, resumable
 
 Guarantees: every row gets a stable integer ``id`` (its position in the input, whatever the
 workers or interruptions); a prepare killed at any moment never leaves a dataset that looks
-complete, and its rerun continues from what was committed to the same rows in the same order;
-bad input is a `ConfigError` naming the file or the flag, before anything is written where it can
-be found by a survey. `prepare` (``lance-lightning prepare``) is the entry point; the data module
+complete (a reader refuses one that is not, unless its source sets ``allow_incomplete``), and
+its rerun continues from what was committed to the same rows in the same order; every column of
+every unit reads back as the input had it (blob columns too); bad input is a `ConfigError` naming
+the file or the flag, before anything is written where it can be found by a survey, and an input
+entry that is not a regular file (a FIFO, a dangling link) or a file that does not decode whole is
+skipped and listed, never opened or kept. `prepare` (``lance-lightning prepare``) is the entry point; the data module
 runs it for sources with a ``prepare`` spec in ``prepare_data`` (docs/getting-data-in.md).
 
 Prepare reads the input formats (`folders`, `shards`, `tables`), cuts them into work units
