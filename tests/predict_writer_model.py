@@ -1,12 +1,13 @@
 """A model and data for the prediction writer's tests: outputs are a function of each row's ``id``,
 so a test knows every row's expected value whatever the rank, batch or rerun.
 
-Run as ``python tests/predict_writer_model.py URI RUN_DIR DEVICES [KILL_AFTER]`` by
+Run as ``python tests/predict_writer_model.py URI RUN_DIR DEVICES [KILL_AFTER [SCALE]]`` by
 tests/scenarios/test_prediction_writer.py (Lightning's ``ddp`` strategy re-runs the same command
 for rank 1): each rank writes the ids it predicted to ``predicted.rank<r>.json`` beside
 ``RUN_DIR``; the columns are ``emb``, ``score``, ``name`` and ``draw`` (a seeded per-row draw of
 the `AddDraw` transform, which a resumed run must draw as the uninterrupted one did). With
-``KILL_AFTER`` set, rank zero SIGKILLs itself once that many batches are written.
+``KILL_AFTER`` set (not 0), rank zero SIGKILLs itself once that many batches are written; ``SCALE``
+is `IdModel`'s (another scale: another model).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class TwinAtEnd(pl.Callback):
         assert done.returncode == 0, done.stderr[-3000:]
 
 
-def main(uri: str, run_dir: str, devices: int, kill_after: int | None) -> None:
+def main(uri: str, run_dir: str, devices: int, kill_after: int | None, scale: float = 1.0) -> None:
     from lance_lightning import LanceDataModule, LanceSource
     from lance_lightning.write.predictions import LancePredictionWriter
 
@@ -145,10 +146,11 @@ def main(uri: str, run_dir: str, devices: int, kill_after: int | None) -> None:
         callbacks=callbacks,
     )
     dm = LanceDataModule(predict=LanceSource(uri, columns=["id"]), batch_size=16, transform=AddDraw())
-    model = IdModel("draws")
+    model = IdModel("draws", scale=scale)
     trainer.predict(model, datamodule=dm, return_predictions=False)
     Path(run_dir).with_name(f"predicted.rank{trainer.global_rank}.json").write_text(json.dumps(model.predicted))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None)
+    kill = int(sys.argv[4]) if len(sys.argv) > 4 and int(sys.argv[4]) else None
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), kill, float(sys.argv[5]) if len(sys.argv) > 5 else 1.0)

@@ -113,19 +113,22 @@ class Slots:
 
     def addresses(self, positions: np.ndarray) -> np.ndarray:
         """The slot addresses of ``positions`` (epoch positions of the uninterrupted read)."""
+        positions = np.asarray(positions, dtype=np.int64)
         index = np.searchsorted(self.starts, positions, side="right") - 1
         out = np.empty(len(positions), dtype=np.int64)
-        for i, (where, position) in enumerate(zip(index.tolist(), np.asarray(positions).tolist(), strict=True)):
+        for where in np.unique(index).tolist():
+            rows = index == where
             fragment = self.order[where]
-            out[i] = (fragment << 32) | int(self._offsets(fragment)[position - int(self.starts[where])])
+            out[rows] = (fragment << 32) | self._offsets(fragment)[positions[rows] - int(self.starts[where])]
         return out
 
     def _offsets(self, fragment: int) -> np.ndarray:
+        """The offsets of the fragment's rows the read matches (its live rows matching the filter)."""
         if fragment not in self.offsets:
-            rows = (
-                self.source.open()
-                .get_fragment(fragment)
-                .to_table(columns=[], filter=self.source.filter, with_row_address=True)
-            )
-            self.offsets[fragment] = rows.column("_rowaddr").to_numpy().astype(np.int64) & 0xFFFFFFFF
+            piece = self.source.open().get_fragment(fragment)
+            if self.source.filter is None and piece.metadata.deletion_file is None:
+                self.offsets[fragment] = np.arange(piece.metadata.physical_rows, dtype=np.int64)
+            else:
+                rows = piece.to_table(columns=[], filter=self.source.filter, with_row_address=True)
+                self.offsets[fragment] = rows.column("_rowaddr").to_numpy().astype(np.int64) & 0xFFFFFFFF
         return self.offsets[fragment]

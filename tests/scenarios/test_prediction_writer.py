@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,11 +24,11 @@ COLUMNS = ["emb", "score", "name", "draw"]
 WORKER = str(REPO_ROOT / "tests" / "predict_writer_model.py")
 
 
-def _run(uri: str, run_dir: Path, kill_after: int | None = None) -> int:
+def _run(uri: str, run_dir: Path, kill_after: int | None = None, scale: float = 1.0, check: bool = True) -> int:
     """One launch of the worker on 2 ranks; with ``kill_after``, rank zero kills itself and the
     surviving rank (left waiting at a barrier) is ended with the launch's session."""
-    command = [sys.executable, WORKER, uri, str(run_dir), "2", *([str(kill_after)] if kill_after else [])]
-    log = run_dir.parent / f"launch{kill_after or ''}.log"
+    command = [sys.executable, WORKER, uri, str(run_dir), "2", str(kill_after or 0), str(scale)]
+    log = run_dir.parent / f"launch{kill_after or ''}-{scale}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -38,7 +39,7 @@ def _run(uri: str, run_dir: Path, kill_after: int | None = None) -> int:
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-    if kill_after is None:
+    if kill_after is None and check:
         assert proc.returncode == 0, log.read_text()[-6000:]
     return proc.returncode
 
@@ -74,3 +75,24 @@ def test_two_ranks_write_every_row_once_and_a_killed_run_resumes(tmp_path: Path)
     assert result.version == 2 and result.to_table().select(COLUMNS) == reference.to_table().select(COLUMNS)
     after = {f.fragment_id: [d.path for d in f.metadata.files] for f in result.get_fragments()}
     assert all(after[k][:-1] == files for k, files in before.items()), "existing data files are not rewritten"
+
+
+@pytest.mark.slow
+def test_two_ranks_refuse_another_model_together_and_start_over_on_a_dataset_written_again(tmp_path: Path) -> None:
+    """Issue #50 (2, 3) on 2 ranks: after a SIGKILL, a rerun with another model is refused on every
+    rank (no rank left waiting); after the dataset is written again at the path, the rerun starts
+    over and commits a version that reads, holding the model's values."""
+    uri, run_dir = str(tmp_path / "rows.lance"), tmp_path / "b" / "run"
+    write_rows(uri, rows=300, per_fragment=50)
+    assert _run(uri, run_dir, kill_after=6) == -signal.SIGKILL
+    code = _run(uri, run_dir, scale=2.0, check=False)
+    log = (run_dir.parent / "launch-2.0.log").read_text()
+    assert code != 0 and "would mix two models' outputs" in log and "hyperparameters" in log, log[-4000:]
+    assert lance.dataset(uri).version == 1
+    shutil.rmtree(uri)
+    write_rows(uri, rows=300, per_fragment=60)
+    _run(uri, run_dir)
+    assert "starting the run over" in (run_dir.parent / "launch-1.0.log").read_text()
+    table = lance.dataset(uri).to_table()
+    assert lance.dataset(uri).version == 2 and table["id"].to_pylist() == list(range(300))
+    assert np.allclose(np.stack(table["emb"].to_numpy(zero_copy_only=False)), embedding_of(table["id"].to_numpy()))

@@ -7,7 +7,11 @@ model's function of each row's ``id`` (`embedding_of`), what an uninterrupted ru
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import boto3
@@ -18,7 +22,7 @@ import pytest
 
 from lance_lightning import LanceDataModule, LancePredictionWriter, LanceSource
 from tests.predict_writer_model import IdModel, embedding_of, write_rows
-from tests.reliability.helpers import ONE_SCREEN_LINES, error_screen, run_command
+from tests.reliability.helpers import ONE_SCREEN_LINES, REPO_ROOT, error_screen, run_command
 from tests.s3_server import S3Server
 
 pytestmark = pytest.mark.slow
@@ -170,17 +174,36 @@ def _rows_table(rows: int):  # noqa: ANN202 - a pyarrow table
     return pa.table({"id": np.arange(rows, dtype=np.int64), "x": np.arange(rows, dtype=np.float32)})
 
 
-@pytest.mark.skipif(__import__("os").geteuid() == 0, reason="root writes into read-only folders")
-def test_a_read_only_dataset_folder_is_refused_before_any_batch(tmp_path: Path) -> None:
-    uri = str(tmp_path / "rows.lance")
-    write_rows(uri, rows=300, per_fragment=50)
-    for folder in [Path(uri), *Path(uri).rglob("*")]:
-        if folder.is_dir():
-            folder.chmod(0o555)
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root writes anywhere")
+def test_a_read_only_dataset_folder_is_refused_before_any_batch() -> None:
+    """Issue #50: a read-only dataset folder failed with a long traceback. As root (CI), the command
+    runs as ``nobody`` (setpriv), to whom the root-owned dataset folder is read-only."""
+    base = Path(tempfile.mkdtemp(prefix="ro-predict-"))
     try:
-        code, output = run_command(["predict", "--config", str(_config(tmp_path, uri, tmp_path / "run"))])
+        base.chmod(0o755)
+        uri, run = str(base / "rows.lance"), base / "run"
+        write_rows(uri, rows=300, per_fragment=50)
+        run.mkdir()
+        drop: list[str] = []
+        if os.geteuid() == 0:
+            os.chown(run, 65534, 65534)
+            drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        else:
+            for folder in [Path(uri), *Path(uri).rglob("*")]:
+                if folder.is_dir():
+                    folder.chmod(0o555)
+        config = _config(base, uri, run)
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HOME": str(run)}
+        env.pop("LANCE_LIGHTNING_TRACEBACK", None)
+        command = [*drop, str(Path(sys.executable).with_name("lance-lightning")), "predict", "--config", str(config)]
+        done = subprocess.run(command, cwd=run, env=env, capture_output=True, text=True, timeout=300)
+        output = done.stdout + done.stderr
+        screen = error_screen(output)
+        assert done.returncode == 1 and len(screen) <= ONE_SCREEN_LINES and "Traceback" not in output, output[-3000:]
+        assert "its data folder cannot be written" in output and uri in output and "table: <uri>" in output
+        assert lance.dataset(uri).version == 1 and not list(run.glob("pieces/*/*")), "nothing was predicted"
     finally:
-        for folder in [Path(uri), *Path(uri).rglob("*")]:
+        for folder in [base, *base.rglob("*")]:
             if folder.is_dir():
                 folder.chmod(0o755)
-    assert code == 1 and "Traceback" not in output and "cannot be written" in output and uri in output
+        shutil.rmtree(base, ignore_errors=True)

@@ -192,6 +192,28 @@ def test_a_replaced_bad_row_gets_nulls_and_is_counted_bad(uri: str, caplog: pyte
     assert [n for i, n in enumerate(names) if i != 7] == [f"row{i}" for i in range(300) if i != 7]
 
 
+def test_bad_rows_of_a_filtered_resumed_run_are_those_of_an_uninterrupted_run(tmp_path: Path, uri: str) -> None:
+    """Bad rows in fragments finished after a stop, with a filter and a deleted row (the slot of a
+    position is then looked up): the resumed run's columns equal the uninterrupted run's."""
+    whole = str(tmp_path / "whole.lance")
+    write_rows(whole, rows=300, per_fragment=50)
+    for path in (whole, uri):
+        lance.dataset(path).delete("id = 200")
+    settings = {"transform": RejectIds([8, 170, 263]), "bad_rows": ReplaceBadRow(seed=5), "filter": "id % 3 != 1"}
+    reference = LancePredictionWriter(columns=COLUMNS)
+    _predict(whole, reference, **settings)
+    run_dir = str(tmp_path / "run")
+    _predict(uri, LancePredictionWriter(columns=COLUMNS, run_dir=run_dir), stop=5, **settings)
+    resumed = LancePredictionWriter(columns=COLUMNS, run_dir=run_dir)
+    _predict(uri, resumed, **settings)
+    assert reference.report["bad_rows"] == 3 == resumed.report["bad_rows"] and resumed.report["rows"] == 196
+    table = lance.dataset(uri).to_table()
+    assert table.select(COLUMNS) == lance.dataset(whole).to_table().select(COLUMNS)
+    names = dict(zip(table["id"].to_pylist(), table["name"].to_pylist(), strict=True))
+    assert [names[i] for i in (8, 170, 263)] == [None] * 3
+    assert all(names[i] == (None if i % 3 == 1 else f"row{i}") for i in names if i not in (8, 170, 263))
+
+
 def test_a_second_predict_of_one_trainer_writes_nothing_and_names_the_version(
     uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
