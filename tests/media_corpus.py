@@ -25,9 +25,11 @@ Guarantees:
   VP8 alone), AVI (MPEG-4 Part 2 with MP3 audio; its header counts one frame more than decode) and
   MPEG-TS (H.264 + MP2 audio, starting at 1.0 s; no frame count in the header).
 - Audio (about 2.3 s, mono and stereo, 16-48 kHz): WAV (PCM), FLAC, MP3 (LAME, with its
-  encoder-delay header), M4A (AAC in MP4, with priming samples in an edit list) and Ogg/Opus
-  (pre-skip). M4A: a whole-stream decode keeps the AAC encoder's end padding (``samples`` is
-  then up to 1,023 samples more than the container's duration says: ``duration_samples``).
+  encoder-delay header), M4A (AAC in MP4, with priming samples in an edit list), Ogg/Opus
+  (pre-skip), and Opus in WebM and AAC in Matroska (timed in milliseconds, no stream duration).
+  AAC: a whole-stream decode keeps the encoder's end padding (``samples`` is then up to a frame
+  more than the length clips are planned on: ``duration_samples``, the container's duration, or
+  for Matroska/WebM audio its packets' span less a millisecond).
   ``tolerance`` is the largest absolute difference a window of a lossy codec may have
   against the whole-stream decode (0.0: must be bit-exact); the values are those documented in
   `lance_lightning.media.audio`.
@@ -41,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import math
 from fractions import Fraction
 from pathlib import Path
 
@@ -271,6 +274,8 @@ AUDIOS = (
     _Audio("stereo.m4a", "ipod", "aac", 44100, 2, note="M4A: AAC with priming samples (edit list)"),
     _Audio("mono16k.m4a", "ipod", "aac", 16000, 1, note="M4A: AAC at 16 kHz"),
     _Audio("stereo.opus", "ogg", "libopus", 48000, 2, note="Ogg/Opus: pre-skip, needs 80 ms pre-roll"),
+    _Audio("opus.webm", "webm", "libopus", 48000, 1, note="WebM audio: Opus timed in milliseconds"),
+    _Audio("aac.mka", "matroska", "aac", 22050, 2, note="Matroska audio: AAC timed in milliseconds"),
 )
 
 
@@ -375,7 +380,12 @@ def _described_audio(spec: _Audio, data: bytes) -> MediaFile:
         first = next(container.decode(audio=0))
         stream = container.streams.audio[0]
         decoder = stream.codec_context.name
-        duration = round(stream.duration * stream.time_base * spec.sample_rate)
+        if stream.duration:
+            duration = round(stream.duration * stream.time_base * spec.sample_rate)
+        else:  # Matroska/WebM audio: its packets' span, less one millisecond tick (rounded timestamps)
+            container.seek(0)
+            end = max(p.pts + p.duration for p in container.demux(stream) if p.size)
+            duration = math.floor((end - (stream.start_time or 0) - 1) * stream.time_base * spec.sample_rate)
         if spec.container == "ogg":  # Ogg's duration counts Opus's pre-skip, which the decoder drops
             duration -= stream.codec_context.delay
     decoded = whole_audio(data)

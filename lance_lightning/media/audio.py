@@ -17,7 +17,8 @@ Guarantees:
   the window is near it (the encoder's priming frames are decoded and discarded as in a
   whole-stream decode), and on a source sample on the grid both rates share (so the resampler's
   phase matches), far enough before the window that the resampling filter has warmed up; what
-  comes before the window is cut off by the frames' timestamps.
+  comes before the window is cut off by the frames' timestamps (Matroska and WebM time audio in
+  milliseconds: frames are placed on the stream's frame grid instead, `coarse_audio`).
 - It seeks to the frame at or before that sample (`decode_from`) and stops decoding once the
   window is full; a stream that ends first, or any PyAV/FFmpeg error, raises `BadMedia`.
 """
@@ -121,7 +122,7 @@ def decode_audio_clip(opened: OpenAudio, fraction: float, seconds: float, sample
             for frame in decoded:
                 if frame.pts is None:
                     raise BadMedia("a decoded audio frame has no timestamp")
-                frame_start = round((frame.pts - opened.start_pts) * opened.time_base * source_rate)
+                frame_start = _position(frame, opened)
                 if frame_start + frame.samples <= begin:
                     continue
                 if window.position is None:
@@ -165,6 +166,20 @@ class _Window:
                 self.samples[:, at : at + high - low] = data[:, low:high]
                 self.filled += high - low
             self.position += data.shape[1]
+
+
+def _position(frame: Any, opened: OpenAudio) -> int:
+    """The source-sample index of ``frame``'s first sample: from its timestamp, snapped to the
+    stream's frame grid when timestamps are coarser than a sample (Matroska/WebM milliseconds)."""
+    position = round((frame.pts - opened.start_pts) * opened.time_base * opened.sample_rate)
+    if opened.grid is None:
+        return position
+    end_of_first, size = opened.grid
+    k = round((position - end_of_first) / size)
+    snapped = end_of_first + k * size if k >= 0 else end_of_first - frame.samples + (k + 1) * size
+    # Off the grid by more than a rounded timestamp can be (frames of another size): the timestamp.
+    half_tick = math.ceil(opened.time_base * opened.sample_rate / 2)
+    return snapped if abs(snapped - position) <= half_tick else position
 
 
 def _tail(frame: Any, cut: int, opened: OpenAudio) -> Any:

@@ -43,7 +43,7 @@ import numpy as np
 from av.video.reformatter import VideoReformatter
 
 from lance_lightning.errors import BadMedia
-from lance_lightning.media.frame_index import frame_index, seek_floor
+from lance_lightning.media.frame_index import coarse_audio, frame_index, seek_floor
 
 #: PyAV's AVIO buffer over the file object (its largest read). On a 600-frame 128x128 H.264 MP4 a
 #: 16-frame clip reads ~43 KB with 4 KiB or 16 KiB (7 or 3 reads); bigger buffers save reads but
@@ -97,6 +97,8 @@ class OpenAudio(OpenMedia):
     sample_rate: int
     #: Samples per channel in the stream, at ``sample_rate``.
     samples: int
+    #: For timestamps coarser than a sample: (end of the first frame, frame size) in samples.
+    grid: tuple[int, int] | None = None
 
 
 def open_video(file: BinaryIO) -> OpenVideo:
@@ -140,7 +142,11 @@ def open_audio(file: BinaryIO) -> OpenAudio:
         rate = stream.codec_context.sample_rate
         if not rate or not duration:
             raise BadMedia("the audio stream has no sample rate or no known duration")
-        samples = round(duration * rate)
+        samples, grid = round(duration * rate), None
+        if stream.time_base > Fraction(1, rate):  # timed coarser than a sample (Matroska, WebM)
+            counted, grid = coarse_audio(container, stream, rate)
+            if counted is not None:  # no duration of its own: its packets', not the container's
+                samples, duration = counted, counted / rate
         if "ogg" in container.format.name.split(","):
             samples -= stream.codec_context.delay  # Ogg's duration counts the pre-skip the decoder drops
         return OpenAudio(
@@ -154,6 +160,7 @@ def open_audio(file: BinaryIO) -> OpenAudio:
             seek_floor=seek_floor(stream, start_pts),
             sample_rate=rate,
             samples=samples,
+            grid=grid,
         )
     except BaseException:
         container.close()

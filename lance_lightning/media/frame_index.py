@@ -16,6 +16,11 @@ Guarantees:
   the video stream's packets are demuxed (not decoded) once, from the start, and their
   timestamps kept: this reads the whole file once per open (the open media stays in the pool).
 - A stream whose frames carry no timestamps, or that has none, raises `BadMedia`.
+- `coarse_audio`: an audio stream timed coarser than a sample (Matroska and WebM: milliseconds)
+  gets a frame grid (the first frame's end and the frame size, from its first two decoded
+  frames) on which frames are placed instead of by their rounded timestamps, and, when it has no
+  duration of its own (the container's covers the video too), its length from its packets' span
+  less one tick (the whole-stream decode is never shorter). This demuxes the stream once.
 - `seek_floor`: seeks never go to a negative timestamp unless the stream starts below 0 (AVI has
   none before its first frame: FFmpeg refuses such a seek), nor below an indexed stream's first
   entry (MP4's AAC priming packet, before the start, is the lowest), nor more than a second
@@ -79,3 +84,30 @@ def seek_floor(stream: Any, start_pts: int) -> int:
     if start_pts <= 0:
         return start_pts
     return max(0, start_pts - math.ceil(1 / stream.time_base))
+
+
+def coarse_audio(container: Any, stream: Any, rate: int) -> tuple[int | None, tuple[int, int]]:
+    """For an audio stream timed coarser than a sample (Matroska and WebM: milliseconds): the
+    samples its packets span when the stream has no duration of its own (None when it has), less
+    one tick (a rounded last timestamp never promises a sample the decode lacks), and its frame
+    grid ``(offset, size)``: frame ``k >= 1`` starts at sample ``offset + (k - 1) * size`` (the
+    first frame, shortened by a pre-skip, ends at ``offset``). Demuxes the stream once and decodes
+    its first two frames."""
+    ticks = None
+    try:
+        if not stream.duration:
+            end = max(
+                (p.pts + (p.duration or 0) for p in container.demux(stream) if p.size and p.pts is not None),
+                default=None,
+            )
+            if end is not None:
+                ticks = end - (stream.start_time or 0) - 1
+            container.seek(seek_floor(stream, stream.start_time or 0), stream=stream, backward=True)
+        frames = container.decode(stream)
+        first, second = next(frames, None), next(frames, None)
+    except av.error.FFmpegError as error:
+        raise BadMedia(f"reading the audio's packets failed: {error}") from error
+    if first is None or second is None:
+        raise BadMedia("the audio stream has fewer than two frames")
+    samples = None if ticks is None else math.floor(ticks * stream.time_base * rate)
+    return samples, (first.samples, second.samples)

@@ -42,6 +42,11 @@ class ClipSampler(ABC):
         self.decoder = decoder
         self.open_files = open_files
 
+    @property
+    def clips_per_item(self) -> int:
+        """The constructor's ``clips_per_item`` (kept as ``per_item``)."""
+        return self.per_item
+
     def describe(self) -> dict[str, Any]:
         """Plain description of everything that chooses and shapes a clip (not the decoder's pool)."""
         return {"kind": type(self).__name__, **{k: v for k, v in vars(self).items() if k not in _NOT_CHOOSING}}

@@ -28,7 +28,7 @@ def test_the_corpus_has_every_container_and_codec() -> None:
     """This wheel has every encoder the corpus uses; a missing one would leave its files out."""
     assert missing_encoders() == []
     assert {item.name.rsplit(".", 1)[1] for item in corpus()} == {
-        "mp4", "mov", "mkv", "webm", "avi", "ts", "wav", "flac", "mp3", "m4a", "opus"
+        "mp4", "mov", "mkv", "webm", "avi", "ts", "wav", "flac", "mp3", "m4a", "opus", "mka"
     }  # fmt: skip
 
 
@@ -111,27 +111,15 @@ def test_lossless_tolerance_is_zero_and_channels_are_the_layouts() -> None:
     assert set(LAYOUTS) == {1, 2}
 
 
-#: Audio tracks whose windows are known not to match (found by this corpus, not fixed): Matroska
-#: and WebM time their audio in milliseconds, coarser than a sample, so a frame's sample index
-#: after a seek is off by up to half a millisecond (a tone's window then differs by up to 0.4),
-#: and their audio stream has no duration of its own (the container's covers the video: the last
-#: window runs past the audio). Placing frames by counting samples needs an audio index.
-COARSE_AUDIO = {"h264_aac.mkv", "vp9_opus.webm"}
-WITH_AUDIO = [
-    pytest.param(
-        item.name, marks=pytest.mark.xfail(strict=True, reason="millisecond audio timestamps (see COARSE_AUDIO)")
-    )
-    if item.name in COARSE_AUDIO
-    else item.name
-    for item in corpus()
-    if item.kind == "video" and len(item.codecs) > 1
-]
+WITH_AUDIO = [item.name for item in corpus() if item.kind == "video" and len(item.codecs) > 1]
 
 
 @pytest.mark.parametrize("name", WITH_AUDIO)
 def test_audio_tracks_of_videos_give_the_whole_decode(name: str) -> None:
-    """``AudioClips`` over a video's audio track (AAC in MP4 and MOV, MP3 in AVI, MP2 in MPEG-TS
-    starting at 1 s): windows at the start, middle and end within the codec's tolerance."""
+    """``AudioClips`` over a video's audio track (AAC in MP4, MOV and Matroska, Opus in WebM, MP3 in
+    AVI, MP2 in MPEG-TS starting at 1 s): windows at the start, middle and end within the codec's
+    tolerance. Matroska and WebM time audio in milliseconds and give it no duration of its own:
+    frames are placed on the stream's frame grid and its length counted from its packets."""
     item = by_name(name)
     expected = whole_audio(item.data)
     opened = open_audio(io.BytesIO(item.data))
