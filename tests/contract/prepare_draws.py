@@ -20,6 +20,8 @@ Guarantees:
   shard and each member's bytes; parquet: the input's rows), ids the input positions, nothing
   more; a skipped file is named in the closing report; the rerun after a kill says resumed (or
   already complete after ``rename``) and leaves a complete dataset and no ``.partial``.
+- With ``then``, the prepared dataset is trained one epoch and predicted with the prediction
+  writer (`fit_and_predict`): every row trained once, every row's written value its own.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ class Ingest:
     #: One JPEG cut short among the images (imagefolder only).
     truncated: bool = False
     seed: int = 0
+    #: Then one epoch of ``Trainer.fit`` (a row shuffle) and a ``predict`` with the prediction writer
+    #: on the prepared dataset (`fit_and_predict`).
+    then: bool = False
 
 
 def units(ingest: Ingest) -> int:
@@ -85,6 +90,7 @@ def draw_ingest(rng: random.Random) -> Ingest:
     ingest = Ingest(fmt, files, group, big, rng.choice([1, 1, 2, 3]), workers, None, False, rng.randrange(1000))
     if fmt == "imagefolder" and rng.random() < 0.4:
         ingest = Ingest(**{**ingest.__dict__, "truncated": True})
+    ingest = Ingest(**{**ingest.__dict__, "then": rng.random() < 0.5})
     n = units(ingest)
     if rng.random() < 0.6:
         moments = [f"write:{rng.randrange(n)}", "rename"] + ([f"commit:{rng.randint(1, n - 1)}"] * 2 if n > 1 else [])
@@ -296,4 +302,58 @@ def run_ingest(ingest: Ingest, root: Path) -> list[str]:
         got = read_back(out)
     except Exception as error:  # noqa: BLE001 - a dataset that does not read is the finding
         return [*problems, f"prepare: the dataset does not read back: {type(error).__name__}: {str(error)[:300]}"]
-    return problems + compare(expected_rows(ingest, folder), got)
+    want = expected_rows(ingest, folder)
+    problems += compare(want, got)
+    if ingest.then and not problems:
+        problems += fit_and_predict(out, sorted(want), root)
+    return problems
+
+
+def fit_and_predict(uri: str, ids: list[int], root: Path) -> list[str]:
+    """One epoch of a real ``Trainer.fit`` over the prepared dataset (row shuffle, batch 3), then
+    ``trainer.predict`` with `LancePredictionWriter` writing ``pred = 3 * id + 1``: every row
+    trained once, every row's ``pred`` that value (read back with pylance)."""
+    import lance
+    import lightning.pytorch as pl
+    import torch
+
+    from lance_lightning import LanceDataModule, LanceSource, RowShuffle
+    from lance_lightning.write.predictions import LancePredictionWriter
+
+    trained: list[int] = []
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+            trained.extend(batch["id"].tolist())
+            return self.layer(batch["id"].float()[:, None]).sum() * 0
+
+        def predict_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
+            return {"pred": batch["id"].double() * 3 + 1}
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    source = LanceSource(uri, columns=["id"])
+    dm = LanceDataModule(train=source, predict=source, batch_size=3, shuffle=RowShuffle(seed=1), drop_last=False)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, default_root_dir=str(root), callbacks=[LancePredictionWriter(columns=["pred"])],
+    )  # fmt: skip
+    model = Model()
+    try:
+        trainer.fit(model, datamodule=dm)
+        trainer.predict(model, datamodule=dm, return_predictions=False)
+        table = lance.dataset(uri).to_table(columns=["id", "pred"]).to_pylist()
+    except Exception as error:  # noqa: BLE001 - the oracle reports it
+        return [f"prepare, then fit and predict: {type(error).__name__}: {str(error)[:500]}"]
+    problems = []
+    if sorted(trained) != ids:
+        problems.append(f"prepare, then fit: trained ids {sorted(trained)[:20]}, the dataset has {ids[:20]}")
+    wrong = [row for row in table if row["pred"] != 3 * row["id"] + 1]
+    if wrong or len(table) != len(ids):
+        problems.append(f"prepare, then predict: {len(wrong)} of {len(table)} rows hold another pred: {wrong[:3]}")
+    return problems

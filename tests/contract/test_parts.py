@@ -3,10 +3,10 @@ seeded sample of them (soak), and the oracles' own tests. Every defect of issue 
 case (``issue50-*`` in ``cases.jsonl``, run by `tests.contract.test_contract.test_found_defect`).
 
 - `test_parts_draw_every_dimension`: over 600 seeds, the drawn parts cover every prepare format,
-  blob members, more units than twice the workers, every kill moment, a truncated JPEG; every
-  per-row random transform, both bad-row policies, filters, deletions, workers, 2 ranks, a kill
-  on rank 0 and on rank 1, every rerun, a second predict; video and audio clips from every file
-  of the media corpus.
+  blob members, more units than twice the workers, every kill moment, a truncated JPEG, a fit and
+  a predict of the prepared dataset; every per-row random transform, both bad-row policies,
+  filters, deletions, workers, 2 ranks, a kill on rank 0 and on rank 1, every rerun, a second
+  predict, a train shuffle set; video and audio clips from every file of the media corpus.
 - `test_parts_sample` (``-m soak``): scenarios of `PART_SEEDS`, only their parts (``fit=False``;
   `tests.contract.test_contract.test_sample` runs parts composed with fits).
 - `test_*_oracle_reports_*`: each oracle reports what a wrong result would look like (a scrambled
@@ -56,6 +56,8 @@ def test_parts_draw_every_dimension() -> None:
         "units <= workers": any(units(i) <= i.workers for i in ingests),
         **{f"prepare killed at {m}": any((i.kill or "").startswith(m) for i in ingests) for m in MOMENTS},
         "truncated JPEG": any(i.truncated for i in ingests),
+        "prepare, then fit and predict": any(i.then for i in ingests),
+        "predict with a train shuffle set": any(w.shuffle != "none" for w in writings),
         **{f"predict {kind}": any(w.random == kind for w in writings) for kind in RANDOMS},
         **{f"bad rows {policy}": any(w.bad == policy for w in writings) for policy in ("raise", "replace")},
         "predict filter": any(w.filter for w in writings),

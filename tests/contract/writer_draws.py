@@ -1,7 +1,7 @@
 """The prediction writer drawn (issue #50): row identity, per-row randomness, bad rows and their
 policies, filters, deletions, workers, 2-rank DDP, a SIGKILL at a random batch on any rank and the
 rerun (the same, on a dataset deleted and rewritten at the same path, with another model), and a
-second ``predict`` of the same trainer.
+second ``predict`` of the same trainer, with the train split's shuffle set.
 
 Guarantees:
 - `Writing` (a `tests.contract.scenario.Scenario`'s ``writing``) says what one predict composes;
@@ -47,6 +47,7 @@ DIM = 4
 VEC = 8
 FILTERS = (None, "id % 3 != 0", "x < 40", "id % 7 = 1")
 RERUNS = ("same", "rewritten", "other_model")
+SHUFFLES = ("none", "row:5", "row:2:4", "shard:16:3", "buffer:32:16:1")
 PHASE_TIMEOUT_S = 240
 
 
@@ -79,6 +80,9 @@ class Writing:
     run_dir_outside: bool = True
     #: A second ``trainer.predict`` of the same trainer after the last run's first returns.
     second: bool = False
+    #: The data module's ``shuffle`` (`tests.resume_worker.make_shuffle`'s spec): the train split's,
+    #: which the predict split must not follow.
+    shuffle: str = "none"
 
 
 class Inputs:
@@ -140,6 +144,7 @@ def draw_writing(rng: random.Random) -> Writing:
         rewrite_fragment_rows=rng.randint(7, 60) if rerun == "rewritten" else None,
         run_dir_outside=rerun == "rewritten" or rng.random() < 0.5,
         second=rng.random() < 0.3,
+        shuffle=rng.choice(SHUFFLES),
     )
 
 
@@ -166,7 +171,8 @@ def _spec(writing: Writing, uri: str, root: Path, name: str, **changes: Any) -> 
         "uri": uri, "run_dir": run_dir, "devices": writing.world_size, "num_workers": writing.num_workers,
         "batch_size": writing.batch_size, "flush_rows": writing.flush_rows, "filter": writing.filter,
         "random": writing.random, "seed": writing.seed, "bad": writing.bad, "bad_mod": writing.bad_mod,
-        "scale": 1.0, "second": False, "out": str(root / name), "kill_rank": None, "kill_batch": 1,
+        "scale": 1.0, "second": False, "shuffle": writing.shuffle, "out": str(root / name), "kill_rank": None,
+        "kill_batch": 1,
     }  # fmt: skip
     return {**spec, **changes}
 

@@ -69,6 +69,7 @@ def predict(spec: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     from lance_lightning import LanceDataModule, LanceSource
     from lance_lightning.produce.badrows import RaiseOnBadRow, ReplaceBadRow
     from lance_lightning.write.predictions import LancePredictionWriter
+    from tests.resume_worker import make_shuffle
 
     devices = spec["devices"]
     writer = LancePredictionWriter(
@@ -96,6 +97,7 @@ def predict(spec: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         transform=Inputs(spec["random"], spec["seed"], spec["bad_mod"] if spec["bad"] else 0),
         row_identity=True if spec["random"] != "none" else None,
         bad_rows=policy,
+        shuffle=make_shuffle(spec.get("shuffle", "none")),
     )
     model = ScaledModel(spec["scale"])
     record: dict[str, Any] = {}
@@ -116,6 +118,8 @@ def predict(spec: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    rank, record = predict(spec)
+    from tests.contract import writer_script  # the model's class as this module names it, not __main__:
+
+    spec = json.loads(Path(sys.argv[1]).read_text())  # a rerun in a test's process is the same model
+    rank, record = writer_script.predict(spec)
     Path(f"{spec['out']}.rank{rank}.json").write_text(json.dumps(record))
