@@ -56,6 +56,23 @@ class AddDraw:
         return {**batch, "draw": self.random.uniform(batch)}
 
 
+class AugmentDraw:
+    """A transform adding ``draw``: the first pixel of a 1x2x4 image made from ``id`` after a seeded
+    `DeviceAugment` horizontal flip (seeded test-time augmentation, keyed by ``_position``)."""
+
+    def __init__(self, seed: int = 7) -> None:
+        from torchvision.transforms import v2
+
+        from lance_lightning.transforms import DeviceAugment
+
+        self.augment = DeviceAugment([v2.RandomHorizontalFlip()], column="image", seed=seed)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        image = (batch["id"].double()[:, None] * 8 + torch.arange(8, dtype=torch.float64)).reshape(-1, 1, 2, 4)
+        out = self.augment({**batch, "image": image})
+        return {**out, "draw": out["image"][:, 0, 0, 0]}
+
+
 class RejectIds:
     """A transform that rejects (`RowError`) the rows whose ``id`` is in ``ids``."""
 

@@ -23,7 +23,7 @@ import torch
 from lance_lightning import ConfigError, LanceDataModule, LanceSource
 from lance_lightning.produce.badrows import ReplaceBadRow
 from lance_lightning.write.predictions import LancePredictionWriter
-from tests.predict_writer_model import AddDraw, IdModel, RejectIds, embedding_of, write_rows
+from tests.predict_writer_model import AddDraw, AugmentDraw, IdModel, RejectIds, embedding_of, write_rows
 
 COLUMNS = ["emb", "score", "name"]
 
@@ -158,22 +158,35 @@ def test_after_the_commit_another_model_is_refused_unless_it_overwrites(uri: str
     assert np.allclose(np.stack(table["emb"].to_numpy(zero_copy_only=False)), 2 * embedding_of(np.arange(300)))
 
 
-@pytest.mark.parametrize("where", [None, "id % 3 != 1"], ids=["every_row", "filtered"])
-def test_a_resumed_run_draws_what_an_uninterrupted_run_draws(tmp_path: Path, uri: str, where: str | None) -> None:
-    """Issue #50 (4): seeded per-row randomness (`RowRandom`) keyed by ``_position``: a resumed run
-    reads only unfinished fragments, with the positions of the uninterrupted run."""
+@pytest.mark.parametrize(
+    ("where", "transform"),
+    [(None, AddDraw), ("id % 3 != 1", AddDraw), ("id % 3 != 1", AugmentDraw)],
+    ids=["every_row", "filtered", "device_augment"],
+)
+def test_a_resumed_run_draws_what_an_uninterrupted_run_draws(
+    tmp_path: Path, uri: str, where: str | None, transform: type
+) -> None:
+    """Issue #50 (4): seeded per-row randomness (`RowRandom`; `DeviceAugment(seed=...)`, seeded
+    test-time augmentation) keyed by ``_position``: a resumed run reads only unfinished fragments,
+    with the positions of the uninterrupted run."""
     whole = str(tmp_path / "whole.lance")
     write_rows(whole, rows=300, per_fragment=50)
     columns = [*COLUMNS, "draw"]
-    _predict(whole, LancePredictionWriter(columns=columns), IdModel("draws"), transform=AddDraw(), filter=where)
+    _predict(whole, LancePredictionWriter(columns=columns), IdModel("draws"), transform=transform(), filter=where)
     run_dir = str(tmp_path / "run")
-    settings = {"transform": AddDraw(), "filter": where}
+    settings = {"transform": transform(), "filter": where}
     _predict(uri, LancePredictionWriter(columns=columns, run_dir=run_dir), IdModel("draws"), stop=5, **settings)
     resumed = _predict(uri, LancePredictionWriter(columns=columns, run_dir=run_dir), IdModel("draws"), **settings)
     assert resumed.predicted and resumed.predicted[0] > 0, "the finished fragments were not read again"
     expected = lance.dataset(whole).to_table().select(columns)
     assert lance.dataset(uri).to_table().select(columns) == expected
-    assert len(set(expected["draw"].to_pylist())) > 150, "the draws are per row"
+    draws = expected["draw"].to_pylist()
+    if transform is AugmentDraw:  # the first pixel: id * 8 unflipped, id * 8 + 3 flipped
+        ids = lance.dataset(whole).to_table()["id"].to_pylist()
+        flipped = {d - 8 * i for d, i in zip(draws, ids, strict=True) if d is not None}
+        assert flipped == {0.0, 3.0}, "some rows are flipped, some not"
+    else:
+        assert len(set(draws)) > 150, "the draws are per row"
 
 
 def test_a_replaced_bad_row_gets_nulls_and_is_counted_bad(uri: str, caplog: pytest.LogCaptureFixture) -> None:
