@@ -131,6 +131,8 @@ def test_writer_oracle_reports_two_models_another_draw_and_a_value_outside_the_s
     assert any("mix two models" in p for p in check_rows(writing, mixed, reference))
     drawn = {**good, 5: {**row(5), "extra": [0.5]}}  # issue #50 (4)
     assert any("not the uninterrupted run's" in p for p in check_rows(writing, drawn, reference))
+    lost = {i: r for i, r in good.items() if i != 7}
+    assert any("rows [7] of the predict split" in p for p in check_rows(writing, lost, reference))
     outside = {**good, 3: row(3)}
     assert any("outside the predict split" in p for p in check_rows(writing, outside, reference))
 

@@ -242,6 +242,9 @@ def _value(i: int, scale: float) -> tuple[list[float], float]:
 def check_rows(writing: Writing, got: dict[int, dict[str, Any]], reference: dict[int, dict[str, Any]]) -> list[str]:
     """Every split row holds one model's values and the reference's ``extra``; the rest nulls."""
     split, problems = split_ids(writing), []
+    missing = sorted(split - set(got))
+    if missing:
+        problems.append(f"writer: rows {missing[:10]} of the predict split are not in the dataset")
     scales = set()
     bad = {i for i in split if writing.bad_mod and i % writing.bad_mod == 2}
     for i, row in sorted(got.items()):
