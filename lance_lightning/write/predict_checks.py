@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -99,6 +100,7 @@ def model_identity(pl_module: Any, trainer: Any = None, weights: bool = True) ->
     of the state dict; ``checkpoint`` (the trainer's ``ckpt_path``) is only shown."""
     kind = type(pl_module)
     hparams = json.dumps(dict(getattr(pl_module, "hparams", {}) or {}), sort_keys=True, default=repr)
+    hparams = re.sub(r" at 0x[0-9a-fA-F]+", "", hparams)  # an object's default repr names its address
     code = hashlib.sha256()
     for name in ("predict_step", "forward"):
         function = getattr(kind, name, None)

@@ -128,6 +128,24 @@ class _OtherModel(IdModel):
         return {**outputs, "emb": outputs["emb"] + 1}
 
 
+class _Thing:  # a hyperparameter whose repr names its address, another in every process
+    pass
+
+
+class _ThingModel(IdModel):
+    def __init__(self, thing: _Thing) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+
+def test_the_same_model_with_an_object_hyperparameter_resumes(tmp_path: Path, uri: str) -> None:
+    run_dir = str(tmp_path / "run")
+    _predict(uri, LancePredictionWriter(columns=COLUMNS, run_dir=run_dir), _ThingModel(_Thing()), stop=8)
+    resumed = _predict(uri, LancePredictionWriter(columns=COLUMNS, run_dir=run_dir), _ThingModel(_Thing()))
+    assert resumed.predicted == list(range(100, 300))
+    _emb_is_the_oracle(uri)
+
+
 def test_another_checkpoint_is_refused_and_the_same_one_resumes(tmp_path: Path, uri: str) -> None:
     """The weights compared are the loaded ones: a rerun with ``ckpt_path`` of other weights is
     refused, naming both checkpoints; the first checkpoint resumes."""
