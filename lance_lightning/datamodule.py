@@ -51,6 +51,7 @@ from lance_lightning.device.hooks import DeviceStage
 from lance_lightning.device.transfer import DeviceTransfer, host_columns
 from lance_lightning.errors import ConfigError
 from lance_lightning.hold import VersionHold, describe_holds
+from lance_lightning.hparams import save_arguments
 from lance_lightning.lifetime import destroy_gloo_group_at_exit
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.lean_start import start_worker_server
@@ -197,6 +198,7 @@ class LanceDataModule(pl.LightningDataModule):
         row_identity: bool | list[Split] | None = None,
     ) -> None:
         super().__init__()
+        save_arguments(self, {name: value for name, value in locals().items() if name not in ("self", "__class__")})
         self.sources: dict[Split, Any] = {"train": train, "val": val, "test": test, "predict": predict}
         if val is None:  # Lightning skips validation silently only when val_dataloader is not overridden
             # Not a bound method of self: that is a reference cycle, and a module freed only by the

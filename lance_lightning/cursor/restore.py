@@ -80,6 +80,8 @@ def _repin_source(
         try:
             plan(replace(source, version=target[1], asof=None))
         except ConfigError as error:
+            if not error.param.endswith(".version"):
+                raise  # another mistake (a redacted credential, a bad filter): its own message
             raise ConfigError("train.version", target[1], _GONE, _FIX) from error
 
 

@@ -134,7 +134,7 @@ class RandomFlip:
         if not isinstance(dims, Sequence) or not dims or not all(isinstance(d, int) and d != 0 for d in dims):
             raise ConfigError("dims", dims, "must be non-empty row dimensions (not 0, the batch)", "set dims: [-1]")
         self.dims = tuple(dims)
-        self.random = RowRandom(seed)
+        self.random, self.seed = RowRandom(seed), seed
 
     def __repr__(self) -> str:
         return f"RandomFlip(column={self.column!r}, p={self.p}, dims={self.dims}, seed={self.random.seed})"
@@ -161,7 +161,7 @@ class RandomCrop:
         if checked is None:
             raise ConfigError("RandomCrop.size", size, "is required", "set size: 224 or [height, width]")
         self.size = checked
-        self.random = RowRandom(seed)
+        self.random, self.seed = RowRandom(seed), seed
 
     def __repr__(self) -> str:
         return f"RandomCrop(column={self.column!r}, size={self.size}, seed={self.random.seed})"
@@ -200,7 +200,7 @@ class MaskTokens:
         self.p = _check_p(p)
         check_int("mask_id", mask_id, None, "set mask_id to an integer token id")
         self.mask_id = mask_id
-        self.random = RowRandom(seed)
+        self.random, self.seed = RowRandom(seed), seed
 
     def __repr__(self) -> str:
         return f"MaskTokens(column={self.column!r}, p={self.p}, mask_id={self.mask_id}, seed={self.random.seed})"

@@ -94,6 +94,10 @@ def test_print_config_round_trips(tmp_path, cli_uri):
         "version": None,
         "storage_options": None,
         "prepare": None,
+        "asof": None,
+        "allow_incomplete": False,
+        "namespace": None,
+        "table_id": None,
     }
     for key in ("num_workers", "multiprocessing_context", "fill_nulls", "drop_last", "resume_data", "transform"):
         assert key in data

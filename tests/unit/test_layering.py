@@ -39,7 +39,7 @@ STAGES: list[tuple[str, ...]] = [
     ("device",),
     ("cursor",),  # the loader advances the cursor; the data module restores it
     ("load",),
-    ("hold", "arguments"),
+    ("hold", "arguments", "hparams"),
     ("datamodule",),
     ("callbacks",),
     ("cli",),
