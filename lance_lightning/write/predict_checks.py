@@ -4,8 +4,8 @@ the one the run's pieces were computed from, and that the model is the one that 
 Guarantees:
 - `stale` says why a run folder belongs to another dataset than the one now at the path (deleted
   and written again: the read version is gone or its data files differ from the fingerprint in
-  ``run.json``; a marker whose version was not committed by the run), or ``None``: the writer
-  then starts the run over.
+  ``run.json``; a marker whose version is gone, was committed by no run of this id, or whose
+  columns the dataset lacks), or ``None``: the writer then starts the run over.
 - `model_identity` names what computes the values: the module's class, its hyperparameters, a
   hash of the source of ``predict_step`` and ``forward`` and, once a checkpoint is loaded, a hash
   of its weights (``checkpoint``, the trainer's ``ckpt_path``, is only shown).
@@ -23,6 +23,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
+import lance
 import torch
 
 from lance_lightning.errors import ConfigError
@@ -31,15 +32,12 @@ from lance_lightning.write import predict_commit as commits
 from lance_lightning.write.predict_store import RunFolder
 
 
-def stale(folder: RunFolder, source: PinnedSource, run: str, table: str | None) -> str | None:
+def stale(folder: RunFolder, source: PinnedSource, run: str, table: str | None, names: list[str]) -> str | None:
     """Why the run in ``folder`` was not computed from the dataset now at ``source``'s path, or ``None``."""
     state, marker = folder.read_json("run.json"), folder.read_json("marker.json")
     if marker is not None and not table:
-        found = commits.committed_version(source.location, source.storage_options, marker["read_version"], run)
-        return (
-            None if found == marker["version"] else f"version {marker['version']} there was not committed by this run"
-        )
-    if marker is not None or state is None:
+        return _stale_commit(source, marker["version"], run, names)
+    if marker is not None or state is None or "files" not in state:  # a run.json of an older release: unknown
         return None
     try:
         files = commits.fingerprint(replace(source, version=state["version"]).open())
@@ -48,6 +46,22 @@ def stale(folder: RunFolder, source: PinnedSource, run: str, table: str | None) 
     if files == state.get("files"):
         return None
     return f"its version {state['version']} has other data files ({files}, the run read {state.get('files')})"
+
+
+def _stale_commit(source: PinnedSource, version: int, run: str, names: list[str]) -> str | None:
+    """Why the dataset at the path does not hold the run's commit ``version`` (a version cleaned up
+    since, whose transaction cannot be read, is not a reason: the columns still tell)."""
+    latest = lance.dataset(source.location, storage_options=source.storage_options)
+    if latest.version < version:
+        return f"it has no version {version}, which the run committed"
+    try:
+        transaction = latest.read_transaction(version)
+    except Exception:  # noqa: BLE001 - a cleaned-up version has no transaction to read
+        transaction = None
+    if transaction is not None and (transaction.transaction_properties or {}).get(commits.RUN_PROPERTY) != run:
+        return f"its version {version} was not committed by this run"
+    missing = sorted(set(names) - set(latest.schema.names))
+    return f"its latest version has no column {missing}" if missing else None
 
 
 def model_refusal(

@@ -193,7 +193,7 @@ class LancePredictionWriter(BasePredictionWriter):
     def _discard_stale(self, source: PinnedSource) -> None:
         """Rank zero: start the run over when the dataset at the path is not the one its pieces (or
         its commit) were computed from (`predict_checks.stale`)."""
-        why = checks.stale(self.folder, source, self.run, self.table)
+        why = checks.stale(self.folder, source, self.run, self.table, self.names)
         if why is None:
             return
         self.folder.drop_all()

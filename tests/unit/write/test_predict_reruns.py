@@ -11,6 +11,7 @@ import base64
 import json
 import pickle
 import shutil
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,26 @@ def test_a_dataset_written_again_at_the_path_starts_the_run_over(
     assert latest.to_table(columns=["id"])["id"].to_pylist() == list(range(300))  # every read works
     _emb_is_the_oracle(uri)
     assert latest.to_table()["name"].to_pylist() == [f"row{i}" for i in range(300)]
+
+
+def test_after_the_commit_a_cleanup_keeps_the_run_done_and_a_rewrite_starts_it_over(
+    tmp_path: Path, uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A committed run whose version was cleaned up (its transaction gone) is still done; once the
+    dataset is written again at the path, the same command predicts it again."""
+    run_dir = str(tmp_path / "run")
+    _predict(uri, LancePredictionWriter(columns="emb", run_dir=run_dir), IdModel("tensor"))
+    lance.dataset(uri).delete("id = 299")  # version 3: version 2 (the commit) is then cleaned up
+    lance.dataset(uri).cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+    model = _predict(uri, writer := LancePredictionWriter(columns="emb", run_dir=run_dir), IdModel("tensor"))
+    assert model.predicted == [] and writer.report["version"] == 2 and lance.dataset(uri).version == 3
+    shutil.rmtree(uri)
+    write_rows(uri, rows=300, per_fragment=60)
+    with caplog.at_level("INFO"):
+        model = _predict(uri, writer := LancePredictionWriter(columns="emb", run_dir=run_dir), IdModel("tensor"))
+    assert "starting the run over" in caplog.text and "it has no version 2" in caplog.text
+    assert model.predicted == list(range(300)) and writer.report["version"] == 2
+    _emb_is_the_oracle(uri)
 
 
 @pytest.mark.parametrize("change", ["hparams", "weights", "class"])
