@@ -7,7 +7,8 @@ Guarantees:
   rank, first offset and row count), a fragment's *record* (the ``FragmentMetadata`` of the
   fragment with its new column file(s), written by `RunFolder.finish`, and the Lance schema with
   the new columns as JSON and protobuf bytes: nothing read back from storage is unpickled),
-  ``run.json`` (read version, its files' fingerprint, the model's identity, rows expected per fragment),
+  ``run.json`` (read version, its data files' fingerprint, rows expected per fragment),
+  ``model.json`` (what computes the values, `lance_lightning.write.predict_checks`),
   ``columns.json`` (the output columns' Arrow types) and ``marker.json`` (the committed version).
 - A fragment is finished once its pieces hold as many rows as the run expects of it (the predict
   split reads each row once); `RunFolder.finish` then writes its column file(s) through
@@ -18,8 +19,9 @@ Guarantees:
   with null outputs and ``_bad`` set: it counts toward the fragment's rows, gets nulls, and is
   counted as bad in the record (never as written).
 - The folder lives under the dataset (``<uri>/_lance_lightning/predict/<run id>``) unless one is
-  given; on an object store it is opened with the dataset's ``storage_options`` (endpoint,
-  credentials, region); nothing in it is read by Lance.
+  given; on S3 (or an S3-compatible store) it is opened with the dataset's ``storage_options``
+  (endpoint, keys, region, ``allow_http``), other stores by pyarrow from the URI and the
+  environment; nothing in it is read by Lance.
 """
 
 from __future__ import annotations
