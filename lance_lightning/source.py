@@ -85,6 +85,9 @@ class Prepare:
             ``"error"`` stops, naming it.
         unit_files: At most this many input files per work unit (one commit, one fragment).
         unit_bytes: At most this many input bytes per work unit (a larger file is a unit alone).
+        probe_media: ``videofolder``/``audiofolder``: open each file with FFmpeg (PyAV), add its
+            stream facts as columns and skip a file that is not media (the default); False stores
+            the bytes unopened, without those columns.
     """
 
     format: str
@@ -94,6 +97,7 @@ class Prepare:
     on_bad_file: str = "skip"
     unit_files: int = 2048
     unit_bytes: int = 256 << 20
+    probe_media: bool = True
 
     def __post_init__(self) -> None:
         check_choice(
@@ -110,6 +114,9 @@ class Prepare:
         check_int("prepare.workers", self.workers, 1, "set workers to 1 or more, or null", optional=True)
         check_int("prepare.unit_files", self.unit_files, 1, "set unit_files to 1 or more")
         check_int("prepare.unit_bytes", self.unit_bytes, 1, "set unit_bytes to 1 or more")
+        check_choice(
+            "prepare.probe_media", self.probe_media, (True, False), "must be true or false", "probe_media: true"
+        )
 
 
 @dataclass

@@ -60,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
         default="skip",
         help="an unreadable or corrupt file: skip it and list it in the report (default), or stop naming it",
     )
+    parser.add_argument(
+        "--no-probe-media",
+        dest="probe_media",
+        action="store_false",
+        help="videofolder/audiofolder: store the files' bytes without opening them (no stream-fact columns)",
+    )
     parser.add_argument("--unit-files", type=int, default=2048, help="input files per work unit (one commit)")
     parser.add_argument("--unit-bytes", type=int, default=256 << 20, help="input bytes per work unit (one commit)")
     add_storage_options(parser)
@@ -85,6 +91,7 @@ def prepare_main(argv: list[str] | None = None) -> int:
             on_bad_file=args.on_bad_file,
             unit_files=args.unit_files,
             unit_bytes=args.unit_bytes,
+            probe_media=args.probe_media,
         )
         report = prepare(spec, args.output, storage_options=options or None, progress=not args.quiet)
     except ConfigError as error:  # the flag, not the spec's field, names what to change

@@ -20,6 +20,10 @@ Guarantees:
   `ReplaceBadRow` decodes, in its place, the clip at another unit chosen by ``(seed, unit,
   attempt)``, so batch sizes never change and every rank keeps its batch count. Each bad clip is
   counted once as ``bad_rows`` in the reading thread's clock.
+- Where ``prepare`` probed the media (`lance_lightning.media.probe`: ``video_frames``,
+  ``audio_samples``), a file whose frame index (or audio length) disagrees with the probed
+  value when it is opened is a bad row with that reason, never a clip cut from the other length.
+  Planning opens no media file: clip starts are fractions, turned into frames by the decoder.
 - Videos of different sizes in one batch with ``size: null`` raise `ConfigError` naming
   ``VideoClips.size``, both sizes and their rows, and the fix (set ``size``).
 - Each batch is an Arrow table: the split's other columns of each clip's row, the media column as
@@ -42,6 +46,7 @@ import pyarrow as pa
 
 from lance_lightning.errors import BadMedia, BadRowError, ConfigError
 from lance_lightning.media.decoders import ClipDecoder, clip_decoder
+from lance_lightning.media.probe import LENGTH_COLUMN
 from lance_lightning.media.samplers import AudioClips
 from lance_lightning.metrics.clock import active_clock
 from lance_lightning.plan.clips import start_fractions
@@ -90,6 +95,7 @@ class ClipReader(PlanReader):
             blob_columns=tuple(c for c in source.blob_columns if c != column),
         )
         self.media_bytes = dataclasses.replace(source, columns=(column,), blob_columns=())
+        self.probed: Any = None  # the probed length column's source, once known (`_probed_lengths`)
 
     def positions(self, matched: np.ndarray) -> np.ndarray:
         """A batch spec's positions are clip units, read by `read_units`."""
@@ -146,6 +152,7 @@ class ClipReader(PlanReader):
         held = {row: self.decoder.opened(self._key(row)) for row in by_row}  # this thread's until released
         closed = np.array([row for row, opened in held.items() if opened is None], dtype=np.int64)
         files = dict(zip(closed.tolist(), self._files(closed))) if len(closed) else {}
+        lengths = self._probed_lengths(closed)
         for row, slots in by_row.items():
             failed: dict[int, BadMedia] = {}
             opened = held[row]
@@ -156,6 +163,11 @@ class ClipReader(PlanReader):
                 except BadMedia as error:  # not media: every clip of it is bad
                     file.close()
                     yield row, dict.fromkeys(slots, error)
+                    continue
+                mismatch = _length_mismatch(opened, lengths.get(row))
+                if mismatch is not None:
+                    opened.close()
+                    yield row, dict.fromkeys(slots, mismatch)
                     continue
             for slot in slots:
                 try:
@@ -208,6 +220,21 @@ class ClipReader(PlanReader):
             self.sampler.column,
         ) from error
 
+    def _probed_lengths(self, rows: np.ndarray) -> dict[int, int]:
+        """The length ``prepare`` probed (`lance_lightning.media.probe`) of each of ``rows``
+        (dataset positions), when the dataset has that column and the value is not null."""
+        if self.probed is None:
+            kind = "audio" if isinstance(self.sampler, AudioClips) else "video"
+            name = LENGTH_COLUMN[kind]
+            has = name in self.plan.source.open().schema.names
+            self.probed = dataclasses.replace(self.media_bytes, columns=(name,)) if has else False
+        if self.probed is False or not len(rows):
+            return {}
+        wanted, index = storage_index(rows)
+        values = read_positions(self.probed, wanted, scan_mode=False, retry=self.retry).column(0).to_pylist()
+        order = range(len(rows)) if index is None else index
+        return {int(row): values[int(i)] for row, i in zip(rows, order) if values[int(i)] is not None}
+
     def _key(self, row: int) -> tuple[Any, ...]:
         source = self.plan.source
         return (source.uri, source.version, self.sampler.column, row)
@@ -221,6 +248,23 @@ class ClipReader(PlanReader):
         values = read_positions(self.media_bytes, wanted, scan_mode=False, retry=self.retry).column(0)
         order = range(len(rows)) if index is None else index
         return [io.BytesIO(values[int(i)].as_py() or b"") for i in order]
+
+
+def _length_mismatch(opened: Any, probed: int | None) -> BadMedia | None:
+    """`BadMedia` when ``prepare`` probed another length than the opened file's frame index
+    (video frames) or stream (audio samples) has: the file changed since, and a clip cut from
+    either length could be wrong."""
+    if probed is None:
+        return None
+    video = hasattr(opened, "frame_pts")
+    found, unit = (opened.frames, "frames") if video else (opened.samples, "samples")
+    if found == probed:
+        return None
+    column = LENGTH_COLUMN["video" if video else "audio"]
+    return BadMedia(
+        f"the file holds {found} {unit} but prepare probed {probed} (column {column!r}): it changed since "
+        "it was prepared; prepare the dataset again"
+    )
 
 
 def _small_read_whole(file: Any) -> Any:

@@ -8,9 +8,13 @@ Guarantees:
   unchanged), ``label`` (int64), ``label_name`` (string), ``path`` (the file relative to the input).
   Video and audio are stored with Lance's blob encoding (read back a window at a time, never
   loaded whole by a scan); images are plain binary, which reads faster for small files.
+- ``videofolder`` and ``audiofolder`` add each file's stream facts as typed columns
+  (`lance_lightning.media.probe`: ``video_frames``, ``video_fps``, ``width``, ...;
+  ``audio_sample_rate``, ``audio_samples``, ...), counted by the clip decoder's own frame index.
 - A file at the top level, or one whose extension is not the format's, is refused (`ConfigError`
-  naming it) at survey time, before anything is written. A file that cannot be read, is empty or
-  (for images) does not decode whole is skipped and listed, or refused, by ``on_bad_file``: every
+  naming it) at survey time, before anything is written. A file that cannot be read, is empty,
+  (for video/audio) does not open as media with a stream of its kind, or (for images) does not
+  decode whole is skipped and listed, or refused, by ``on_bad_file``: every
   image is decoded fully (PIL ``verify()`` then ``load()``) and a PNG or GIF must keep its end
   marker, so an image cut short at any byte (a JPEG whose scan stops halfway included) is never
   kept as a good row.
@@ -26,6 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.media.probe import MEDIA_FIELDS, probe
 from lance_lightning.write.units import (
     Item,
     Skipped,
@@ -53,6 +58,8 @@ class ClassFolder:
     column: str
     extensions: frozenset[str]
     blob: bool
+    #: Video/audio: probe each file's streams into columns (`lance_lightning.media.probe`); False stores bytes only.
+    probe: bool = True
 
     def survey(self, input_: str, on_bad_file: str) -> Survey:
         root = check_input(input_, file_ok=False)
@@ -83,6 +90,7 @@ class ClassFolder:
             pa.field("label", pa.int64()),
             pa.field("label_name", pa.string()),
             pa.field("path", pa.string()),
+            *(MEDIA_FIELDS.get(self.column, []) if self.probe else []),
         ]
         return Survey(root, items, with_id(fields), skipped, info={"classes": classes})
 
@@ -91,28 +99,33 @@ class ClassFolder:
         classes = survey.info["classes"]
         columns: dict[str, list] = {name: [] for name in survey.schema.names}
         for offset, item in enumerate(unit.items):
-            data = self._load(survey.root, item, skipped, on_bad_file)
-            if data is None:
+            loaded = self._load(survey.root, item, skipped, on_bad_file)
+            if loaded is None:
                 continue
-            for name, value in zip(
-                survey.schema.names, (unit.first_id + offset, data, item.label, classes[item.label], item.path)
-            ):
-                columns[name].append(value)
+            data, facts = loaded
+            values = {"id": unit.first_id + offset, self.column: data, "label": item.label}
+            values.update(label_name=classes[item.label], path=item.path, **facts)
+            for name in survey.schema.names:
+                columns[name].append(values[name])
             if len(columns["id"]) >= BATCH_ROWS:
                 yield pa.RecordBatch.from_pydict(columns, schema=survey.schema)
                 columns = {name: [] for name in survey.schema.names}
         if columns["id"]:
             yield pa.RecordBatch.from_pydict(columns, schema=survey.schema)
 
-    def _load(self, root: Path, item: Item, skipped: list[Skipped], on_bad_file: str) -> bytes | None:
-        """The file's bytes, or None when it is skipped (``on_bad_file="skip"``)."""
+    def _load(self, root: Path, item: Item, skipped: list[Skipped], on_bad_file: str) -> tuple[bytes, dict] | None:
+        """The file's bytes and its probed stream facts (video/audio: `lance_lightning.media.probe`), or None when
+        it is skipped (``on_bad_file="skip"``)."""
+        facts: dict = {}
         try:
             data = (root / item.path).read_bytes()
             problem = "is empty" if not data else self._check(data)
+            if problem is None and self.probe and self.column in MEDIA_FIELDS:
+                problem, facts = probe(self.column, data)
         except OSError as error:
             problem = f"cannot be read ({error.strerror or error})"
         if problem is None:
-            return data
+            return data, facts
         if on_bad_file == "error":
             raise ConfigError(
                 "input", item.path, problem, "remove or replace the file, or pass --on-bad-file skip to leave it out"
@@ -125,7 +138,7 @@ class ClassFolder:
         ``load()``, after ``verify()`` checked the structure and checksums) and must end with their
         format's end marker: a file cut short anywhere is caught, as training would find it."""
         if self.column != "image":
-            return None  # video/audio: decoding needs FFmpeg; only unreadable or empty files are caught
+            return None  # video/audio: opened and probed by `lance_lightning.media.probe` (`_load`)
         from PIL import Image, UnidentifiedImageError
 
         try:
@@ -152,5 +165,7 @@ _END_MARKERS = {
 IMAGE_FOLDER = ClassFolder(
     "imagefolder", "image", frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}), False
 )
-VIDEO_FOLDER = ClassFolder("videofolder", "video", frozenset({".mp4", ".mkv", ".webm", ".mov", ".avi"}), True)
-AUDIO_FOLDER = ClassFolder("audiofolder", "audio", frozenset({".wav", ".flac", ".mp3", ".ogg", ".m4a", ".opus"}), True)
+VIDEO_FOLDER = ClassFolder("videofolder", "video", frozenset({".mp4", ".mkv", ".webm", ".mov", ".avi", ".ts"}), True)
+AUDIO_FOLDER = ClassFolder(
+    "audiofolder", "audio", frozenset({".wav", ".flac", ".mp3", ".ogg", ".m4a", ".opus", ".mka", ".webm"}), True
+)

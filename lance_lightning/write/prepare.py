@@ -19,6 +19,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -56,6 +57,8 @@ def prepare(
     if not output:
         raise ConfigError("output", output, "is empty", "give the URI of the dataset to write")
     reader = FORMATS[spec.format]
+    if not spec.probe_media and hasattr(reader, "probe"):  # video/audio folders: bytes only
+        reader = dataclasses.replace(reader, probe=False)
     survey: Survey = reader.survey(spec.input, spec.on_bad_file)
     _check_apart(survey.root, output)
     units = plan_units(survey.items, spec.unit_files, spec.unit_bytes)

@@ -10,8 +10,9 @@ Guarantees:
   (``on_bad_file: skip``: it must be skipped and listed), and where a first prepare is SIGKILLed
   (``commit:N``, ``write:N``, ``rename``: `tests/prepare_kill.py`) before the rerun.
 - `draw_ingest` draws one from its own random stream; `write_input` writes the raw files
-  (deterministic bytes from ``seed``; video and audio bytes are not decoded by ``prepare``, so
-  random bytes under the right extension are the file's bytes as well as any).
+  (deterministic from ``seed``: images encoded with PIL, videos and audio files of the media corpus,
+  `tests.media_corpus`, in every container the format reads, so a prepare that probes media
+  reads real files; webdataset members random bytes).
 - `run_ingest` runs what the user runs: ``lance-lightning prepare`` in a subprocess (the killed one
   through `tests/prepare_kill.py`, then the same command again) and returns every failure.
 - The oracle (`expected_rows`, `compare`) is computed without the package from the files on disk:
@@ -42,7 +43,9 @@ FORMATS = ("imagefolder", "videofolder", "audiofolder", "webdataset", "parquet")
 #: A member size at or above which the webdataset extension becomes a blob column (``shards.BLOB_BYTES``,
 #: restated: the oracle does not import the package).
 BIG = (1 << 20) + 4096
-_EXTENSIONS = {"imagefolder": ("png", "jpg"), "videofolder": ("mp4", "mkv"), "audiofolder": ("wav", "flac")}
+_EXTENSIONS = {"imagefolder": ("png", "jpg")}
+#: The extensions ``videofolder`` and ``audiofolder`` read (docs/getting-data-in.md).
+_VIDEO, _AUDIO = ("mp4", "mkv", "webm", "mov", "avi"), ("wav", "flac", "mp3", "ogg", "m4a", "opus")
 #: What the closing report says of a skipped truncated image (the file's path is on the line).
 SKIPPED = "skipped"
 
@@ -56,7 +59,7 @@ class Ingest:
     files: int = 6
     #: Class folders (folders) or samples per shard (webdataset).
     group: int = 2
-    #: Members of about 1 MiB (folders: each media file; webdataset: the ``bin`` member).
+    #: Webdataset ``bin`` members of about 1 MiB (a blob column; folders' media columns always are).
     big: bool = False
     unit_files: int = 1
     workers: int = 1
@@ -83,7 +86,7 @@ def units(ingest: Ingest) -> int:
 
 def draw_ingest(rng: random.Random) -> Ingest:
     fmt = rng.choice(FORMATS)
-    big = fmt in ("webdataset", "videofolder", "audiofolder") and rng.random() < 0.5
+    big = fmt == "webdataset" and rng.random() < 0.5
     files = rng.randint(3, 7) if big else rng.randint(4, 14)
     group = rng.randint(1, 3) if fmt == "webdataset" else rng.randint(1, 3)
     workers = rng.choice([1, 1, 2, 3])
@@ -151,7 +154,7 @@ def write_input(ingest: Ingest, root: Path) -> Path:
                         info.size = len(data)
                         tar.addfile(info, io.BytesIO(data))
         return folder
-    extensions = _EXTENSIONS[ingest.format]
+    extensions = _EXTENSIONS.get(ingest.format, ("", ""))
     for i in range(ingest.files):
         name = f"class{i % ingest.group}"
         (folder / name).mkdir(exist_ok=True)
@@ -162,9 +165,18 @@ def write_input(ingest: Ingest, root: Path) -> Path:
                 whole = _image(i + ingest.seed, True)
                 ext, data = "jpg", whole[: len(whole) * 3 // 4]
         else:
-            data = rng.randbytes(BIG + rng.randrange(4096) if ingest.big else rng.randint(100, 5000))
+            item = _media(ingest.format)[(i + ingest.seed) % len(_media(ingest.format))]
+            ext, data = item.name.rsplit(".", 1)[1], item.data
         (folder / name / f"{i:03d}.{ext}").write_bytes(data)
     return folder
+
+
+def _media(fmt: str) -> list[Any]:
+    """The corpus files a media folder format reads (by extension)."""
+    from tests.media_corpus import corpus
+
+    kind, accepted = {"videofolder": ("video", _VIDEO), "audiofolder": ("audio", _AUDIO)}[fmt]
+    return [item for item in corpus() if item.kind == kind and item.name.rsplit(".", 1)[1] in accepted]
 
 
 def truncated_file(ingest: Ingest) -> str | None:

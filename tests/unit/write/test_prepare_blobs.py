@@ -9,6 +9,7 @@ ids ``[0,1,2,3,4]`` where the dataset's files list ``[0,1,4,5,6]``, so ``label``
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import tarfile
@@ -79,7 +80,7 @@ _META = ("label", "label_name", "path")
 @pytest.mark.parametrize("pool", ["threads", "processes"])
 def test_every_unit_reads_back_as_the_input_after_a_blob_column(tmp_path: Path, fmt: str, pool: str) -> None:
     root, expected = _expected(fmt, tmp_path)
-    spec = Prepare(fmt, str(root), unit_files=1, workers=1, pool=pool)  # more units than 2 x workers
+    spec = Prepare(fmt, str(root), unit_files=1, workers=1, pool=pool, probe_media=False)  # more units than 2 x workers
     report = prepare(spec, str(tmp_path / "out.lance"), progress=False)
     assert report.units > 2 and report.skipped_count == 0
     got = read_all(tmp_path / "out.lance")
@@ -92,7 +93,7 @@ def test_every_unit_reads_back_as_the_input_after_a_blob_column(tmp_path: Path, 
 
 def test_a_unit_written_after_the_dataset_exists_resumes_to_the_input(tmp_path: Path, monkeypatch) -> None:
     root, expected = _expected("videofolder", tmp_path)
-    spec = Prepare("videofolder", str(root), unit_files=2, workers=1)
+    spec = Prepare("videofolder", str(root), unit_files=2, workers=1, probe_media=False)
     real, done = DatasetWriter.commit, []
 
     class Stop(Exception):
@@ -119,7 +120,7 @@ def test_a_partial_output_with_misnumbered_fragments_is_refused(tmp_path: Path, 
     from lance.fragment import write_fragments
 
     root, _ = _expected("videofolder", tmp_path)
-    spec = Prepare("videofolder", str(root), unit_files=2, workers=1)
+    spec = Prepare("videofolder", str(root), unit_files=2, workers=1, probe_media=False)
     partial = tmp_path / "out.lance.partial"
 
     class Stop(Exception):
@@ -139,7 +140,7 @@ def test_a_partial_output_with_misnumbered_fragments_is_refused(tmp_path: Path, 
             prepare(spec, str(tmp_path / "out.lance"), progress=False)
     dataset = lance.dataset(str(partial))
     # what the old writer did for a later unit: Lance's overwrite mode against the existing dataset
-    survey = VIDEO_FOLDER.survey(str(root), "skip")
+    survey = dataclasses.replace(VIDEO_FOLDER, probe=False).survey(str(root), "skip")  # as spec: bytes only
     table = pa.table(
         {"id": [9], "video": [b"x"], "label": [0], "label_name": ["c"], "path": ["p"]}, schema=survey.schema
     )
@@ -167,7 +168,7 @@ def test_ray_tasks_write_every_unit_as_the_input_after_a_blob_column(tmp_path: P
     try:
         for fmt in ("videofolder", "webdataset"):
             root, expected = _expected(fmt, tmp_path / fmt)
-            spec = Prepare(fmt, str(root), unit_files=1, workers=1, pool="ray")
+            spec = Prepare(fmt, str(root), unit_files=1, workers=1, pool="ray", probe_media=False)
             assert prepare(spec, str(tmp_path / fmt / "out.lance"), progress=False).units > 2
             got = read_all(tmp_path / fmt / "out.lance")
             assert got == [{name: row[name] for name in got[0]} for row in expected]

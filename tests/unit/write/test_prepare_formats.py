@@ -93,7 +93,7 @@ def test_media_folders_store_blobs(tmp_path: Path, format_: str, column: str, su
     for path, data in payloads.items():
         (tmp_path / "in" / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "in" / path).write_bytes(data)
-    prepare(Prepare(format_, str(tmp_path / "in")), str(tmp_path / "out.lance"), progress=False)
+    prepare(Prepare(format_, str(tmp_path / "in"), probe_media=False), str(tmp_path / "out.lance"), progress=False)
     dataset = lance.dataset(str(tmp_path / "out.lance"))
     assert "blob" in str(dataset.schema.field(column).type)
     paths = dataset.to_table(columns=["path"])["path"].to_pylist()
