@@ -50,8 +50,8 @@ import pyarrow as pa
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 DEFAULT_CACHE = Path(os.environ.get("LANCE_LIGHTNING_BENCH_DIR", "/tmp/lance_lightning_bench"))
-#: Where `scale_dataset` writes the scale benchmark's tables (``bench_scale.py --cache``), reused by
-#: the probes that measure at those sizes.
+#: Where `scale_dataset` writes the one-column scale tables the probes share (the harness's scale
+#: suite writes the same tables under its own cache folder).
 SCALE_CACHE = Path("/tmp/lance_lightning_scale")
 #: Rows per Lance file of the scale tables.
 SCALE_FRAGMENT_ROWS = 1 << 22

@@ -2,7 +2,7 @@
 
 Backs `CHILD_SCAN_ROWS` (``lance_lightning/plan/filter_scan.py``) and the row-set sizes of
 ``lance_lightning/plan/rowset.py``. For each size of the scale benchmark's int64 datasets
-(``benchmarks/bench_scale.py`` writes them) and the 10% filter ``x % 10 = 0``, a fresh process
+(``common.scale_dataset`` writes them, as the harness's scale suite does) and the 10% filter ``x % 10 = 0``, a fresh process
 pins the source, runs one tiny scan (so Lance's runtime exists in both cases), then calls
 `find_matches` in process or in a child, and prints the seconds, the structure kept and its size,
 and the RSS growth and peak growth over the call. Not part of ``run_all.py``.
@@ -60,7 +60,7 @@ def main() -> None:
     print("| rows | scanned | seconds | kept | kept MiB | RSS growth MB | peak growth MB |")
     print("|---:|---|---:|---|---:|---:|---:|")
     for rows in (int(float(r)) for r in args.rows.split(",")):
-        uri = common.scale_dataset(Path(args.cache), rows)  # written by bench_scale.py, or here
+        uri = common.scale_dataset(Path(args.cache), rows)  # the scale suite's table, written here when missing
         for where in ("process", "child"):
             r = run_child([__file__, "--one", uri, where])
             print(

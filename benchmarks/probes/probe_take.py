@@ -5,7 +5,7 @@ Backs the default ``take_group_bytes`` (`TAKE_GROUP_BYTES`, ``lance_lightning/re
 rows are sparse in the file, so the reader sorts a large group of the epoch's rows before taking
 them (neighbours then share chunks), and takes them in calls of bounded rows (Lance's memory for
 a call grows with its rows). For each (group bytes, call rows) pair and each size of the scale
-benchmark's int64 datasets (``benchmarks/bench_scale.py`` writes them), a fresh process reads
+benchmark's int64 datasets (``common.scale_dataset`` writes them, as the harness's scale suite does), a fresh process reads
 ``--batches`` RowShuffle batches of 256 rows after the first and prints rows/s and its RSS growth
 over the iteration (NoShuffle grows 4-5 MB). Not part of ``run_all.py``.
 
@@ -77,7 +77,7 @@ def main() -> None:
         return
     print("| rows | take group | rows per call | rows/s | RSS growth MB |\n|---:|---:|---:|---:|---:|")
     for rows in (int(float(r)) for r in args.rows.split(",")):
-        uri = common.scale_dataset(Path(args.cache), rows)  # written by bench_scale.py, or here
+        uri = common.scale_dataset(Path(args.cache), rows)  # the scale suite's table, written here when missing
         for group in args.groups.split(","):
             for call in args.calls.split(","):
                 r = run_child([__file__, "--one", uri, str(size(group)), call, str(args.batches)])

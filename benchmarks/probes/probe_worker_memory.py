@@ -1,7 +1,7 @@
 """Probe: what a filter's row set costs each DataLoader worker process, shared or copied.
 
 Backs `lance_lightning.load.shared`. For the scale benchmark's int64 dataset of ``--rows`` rows
-(``benchmarks/bench_scale.py`` writes it), RowShuffle, batch 256 and ``--workers`` worker
+(``common.scale_dataset`` writes it, as the harness's scale suite does), RowShuffle, batch 256 and ``--workers`` worker
 processes, a fresh process reads 400 batches, then measures (psutil, Linux) the unique memory
 (USS: pages no other process maps) and the proportional memory (PSS: shared pages split between
 the processes mapping them) of the training process and of each worker. Cases: no filter; the
@@ -82,7 +82,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one[0], args.one[1], int(args.one[2]))))
         return
-    uri = common.scale_dataset(Path(args.cache), args.rows)  # written by bench_scale.py, or here
+    uri = common.scale_dataset(Path(args.cache), args.rows)  # the scale suite's table, written here when missing
     lines = [
         "# Worker memory: what a filter's row set costs each DataLoader worker, shared or copied",
         "",

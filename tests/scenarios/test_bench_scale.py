@@ -1,5 +1,8 @@
-"""benchmarks/bench_scale.py stays runnable: its quick run measures every case it is given in a fresh
-process, prints the table, the verdicts and the rows/s by size, and leaves scale.md alone."""
+"""The harness's scale suite stays runnable: ``python -m benchmarks run scale --quick`` measures ours
+(storage order and a row shuffle, with and without the 10% filter) and the hand-written take
+baseline on a tiny one-column table, each cell in a fresh process: setup, first batch, rows/s,
+resumes at 10% and 90% of the epoch, memory over unfiltered NoShuffle, and each target's verdict,
+leaving results/scale.md alone."""
 
 from __future__ import annotations
 
@@ -11,29 +14,34 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "bench_scale.py"
 RESULTS = ROOT / "benchmarks" / "results" / "scale.md"
-
 
 pytestmark = pytest.mark.soak  # a benchmark smoke run: `uv run pytest -m soak`
 
 
-@pytest.mark.slow
-def test_quick_run_prints_every_case_and_leaves_the_results_file_alone(tmp_path: Path) -> None:
+@pytest.mark.timeout(400)
+def test_quick_run_measures_every_cell_and_states_the_targets(tmp_path: Path) -> None:
     before = RESULTS.read_bytes()
+    out = tmp_path / "scale.md"
+    args = ["run", "scale", "--quick", "--seconds", "0.3", "--resume", "3", "--cache-dir", str(tmp_path)]
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--cache", str(tmp_path), "--batches", "20", "--cases", "RowShuffle"],
+        [sys.executable, "-m", "benchmarks", *args, "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=380,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
-    for case in ("NoShuffle", "RowShuffle"):
-        for filtered in ("—", "10%"):
-            assert re.search(rf"^\| 10\^6 \| {case} \| {filtered} \| [0-9.]+ \|", out, re.M), (case, filtered)
-        rate = re.search(rf"^\| {case} \| ([0-9,]+) \(1\.00\) \|$", out, re.M)
-        assert rate and int(rate.group(1).replace(",", "")) > 0, case
-    assert "## Targets at 10^6 rows" in out
-    assert re.search(r"^\| RowShuffle memory over NoShuffle \(MB\) \| [0-9.]+ \| <= 64 \| (PASS|FAIL) \|$", out, re.M)
+    text = out.read_text()
+    number = r"[0-9][0-9,]*\.?[0-9]*"
+    for workload in ("x-scan", "x-shuffle", "x-scan-f10"):
+        cell = re.escape(f"{workload}/ours/20k/0/local")
+        resumes = rf"\| {number} \| {number} \| {number} \| -?{number} \|$"
+        assert re.search(rf"^\| `{cell}` \|[^|]+\|[^|]+\| {number} \|.* \| ok[^|]* {resumes}", text, re.M), workload
+    take = re.escape("x-shuffle/lance-take/20k/0/local")
+    assert re.search(rf"^\| `{take}` \|[^|]+\|[^|]+\| {number} \|", text, re.M)
+    for target in ("setup + first batch", "RowShuffle memory over NoShuffle", "resume 90% / 10%", "with the filter"):
+        assert re.search(
+            rf"^- 20k rows, [^:]*{re.escape(target)}.*: -?{number} \(<= [0-9.]+\): \*\*(PASS|FAIL)\*\*$", text, re.M
+        )
     assert RESULTS.read_bytes() == before

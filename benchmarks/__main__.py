@@ -1,0 +1,135 @@
+"""The benchmark harness's one command: list cells and suites, run any of them.
+
+    uv run python -m benchmarks list [SELECTOR]        # the registry, or the cells a selector names
+    uv run python -m benchmarks run SELECTOR... [...]  # measure them; --record writes a suite's result file
+
+A cell is ``workload/loader/size/workers/storage`` (``scan/ours/40k/2/local``); a selector is a cell
+with comma lists or ``*`` in its parts (``scan,filter/ours,lance.torch/40k/0,2``; parts left off
+take the defaults), or a suite's name (``peers``, ``worker-start``: the benchmarks of record; with
+``--quick`` a suite runs its cells at smoke sizes). Every figure the docs quote is listed in
+``benchmarks/results/INDEX.md`` with the cell or command that made it.
+
+This is the home of every new benchmark, a workers benchmark included: put its workload in
+``benchmarks/harness/registry.py`` (``WORKLOADS``) or its loader there (``LOADERS``; a loader
+variant is an environment setting of ours, e.g. ``ours-waited``), its construction in
+``benchmarks/harness/loaders.py``, a metric the cell process measures in
+``benchmarks/harness/cell.py``, and a ``Suite`` (cells, result file, target) when the docs will
+quote it; then add its row to ``benchmarks/results/INDEX.md``. Do not add a new script at the top of
+``benchmarks/``; one-off measurements that answer one design question go to ``benchmarks/probes/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import common
+from benchmarks.harness import report, runner
+from benchmarks.harness.registry import DEFAULTS, LOADERS, STORAGES, SUITES, WORKERS, WORKLOADS, SelectError, select
+
+CACHE = Path(os.environ.get("LANCE_LIGHTNING_BENCH_DIR", "/tmp/lance_lightning_bench")) / "harness"
+
+
+def _list(selector: str | None) -> None:
+    if selector:
+        for cell in select(selector):
+            print(cell.name)
+        return
+    print("workloads:")
+    for name, w in WORKLOADS.items():
+        print(f"  {name:15s} {w.label} (table {w.table}, {w.strategy}{', filter ' + w.filter if w.filter else ''})")
+    print("loaders:")
+    for name, lo in LOADERS.items():
+        print(f"  {name:15s} {lo.label}{' (peers environment)' if lo.peer else ''}")
+    print(f"sizes: any row count (40k, 1m, 1e6); workers: any count (registry: {WORKERS}); storages: {STORAGES}")
+    print(f"defaults: {DEFAULTS}")
+    print("suites (benchmarks of record):")
+    for name, s in SUITES.items():
+        print(f"  {name:15s} -> results/{s.record}: {s.about}")
+        print(f"  {'':15s}    cells: {' '.join(s.selectors)}; --quick: {' '.join(s.quick)}")
+
+
+def _command() -> str:
+    return " ".join(["uv run python -m benchmarks", *map(shlex.quote, sys.argv[1:])])
+
+
+def _run(args: argparse.Namespace) -> None:
+    suite = args.selectors[0] if args.selectors[0] in SUITES and len(args.selectors) == 1 else None
+    if args.record and suite is None:
+        named = " ".join(args.selectors)
+        raise SelectError(f"--record writes a suite's result file; {named!r} is not one of {', '.join(SUITES)}")
+    if args.record and args.quick:
+        raise SelectError("--record with --quick would overwrite a result of record with a smoke run")
+    selectors = (SUITES[suite].quick if args.quick else SUITES[suite].selectors) if suite else args.selectors
+    if args.sizes:  # a suite's cells at other sizes
+        if suite is None:
+            raise SelectError("--sizes changes a suite's sizes; give a selector its sizes instead (scan/ours/1m,10m)")
+        selectors = tuple("/".join([*s.split("/")[:2], args.sizes, *s.split("/")[3:]]) for s in selectors)
+    cells = [c for s in selectors for c in select(s)]
+    reps = args.reps or (SUITES[suite].reps if suite else 1)
+    seconds = args.seconds if args.seconds is not None else (SUITES[suite].seconds if suite else 4.0)
+    if args.quick and args.seconds is None:
+        seconds = min(seconds, 1.5)
+    began = time.perf_counter()
+    options = {"again": args.again or bool(suite and SUITES[suite].again)}
+    options["resume"] = args.resume if args.resume is not None else (SUITES[suite].resume if suite else 0)
+    results = runner.run(cells, reps, seconds, args.cache_dir, args.cell_timeout, args.peer_python, options)
+    raw = {
+        "suite": suite,
+        "selector": " ".join(args.selectors),
+        "cells": [[c.workload, c.loader, c.size, c.workers, c.storage] for c in cells],
+        "results": results,
+        "reps": reps,
+        "seconds_per_cell": seconds,
+        "seconds": time.perf_counter() - began,
+        "command": _command(),
+        "machine": common.machine(),
+        "stamp": common.stamp(),
+        "load_average": common.load_average(),
+    }
+    name = (suite or "cells") + ("-quick" if args.quick else "")
+    out = args.out or (
+        common.RESULTS_DIR / SUITES[suite].record if args.record else args.cache_dir / "runs" / f"{name}.md"
+    )
+    report.write(raw, out)
+    print(report.render(raw))
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    ls = sub.add_parser("list", help="the registry, or the cells a selector names")
+    ls.add_argument("selector", nargs="?")
+    rn = sub.add_parser("run", help="measure the cells the selectors name")
+    rn.add_argument("selectors", nargs="+", metavar="SELECTOR")
+    rn.add_argument("--quick", action="store_true", help="a suite's smoke sizes, 1.5 s a cell")
+    rn.add_argument("--reps", type=int, default=None, help="repetitions (default: the suite's, else 1)")
+    rn.add_argument(
+        "--seconds", type=float, default=None, help="timed reading per cell (default 4; 0: first batch only)"
+    )
+    rn.add_argument("--again", action="store_true", help="also time a second loader's first batch in each cell")
+    rn.add_argument("--sizes", help="a suite's cells at these sizes instead (comma list: 1m,10m,1e9)")
+    rn.add_argument("--resume", type=int, default=None, help="ours: time N resumes at 10%% and 90%% of the epoch")
+    rn.add_argument("--record", action="store_true", help="write the suite's result file under benchmarks/results/")
+    rn.add_argument("--out", type=Path, default=None, help="result file (default: under the cache folder)")
+    rn.add_argument("--cache-dir", type=Path, default=CACHE)
+    rn.add_argument("--cell-timeout", type=float, default=120.0)
+    rn.add_argument("--peer-python", type=Path, default=runner.PEER_PYTHON)
+    args = ap.parse_args()
+    # a run stopped by SIGTERM (a timeout) unwinds, so the running cell's process group is killed too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        _list(args.selector) if args.command == "list" else _run(args)
+    except SelectError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

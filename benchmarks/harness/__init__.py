@@ -1,0 +1,4 @@
+"""The benchmark harness: a cell is ``workload/loader/size/workers/storage``; `registry` holds the
+grid as data and the suites of record, `data` the tables, `loaders` each loader's construction,
+`cell` the measurement in a fresh process, `runner` the processes and repetitions, `report` the
+result file. The command is ``python -m benchmarks`` (``benchmarks/__main__.py``)."""
