@@ -19,8 +19,10 @@ Guarantees:
   every row's every column read back from the dataset (blob columns as bytes) equals the file's
   bytes, its class folder's position and name, its relative path (webdataset: the sample's key,
   shard and each member's bytes; parquet: the input's rows), ids the input positions, nothing
-  more; a skipped file is named in the closing report; the rerun after a kill says resumed (or
-  already complete after ``rename``) and leaves a complete dataset and no ``.partial``.
+  more but the media columns a probe adds (frames, height, width, sample rate and channels
+  compared with the corpus's whole-stream decode where the dataset has them; the rest not); a
+  skipped file is named in the closing report; the rerun after a kill says resumed (or already
+  complete after ``rename``) and leaves a complete dataset and no ``.partial``.
 - With ``then``, the prepared dataset is trained one epoch and predicted with the prediction
   writer (`fit_and_predict`): every row trained once, every row's written value its own.
 """
@@ -179,6 +181,26 @@ def _media(fmt: str) -> list[Any]:
     return [item for item in corpus() if item.kind == kind and item.name.rsplit(".", 1)[1] in accepted]
 
 
+def _probed(fmt: str, data: bytes) -> dict[str, Any]:
+    """The media columns a prepare that probes files adds, as the corpus's whole-stream decode
+    states them (only those it states: sizes, frame and sample counts, rates)."""
+    if fmt == "imagefolder":
+        return {}
+    item = next(item for item in _media(fmt) if item.data == data)
+    if fmt == "videofolder":
+        return {"video_frames": item.frames, "height": item.height, "width": item.width}
+    return {"audio_sample_rate": item.sample_rate, "audio_channels": item.channels}
+
+
+#: Columns a media probe adds that the oracle states (`_probed`): compared when the dataset has them.
+PROBED = frozenset({"video_frames", "height", "width", "audio_sample_rate", "audio_channels"})
+#: Columns a media probe adds that the oracle does not state (their values are not compared).
+PROBE_COLUMNS = frozenset(
+    {"video_codec", "video_duration", "video_fps", "video_start", "audio_codec", "audio_duration", "audio_samples",
+     "audio_start"}
+)  # fmt: skip
+
+
 def truncated_file(ingest: Ingest) -> str | None:
     """The relative path of the truncated JPEG (None: there is none)."""
     if not ingest.truncated or ingest.format != "imagefolder":
@@ -225,6 +247,7 @@ def expected_rows(ingest: Ingest, folder: Path) -> dict[int, dict[str, Any]]:
         if column != "image" or decodes(path.read_bytes()):
             label = classes.index(path.parent.name)
             rows[i] = {column: path.read_bytes(), "label": label, "label_name": path.parent.name, "path": relative}
+            rows[i].update(_probed(ingest.format, rows[i][column]))
     return rows
 
 
@@ -249,12 +272,12 @@ def compare(want: dict[int, dict[str, Any]], got: dict[int, dict[str, Any]]) -> 
         problems.append(f"prepare: ids {sorted(got)[:20]}, the input has {sorted(want)[:20]} ({len(want)} rows)")
     for i in sorted(set(want) & set(got)):
         for name, value in want[i].items():
-            if got[i].get(name) != value:
+            if got[i].get(name, value if name in PROBED else None) != value:  # probed: when probed
                 shown = got[i].get(name)
                 shown = f"{len(shown)} bytes" if isinstance(shown, bytes) else repr(shown)[:60]
                 wanted = f"{len(value)} bytes" if isinstance(value, bytes) else repr(value)[:60]
                 problems.append(f"prepare: row {i} column {name}: {shown}, the input has {wanted}")
-        extra = set(got[i]) - set(want[i])
+        extra = set(got[i]) - set(want[i]) - PROBE_COLUMNS
         if extra and not problems:
             problems.append(f"prepare: row {i} has columns {sorted(extra)} the input does not")
         if len(problems) >= 6:
