@@ -35,6 +35,10 @@ Guarantees:
   the same data module and model in the same process with a new ``Trainer``, after
   validate/test/predict on the first (`Resume.session`). Damage to the stopped run's cached copy
   before the resume comes from ``f"{seed}-damage"`` (`_damage`).
+- Issue #50's parts (`tests.contract.parts`, each about 15% of scenarios, from its own stream):
+  a ``prepare`` of raw files (`tests.contract.prepare_draws`), a ``Trainer.predict`` with the
+  prediction writer (`tests.contract.writer_draws`) and clips over the media corpus
+  (`tests.contract.media_draws`), checked beside the fit; ``fit=False`` runs only them.
 - Options added later are absent from a scenario's JSON while at their default, so every line
   written before them (``cases.jsonl``) reads and writes the same.
 A new option of the package or of Lightning's loop joins `generate` (and `truth`/`phase`/
