@@ -1,4 +1,5 @@
-"""Run every benchmark script (``benchmarks/bench_*.py``), one after the other.
+"""Run every benchmark of record, one after the other: each script ``benchmarks/bench_*.py``, then
+each suite of the harness (``python -m benchmarks run SUITE --record``; ``--quick`` with --quick).
 
 Usage (from the repository root)::
 
@@ -36,11 +37,13 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def discover(only: list[str] | None = None) -> list[Path]:
-    scripts = sorted(HERE.glob("bench_*.py"))
-    if only:
-        scripts = [s for s in scripts if any(name in s.stem for name in only)]
-    return scripts
+def discover(only: list[str] | None = None) -> list[str]:
+    """The scripts' file names, then the harness's suites (``python -m benchmarks run`` each)."""
+    sys.path.insert(0, str(HERE.parent))
+    from benchmarks.harness.registry import SUITES
+
+    runs = [s.name for s in sorted(HERE.glob("bench_*.py"))] + list(SUITES)
+    return [r for r in runs if not only or any(name in r for name in only)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,18 +55,21 @@ def main(argv: list[str] | None = None) -> int:
     command = common.command_line()
     scripts = discover(args.only)
     print(f"command: {command}")
-    print(f"scripts: {', '.join(s.name for s in scripts) or '(none found)'}", flush=True)
+    print(f"scripts and suites: {', '.join(scripts) or '(none found)'}", flush=True)
     env = dict(os.environ, LANCE_LIGHTNING_BENCH_COMMAND=command)
     outcomes: list[tuple[str, int, float]] = []
     for script in scripts:
-        if script.name in NEEDS_CUDA and not _cuda():
-            print(f"\n=== {script.name}: skipped (needs a CUDA device)", flush=True)
+        if script in NEEDS_CUDA and not _cuda():
+            print(f"\n=== {script}: skipped (needs a CUDA device)", flush=True)
             continue
-        cmd = [sys.executable, str(script), *(["--quick"] if args.quick else [])]
-        print(f"\n=== {script.name}: {' '.join(cmd)}", flush=True)
+        if script.endswith(".py"):
+            cmd = [sys.executable, str(HERE / script), *(["--quick"] if args.quick else [])]
+        else:
+            cmd = [sys.executable, "-m", "benchmarks", "run", script, "--quick" if args.quick else "--record"]
+        print(f"\n=== {script}: {' '.join(cmd)}", flush=True)
         started = time.perf_counter()
         code = subprocess.call(cmd, cwd=HERE.parent, env=env)
-        outcomes.append((script.name, code, time.perf_counter() - started))
+        outcomes.append((script, code, time.perf_counter() - started))
 
     print("\n=== summary")
     for name, code, secs in outcomes:
