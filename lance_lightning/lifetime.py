@@ -5,12 +5,16 @@ Guarantees:
   second of its parent's death, whatever killed the parent (SIGKILL by the out-of-memory
   killer included). On Linux the kernel does it (``PR_SET_PDEATHSIG``), so the helper keeps no
   thread; elsewhere a daemon thread polls the parent's pid twice a second. ``stop()`` undoes it.
-- The chain covers every helper of a run: the forkserver is watched from its preload
-  (`lance_lightning.load._forkserver`) and dies with the training process; each DataLoader worker is
-  watched from `watch_parent`, the loader's ``worker_init_fn``, and dies with its parent (the
-  forkserver, or the training process under ``spawn``). Multiprocessing's resource tracker
+- The chain covers every helper of a run: the forkserver is watched from the first line of its
+  preload (`lance_lightning.load._forkserver`, before its seconds of imports, with the pid of the
+  process that started it: one gone already ends it at once) and dies with the training
+  process; each DataLoader worker is watched from `watch_parent`, the loader's
+  ``worker_init_fn``, and dies with its parent (the forkserver, or the training process under
+  ``spawn``). Multiprocessing's resource tracker
   exits by itself once they are gone (its pipe closes), after freeing what they leaked.
-- If the parent dies between `ParentWatch()` and ``start()``, the helper ends at once.
+- If the parent dies between `ParentWatch()` and ``start()``, the helper ends at once; so does a
+  worker whose forkserver died before `watch_parent` ran, when the process that asked for it is
+  gone (``multiprocessing.parent_process()``).
 - `shared_temp_dir()`, called before a process starts worker processes, makes multiprocessing's
   temp folder of that process (``pymp-*``: the forkserver's listening socket, the sockets through
   which workers hand over shared tensors) the one folder of the run: the workers it starts
@@ -101,10 +105,17 @@ def _prctl_deathsig(sig: int) -> bool:
 _WATCHES: dict[int, ParentWatch] = {}
 
 
-def watch_parent(worker_id: int | None = None) -> None:
-    """Start this process's `ParentWatch` once (a DataLoader ``worker_init_fn``; idempotent)."""
+def watch_parent(worker_id: int | None = None, parent: int | None = None) -> None:
+    """Start this process's `ParentWatch` once (a DataLoader ``worker_init_fn``; idempotent), for
+    ``parent`` when given (a process that was gone before this call then ends this one at once)."""
     if os.getpid() not in _WATCHES:
-        _WATCHES[os.getpid()] = ParentWatch().start()
+        _WATCHES[os.getpid()] = ParentWatch(parent).start()
+        # A worker forked by the forkserver: the server (its parent) may have died with the process
+        # that asked for the worker before this watch began (#51: workers outlived a SIGKILLed
+        # trainer). multiprocessing tells whether that process still lives.
+        starter = multiprocessing.parent_process()
+        if starter is not None and not starter.is_alive():
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 #: The janitor's program: ignore the signals that stop a job (a whole process group may get them),

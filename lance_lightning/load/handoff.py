@@ -20,13 +20,15 @@ Guarantees:
   first (nor before `lance_lightning.load.race.WINDOW_BATCHES` batches were measured here). An
   epoch this process finishes first does not wait for the server: the next epoch looks again and
   starts the workers there, raising a worker that cannot start (`ConfigError`, `WorkerDiedError`)
-  when their batches are needed. (Before the race, such an epoch ended by waiting for the server
-  and starting the workers: 5.5 s for a 10^5-row scan that reads in 0.06 s.)
+  when their batches are needed. Only with the outcome forced to ``workers`` does such an epoch
+  end by waiting for the server and starting the workers, handing them nothing (what every epoch
+  did before the race: 5.5 s for a 10^5-row scan that reads in 0.06 s), so they read from the
+  next epoch on.
 - Every process is started by the loader's own thread (the fork server in `WorkerStart.start`, the
   workers at the hand-over): a process started by a thread that then ends would lose its death
   signal (`lance_lightning.lifetime`). The background thread only starts an empty process through
   the fork server (the server's child, not this process's): it returns once the server has forked it.
-  The server's temp folder has its janitor before the server starts (`shared_temp_dir`), so a
+  The server's temp folder has its janitor before the server starts (`ensure_server`), so a
   training process killed before any worker starts leaves no ``pymp-*`` folder.
 - ``LANCE_LIGHTNING_WORKER_HANDOFF=off`` makes every iteration wait for its workers and read
   nothing in this process (for transforms that must run only in workers, and for tests that
@@ -40,11 +42,10 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from multiprocessing import forkserver
 from typing import Any
 
-from lance_lightning.lifetime import shared_temp_dir
 from lance_lightning.load.dataset import Bundle, WorkerError
+from lance_lightning.load.lean_start import ensure_server
 from lance_lightning.plan.layout import Layout
 
 ENV_SWITCH = "LANCE_LIGHTNING_WORKER_HANDOFF"
@@ -79,8 +80,7 @@ class WorkerStart:
 
     def start(self) -> WorkerStart:
         if self._forkserver:
-            shared_temp_dir()  # the server's socket lives there: its janitor first
-            forkserver.ensure_running()  # on this thread (see the module docstring)
+            ensure_server()  # on this thread (see the module docstring)
         self._thread.start()
         return self
 
@@ -162,9 +162,11 @@ def _handing_over(loader: Any, layout: Layout) -> Iterator[Any]:
             if starting.ready() and race.rates.in_process is not None:
                 break
         else:  # the epoch is done before the server: the next one looks at it again
-            race.decide()
-            return
-        # What this process has read ahead is its own.
+            if race.forced != "workers":
+                race.decide()
+                return
+        # What this process has read ahead is its own. Forced to the workers, an epoch it finished
+        # hands them nothing: starting them here reports a worker that cannot start.
         window = getattr(getattr(dataset.plan, "strategy", None), "window_rows", None)
         handed = handover_step(layout, read + dataset.prefetch_batches, window)
         starting.wait()

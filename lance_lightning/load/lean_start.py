@@ -34,6 +34,8 @@ from lance_lightning.lifetime import shared_temp_dir
 LEAN_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
 #: ``off`` starts workers the stock way (each imports the main module).
 ENV_SWITCH = "LANCE_LIGHTNING_LEAN_WORKERS"
+#: The pid of the process starting a fork server, for the server to die with (`lance_lightning.load._forkserver`).
+PARENT_ENV = "LANCE_LIGHTNING_FORKSERVER_PARENT"
 #: Preparation-data keys that make a child import the parent's main module.
 _MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
 
@@ -41,7 +43,7 @@ _MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
 def refers_to_main(payload: bytes) -> bool:
     """Whether a pickle may refer to an object of the main module (conservative: a string
     ``__main__`` anywhere in it counts)."""
-    return b"__main__" in payload
+    return b"__main__" in payload or b"__mp_main__" in payload
 
 
 class LeanPopen(popen_forkserver.Popen):
@@ -103,5 +105,12 @@ def start_worker_server(num_workers: int, method: str, transform: Any) -> None:
     if num_workers <= 0 or method != "forkserver":
         return
     worker_context(method, transform)
-    shared_temp_dir()  # the server's socket lives in this folder: its janitor removes it however we end
+    ensure_server()
+
+
+def ensure_server() -> None:
+    """Start the fork server unless it runs: its socket's folder (``pymp-*``) with its janitor first
+    (`shared_temp_dir`), then the server told which process to die with (`PARENT_ENV`)."""
+    shared_temp_dir()
+    os.environ[PARENT_ENV] = str(os.getpid())
     forkserver.ensure_running()

@@ -188,6 +188,13 @@ def uri(tmp_path: Path) -> str:
     return write_dataset(tmp_path / "ds.lance", ROWS, fragment_rows=100)
 
 
+@pytest.fixture(autouse=True)
+def _workers_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs with workers keep them (the race's outcome forced, `lance_lightning.load.race`): the
+    cases end a run whose workers are reading."""
+    monkeypatch.setenv("LANCE_LIGHTNING_WORKER_CHOICE", "workers")
+
+
 def _script(uri: str, tmp_path: Path, *extra: str) -> list[str]:
     """`tests/resume_worker.py`: a plain ``Trainer.fit`` script, one step per 0.1 s for 20 epochs."""
     common = ["--uri", uri, "--out", str(tmp_path / "out"), "--batch-size", str(BATCH), "--sleep", "0.1"]
@@ -321,3 +328,48 @@ data:
     whole = fit(tmp_path, data_module(), name="whole")
     assert len(whole.seen) == ROWS // BATCH
     assert before + rest.seen == whole.seen, "the resumed fit did not train exactly the rest of the epoch"
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_trainer_before_its_workers_start_leaves_nothing(uri: str, tmp_path: Path) -> None:
+    """#51: the data module starts the fork server at ``setup`` (its socket in a ``pymp-*`` folder)
+    and the first batches are read in process while it starts; a SIGKILL then left the folder, whose
+    janitor was started only with the first worker. Killed after the first step with the server up
+    and no worker started."""
+    with Run(tmp_path, _script(uri, tmp_path, "--num-workers", "2")) as run:
+        run.wait_until(
+            lambda: _steps(tmp_path) >= 1 and forkserver_processes(run.sid) and not _workers(run.sid),
+            "a step read in process, the fork server up and no worker",
+        )
+        assert list(run.temp.glob("pymp-*")), "the fork server's folder is there to be left"
+        os.kill(run.sid, signal.SIGKILL)
+        assert run.end() == -signal.SIGKILL
+        assert run.leftovers() == []
+
+
+#: #51: how long a worker may outlive a trainer that SIGTERM stopped.
+WORKERS_GONE_WITHIN_S = 3.0
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_replay_probe_with_workers_leaves_no_worker_behind(uri: str, tmp_path: Path) -> None:
+    """#51: ``lance-lightning fit`` with 2 workers and the replay probe, SIGTERM while it replays:
+    status 143, and within 3 s of the trainer's exit no process of the run is left."""
+    from tests.scenarios.test_unclean_exits import MARKER_ENV, _replay_config
+
+    config = _replay_config(tmp_path, uri)
+    config.write_text(config.read_text().replace("  reader_threads: 1\n", "  reader_threads: 1\n  num_workers: 2\n"))
+    marker = tmp_path / "replaying"
+    argv = [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)]
+    run = Run(tmp_path, argv)
+    run.env[MARKER_ENV] = str(marker)
+    with run:
+        run.wait_until(marker.exists, "the replay")
+        os.kill(run.sid, signal.SIGTERM)
+        assert run.process is not None
+        assert run.process.wait(timeout=START_TIMEOUT_S) == 143, run.text()[-3000:]
+        left = wait_session_gone(run.sid, WORKERS_GONE_WITHIN_S)
+        assert not left, f"still running {WORKERS_GONE_WITHIN_S} s after the trainer exited: {left}"
+        assert run.shm_use is not None
+        run.shm_use.stop()
+        assert run.leftovers() == []

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle
 from lance_lightning.load.handoff import ENV_SWITCH, handover_step
+from lance_lightning.load.race import CHOICE_SWITCH
 from lance_lightning.plan.layout import Layout
 from tests.helpers import RecordingModel, flat, write_dataset
 from tests.worker_probe import RecordProcess
@@ -26,6 +27,14 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 ROWS, BATCH = 12_000, 48  # 250 batches an epoch
 #: Each batch read in the training process sleeps this long, so its workers, once up, are faster.
 MAIN_DELAY_S = 0.02
+
+
+@pytest.fixture(autouse=True)
+def _workers_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests follow the hand-over to workers: the race's outcome is forced to them
+    (`lance_lightning.load.race`; tests/unit/load/test_race.py covers both outcomes), which also
+    makes an epoch read whole in process end by starting them, as the hand-over always did."""
+    monkeypatch.setenv(CHOICE_SWITCH, "workers")
 
 
 @pytest.fixture(scope="module")
