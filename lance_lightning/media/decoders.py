@@ -100,13 +100,28 @@ class ClipDecoder:
             from lance_lightning.media.video import decode_video_clip, frame_step
 
             step = frame_step(opened, None if sampler.fps else sampler.frame_step, sampler.fps)
-            clip = decode_video_clip(opened, fraction, sampler.frames, step, sampler.size)
+            clip = decode_video_clip(
+                opened, fraction, sampler.frames, step, sampler.size, _place(sampler, opened, fraction)
+            )
             return clip.frames, clip.timestamps
         from lance_lightning.media.audio import decode_audio_clip
 
         assert isinstance(sampler, AudioClips)
         window = decode_audio_clip(opened, fraction, sampler.seconds, sampler.sample_rate, sampler.channels)
         return window.samples, np.array([window.start], dtype=np.float64)
+
+
+def _place(sampler: VideoClips, opened: Any, fraction: float) -> Any:
+    """The sampler's sampling range and policy; for regular timestamps, clip ``k``'s start
+    (its planned fraction is ``k / (K - 1)``: `lance_lightning.plan.clips.start_fractions`)."""
+    from lance_lightning.media.video import ClipPlace
+
+    every, first = sampler.seconds_between_clip_starts, sampler.sampling_range_start
+    if every is None:
+        return ClipPlace(sampler.policy, first, sampler.sampling_range_end)
+    clip = round(fraction * (sampler.per_item - 1))
+    start = (opened.start_time if first is None else first) + clip * every
+    return ClipPlace(sampler.policy, first, sampler.sampling_range_end, at_seconds=start)
 
 
 _DECODERS: dict[ClipSampler, ClipDecoder] = {}

@@ -4,6 +4,13 @@ Guarantees:
 - `VideoClips` and `AudioClips` check their arguments when made (`ConfigError` naming the
   parameter, the value and the fix) and describe themselves as plain values (part of a plan's
   identity: a cursor saved with other clips is refused).
+- They take TorchCodec's sampler vocabulary (``torchcodec.samplers``) beside their own names:
+  ``num_clips`` = ``clips_per_item``, ``num_frames_per_clip`` = ``frames``,
+  ``num_indices_between_frames`` = ``frame_step``, ``seconds_between_frames`` = ``1 / fps``, and
+  `VideoClips` also ``sampling_range_start``/``sampling_range_end``, ``policy`` and
+  ``seconds_between_clip_starts``. Rule: either name of a pair works (aliases); both given is a
+  `ConfigError` naming the two. Options left at their defaults are not part of ``describe()``, so
+  a config of the older names describes (and resumes) as before.
 - They say what a batch of their clips holds (``shape_line``) and nothing here reads or decodes
   media: which clips an epoch draws is `lance_lightning.plan.clips`', decoding is
   `lance_lightning.media.decoders`'.
@@ -11,6 +18,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -18,6 +26,16 @@ from lance_lightning.checks import check_choice, check_int, check_positive_numbe
 from lance_lightning.errors import ConfigError
 
 START_MODES = ("random", "even")
+#: What a clip reaching past the video's last frame gets (TorchCodec's ``policy``): the last frame
+#: repeated, the clip's own frames again from its first, or a bad row (this package's default).
+POLICIES = ("repeat_last", "wrap", "error")
+#: New options left out of ``describe()`` at these defaults (older configs keep their identity).
+_QUIET_DEFAULTS = {
+    "policy": "error",
+    "sampling_range_start": None,
+    "sampling_range_end": None,
+    "seconds_between_clip_starts": None,
+}
 #: Settings that change how clips are decoded, not which: a cursor saved under others still fits.
 _NOT_CHOOSING = ("open_files", "decoder")
 DECODERS = ("auto", "pyav")
@@ -49,7 +67,9 @@ class ClipSampler(ABC):
 
     def describe(self) -> dict[str, Any]:
         """Plain description of everything that chooses and shapes a clip (not the decoder's pool)."""
-        return {"kind": type(self).__name__, **{k: v for k, v in vars(self).items() if k not in _NOT_CHOOSING}}
+        described = {k: v for k, v in vars(self).items() if k not in _NOT_CHOOSING}
+        quiet = [k for k, v in _QUIET_DEFAULTS.items() if k in described and described[k] == v]
+        return {"kind": type(self).__name__, **{k: v for k, v in described.items() if k not in quiet}}
 
     @abstractmethod
     def shape_line(self) -> str:
@@ -75,6 +95,19 @@ class VideoClips(ClipSampler):
         frame_step: Take every ``frame_step``-th frame of the source (ignored when ``fps`` is set).
         fps: Sample the clip at this many frames per second of the video's time instead.
         clips_per_item: Clips drawn from each video per epoch (each one a sample of its own).
+        num_clips, num_frames_per_clip, num_indices_between_frames, seconds_between_frames:
+            TorchCodec's names of ``clips_per_item``, ``frames``, ``frame_step`` and ``1 / fps``.
+        sampling_range_start, sampling_range_end: Frame indices a clip may start in,
+            ``[start, end)`` (negative: from the end; ``end`` null: the last start where the clip
+            fits), as TorchCodec's ``clips_at_random_indices``; with ``seconds_between_clip_starts``
+            they are seconds of the video's time instead (null: its first frame's time).
+        policy: A clip reaching past the last frame: ``"repeat_last"`` (the last frame repeated),
+            ``"wrap"`` (the clip's own frames again from its first: ``[a, b, c, a, b]``) or
+            ``"error"`` (a bad row; the default, and the only choice of older versions).
+        seconds_between_clip_starts: Regular timestamps (TorchCodec's
+            ``clips_at_regular_timestamps``): clip ``k`` of ``clips_per_item`` starts at the first
+            frame at or after ``sampling_range_start + k * seconds_between_clip_starts``; ``starts``
+            is then ignored. A start after the last frame is a bad row.
         starts: ``"random"`` (a new start per clip and epoch, keyed by ``seed``; clip ``k`` of a
             video within the ``k``-th of ``clips_per_item`` equal parts of the possible starts) or
             ``"even"`` (``clips_per_item`` evenly spaced starts from the first frame to the last clip's).
@@ -88,29 +121,73 @@ class VideoClips(ClipSampler):
     def __init__(
         self,
         column: str = "video",
-        frames: int = 8,
-        frame_step: int = 1,
+        frames: int | None = None,
+        frame_step: int | None = None,
         fps: float | None = None,
-        clips_per_item: int = 1,
+        clips_per_item: int | None = None,
         starts: str = "random",
         size: list[int] | tuple[int, int] | None = None,
         seed: int = 0,
         decoder: str = "auto",
         open_files: int = 64,
+        *,
+        num_clips: int | None = None,
+        num_frames_per_clip: int | None = None,
+        num_indices_between_frames: int | None = None,
+        seconds_between_frames: float | None = None,
+        sampling_range_start: float | None = None,
+        sampling_range_end: float | None = None,
+        policy: str = "error",
+        seconds_between_clip_starts: float | None = None,
     ) -> None:
-        super().__init__(column, clips_per_item, starts, seed, decoder, open_files)
+        per_item = _alias("VideoClips", "clips_per_item", clips_per_item, "num_clips", num_clips, 1)
+        super().__init__(column, per_item, starts, seed, decoder, open_files)
+        frames = _alias("VideoClips", "frames", frames, "num_frames_per_clip", num_frames_per_clip, 8)
+        frame_step = _alias(
+            "VideoClips", "frame_step", frame_step, "num_indices_between_frames", num_indices_between_frames, 1
+        )
         check_int("VideoClips.frames", frames, 1, "set frames: 8")
         check_int("VideoClips.frame_step", frame_step, 1, "set frame_step: 1")
         check_positive_number(
+            "VideoClips.seconds_between_frames",
+            seconds_between_frames,
+            "set seconds_between_frames: 0.1",
+            optional=True,
+        )
+        if seconds_between_frames is not None:
+            fps = _alias("VideoClips", "fps", fps, "seconds_between_frames", 1.0 / seconds_between_frames, None)
+        check_positive_number(
             "VideoClips.fps", fps, "set fps: 8 (frames per second of the video's time), or null", optional=True
+        )
+        check_choice("VideoClips.policy", policy, POLICIES, "is not a policy", "set policy: repeat_last, wrap or error")
+        check_positive_number(
+            "VideoClips.seconds_between_clip_starts",
+            seconds_between_clip_starts,
+            "set seconds_between_clip_starts: 1.0 (seconds of the video's time), or null",
+            optional=True,
         )
         self.frames = frames
         self.frame_step = frame_step
         self.fps = None if fps is None else float(fps)
         self.size = _check_size(size)
+        self.policy = policy
+        self.seconds_between_clip_starts = (
+            None if seconds_between_clip_starts is None else float(seconds_between_clip_starts)
+        )
+        regular = self.seconds_between_clip_starts is not None
+        self.sampling_range_start, self.sampling_range_end = _check_range(
+            sampling_range_start, sampling_range_end, seconds=regular
+        )
 
     def shape_line(self) -> str:
         every = f"at {self.fps:g} fps" if self.fps else f"every {self.frame_step} frame(s)"
+        if self.seconds_between_clip_starts is not None:
+            every += f", clips every {self.seconds_between_clip_starts:g} s"
+        if self.sampling_range_start is not None or self.sampling_range_end is not None:
+            unit = " s" if self.seconds_between_clip_starts is not None else " (frames)"
+            every += f", sampling range [{self.sampling_range_start}, {self.sampling_range_end}){unit}"
+        if self.policy != "error":
+            every += f", past the last frame: {self.policy}"
         size = "native size" if self.size is None else f"{self.size[0]}x{self.size[1]}"
         return f"{self.frames} frame(s) {every}, {size}, uint8 [B, T, 3, H, W] + '{self.column}_timestamps'"
 
@@ -123,7 +200,7 @@ class AudioClips(ClipSampler):
         seconds: Duration of each window.
         sample_rate: Samples per second of the output (the audio is resampled).
         channels: 1 (mono) or 2 (stereo): the audio is mixed to that layout.
-        clips_per_item: Windows drawn from each file per epoch.
+        clips_per_item: Windows drawn from each file per epoch (``num_clips``: TorchCodec's name).
         starts: ``"random"`` or ``"even"``, as for `VideoClips`.
         seed: Keys the random starts.
         decoder: ``"auto"`` or ``"pyav"``.
@@ -136,13 +213,16 @@ class AudioClips(ClipSampler):
         seconds: float = 1.0,
         sample_rate: int = 16000,
         channels: int = 1,
-        clips_per_item: int = 1,
+        clips_per_item: int | None = None,
         starts: str = "random",
         seed: int = 0,
         decoder: str = "auto",
         open_files: int = 64,
+        *,
+        num_clips: int | None = None,
     ) -> None:
-        super().__init__(column, clips_per_item, starts, seed, decoder, open_files)
+        per_item = _alias("AudioClips", "clips_per_item", clips_per_item, "num_clips", num_clips, 1)
+        super().__init__(column, per_item, starts, seed, decoder, open_files)
         check_positive_number("AudioClips.seconds", seconds, "set seconds: 1.0")
         check_int("AudioClips.sample_rate", sample_rate, 1, "set sample_rate: 16000")
         check_choice("AudioClips.channels", channels, (1, 2), "must be 1 (mono) or 2 (stereo)", "set channels: 1")
@@ -173,4 +253,43 @@ def _check_size(size: Any) -> tuple[int, int] | None:
         return (int(size[0]), int(size[1]))
     raise ConfigError(
         "VideoClips.size", size, "must be [height, width] of positive integers, or null", "set size: [112, 112]"
+    )
+
+
+def _alias(kind: str, name: str, value: Any, other: str, other_value: Any, default: Any) -> Any:
+    """``value`` or its TorchCodec-named alias ``other_value`` (``default`` when neither is given);
+    both given is a `ConfigError` naming the two."""
+    if value is not None and other_value is not None:
+        raise ConfigError(
+            f"{kind}.{other}",
+            other_value,
+            f"is another name of {name} (given too: {value!r}); the two cannot both be set",
+            f"keep one of {name} and {other}",
+        )
+    return value if value is not None else other_value if other_value is not None else default
+
+
+def _check_range(start: Any, end: Any, seconds: bool) -> tuple[Any, Any]:
+    """The sampling range: frame indices (ints, negative from the end), or seconds."""
+    for name, value in (("sampling_range_start", start), ("sampling_range_end", end)):
+        if value is None:
+            continue
+        if seconds:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(
+                    f"VideoClips.{name}", value, "must be a finite number of seconds", f"set {name}: 0.0, or null"
+                )
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(
+                f"VideoClips.{name}",
+                value,
+                "must be a frame index (an int; negative counts from the end) without seconds_between_clip_starts",
+                f"set {name}: 0, or set seconds_between_clip_starts to give it in seconds",
+            )
+    if start is not None and end is not None and (start >= 0) == (end >= 0) and end <= start:
+        raise ConfigError(
+            "VideoClips.sampling_range_end", end, f"must be after sampling_range_start ({start})", "set a later end"
+        )
+    return (None if start is None else (float(start) if seconds else start)), (
+        None if end is None else (float(end) if seconds else end)
     )

@@ -6,6 +6,12 @@ Guarantees:
   video of ``n`` frames, where ``start = floor(fraction * (n - span))`` and
   ``span = round((frames - 1) * step) + 1``: a ``fraction`` of 0 starts at the first frame, 1 ends
   at the last. A clip with ``span > n`` raises `BadMedia` before anything is decoded.
+- `ClipPlace` (TorchCodec's vocabulary) changes this: a sampling range ``[range_start,
+  range_end)`` of frame indices (``start = range_start + floor(fraction * (last - range_start))``,
+  ``last = min(range_end, n) - 1``), or a regular-timestamp start (the first frame at or after
+  ``at_seconds``); frames past the last one: ``repeat_last`` repeats the last frame, ``wrap``
+  repeats the clip's own frames from its first (``[a, b, c, a, b]``), ``error`` raises `BadMedia`
+  (the default). Repeated frames are decoded once.
 - ``n`` and every frame's time come from the video stream's frame index
   (`lance_lightning.media.frame_index`), never from the container's duration: no clip reaches
   past the last frame, whatever the other tracks' lengths or the stream's start time.
@@ -61,25 +67,92 @@ def frame_step(opened: OpenVideo, frame_step: int | None = None, fps: float | No
     return float(frame_step)
 
 
-def _clip_indices(frames: int, step: float, count: int, fraction: float) -> np.ndarray:
-    """The source frame indices of a clip of ``count`` frames every ``step`` frames at
-    ``fraction`` of a video of ``frames`` frames; `BadMedia` when the clip does not fit."""
+@dataclasses.dataclass(frozen=True)
+class ClipPlace:
+    """Where a clip may start and what it gets past the last frame (TorchCodec's vocabulary):
+    ``range_start``/``range_end`` are frame indices (``[start, end)``, negative from the end;
+    None: the first frame / the last start where the clip fits), or seconds when ``at_seconds``
+    (a regular-timestamp start) is given; ``policy`` is ``repeat_last``, ``wrap`` or ``error``."""
+
+    policy: str = "error"
+    range_start: float | None = None
+    range_end: float | None = None
+    #: A regular-timestamp clip's start, seconds of the video's time: its first frame is the first
+    #: at or after it.
+    at_seconds: float | None = None
+
+
+def clip_indices(
+    frame_times: np.ndarray, step: float, count: int, fraction: float, place: ClipPlace = ClipPlace()
+) -> np.ndarray:
+    """The source frame indices of a clip of ``count`` frames every ``step`` frames of a video
+    whose frames are at ``frame_times`` (seconds, sorted): starting at ``fraction`` of the
+    sampling range (by default ``floor(fraction * (n - span))``), or at ``place.at_seconds``;
+    frames past the last one follow ``place.policy``. `BadMedia` when the clip cannot be placed."""
+    frames = len(frame_times)
     offsets = np.round(np.arange(count) * step).astype(np.int64)
     span = int(offsets[-1]) + 1
-    if span > frames:
-        raise BadMedia(f"clip of {count} frames every {step:g} frames spans {span} frames, the video has {frames}")
-    return math.floor(fraction * (frames - span)) + offsets
+    if place.at_seconds is not None:
+        start = int(np.searchsorted(frame_times, place.at_seconds - 1e-9, side="left"))
+        if start >= frames or (place.range_end is not None and place.at_seconds >= place.range_end):
+            end = frame_times[-1] if place.range_end is None else place.range_end
+            raise BadMedia(f"the clip's regular start {place.at_seconds:.3f}s is at or after the end ({end:.3f}s)")
+    else:
+        low = 0 if place.range_start is None else int(place.range_start)
+        low += frames if low < 0 else 0
+        if not 0 <= low < frames:
+            raise BadMedia(f"sampling_range_start {place.range_start} is not a frame of the video's {frames}")
+        if place.range_end is None:
+            last = frames - span
+        else:
+            end = int(place.range_end) + frames if place.range_end < 0 else int(place.range_end)
+            last = min(end, frames) - 1
+        start = low + math.floor(fraction * max(last - low, 0))
+    indices = start + offsets
+    past = indices >= frames
+    if not past.any():
+        return indices
+    if place.policy == "error":
+        if span > frames:
+            raise BadMedia(f"clip of {count} frames every {step:g} frames spans {span} frames, the video has {frames}")
+        raise BadMedia(
+            f"clip of {count} frames every {step:g} frames from frame {start} reaches frame {int(indices[-1])}, "
+            f"past the video's {frames} frames (policy 'error'; policy: repeat_last or wrap fills it)"
+        )
+    valid = indices[~past]
+    if place.policy == "repeat_last":
+        return np.where(past, valid[-1], indices)
+    return np.resize(valid, count)  # wrap: the clip's own frames again, from its first
 
 
 def decode_video_clip(
-    opened: OpenVideo, fraction: float, frames: int, step: float, size: tuple[int, int] | None = None
+    opened: OpenVideo,
+    fraction: float,
+    frames: int,
+    step: float,
+    size: tuple[int, int] | None = None,
+    place: ClipPlace = ClipPlace(),
 ) -> VideoClip:
-    """``frames`` frames every ``step`` source frames, starting at ``fraction`` of the video."""
+    """``frames`` frames every ``step`` source frames, starting at ``fraction`` of the video (of
+    its sampling range, or at ``place.at_seconds``; past the end as ``place.policy`` says)."""
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"fraction must be in [0, 1], got {fraction}")
     if frames < 1 or not step > 0:
         raise ValueError(f"need frames >= 1 and step > 0, got frames={frames}, step={step}")
-    indices = _clip_indices(opened.frames, step, frames, fraction)
+    times = opened.frame_pts.astype(np.float64) * float(opened.time_base)
+    indices = clip_indices(times, step, frames, fraction, place)
+    distinct = np.unique(indices)
+    if len(distinct) == len(indices) and bool(np.all(distinct == indices)):
+        return _decode_indices(opened, indices, size)
+    clip = _decode_indices(opened, distinct, size)  # repeated or wrapped frames: each decoded once
+    where = np.searchsorted(distinct, indices)
+    pixels = np.ascontiguousarray(clip.frames.transpose(0, 2, 3, 1)[where])
+    return VideoClip(frames=pixels.transpose(0, 3, 1, 2), timestamps=clip.timestamps[where])
+
+
+def _decode_indices(opened: OpenVideo, indices: np.ndarray, size: tuple[int, int] | None) -> VideoClip:
+    """The frames at ``indices`` (non-decreasing), decoded forward from the keyframe before the first."""
+    frames = len(indices)
     thresholds = _thresholds(opened, indices)
     height, width = size if size is not None else (opened.height, opened.width)
     pixels = np.empty((frames, height, width, 3), np.uint8)

@@ -76,7 +76,7 @@ def _videos(root: Path, size: int = 3000) -> tuple[list[str], list[dict]]:
         for r in rows
     ]
     args = ["--format", "videofolder", "--input", str(root), "--unit-files", "1", "--workers", "1"]
-    return [*args, "--no-probe-media"], expected  # fake bytes: not opened as media
+    return ["--no-probe-media", *args], expected  # fake bytes: not opened as media
 
 
 def _read_back(out: Path) -> list[dict]:
@@ -184,14 +184,15 @@ def test_a_full_disk_ends_in_a_few_lines_and_the_rerun_completes(tmp_path: Path,
 
 def test_a_file_size_limit_ends_in_a_few_lines_and_the_rerun_completes(tmp_path: Path) -> None:
     args, expected = _videos(tmp_path / "in", size=300_000)
+    args[args.index("--unit-files") + 1] = "6"  # two units: the first already past the limit
     out = tmp_path / "out.lance"
 
     def limit() -> None:  # Python ignores SIGXFSZ: a write past the limit fails with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
-    run = _prepare([*args[:-4], "--unit-files", "6", "--workers", "1", "--output", str(out)], preexec_fn=limit)
+    run = _prepare([*args, "--output", str(out)], preexec_fn=limit)
     _one_screen(run, 1, "stopped: a file of the output reached the size limit (File too large)", "output is intact")
-    _rerun_equals([*args[:-4], "--unit-files", "6", "--workers", "1"], out, expected, resumed=False)
+    _rerun_equals(args, out, expected, resumed=False)
 
 
 @pytest.mark.parametrize("pool", ["threads", "processes"])
