@@ -47,7 +47,7 @@ FORMATS = ("imagefolder", "videofolder", "audiofolder", "webdataset", "parquet")
 BIG = (1 << 20) + 4096
 _EXTENSIONS = {"imagefolder": ("png", "jpg")}
 #: The extensions ``videofolder`` and ``audiofolder`` read (docs/getting-data-in.md).
-_VIDEO, _AUDIO = ("mp4", "mkv", "webm", "mov", "avi"), ("wav", "flac", "mp3", "ogg", "m4a", "opus")
+_VIDEO, _AUDIO = ("mp4", "mkv", "webm", "mov", "avi", "ts"), ("wav", "flac", "mp3", "ogg", "m4a", "opus")
 #: What the closing report says of a skipped truncated image (the file's path is on the line).
 SKIPPED = "skipped"
 
