@@ -1,0 +1,247 @@
+"""num_workers=2 against num_workers=0, epoch by epoch of a fresh loader (#51), and where the time goes.
+
+A probe until the harness (``python -m benchmarks``) measures each epoch of a fresh loader: its
+cells measure rows/s across epochs after a warm-up, not the first epoch alone.
+
+Each cell is a fresh Python process, as a training script is: it imports Lightning, builds a
+`LanceDataModule` (persistent workers, batch 256), calls ``setup`` (which starts the fork server)
+and reads ``--epochs`` epochs of its train loader, timing each from ``iter`` to its last batch
+(rows/s). Per workload three cells run back to back: ``num_workers=0``; ``num_workers=2`` forced
+to the worker path (``LANCE_LIGHTNING_WORKER_CHOICE=workers``: the workers read once up, as before
+the race); ``num_workers=2`` as shipped (the measured race, `lance_lightning.load.race`). The
+figure of record is, per epoch, race / max(0 workers, worker path) (target >= 0.9), and for the
+Python transform that holds the GIL race / 0 workers (target >= 1.5 from the second epoch).
+
+Workloads (10^5 rows of 128 float32 unless said): ``scan``; ``filter`` (``label < 10``: 10%);
+``shuffle`` (`RowShuffle`); ``jpeg`` (2x10^4 64x64 JPEGs, row shuffle, `DecodeImage`); ``gil``
+(scan plus a pure-Python per-row loop: `PythonRows`).
+
+``--where`` also measures where the time of a first epoch with workers goes: interpreter start,
+the imports (torch, the package's reader: what the fork server imports, Lightning), the fork
+server until it forks (`WorkerStart`), and the first epoch of the worker path waiting for the
+workers (``LANCE_LIGHTNING_WORKER_HANDOFF=off``); and the limits a workload meets: Lance's own
+``to_table`` on the same columns, a memory copy of the same bytes.
+
+Usage::
+
+    python benchmarks/probes/probe_worker_race.py [--epochs 3] [--where]   # writes results/worker_race.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PROBE_DIR = Path(__file__).resolve().parent
+BENCH_DIR = PROBE_DIR.parent  # benchmarks/: the shared harness `common`
+REPO_ROOT = BENCH_DIR.parent
+for _path in (str(PROBE_DIR), str(BENCH_DIR), str(REPO_ROOT)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+RESULT = BENCH_DIR / "results" / "worker_race.md"
+ROWS, IMAGES, BATCH = 100_000, 20_000, 256
+WORKLOADS = ("scan", "filter", "shuffle", "jpeg", "gil")
+CELLS = (("0 workers", 0, "race"), ("worker path", 2, "workers"), ("race", 2, "race"))
+
+
+class PythonRows:
+    """A transform in pure Python that holds the GIL: ``loops`` multiply-adds per row on its id."""
+
+    def __init__(self, loops: int = 60) -> None:
+        self.loops = loops
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        out = []
+        for value in batch["id"].tolist():
+            for _ in range(self.loops):
+                value = (value * 31 + 7) % 1_000_003
+            out.append(value)
+        batch["hashed"] = torch.tensor(out)
+        return batch
+
+
+def _module(workload: str, data: dict[str, str], num_workers: int) -> Any:
+    from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle
+    from lance_lightning.transforms import DecodeImage
+
+    jpeg = workload == "jpeg"
+    source = LanceSource(
+        data["images"] if jpeg else data["vec"],
+        columns=["id", "image"] if jpeg else ["id", "vec"],
+        filter="label < 10" if workload == "filter" else None,
+    )
+    transform = DecodeImage(column="image") if jpeg else PythonRows() if workload == "gil" else None
+    return LanceDataModule(
+        train=source,
+        batch_size=BATCH,
+        shuffle=RowShuffle(seed=0) if workload in ("shuffle", "jpeg") else NoShuffle(),
+        num_workers=num_workers,
+        persistent_workers=True,
+        transform=transform,
+    )
+
+
+def child(workload: str, data: dict[str, str], num_workers: int, epochs: int) -> dict[str, Any]:
+    """One cell in this fresh process: each epoch's rows/s, and what the race did."""
+    import lightning.pytorch  # noqa: F401  (a training script imports it at its top)
+
+    dm = _module(workload, data, num_workers)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    rates = []
+    for _ in range(epochs):
+        started = time.perf_counter()
+        rows = sum(len(batch["id"]) for batch in loader)
+        rates.append(rows / (time.perf_counter() - started))
+    race = loader.race.describe(done=True) if loader.race is not None else ""
+    return {"rates": rates, "race": race}
+
+
+def _run(code: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; sys.path[:0] = {[str(PROBE_DIR), str(BENCH_DIR), str(REPO_ROOT)]!r}\n{code}",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"cell failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def cell(workload: str, data: dict[str, str], num_workers: int, choice: str, epochs: int) -> dict[str, Any]:
+    code = (
+        "import json, probe_worker_race as b\n"
+        f"print(json.dumps(b.child({workload!r}, {data!r}, {num_workers}, {epochs})))"
+    )
+    return _run(code, {"LANCE_LIGHTNING_WORKER_CHOICE": choice})
+
+
+def _seconds(code: str) -> float:
+    """Wall seconds of a fresh ``python -c code`` (interpreter start included)."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, capture_output=True)
+    return time.perf_counter() - started
+
+
+def where(data: dict[str, str]) -> dict[str, Any]:
+    """Where a first epoch with workers goes, and the limits of each workload (see the docstring)."""
+    found: dict[str, Any] = {}
+    found["interpreter start (python -c pass)"] = _seconds("pass")
+    for name, module in (
+        ("import torch", "torch"),
+        ("import the reader (the fork server's preload)", "lance_lightning.load.dataset"),
+        ("import lightning.pytorch", "lightning.pytorch"),
+    ):
+        found[name] = _seconds(f"import {module}") - found["interpreter start (python -c pass)"]
+    code = (
+        "import json, time, lance_lightning.load.dataset\n"
+        "from lance_lightning.load.lean_start import worker_context\n"
+        "from lance_lightning.load.handoff import WorkerStart\n"
+        "t = time.perf_counter(); WorkerStart(worker_context('forkserver', None)).start().wait()\n"
+        "print(json.dumps({'s': time.perf_counter() - t}))"
+    )
+    found["fork server: start until it forks"] = _run(code)["s"]
+    code = f"import json, probe_worker_race as b\nprint(json.dumps(b.child('scan', {data!r}, 2, 1)))"
+    waited = _run(code, {"LANCE_LIGHTNING_WORKER_HANDOFF": "off"})["rates"][0]
+    found["first scan epoch waiting for 2 workers (s)"] = ROWS / waited
+    found["limits"] = _run(f"import json, probe_worker_race as b\nprint(json.dumps(b.limits({data!r})))")
+    return found
+
+
+def limits(data: dict[str, str]) -> dict[str, float]:
+    """Lance's single-call ``to_table`` rows/s on each workload's columns, a memory copy of a scan's
+    bytes (GB/s), and DecodeImage's rows/s on one thread."""
+    import lance
+    import numpy as np
+    import torch
+
+    from lance_lightning.transforms import DecodeImage
+
+    out: dict[str, float] = {}
+    ds = lance.dataset(data["vec"])
+    for name, kwargs in (("scan", {}), ("filter", {"filter": "label < 10"})):
+        started = time.perf_counter()
+        table = ds.to_table(columns=["id", "vec"], **kwargs)
+        out[f"lance to_table {name} rows/s"] = table.num_rows / (time.perf_counter() - started)
+    block = np.random.default_rng(0).random((ROWS, 128), dtype=np.float32)
+    started = time.perf_counter()
+    for _ in range(5):
+        block.copy()
+    out["memory copy GB/s"] = 5 * block.nbytes / (time.perf_counter() - started) / 1e9
+    out["scan bytes per row"] = 128 * 4 + 8
+    images = lance.dataset(data["images"]).to_table(columns=["image"], limit=2048).column("image").to_pylist()
+    decode = DecodeImage(column="image")
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    for first in range(0, len(images), BATCH):
+        decode({"image": images[first : first + BATCH]})
+    out["DecodeImage rows/s on 1 thread"] = len(images) / (time.perf_counter() - started)
+    return out
+
+
+def main() -> None:
+    import common
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    ap.add_argument("--where", action="store_true", help="also measure where the time goes, and the limits")
+    ap.add_argument("--cache-dir", type=Path, default=common.DEFAULT_CACHE)
+    ap.add_argument("--out", type=Path, default=RESULT)
+    args = ap.parse_args()
+    args.cache_dir.mkdir(parents=True, exist_ok=True)
+    data = {"vec": common.vec_dataset(args.cache_dir, ROWS), "images": common.image_dataset(args.cache_dir, IMAGES)}
+
+    lines = [
+        "# num_workers=2 against num_workers=0, epoch by epoch of a fresh loader (#51)",
+        "",
+        f"`{common.command_line()}` on {common.stamp()}; {common.machine(lightning=True)}; load average "
+        f"{common.load_average()} at the start (2 cores shared with other jobs: single runs, noisy).",
+        "",
+        "rows/s per epoch (each cell a fresh process; persistent workers; batch 256). ratio = race / max(0 "
+        "workers, worker path); the GIL-holding transform's gain = race / 0 workers.",
+        "",
+        "| workload | epoch | 0 workers | worker path | race | ratio (>= 0.9) | race / 0 workers |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    decisions = []
+    for workload in args.workloads:
+        got = {name: cell(workload, data, workers, choice, args.epochs) for name, workers, choice in CELLS}
+        for epoch in range(args.epochs):
+            zero, path, race = (got[name]["rates"][epoch] for name, _, _ in CELLS)
+            lines.append(
+                f"| {workload} | {epoch + 1} | {zero:,.0f} | {path:,.0f} | {race:,.0f} | "
+                f"{race / max(zero, path):.2f}x | {race / zero:.2f}x |"
+            )
+            print(lines[-1], flush=True)
+        decisions.append(f"- {workload}: {got['race']['race']}")
+    lines += ["", "What the race did (its own figures: the training loop's rows/s, whole cycles):", "", *decisions]
+    if args.where:
+        found = where(data)
+        lim = found.pop("limits")
+        lines += ["", "## Where the time goes (seconds, one fresh process each)", ""]
+        lines += [f"- {name}: {value:.2f}" for name, value in found.items()]
+        lines += ["", "## Limits (one run)", ""]
+        lines += [f"- {name}: {value:,.2f}" for name, value in lim.items()]
+    common.write_result(args.out, "\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
