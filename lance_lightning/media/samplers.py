@@ -118,6 +118,11 @@ class VideoClips(ClipSampler):
         open_files: Videos kept open per process (headers and indexes read once while open).
     """
 
+    #: TorchCodec-named aliases, folded into ``clips_per_item``, ``frames``, ``frame_step`` and
+    #: ``fps`` when made: read those. (None here, so a sampler described by its constructor's
+    #: arguments, `lance_lightning.hparams`, is rebuilt from the folded names alone.)
+    num_clips = num_frames_per_clip = num_indices_between_frames = seconds_between_frames = None
+
     def __init__(
         self,
         column: str = "video",
@@ -206,6 +211,9 @@ class AudioClips(ClipSampler):
         decoder: ``"auto"`` or ``"pyav"``.
         open_files: Files kept open per process.
     """
+
+    #: TorchCodec's name of ``clips_per_item``, folded into it when made (as `VideoClips`').
+    num_clips = None
 
     def __init__(
         self,

@@ -125,6 +125,24 @@ def test_torchcodec_names_are_aliases_and_old_configs_describe_as_before() -> No
     assert "policy" in VideoClips(policy="wrap").describe()
 
 
+def test_a_sampler_made_with_torchcodec_names_is_rebuilt_from_its_saved_hyperparameters() -> None:
+    """`LanceDataModule` saves a sampler as its constructor's arguments (`lance_lightning.hparams`)
+    for ``load_from_checkpoint``: one made with the aliases must describe itself and rebuild equal
+    (an alias without an attribute left the sampler out of the hyperparameters)."""
+    from lance_lightning import AudioClips
+    from lance_lightning.hparams import describe
+
+    for sampler in (
+        VideoClips(
+            num_frames_per_clip=4, num_clips=2, seconds_between_frames=0.25, policy="wrap", sampling_range_start=-5
+        ),
+        VideoClips(frames=3, seconds_between_clip_starts=0.5, sampling_range_start=1.0),
+        AudioClips(num_clips=3, seconds=0.5),
+    ):
+        saved = describe(sampler)
+        assert type(sampler)(**saved["init_args"]) == sampler
+
+
 @pytest.mark.parametrize(
     ("kwargs", "param", "fix"),
     [
