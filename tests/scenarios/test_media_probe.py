@@ -15,6 +15,7 @@ from lance_lightning.errors import BadRowError
 from tests.clip_worker import fit_clips
 from tests.helpers import run_cli_process
 from tests.media_corpus import MediaFile, corpus
+from tests.reliability.helpers import ONE_SCREEN_LINES, error_screen
 
 NOT_MEDIA = b"this is not a media file, only its name says so\n" * 40
 
@@ -88,6 +89,16 @@ def test_a_video_with_no_video_stream_is_skipped_and_listed(tmp_path: Path) -> N
     )
     assert code == 0 and "1 files skipped" in output and "a/sound.mp4" in output and "no video stream" in output
     assert list(_by_path(out)) == ["a/ok.mp4"]
+    # --on-bad-file error: refused before anything is written, on one screen naming the file
+    again = str(tmp_path / "refused.lance")
+    code, output = run_cli_process(
+        ["prepare", "--format", "videofolder", "--input", str(tmp_path / "in"), "--output", again]
+        + ["--on-bad-file", "error"],
+        tmp_path,
+    )
+    screen = error_screen(output)
+    assert code == 1 and "Traceback" not in output and len(screen) <= ONE_SCREEN_LINES, output
+    assert "a/sound.mp4" in output and "is not a readable video file (the file has no video stream)" in output
 
 
 @pytest.mark.slow
