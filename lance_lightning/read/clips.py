@@ -206,6 +206,9 @@ class ClipReader(PlanReader):
             except BadMedia:
                 file.close()
                 continue
+            if _length_mismatch(opened, self._probed_lengths(np.array([other])).get(other)) is not None:
+                opened.close()
+                continue
             try:
                 media, times = self.decoder.decode(opened, fraction)
             except BadMedia:

@@ -136,10 +136,30 @@ def test_a_probed_count_the_file_disagrees_with_is_a_bad_row_with_its_reason(tmp
         fit_clips({**spec, "clips": clips, "batch_size": 1, "max_epochs": 1, "num_workers": 0})
 
 
-def _prepared_small(tmp_path: Path) -> tuple[list[MediaFile], str, str]:
-    item = next(i for i in corpus() if i.name == "h264.mp4")
+def test_replace_bad_row_replaces_a_changed_video_and_never_picks_one(tmp_path: Path) -> None:
+    """Under ``ReplaceBadRow`` the clips of two videos whose probed counts disagree are replaced by
+    clips of the third (never by clips of the other changed one)."""
+    _, uri, _ = _prepared_small(tmp_path, ("h264.mp4", "h264_cut.mp4", "h264_bframes_aac.mp4"))
+    table = lance.dataset(uri).to_table(blob_handling="all_binary")
+    frames = table["video_frames"].to_pylist()
+    frames[0] += 2
+    frames[1] -= 1
+    table = table.set_column(table.schema.get_field_index("video_frames"), "video_frames", pa.array(frames))
+    blob = pa.field("video", pa.large_binary(), metadata={"lance-encoding:blob": "true"})
+    lance.write_dataset(table.cast(table.schema.set(table.schema.get_field_index("video"), blob)), str(tmp_path / "c"))
+    clips = {"frames": 2, "clips_per_item": 3, "starts": "even", "size": [32, 48]}
+    spec = {"uri": str(tmp_path / "c"), "root": str(tmp_path), "name": "replaced", "shuffle": "none"}
+    _, records, _ = fit_clips(
+        {**spec, "clips": clips, "batch_size": 3, "max_epochs": 1, "num_workers": 0, "bad_rows": "replace"}
+    )
+    assert len(records) == 9 and {r[1] for r in records} == {2}, records
+
+
+def _prepared_small(tmp_path: Path, names: tuple[str, ...] = ("h264.mp4",)) -> tuple[list[MediaFile], str, str]:
     (tmp_path / "in" / "a").mkdir(parents=True)
-    (tmp_path / "in" / "a" / item.name).write_bytes(item.data)
+    for name in names:
+        (tmp_path / "in" / "a" / name).write_bytes(next(i for i in corpus() if i.name == name).data)
+    item = next(i for i in corpus() if i.name == names[0])
     out = str(tmp_path / "small.lance")
     code, output = run_cli_process(
         ["prepare", "--format", "videofolder", "--input", str(tmp_path / "in"), "--output", out], tmp_path
