@@ -160,3 +160,25 @@ def test_both_outcomes_train_the_rows_of_a_fit_without_workers_in_order(
     said = {"in_process": "the training process read", "workers": "the workers read"}[outcome]
     report = monitor.report()
     assert f"forced by {CHOICE_SWITCH}={outcome}: {said} (in process " in report, report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_epoch_read_in_process_ends_without_waiting_for_the_workers(
+    uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#51: an epoch the training process reads whole (here 12 batches: fewer than the race's
+    in-process window, so it never hands over) ends without starting the workers: before the race
+    it ended by waiting for the fork server and starting them (5.5 s for a 10^5-row scan read in
+    0.06 s). The next epochs read the same rows in the same order as without workers."""
+    monkeypatch.setenv(CHOICE_SWITCH, "race")  # the suite forces the workers (tests/conftest.py)
+    reference = LanceDataModule(train=LanceSource(uri, columns=["id"]), batch_size=1000, num_workers=0)
+    reference.setup("fit")
+    planned = [batch["id"].tolist() for batch in reference.train_dataloader()]
+    dm = LanceDataModule(train=LanceSource(uri, columns=["id"]), batch_size=1000, num_workers=2)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    for epoch in range(2):
+        assert [batch["id"].tolist() for batch in loader] == planned, f"epoch {epoch}"
+        assert loader._iterator is None, f"epoch {epoch} ended by starting the workers"
+    assert "undecided" in loader.describe()["workers_choice"]
