@@ -102,6 +102,7 @@ def prepare(
             pool=spec.pool,
             skipped=pairs,
             skipped_count=len(pairs),
+            notes=survey.info.get("notes", []),
         )
 
 

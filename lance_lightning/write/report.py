@@ -36,6 +36,8 @@ class PrepareReport:
     pool: str = "threads"
     skipped: list[tuple[str, str]] = field(default_factory=list)
     skipped_count: int = 0
+    #: What the survey decided that a reader should know (a column kept as bytes, and why).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def rows_per_s(self) -> float:
@@ -62,6 +64,7 @@ class PrepareReport:
                 f"  this run: {self.rows_written:,} rows, {_size(self.bytes_in)} in -> dataset "
                 f"{_size(self.bytes_out)}, {self.rows_per_s:,.0f} rows/s on {self.workers} {self.pool}"
             )
+        lines += [f"  note: {note}" for note in self.notes]
         for path, reason in self.skipped[:SHOWN_SKIPS]:
             lines.append(f"  skipped {path}: {reason}")
         if self.skipped_count > SHOWN_SKIPS:

@@ -5,10 +5,13 @@ Guarantees:
   order. As in WebDataset, a member ``dir/name.ext1.ext2`` has the key ``dir/name`` and the
   extension ``ext1.ext2``; consecutive members with one key are one sample, in the shard's order.
 - Columns: ``id`` (int64, the sample's position in the whole input), ``key`` (string), ``shard``
-  (the tar file relative to the input) and one large_binary column per extension found in any
-  shard (dots become underscores: ``seg.png`` is ``seg_png``), null where a sample lacks it. An
-  extension whose files average `BLOB_BYTES` or more (videos, long audio) is stored with Lance's
-  blob encoding, the others plain (docs/getting-data-in.md: where blobs pay).
+  (the tar file relative to the input) and one column per extension found in any shard (dots
+  become underscores: ``seg.png`` is ``seg_png``), null where a sample lacks it, typed as
+  WebDataset decodes it (`lance_lightning.write.wds_types`: ``cls`` int64, ``txt`` string,
+  ``json`` struct or string; a member that does not fit keeps the column binary, noted in the
+  report), other extensions large_binary. A binary extension whose files average `BLOB_BYTES` or
+  more (videos, long audio) is stored with Lance's blob encoding, the others plain
+  (docs/getting-data-in.md: where blobs pay).
 - Every shard's headers are read at survey time: a shard that is not a readable tar is skipped and
   listed (or refused, by ``on_bad_file``) before anything is written; a member without an
   extension is left out and listed.
@@ -37,6 +40,7 @@ from lance_lightning.write.units import (
     walk_files,
     with_id,
 )
+from lance_lightning.write.wds_types import ColumnTyper, cell, kind
 
 _SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 #: WebDataset's split of a member name into key and extension.
@@ -78,6 +82,7 @@ class WebDataset:
         skipped: list[Skipped] = []
         paths = [root] if root.is_file() else list(walk_files(root, skipped, on_bad_file))
         items, extensions = [], {}
+        typers: dict[str, ColumnTyper] = {}
         for path in paths:
             if not path.name.lower().endswith(_SHARD_SUFFIXES):
                 raise refuse_foreign(path, root, self.name, "a tar shard (.tar, .tar.gz, .tgz)")
@@ -93,6 +98,9 @@ class WebDataset:
                         for ext, member in members:
                             count, total = extensions.get(ext, (0, 0))
                             extensions[ext] = (count + 1, total + member.size)
+                            if kind(ext) != "bytes":
+                                typer = typers.setdefault(ext, ColumnTyper(ext))
+                                typer.see(f"{name}:{key}.{ext}", _bytes(tar, member))
             except (tarfile.TarError, EOFError, OSError) as error:
                 problem = f"is not a readable tar shard ({error})"
                 if on_bad_file == "error":
@@ -109,17 +117,24 @@ class WebDataset:
                     "input", ext, f"the extension's column `{column}` clashes with another column", "rename the files"
                 )
         fields = [pa.field("key", pa.string()), pa.field("shard", pa.string())]
+        notes = []
         for ext, column in columns.items():
             count, total = extensions[ext]
+            if ext in typers:  # WebDataset's own decoding: int64, string, struct (or bytes, noted)
+                fields.append(pa.field(column, typers[ext].arrow_type()))
+                notes += [note for note in [typers[ext].note(column)] if note]
+                continue
             blob = total >= BLOB_BYTES * count
             fields.append(pa.field(column, pa.large_binary(), metadata=BLOB_METADATA if blob else None))
-        return Survey(
-            root, items, with_id(fields, where="the extensions of the shards' members"), skipped, {"columns": columns}
-        )
+        kinds = {ext: kind(ext) for ext in columns}
+        info = {"columns": columns, "kinds": kinds, "notes": notes}
+        return Survey(root, items, with_id(fields, where="the extensions of the shards' members"), skipped, info)
 
     def read(self, survey: Survey, unit: Unit, skipped: list[Skipped], on_bad_file: str) -> Iterator[pa.RecordBatch]:
         """Yield the unit's samples as record batches of at most `BATCH_ROWS` rows, in order."""
         columns: dict[str, str] = survey.info["columns"]
+        kinds: dict[str, str] = survey.info["kinds"]
+        types = {ext: survey.schema.field(column).type for ext, column in columns.items()}
         next_id = unit.first_id
         rows: list[dict] = []
         for item in unit.items:
@@ -128,7 +143,9 @@ class WebDataset:
                     if members[0][1] is None:
                         continue
                     row = {"id": next_id, "key": key, "shard": item.path}
-                    row.update({columns[ext]: _bytes(tar, member) for ext, member in members})
+                    row.update(
+                        {columns[ext]: cell(kinds[ext], types[ext], _bytes(tar, member)) for ext, member in members}
+                    )
                     rows.append(row)
                     next_id += 1
                     if len(rows) >= BATCH_ROWS:

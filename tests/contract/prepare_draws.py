@@ -239,7 +239,7 @@ def expected_rows(ingest: Ingest, folder: Path) -> dict[int, dict[str, Any]]:
                     if not rows or rows[len(rows) - 1]["key"] != key:
                         rows[len(rows)] = {"key": key, "shard": path.name}
                     rows[len(rows) - 1][ext.replace(".", "_")] = tar.extractfile(member).read()
-        return rows
+        return _as_webdataset_decodes(rows)
     column = {"imagefolder": "image", "videofolder": "video", "audiofolder": "audio"}[ingest.format]
     classes = sorted({path.parent.name for path in files})
     for i, path in enumerate(files):
@@ -248,6 +248,19 @@ def expected_rows(ingest: Ingest, folder: Path) -> dict[int, dict[str, Any]]:
             label = classes.index(path.parent.name)
             rows[i] = {column: path.read_bytes(), "label": label, "label_name": path.parent.name, "path": relative}
             rows[i].update(_probed(ingest.format, rows[i][column]))
+    return rows
+
+
+def _as_webdataset_decodes(rows: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """``.cls`` as int, ``.txt`` as UTF-8 text (webdataset.autodecode's basichandlers); a column
+    with a member that does not decode stays bytes (prepare's documented fallback)."""
+    for column, decode in (("cls", int), ("txt", lambda data: data.decode("utf-8"))):
+        try:
+            decoded = {i: decode(row[column]) for i, row in rows.items() if column in row}
+        except (ValueError, UnicodeDecodeError):
+            continue
+        for i, value in decoded.items():
+            rows[i][column] = value
     return rows
 
 

@@ -56,7 +56,8 @@ def blob_shards(root: Path, shards: int = 3, per_shard: int = 2) -> list[dict]:
                     info = tarfile.TarInfo(f"{key}.{ext}")
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
-                rows.append({"key": key, "shard": f"shard-{k}.tar", **members})
+                decoded = {"cls": n, "txt": key}  # as WebDataset decodes .cls and .txt
+                rows.append({"key": key, "shard": f"shard-{k}.tar", **members, **decoded})
     return [{"id": i, **row} for i, row in enumerate(rows)]
 
 
