@@ -29,26 +29,28 @@ from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrate
 from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow, check_packed_policy
 from lance_lightning.source import LanceSource
 
+#: The data module's count arguments and their least values.
+_AT_LEAST = {
+    "batch_size": 1,
+    "eval_batch_size": 1,
+    "prefetch_groups": 1,
+    "prefetch_batches": 1,
+    "take_group_bytes": 1,
+    "prefetch_factor": 1,
+    "num_workers": 0,
+    "device_ahead": 0,
+    "reader_threads": 0,
+}
 
-def check_arguments(
-    sources: Mapping[str, Any],
-    *,
-    at_least: Mapping[str, tuple[Any, int]],
-    transforms: Mapping[str, Any],
-    bad_rows: Any,
-    pin_memory: Any,
-    multiprocessing_context: str,
-    num_workers: int,
-    materialize: MaterializedView | None,
-) -> None:
-    """Raise `ConfigError` for the first argument that cannot work (see the module docstring).
 
-    ``at_least``: each count parameter's (value, minimum); ``transforms``: each transform
-    parameter's value (callable or None); ``sources``: each split's source.
-    """
-    for name, (value, minimum) in at_least.items():
+def check_arguments(sources: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
+    """Raise `ConfigError` for the first of the data module's ``arguments`` (by name) that cannot
+    work (see the module docstring); ``sources``: each split's source."""
+    for name, minimum in _AT_LEAST.items():
+        value = arguments[name] if name != "eval_batch_size" else arguments[name] or 1  # None: batch_size's
         check_int(name, value, minimum, f"set `{name}` to {minimum} or more")
-    for name, value in transforms.items():
+    for name in ("transform", "device_transform"):
+        value = arguments[name]
         if value is not None and not callable(value):
             raise ConfigError(
                 name,
@@ -56,6 +58,7 @@ def check_arguments(
                 "is not callable",
                 "pass a callable batch -> batch, e.g. lance_lightning.transforms.DecodeImage(...), or None",
             )
+    bad_rows, pin_memory = arguments["bad_rows"], arguments["pin_memory"]
     if bad_rows is not None and not isinstance(bad_rows, BadRowPolicy):
         raise ConfigError(
             "bad_rows",
@@ -70,9 +73,9 @@ def check_arguments(
             source, (LanceSource, LanceMixture) if split == "train" else LanceSource
         ):
             raise ConfigError(split, source, "is not a LanceSource", "pass LanceSource(uri=...) or a mapping in YAML")
-    check_start_method(multiprocessing_context, num_workers)
+    check_start_method(arguments["multiprocessing_context"], arguments["num_workers"])
     if isinstance(sources.get("train"), LanceMixture):
-        _check_mixture_settings(materialize, bad_rows)
+        _check_mixture_settings(arguments["materialize"], bad_rows)
 
 
 def _check_mixture_settings(materialize: MaterializedView | None, bad_rows: BadRowPolicy | None) -> None:

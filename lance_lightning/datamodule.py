@@ -198,7 +198,8 @@ class LanceDataModule(pl.LightningDataModule):
         row_identity: bool | list[Split] | None = None,
     ) -> None:
         super().__init__()
-        save_arguments(self, {name: value for name, value in locals().items() if name not in ("self", "__class__")})
+        arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
+        save_arguments(self, arguments)
         self.sources: dict[Split, Any] = {"train": train, "val": val, "test": test, "predict": predict}
         if val is None:  # Lightning skips validation silently only when val_dataloader is not overridden
             # Not a bound method of self: that is a reference cycle, and a module freed only by the
@@ -206,26 +207,7 @@ class LanceDataModule(pl.LightningDataModule):
             self.val_dataloader = functools.partial(pl.LightningDataModule.val_dataloader, None)
         if reader_threads is None:
             reader_threads = max(1, min(4, os.cpu_count() or 1) // max(1, num_workers))  # the processes share the cores
-        check_arguments(
-            self.sources,
-            at_least={
-                "batch_size": (batch_size, 1),
-                "eval_batch_size": (eval_batch_size or 1, 1),
-                "prefetch_groups": (prefetch_groups, 1),
-                "prefetch_batches": (prefetch_batches, 1),
-                "take_group_bytes": (take_group_bytes, 1),
-                "prefetch_factor": (prefetch_factor, 1),
-                "num_workers": (num_workers, 0),
-                "device_ahead": (device_ahead, 0),
-                "reader_threads": (reader_threads, 0),
-            },
-            transforms={"transform": transform, "device_transform": device_transform},
-            bad_rows=bad_rows,
-            pin_memory=pin_memory,
-            multiprocessing_context=multiprocessing_context,
-            num_workers=num_workers,
-            materialize=materialize,
-        )
+        check_arguments(self.sources, {**arguments, "reader_threads": reader_threads})
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.shuffle = shuffle if shuffle is not None else NoShuffle()
