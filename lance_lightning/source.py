@@ -88,6 +88,8 @@ class Prepare:
         probe_media: ``videofolder``/``audiofolder``: open each file with FFmpeg (PyAV), add its
             stream facts as columns and skip a file that is not media (the default); False stores
             the bytes unopened, without those columns.
+        index: Columns to build scalar indexes on (BITMAP or BTREE, by cardinality), in the same
+            completion: a complete dataset always has them (`lance_lightning.write.indexes`).
     """
 
     format: str
@@ -98,8 +100,13 @@ class Prepare:
     unit_files: int = 2048
     unit_bytes: int = 256 << 20
     probe_media: bool = True
+    index: list[str] | None = None
 
     def __post_init__(self) -> None:
+        if self.index is not None:
+            if isinstance(self.index, str) or not all(isinstance(c, str) and c for c in self.index):
+                raise ConfigError("prepare.index", self.index, "is not a list of column names", "index: [label, split]")
+            self.index = list(dict.fromkeys(self.index)) or None
         check_choice(
             "prepare.format",
             self.format,

@@ -1,6 +1,7 @@
 """A prepare that SIGKILLs itself at a chosen moment, for the kill-and-rerun tests (the CLI scenario
 and the contract checker). Moments: ``commit:N`` right after the writer's N-th unit commit,
 ``write:N`` after writing the files of unit N (before its commit; once units 0..N-1 are committed),
+``index:N`` after the completion's first N indexes (before its record),
 ``rename`` after the completion commit, before the output is moved in place; and, instead of a
 SIGKILL: ``pause:N`` after the N-th unit commit creates the file named by ``$PREPARE_PAUSED`` and
 sleeps (until a SIGINT, say), ``worker:N`` makes the ``--pool processes`` worker that writes unit N
@@ -56,6 +57,14 @@ def arm(moment: str) -> None:
         os.environ[_WORKER_ENV] = n  # inherited by the spawned workers
     if kind == "rename":
         writer.os.replace = kill
+    if kind == "index":  # after the first N of the completion's indexes, before its record
+        real_build = writer.build_indexes
+
+        def build_indexes(dataset, columns):  # noqa: ANN001, ANN202
+            real_build(dataset, columns[: int(n)])
+            kill()
+
+        writer.build_indexes = build_indexes
 
 
 #: The unit whose spawned worker SIGKILLs itself (moment ``worker:N``).

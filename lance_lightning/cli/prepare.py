@@ -68,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--unit-files", type=int, default=2048, help="input files per work unit (one commit)")
     parser.add_argument("--unit-bytes", type=int, default=256 << 20, help="input bytes per work unit (one commit)")
+    parser.add_argument(
+        "--index",
+        default=None,
+        help="columns to build scalar indexes on, comma-separated (e.g. label,split): BITMAP up to 1,000 "
+        "distinct values, else BTREE; built before the dataset is marked complete",
+    )
     add_storage_options(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar; print only the outcome's line")
     return parser
@@ -92,6 +98,7 @@ def prepare_main(argv: list[str] | None = None) -> int:
             unit_files=args.unit_files,
             unit_bytes=args.unit_bytes,
             probe_media=args.probe_media,
+            index=[c.strip() for c in args.index.split(",")] if args.index is not None else None,
         )
         report = prepare(spec, args.output, storage_options=options or None, progress=not args.quiet)
     except ConfigError as error:  # the flag, not the spec's field, names what to change

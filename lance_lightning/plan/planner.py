@@ -53,6 +53,8 @@ class Survey:
     documents: DocumentIndex | None = None
     #: With a clip sampler: the matching media rows and clips per row (``matched_rows`` counts clips).
     clips: ClipUnits | None = None
+    #: The scalar indexes Lance answered the filter's match count with ("the BITMAP index on label").
+    counted_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class ReadPlan:
     cache: str | None = field(default=None, compare=False)
     #: With a clip sampler: clips per matching media row (`lance_lightning.plan.clips`).
     clips: ClipUnits | None = field(default=None, compare=False)
+    #: The scalar indexes that answered the filter's count (`Survey.counted_by`), for ``explain``.
+    counted_by: str | None = field(default=None, compare=False)
 
     @property
     def matched_documents(self) -> int:
@@ -170,6 +174,10 @@ class ReadPlan:
             f"  tail: {index.dropped_tokens:,} tokens ({share:.2%}) per epoch not trained",
         ]
 
+    def _counted(self) -> str:
+        """Which scalar index counted the filter's matches (nothing when a scan counted them)."""
+        return f", counted by {self.counted_by}" if self.counted_by else ""
+
     def explain(self, world_size: int = 1) -> str:
         layout = self.layout(world_size)
         order = self.order(0)
@@ -178,7 +186,11 @@ class ReadPlan:
             f"split '{self.split}': {src.uri} @ {src.version_shown}, columns {list(src.columns)}",
             *([f"  cache: {self.cache}"] if self.cache else []),
             f"  {'rows' if self.documents is None else 'documents'}: {self.matched_documents:,} of {src.total_rows:,}"
-            + (f" match filter {src.filter!r} (selectivity {self.selectivity:.2%})" if src.filter else ""),
+            + (
+                f" match filter {src.filter!r} (selectivity {self.selectivity:.2%}{self._counted()})"
+                if src.filter
+                else ""
+            ),
             *self._packing_lines(),
             *self._clip_lines(),
             f"  strategy: {self.strategy!r} -> {order.units:,} unit(s) of {order.unit_rows:,} {self.unit}(s)",
@@ -226,6 +238,7 @@ def plan_reads(split: str, source: PinnedSource, survey: Survey, settings: Split
         settings.pad,
         survey.documents,
         clips=survey.clips,
+        counted_by=survey.counted_by,
     )
 
 

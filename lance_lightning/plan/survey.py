@@ -23,6 +23,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import lance
@@ -71,7 +72,21 @@ def survey(split: str, source: PinnedSource, *, allow_empty: bool = False, sampl
         raise ConfigError(f"{split}.uri", source.uri, "the dataset has no rows", "write rows first")
     if row_bytes is None or not sample_rows:
         row_bytes = _row_bytes(dataset, source) if sample_rows else 1
-    return Survey(matched, matches, row_bytes)
+    counted_by = index_answer(dataset, source.filter) if source.filter is not None else None
+    return Survey(matched, matches, row_bytes, counted_by=counted_by)
+
+
+def index_answer(dataset: lance.LanceDataset, filter_: str) -> str | None:
+    """Which scalar indexes Lance's scanner answers ``filter_`` with (its ``explain_plan``, which
+    reads no data): "the BITMAP index on label and the BTREE index on split", or None (a scan)."""
+    try:
+        plan = dataset.scanner(filter=filter_, columns=[], with_row_id=True).explain_plan()
+        fields = {index["name"]: index["fields"] for index in dataset.list_indices()}
+    except (ValueError, OSError):  # explain only; the count itself raised nothing
+        return None
+    used = dict.fromkeys(re.findall(r"\]@(\w+)\((\w+)\)", plan))
+    named = [f"the {kind.upper()} index on {', '.join(fields.get(name, [name]))}" for name, kind in used]
+    return " and ".join(named) or None
 
 
 def _matches(split: str, source: PinnedSource, dataset: lance.LanceDataset) -> RowSet:

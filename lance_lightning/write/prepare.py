@@ -32,11 +32,12 @@ import lance
 from lance_lightning.errors import ConfigError
 from lance_lightning.source import LanceSource, Prepare
 from lance_lightning.write.folders import AUDIO_FOLDER, IMAGE_FOLDER, VIDEO_FOLDER
+from lance_lightning.write.indexes import check_index_columns
 from lance_lightning.write.report import PrepareReport, output_bytes
 from lance_lightning.write.shards import WebDataset
 from lance_lightning.write.tables import HuggingFace, Parquet
 from lance_lightning.write.units import Survey, fingerprint, plan_units
-from lance_lightning.write.writer import RECORDED_SKIPS, DatasetWriter, Progress, is_local
+from lance_lightning.write.writer import RECORDED_SKIPS, DatasetWriter, Progress, _record, is_local
 
 #: Each format name (`lance_lightning.source.PREPARE_FORMATS`) -> its reader.
 FORMATS: dict[str, Any] = {
@@ -61,8 +62,9 @@ def prepare(
         reader = dataclasses.replace(reader, probe=False)
     survey: Survey = reader.survey(spec.input, spec.on_bad_file)
     _check_apart(survey.root, output)
+    check_index_columns(spec.index, survey.schema)
     units = plan_units(survey.items, spec.unit_files, spec.unit_bytes)
-    writer = DatasetWriter(output, survey, fingerprint(spec.format, survey, units), storage_options)
+    writer = DatasetWriter(output, survey, fingerprint(spec.format, survey, units, spec.index), storage_options)
     with _Lock(output):
         writer.discard_empty_staging()
         state = writer.progress()
@@ -88,7 +90,7 @@ def prepare(
         pairs = [(s.path, s.reason) for s in [*survey.skipped, *state.skipped, *skipped]]
         record = {"fingerprint": writer.fingerprint, "format": spec.format, "input": str(survey.root)}
         record |= {"skipped": [list(p) for p in pairs[:RECORDED_SKIPS]], "skipped_count": len(pairs)}
-        dataset = writer.finish(record)
+        dataset = writer.finish(record, spec.index)
         return PrepareReport(
             **base,
             status="resumed" if state.committed else "prepared",
@@ -102,7 +104,7 @@ def prepare(
             pool=spec.pool,
             skipped=pairs,
             skipped_count=len(pairs),
-            notes=survey.info.get("notes", []),
+            notes=[*survey.info.get("notes", []), *[f"index: {i}" for i in _record(dataset).get("indexes", [])]],
         )
 
 
@@ -111,7 +113,7 @@ def _complete(writer: DatasetWriter, state: Progress, base: dict[str, Any]) -> P
     if state.staging == writer.output:
         dataset = lance.dataset(writer.output, storage_options=writer.storage_options)
     else:
-        dataset = writer.finish(state.record)
+        dataset = writer.finish(state.record)  # the record was written: so were its indexes
     return PrepareReport(
         **base,
         status="complete",

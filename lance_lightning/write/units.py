@@ -103,14 +103,17 @@ def plan_units(items: list[Item], unit_files: int, unit_bytes: int) -> list[Unit
     return units
 
 
-def fingerprint(format_: str, survey: Survey, units: list[Unit]) -> str:
-    """A hash of what the output will hold: equal for a rerun of the same prepare on the same input."""
-    described = {
+def fingerprint(format_: str, survey: Survey, units: list[Unit], index: list[str] | None = None) -> str:
+    """A hash of what the output will hold (and the columns it indexes, when any): equal for a
+    rerun of the same prepare on the same input."""
+    described: dict[str, Any] = {
         "format": format_,
         "items": [[item.path, item.size, item.rows, item.label] for item in survey.items],
         "units": [len(unit.items) for unit in units],
         "schema": survey.schema.remove_metadata().to_string(),
     }
+    if index:
+        described["index"] = list(index)
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -19,7 +19,9 @@ Guarantees:
   the plan's fingerprint, the unit's index and its skipped files: the record of committed units is
   the dataset's own history, written in the same atomic commit as the unit's rows.
 - Complete only when the last commit, an ``UpdateConfig``, sets the ``lance_lightning.prepare``
-  config key (fingerprint, rows, skipped files). A SIGKILL at any moment leaves either no dataset,
+  config key (fingerprint, rows, skipped files, the indexes built). The scalar indexes a prepare
+  asks for (`lance_lightning.write.indexes`) are committed just before it: a complete dataset has
+  them. A SIGKILL at any moment leaves either no dataset,
   a dataset without that key (for a local output, only under ``OUT.partial``) or a complete one.
   Data files written by a unit whose commit never happened are not referenced by any version;
   they are deleted when the dataset completes (``cleanup_old_versions``).
@@ -53,6 +55,7 @@ from lance.fragment import write_fragments
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.source import PREPARE_DONE_KEY, PREPARE_PLAN_KEY
+from lance_lightning.write.indexes import build_indexes
 from lance_lightning.write.units import Skipped, Survey, Unit
 
 #: Dataset config key of a complete prepare (JSON: fingerprint, format, input, rows, skipped); a
@@ -272,11 +275,14 @@ class DatasetWriter:
             storage_options=self.storage_options,
         )
 
-    def finish(self, record: dict[str, Any]) -> lance.LanceDataset:
-        """Mark the staged dataset complete, drop unreferenced files and old versions, and (local
-        output) move it in place; safe to repeat after a SIGKILL at any step."""
+    def finish(self, record: dict[str, Any], index: list[str] | None = None) -> lance.LanceDataset:
+        """Build the ``index`` columns' scalar indexes, mark the staged dataset complete, drop
+        unreferenced files and old versions, and (local output) move it in place; safe to repeat
+        after a SIGKILL at any step (indexes are built before the record: a complete dataset has them)."""
         dataset = self._latest()
         if _record(dataset).get("fingerprint") != self.fingerprint:
+            record = {**record, "indexes": build_indexes(dataset, index)} if index else record
+            dataset = self._latest()
             dataset.update_config({DONE_KEY: json.dumps(record)})
             dataset = self._latest()
         dataset.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
@@ -408,6 +414,8 @@ def _unit_commits(dataset: lance.LanceDataset, fingerprint: str) -> list[dict[st
     is of another prepare (or not of a prepare)."""
     found: dict[int, dict[str, str]] = {}
     for transaction in dataset.get_transactions(recent_transactions=dataset.version):
+        if transaction is not None and type(transaction.operation).__name__ == "CreateIndex":
+            continue  # the completion's indexes (`build_indexes`), built before its record
         props = (transaction.transaction_properties or {}) if transaction is not None else {}
         if props.get(PLAN_KEY) != fingerprint:
             return None
