@@ -70,7 +70,7 @@ each failed on the code before the fix, 5a33ce1, and passes after it):
 
 Writing and media (issue #50): why the checker missed each defect, and which part of it now finds
 it (each is a replayed case, ``issue50-*`` in ``cases.jsonl``; each failed on 53f5928, the code
-before the fixes, with the failure its ``found`` quotes, and passes on c58d05a, with the fixes):
+before the fixes, with the failure its ``found`` quotes, and passes on 44d57a1, with the fixes):
 
 1. ``prepare`` scrambled the columns after a blob column in every unit after the first commit
    (``issue50-blob-units``, ``issue50-blob-units-webdataset-rerun``). Missed: the only prepare the
