@@ -127,13 +127,13 @@ def read_epoch(loader: Any, layout: Layout) -> Iterator[Any]:
     """The epoch's items of ``loader`` (a `LanceDataLoader` with workers), from whichever side the
     race has chosen, starting the workers while reading in process when it needs them."""
     race = loader.race
-    running = loader.persistent_workers and loader._iterator is not None
-    if loader._worker_start is None and (not handoff_enabled() or (running and race.choice == "workers")):
-        return loader._from_workers(loader._start_workers())  # torch starts them, or resets running ones
+    running = loader.workers_running
+    if loader.worker_start is None and (not handoff_enabled() or (running and race.choice == "workers")):
+        return loader.from_workers(loader.start_workers())  # torch starts them, or resets running ones
     if race.choice == "in_process":
         return _in_process_epoch(loader)
-    if running and loader._worker_start is None:  # undecided, persistent workers up: their trial
-        return _trial(loader, loader._start_workers(), layout, 0)
+    if running and loader.worker_start is None:  # undecided, persistent workers up: their trial
+        return _trial(loader, loader.start_workers(), layout, 0)
     return _handing_over(loader, layout)
 
 
@@ -141,18 +141,18 @@ def _in_process_epoch(loader: Any) -> Iterator[Any]:
     """The rest of the epoch (from the dataset's start row) read in process; the choice re-checked
     at its end."""
     race, rows = loader.race, loader.dataset.plan.batch_size
-    yield from _timed(loader._in_process(), lambda n, s: race.in_process(n, n * rows, s))
+    yield from _timed(loader.in_process(), lambda n, s: race.in_process(n, n * rows, s))
     race.decide()
 
 
 def _handing_over(loader: Any, layout: Layout) -> Iterator[Any]:
     """This process's batches until workers can start without delay (`WorkerStart`), then theirs."""
     race, dataset = loader.race, loader.dataset
-    if loader._worker_start is None:
-        loader._worker_start = WorkerStart(loader.multiprocessing_context).start()
-    starting = loader._worker_start
+    if loader.worker_start is None:
+        loader.worker_start = WorkerStart(loader.multiprocessing_context).start()
+    starting = loader.worker_start
     epoch, _ = dataset.control.get()
-    own = loader._in_process()
+    own = loader.in_process()
     rows = dataset.plan.batch_size
     read = 0
     try:
@@ -171,8 +171,8 @@ def _handing_over(loader: Any, layout: Layout) -> Iterator[Any]:
         handed = handover_step(layout, read + dataset.prefetch_batches, window)
         starting.wait()
         dataset.set_epoch(epoch, layout.start + layout.rows_after(handed))
-        workers = loader._start_workers()
-        loader._worker_start = None
+        workers = loader.start_workers()
+        loader.worker_start = None
         race.new_workers()
         yield from itertools.islice(own, handed - read)
     finally:
@@ -185,7 +185,7 @@ def _trial(loader: Any, raw: Iterator[Any], layout: Layout, step: int) -> Iterat
     the workers keep reading, or they stop and this process reads on from their first batch not
     delivered."""
     race, dataset = loader.race, loader.dataset
-    workers = loader._from_workers(raw)
+    workers = loader.from_workers(raw)
     if race.choice == "workers":
         yield from workers
         return
@@ -207,7 +207,7 @@ def _trial(loader: Any, raw: Iterator[Any], layout: Layout, step: int) -> Iterat
     finally:
         if decided == "in_process":
             workers.close()
-            loader._stop_workers(raw)
+            loader.stop_workers(raw)
     if decided == "workers":
         yield from workers
         return

@@ -248,10 +248,10 @@ class LanceDataLoader(DataLoader):
             else None,
         )
         #: What this process waits on, reading, before it starts its workers (`WorkerStart`), if any.
-        self._worker_start: WorkerStart | None = None
+        self.worker_start: WorkerStart | None = None
         #: Who reads the batches, the workers or this process (`lance_lightning.load.race`).
         self.race = Race(num_workers, prefetch_factor) if num_workers > 0 else None
-        #: The dataset this process reads with when it has workers (`_in_process`).
+        #: The dataset this process reads with when it has workers (`in_process`).
         self._own_reader: LanceIterableDataset | None = None
         if num_workers > 0:  # the slabs are this loader's: forgotten with it
             weakref.finalize(self, self.worker_init_fn.keywords["slabs"].close)
@@ -329,10 +329,15 @@ class LanceDataLoader(DataLoader):
         straight from the dataset (its batches are final: torch's single-process iterator only
         added per-batch bookkeeping)."""
         if self.num_workers == 0:
-            return self._in_process()
+            return self.in_process()
         return read_epoch(self, layout)
 
-    def _in_process(self) -> Iterator[Any]:
+    @property
+    def workers_running(self) -> bool:
+        """Whether persistent workers are up from an earlier epoch (torch keeps their iterator)."""
+        return self.persistent_workers and self._iterator is not None
+
+    def in_process(self) -> Iterator[Any]:
         """This process's batches. With workers configured (reading while they start, or chosen by
         the race) a copy of the dataset reads, with the reader threads of all the workers (the
         cores they would use) and pinning as torch pins theirs."""
@@ -346,13 +351,13 @@ class LanceDataLoader(DataLoader):
             dataset = self._own_reader
         return dataset.produce(Shipping(stats=False, positions=self._ship_positions))
 
-    def _from_workers(self, raw: Iterator[Any]) -> Iterator[Any]:
+    def from_workers(self, raw: Iterator[Any]) -> Iterator[Any]:
         """torch's iterator, guarded against dead workers, recording how many batches wait."""
         batches = self._guarded(raw)
         queue = getattr(raw, "_data_queue", None)
         return batches if self.meter is None or queue is None else _polling_workers(batches, queue, self.meter)
 
-    def _start_workers(self) -> Iterator[Any]:
+    def start_workers(self) -> Iterator[Any]:
         """torch's multi-process iterator (it starts the workers, or resets persistent ones)."""
         shared_temp_dir()  # before torch builds the workers' Process objects, which copy it
         try:
@@ -365,7 +370,7 @@ class LanceDataLoader(DataLoader):
                 STARTING_HINT,
             ) from error
 
-    def _stop_workers(self, raw: Iterator[Any]) -> None:
+    def stop_workers(self, raw: Iterator[Any]) -> None:
         """Shut down the workers of torch's iterator ``raw`` (the race chose this process)."""
         shutdown = getattr(raw, "_shutdown_workers", None)
         if shutdown is not None:
