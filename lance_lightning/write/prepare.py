@@ -12,7 +12,8 @@ Guarantees:
   progress bar on stderr, and returns a `PrepareReport`: rows, bytes in and out, rows/s, files
   skipped and why. On a complete output it writes nothing and says so.
 - Prepares of one local output are serialised by a lock file (``OUT.lock``): DDP ranks of one node,
-  or two shells, never interleave their commits; the second finds the output complete.
+  or two shells, never interleave their commits; the second finds the output complete. The lock
+  file is removed by its holder once the output is complete (it stays beside an unfinished one).
 - `prepare_sources` prepares every source of a data module that has a ``prepare`` spec, once per
   output URI, and returns one line per output for ``explain()`` and the logs.
 """
@@ -65,11 +66,12 @@ def prepare(
     check_index_columns(spec.index, survey.schema)
     units = plan_units(survey.items, spec.unit_files, spec.unit_bytes)
     writer = DatasetWriter(output, survey, fingerprint(spec.format, survey, units, spec.index), storage_options)
-    with _Lock(output):
+    with _Lock(output) as lock:
         writer.discard_empty_staging()
         state = writer.progress()
         base = {"format": spec.format, "input": str(survey.root), "output": output, "units": len(units)}
         if state.complete:
+            lock.done()
             return _complete(writer, state, base)
         workers = spec.workers or min(4, os.cpu_count() or 1)
         # -- units not yet committed: written on `workers` threads, committed in order --
@@ -91,6 +93,7 @@ def prepare(
         record = {"fingerprint": writer.fingerprint, "format": spec.format, "input": str(survey.root)}
         record |= {"skipped": [list(p) for p in pairs[:RECORDED_SKIPS]], "skipped_count": len(pairs)}
         dataset = writer.finish(record, spec.index)
+        lock.done()
         return PrepareReport(
             **base,
             status="resumed" if state.committed else "prepared",
@@ -167,21 +170,38 @@ def _bar(total: int, initial: int, enabled: bool) -> Any:
 
 class _Lock:
     """An exclusive ``flock`` on ``OUT.lock`` for a local output (released by the OS if the process
-    dies); nothing for an object store, where one prepare per output is the caller's to ensure."""
+    dies); nothing for an object store, where one prepare per output is the caller's to ensure.
+    After a prepare that completed (`done`), its holder deletes the file while still holding it; a
+    prepare that was waiting on the deleted file finds, once it holds it, that the path no longer
+    names it and locks the path again (so two holders never hold two files of one path)."""
 
     def __init__(self, output: str) -> None:
         self.path = Path(f"{output.rstrip('/')}.lock") if is_local(output) else None
         self._file: Any = None
+        self.complete = False
 
     def __enter__(self) -> _Lock:
         if self.path is not None:
             import fcntl
 
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a+")  # noqa: SIM115 - closed in __exit__
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
+            while True:
+                self._file = open(self.path, "a+")  # noqa: SIM115 - closed in __exit__
+                fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
+                try:
+                    if os.stat(self.path).st_ino == os.fstat(self._file.fileno()).st_ino:
+                        return self
+                except FileNotFoundError:
+                    pass
+                self._file.close()  # its holder deleted it after completing: lock the path anew
         return self
+
+    def done(self) -> None:
+        """The output is complete (and in place): the lock file goes when the lock is released."""
+        self.complete = True
 
     def __exit__(self, *exc: Any) -> None:
         if self._file is not None:
+            if self.complete and exc[0] is None and self.path is not None:
+                self.path.unlink(missing_ok=True)  # while held: see the class docstring
             self._file.close()

@@ -1,7 +1,7 @@
 """The closing report of a prepare: what was written, how fast, and which files were left out and why.
 
 Guarantees: a `PrepareReport` states the output's rows, the rows, input bytes and seconds of this
-run (rows/s from them), the bytes of the output's data files, the units adopted from an
+run (rows/s from them), the bytes of the output's data files (blob files included), the units adopted from an
 interrupted run, and every skipped file with its reason (the first `SHOWN_SKIPS` in the text, all
 of them in ``skipped`` up to the completion record's limit). ``status`` is ``prepared``,
 ``resumed`` or ``complete`` (nothing was written: the output already was complete).
@@ -10,8 +10,10 @@ of them in ``skipped`` up to the completion record's limit). ``status`` is ``pre
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import lance
+import pyarrow as pa
 
 #: Skipped files listed in the report's text (all are counted).
 SHOWN_SKIPS = 20
@@ -50,10 +52,11 @@ class PrepareReport:
                 f"prepare: {self.output} is already complete ({self.rows:,} rows from {self.format} "
                 f"{self.input}): nothing to do"
             )
-        resumed = f", resumed after {self.units_adopted} of {self.units} units" if self.units_adopted else ""
+        resumed = f", resumed after {self.units_adopted} of {_count(self.units, 'unit')}" if self.units_adopted else ""
         return (
-            f"prepare: {self.output} {self.status} from {self.format} {self.input}: {self.rows:,} rows "
-            f"in {self.units} units{resumed}, {self.seconds:.1f} s, {self.skipped_count} files skipped"
+            f"prepare: {self.output} {self.status} from {self.format} {self.input}: {_count(self.rows, 'row')} "
+            f"in {_count(self.units, 'unit')}{resumed}, {self.seconds:.1f} s, "
+            f"{_count(self.skipped_count, 'file')} skipped"
         )
 
     def text(self) -> str:
@@ -73,10 +76,33 @@ class PrepareReport:
 
 
 def output_bytes(dataset: lance.LanceDataset) -> int:
-    """Bytes of the dataset's data files (as their fragments record them)."""
-    return sum(
-        data_file.file_size_bytes or 0 for fragment in dataset.get_fragments() for data_file in fragment.metadata.files
-    )
+    """Bytes of the files the dataset's fragments reference: each data file (as its fragment records
+    it) and the blob files Lance keeps beside it (``data/<data file>/*.blob``: blob columns' values)."""
+    total = 0
+    for fragment in dataset.get_fragments():
+        for data_file in fragment.metadata.files:
+            total += (data_file.file_size_bytes or 0) + _blob_bytes(dataset.uri, data_file.path)
+    return total
+
+
+def _blob_bytes(uri: str, data_file: str) -> int:
+    """Bytes of the blob files beside ``data_file`` (its folder ``data/<stem>/``), 0 if none (or if
+    the store cannot be listed without the dataset's credentials)."""
+    folder = f"{uri.rstrip('/')}/data/{data_file.removesuffix('.lance')}"
+    try:
+        if "://" not in uri:
+            return sum(entry.stat().st_size for entry in Path(folder).iterdir() if entry.is_file())
+        from pyarrow import fs
+
+        store, path = fs.FileSystem.from_uri(folder)
+        return sum(info.size or 0 for info in store.get_file_info(fs.FileSelector(path, allow_not_found=True)))
+    except (OSError, ValueError, pa.ArrowException):
+        return 0
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 unit``, ``2 units``, ``1,024 rows``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _size(nbytes: float) -> str:

@@ -218,17 +218,46 @@ class DatasetWriter:
         self, unit: Unit, read: UnitReader, on_bad_file: str, on_rows: Callable[[int], None] | None
     ) -> tuple[Written, list[Skipped]]:
         """Write one unit's rows as fragment files (not yet part of any version), in Lance's append
-        mode: numbered by the staging dataset's schema when it exists, else as the dataset that unit
-        0 creates would number them (an ``Overwrite`` holding that schema; `commit` checks it is the
-        dataset's). Never Lance's overwrite mode on an existing dataset: that numbers the fields anew
+        mode (create mode before unit 0's commit, the same write): numbered by the staging
+        dataset's schema when it exists, else as the dataset that unit 0 creates would number them
+        (an ``Overwrite`` holding that schema; `commit` checks it is the dataset's). Never Lance's
+        overwrite mode on an existing dataset: that numbers the fields anew
         and stores blob columns another way, so every column after a blob would be read from
         another column's data (issue #50)."""
+        # Lance's create mode where no staging dataset exists yet: what its append mode does there
+        # (the same ``Overwrite``, numbered alike), without the "No existing dataset ... it will be
+        # created" warning it prints into the progress bar. A dataset committed meanwhile (unit 0)
+        # makes create fail before a file is written: the unit is then read again in append mode.
+        modes = ("append",) if self._staged() else ("create", "append")
+        for mode in modes:
+            try:
+                return self._write_unit(unit, read, on_bad_file, on_rows, mode)
+            except _AlreadyCreated as again:
+                if on_rows is not None:
+                    on_rows(-again.rows)  # those rows are counted again by the append
+        raise AssertionError("unreachable: append mode never raises _AlreadyCreated")
+
+    def _staged(self) -> bool:
+        """Whether the staging dataset has a version (unit 0 committed)."""
+        if is_local(self.staging):
+            return (Path(self.staging) / "_versions").is_dir()
+        try:
+            lance.dataset(self.staging, storage_options=self.storage_options)
+        except (ValueError, OSError):
+            return False
+        return True
+
+    def _write_unit(
+        self, unit: Unit, read: UnitReader, on_bad_file: str, on_rows: Callable[[int], None] | None, mode: str
+    ) -> tuple[Written, list[Skipped]]:
         skipped: list[Skipped] = []
         failed: list[Exception] = []
+        rows = [0]
 
         def batches() -> Any:
             try:
                 for batch in read(self.survey, unit, skipped, on_bad_file):
+                    rows[0] += batch.num_rows
                     if on_rows is not None:
                         on_rows(batch.num_rows)
                     yield batch
@@ -243,13 +272,15 @@ class DatasetWriter:
                 self.staging,
                 schema=self.survey.schema,
                 return_transaction=True,
-                mode="append",
+                mode=mode,
                 max_rows_per_file=MAX_ROWS_PER_FILE,
                 storage_options=self.storage_options,
             )
-        except Exception:
+        except Exception as error:
             if failed:  # Lance wraps what the reader raised (a `ConfigError` naming a file): raise that
                 raise failed[0] from None
+            if mode == "create" and "already exists" in str(error):
+                raise _AlreadyCreated(rows[0]) from None
             raise
         return transaction.operation, skipped
 
@@ -362,6 +393,14 @@ class _RayFuture(Future):
     def cancel(self) -> bool:
         self._ray.cancel(self._ref)
         return True
+
+
+class _AlreadyCreated(Exception):
+    """A create-mode write found the staging dataset created meanwhile (after reading ``rows``)."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__(rows)
+        self.rows = rows
 
 
 class IntegrityError(RuntimeError):

@@ -46,7 +46,7 @@ def _by_path(uri: str) -> dict[str, dict]:
 @pytest.mark.slow
 def test_videofolder_columns_equal_the_whole_stream_decode_and_a_non_video_is_skipped(tmp_path: Path) -> None:
     items, uri, output = _prepared(tmp_path, "video")
-    assert "1 files skipped" in output and "b/x.mp4" in output, output
+    assert "1 file skipped" in output and "b/x.mp4" in output, output
     rows = _by_path(uri)
     assert sorted(rows) == sorted(f"a/{item.name}" for item in items)  # x.mp4 is not a row
     schema = lance.dataset(uri).schema
@@ -65,7 +65,7 @@ def test_videofolder_columns_equal_the_whole_stream_decode_and_a_non_video_is_sk
 @pytest.mark.slow
 def test_audiofolder_columns_equal_the_whole_stream_decode_and_a_non_audio_is_skipped(tmp_path: Path) -> None:
     items, uri, output = _prepared(tmp_path, "audio")
-    assert "1 files skipped" in output and "b/x.wav" in output, output
+    assert "1 file skipped" in output and "b/x.wav" in output, output
     rows = _by_path(uri)
     assert sorted(rows) == sorted(f"a/{item.name}" for item in items)
     for item in items:
@@ -87,7 +87,7 @@ def test_a_video_with_no_video_stream_is_skipped_and_listed(tmp_path: Path) -> N
     code, output = run_cli_process(
         ["prepare", "--format", "videofolder", "--input", str(tmp_path / "in"), "--output", out], tmp_path
     )
-    assert code == 0 and "1 files skipped" in output and "a/sound.mp4" in output and "no video stream" in output
+    assert code == 0 and "1 file skipped" in output and "a/sound.mp4" in output and "no video stream" in output
     assert list(_by_path(out)) == ["a/ok.mp4"]
     # --on-bad-file error: refused before anything is written, on one screen naming the file
     again = str(tmp_path / "refused.lance")

@@ -112,7 +112,7 @@ def test_fifos_sockets_links_and_non_utf8_names_are_skipped_and_listed(tmp_path:
         text=True,
         timeout=120,  # a FIFO opened for reading would block forever: this bound is "never a hang"
     )
-    assert run.returncode == 0 and "3 rows in 1 units" in run.stdout and "5 files skipped" in run.stdout, run.stderr
+    assert run.returncode == 0 and "3 rows in 1 unit" in run.stdout and "5 files skipped" in run.stdout, run.stderr
     listed = {line.split(": ", 1)[0].removeprefix("  skipped ") for line in run.stdout.splitlines()[2:]}
     assert listed == odd, run.stdout
     assert "is a dangling symbolic link" in run.stdout and "is a symbolic link loop" in run.stdout
@@ -176,7 +176,8 @@ def test_a_full_disk_ends_in_a_few_lines_and_the_rerun_completes(tmp_path: Path,
         expected = [{"id": i, **row} for i, row in enumerate(whole.to_pylist())]
     out = small_disk / "out.lance"
     run = _prepare([*args, "--output", str(out)])
-    _one_screen(run, 1, "stopped: the output's disk is full", "output is intact", "lance-lightning prepare --format")
+    _one_screen(run, 1, "stopped: the output's disk is full", "output is intact", "lance-lightning prepare ")
+    assert f"--format {fmt} --input" in run.stderr  # the command to rerun, as given
     assert not out.exists()  # never looks complete
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
     _rerun_equals(args, out, expected)
