@@ -107,8 +107,28 @@ def prepare(
             pool=spec.pool,
             skipped=pairs,
             skipped_count=len(pairs),
-            notes=[*survey.info.get("notes", []), *[f"index: {i}" for i in _record(dataset).get("indexes", [])]],
+            notes=[
+                *survey.info.get("notes", []),
+                *storage_notes(dataset, survey),
+                *[f"index: {i}" for i in _record(dataset).get("indexes", [])],
+            ],
         )
+
+
+def storage_notes(dataset: lance.LanceDataset, survey: Survey) -> list[str]:
+    """One line per binary column: how the dataset stores it (Lance's blob type as the dataset
+    reports it, or inline large_binary) and why (`BLOB_BYTES`; media files are always blobs)."""
+    why: dict[str, str] = survey.info.get("why", {})
+    notes = []
+    for planned in survey.schema:
+        blob = (planned.metadata or {}).get(b"lance-encoding:blob") == b"true"
+        if not (blob or planned.name in why):
+            continue
+        stored = str(dataset.schema.field(planned.name).type)
+        how = f"as Lance blobs ({stored})" if blob else "inline (large_binary)"
+        reason = why.get(planned.name, "video and audio files are read a window at a time")
+        notes.append(f"column `{planned.name}` stored {how}: {reason} (benchmarks/results/blob_encoding.md)")
+    return notes
 
 
 def _complete(writer: DatasetWriter, state: Progress, base: dict[str, Any]) -> PrepareReport:

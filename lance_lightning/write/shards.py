@@ -48,7 +48,9 @@ _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 #: Rows per record batch handed to the fragment writer.
 BATCH_ROWS = 256
 #: An extension's files of this mean size or more are stored as Lance blobs: through the loader plain
-#: binary read faster up to 110 KiB and blobs at 1 MiB (benchmarks/results/blob_layout.md).
+#: binary read faster up to 110 KiB and blobs at 1 MiB (benchmarks/results/blob_layout.md); Lance's
+#: own calls agree (benchmarks/results/blob_encoding.md: inline wins at 4 KiB, mixed at 64 KiB,
+#: blobs write ~10x and range-read ~10x faster at 1 MiB).
 BLOB_BYTES = 1 << 20
 
 
@@ -117,7 +119,7 @@ class WebDataset:
                     "input", ext, f"the extension's column `{column}` clashes with another column", "rename the files"
                 )
         fields = [pa.field("key", pa.string()), pa.field("shard", pa.string())]
-        notes = []
+        notes, why = [], {}
         for ext, column in columns.items():
             count, total = extensions[ext]
             if ext in typers:  # WebDataset's own decoding: int64, string, struct (or bytes, noted)
@@ -125,9 +127,12 @@ class WebDataset:
                 notes += [note for note in [typers[ext].note(column)] if note]
                 continue
             blob = total >= BLOB_BYTES * count
+            why[column] = (
+                f"its members average {total / count / 1024:,.0f} KiB, {'at least' if blob else 'under'} 1 MiB"
+            )
             fields.append(pa.field(column, pa.large_binary(), metadata=BLOB_METADATA if blob else None))
         kinds = {ext: kind(ext) for ext in columns}
-        info = {"columns": columns, "kinds": kinds, "notes": notes}
+        info = {"columns": columns, "kinds": kinds, "notes": notes, "why": why}
         return Survey(root, items, with_id(fields, where="the extensions of the shards' members"), skipped, info)
 
     def read(self, survey: Survey, unit: Unit, skipped: list[Skipped], on_bad_file: str) -> Iterator[pa.RecordBatch]:

@@ -1,7 +1,7 @@
 """Small frictions of ``lance-lightning prepare`` (issue #52), through the CLI in a subprocess: no
 Lance "No existing dataset ... it will be created" warning in the progress bar, "1 unit" (not
 "1 units"), no ``OUT.lock`` left beside a finished dataset, and the report's dataset size counting
-the blob files beside the data files."""
+the blob files beside the data files, and the encoding each binary column got (and why)."""
 
 from __future__ import annotations
 
@@ -55,11 +55,11 @@ def test_a_fresh_prepare_prints_no_lance_warning_says_1_unit_and_leaves_no_lock(
     assert "already complete" in again.stdout and not Path(f"{out}.lock").exists()
 
 
-def test_the_reports_dataset_size_counts_blob_files(tmp_path: Path) -> None:
+def test_the_report_counts_blob_files_and_says_which_encoding_each_column_got(tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     with tarfile.open(tmp_path / "in" / "a.tar", "w") as tar:
         for n in range(3):
-            for ext, data in (("mp4", bytes([n]) * ((1 << 20) + n)), ("cls", b"%d" % n)):
+            for ext, data in (("mp4", bytes([n]) * ((1 << 20) + n)), ("cls", b"%d" % n), ("jpg", b"j" * 4096)):
                 info = tarfile.TarInfo(f"clip{n}.{ext}")
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
@@ -69,3 +69,11 @@ def test_the_reports_dataset_size_counts_blob_files(tmp_path: Path) -> None:
     on_disk = sum(p.stat().st_size for p in (tmp_path / "two.lance" / "data").rglob("*") if p.is_file())
     assert on_disk > 3 << 20  # the blobs' bytes are in files beside the data file
     assert f"-> dataset {_size(on_disk)}," in run.stdout, (run.stdout, on_disk)
+    # which encoding each binary column got, as the dataset reports it, and why
+    stored = lance.dataset(str(tmp_path / "two.lance")).schema
+    assert "blob.v2" in str(stored.field("mp4").type) and str(stored.field("jpg").type) == "large_binary"
+    assert (
+        f"note: column `mp4` stored as Lance blobs ({stored.field('mp4').type}): its members average 1,024 KiB, "
+        "at least 1 MiB (benchmarks/results/blob_encoding.md)"
+    ) in run.stdout, run.stdout
+    assert "note: column `jpg` stored inline (large_binary): its members average 4 KiB, under 1 MiB" in run.stdout
