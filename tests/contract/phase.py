@@ -56,6 +56,7 @@ from torch import nn  # noqa: E402
 
 from lance_lightning import LanceDataModule  # noqa: E402
 from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF  # noqa: E402
+from lance_lightning.load.race import CHOICE_SWITCH  # noqa: E402
 from tests.contract import prepared, replay, truth  # noqa: E402
 from tests.contract.scenario import Scenario, Topology  # noqa: E402
 from tests.videos import FPS  # noqa: E402
@@ -471,7 +472,9 @@ def run_phase(spec: dict[str, Any]) -> None:
 
 def scenario_environment(scenario: Scenario) -> dict[str, str]:
     """The environment variables a scenario's runs set (its processes and the ranks they launch)."""
-    return {HANDOFF: "off"} if scenario.handoff is False else {}
+    if scenario.handoff is False:
+        return {HANDOFF: "off"}
+    return {CHOICE_SWITCH: scenario.worker_choice} if scenario.worker_choice is not None else {}
 
 
 def _run_python(scenario: Scenario, role: str, root: str, spec: dict[str, Any], out: Recorder) -> None:

@@ -292,6 +292,11 @@ class Scenario:
     media: Media | None = None
     #: False: only the parts above run (a replayed case of one of them; the fit is not run).
     fit: bool | None = None
+    #: Who reads when workers are configured (``LANCE_LIGHTNING_WORKER_CHOICE``, issue #51):
+    #: ``"in_process"`` (the workers' trial loses: this process reads on from their first batch not
+    #: delivered), ``"race"`` (measured; either outcome); None: the suite's default, the workers
+    #: (tests/conftest.py); absent from the JSON.
+    worker_choice: str | None = None
 
     @property
     def sources(self) -> list[Source]:
@@ -341,7 +346,8 @@ _SCHEDULE_FIELDS = ("schedule", "interpolate", "step_samples")
 SMALL_WIDE_BYTES = 96 * 1024
 #: Fields of `Scenario` left out of the JSON when None.
 _LATER_FIELDS = (
-    "store", "replay", "prepare", "clips", "wide", "handoff", "wide_bytes", "ingest", "writing", "media", "fit"
+    "store", "replay", "prepare", "clips", "wide", "handoff", "wide_bytes", "ingest", "writing", "media", "fit",
+    "worker_choice",
 )  # fmt: skip
 #: Fields added to a part of `Scenario` later, left out of the JSON while at their default (so
 #: that every scenario written before them reads and writes the same line).
@@ -450,6 +456,8 @@ def generate(seed: int) -> Scenario:
             scenario = replace(scenario, wide_bytes=SMALL_WIDE_BYTES)
     if workers and random.Random(f"{seed}-handoff").random() < 0.3:
         scenario = replace(scenario, handoff=False)
+    elif workers and not scenario.wide and (draw := random.Random(f"{seed}-choice").random()) < 0.4:
+        scenario = replace(scenario, worker_choice="in_process" if draw < 0.25 else "race")
     return draw_parts(seed, _prepare(random.Random(f"{seed}-prepare"), scenario))
 
 

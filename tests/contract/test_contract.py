@@ -136,6 +136,8 @@ def test_sample_covers_the_options() -> None:
         "batches over 1 MiB from workers (slabs)": any(s.wide and s.wide_bytes is None for s in wide),
         "runs of 96 KiB batches from workers (one slab a run)": any(s.wide and s.wide_bytes for s in wide),
         "workers waited for (no hand-over)": any(s.handoff is False for s in scenarios),
+        "workers' trial lost: this process reads on": any(s.worker_choice == "in_process" for s in scenarios),
+        "who reads decided by the measured race": any(s.worker_choice == "race" for s in scenarios),
         "first batches read while workers start": any(
             s.handoff is None and (s.topology.num_workers or s.resume.topology.num_workers) for s in scenarios
         ),

@@ -370,7 +370,9 @@ def test_plan_printed_after_resume_describes_the_repinned_version(tmp_path: Path
     assert len(plans) == 1, lines
     assert "@ version 1," in plans[0] and "rows: 300 of 300" in plans[0], plans[0]
     assert f"batches: {ROWS // BATCH} per rank" in plans[0], plans[0]
-    assert f"resume: data epoch 0 at row {K * BATCH} of 300 (version 1; {K} step(s) of trainer epoch 0 done)" in plans[0], plans[0]
+    assert (
+        f"resume: data epoch 0 at row {K * BATCH} of 300 (version 1; {K} step(s) of trainer epoch 0 done)" in plans[0]
+    ), plans[0]
     assert max(flat(b.seen)) < ROWS
 
 
