@@ -7,8 +7,9 @@ Guarantees:
   - ``cls``, ``cls2``, ``class``, ``count``, ``index``, ``inx``: int64, each member ``int(bytes)``
     (surrounding whitespace allowed, as Python's ``int`` allows);
   - ``txt``, ``text``, ``transcript``: string, each member decoded as UTF-8;
-  - ``json``, ``jsn``: a struct when every member is a JSON object with the same keys (the field
-    types pyarrow infers from all of them), else a string column holding each member's text.
+  - ``json``, ``jsn``: a struct when every member is a JSON object with the same keys and each
+    reads back from the struct (pyarrow's inferred field types) equal to its parsed JSON, else a
+    string column holding each member's text.
   - any other extension: binary, the member's bytes (as before).
 - Nothing is lost or guessed: if one member does not fit its extension's type (not an integer, out
   of int64's range, not UTF-8, not JSON), the whole column stays binary (the members' bytes) and the
@@ -51,6 +52,7 @@ class ColumnTyper:
         self._keys: tuple[str, ...] | None = None
         self._objects = True
         self._examples: dict[pa.DataType, dict[str, Any]] = {}  # one object per inferred type
+        self._big_int = False  # an integer a double cannot hold exactly (if unified with floats)
 
     def see(self, where: str, data: bytes) -> None:
         """Check one member (``where`` names it: shard:key.ext)."""
@@ -70,7 +72,12 @@ class ColumnTyper:
 
     def _merge(self, value: dict[str, Any]) -> None:
         try:
-            self._examples.setdefault(pa.array([value]).type, value)
+            array = pa.array([value])
+            if array.to_pylist()[0] != value:  # e.g. a list of objects with other keys: nulls added
+                self._objects = False
+                return
+            self._examples.setdefault(array.type, value)
+            self._big_int = self._big_int or _has_big_int(value)
         except (pa.ArrowException, ValueError, TypeError, OverflowError):
             self._objects = False
 
@@ -80,10 +87,15 @@ class ColumnTyper:
         if not (self._objects and self._keys and self._examples):
             return None
         try:
-            struct = pa.array(list(self._examples.values())).type
+            examples = list(self._examples.values())
+            array = pa.array(examples)
         except (pa.ArrowException, ValueError, TypeError, OverflowError):
             return None
-        return struct if pa.types.is_struct(struct) else None
+        if not pa.types.is_struct(array.type) or array.to_pylist() != examples:
+            return None  # an object would not read back as itself (nested keys that differ)
+        if self._big_int and len(self._examples) > 1:
+            return None  # its types were unified: an integer past 2**53 might become a rounded double
+        return array.type
 
     def arrow_type(self) -> pa.DataType:
         """The column's type (binary when a member did not fit)."""
@@ -101,6 +113,14 @@ class ColumnTyper:
             return None
         wanted = {"int": "integers", "text": "UTF-8 text", "json": "JSON"}[self.kind]
         return f"column `{column}` kept as bytes, not {wanted}: {self.problem}"
+
+
+def _has_big_int(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_has_big_int(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_big_int(v) for v in value)
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) > 1 << 53
 
 
 def decode(kind_: str, data: bytes) -> Any:
