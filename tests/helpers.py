@@ -514,3 +514,35 @@ def _rewrite_in_place(path: Path, data: bytes) -> None:
         file.write(data)
         file.truncate(len(data))
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def fit_recording(
+    root: Path, datamodule: Any, *, ckpt_every: int = 0, ckpt: Path | None = None, **trainer_kwargs: Any
+) -> RecordingModel:
+    """``Trainer.fit`` of a fresh `RecordingModel` on CPU with `DataCursorCheckpoint` (and, with
+    ``ckpt_every``, a checkpoint every that many steps in ``root/ckpt/step=N.ckpt``), resumed from
+    ``ckpt`` when given; returns the model (its ``seen`` ids)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lance_lightning import DataCursorCheckpoint
+
+    callbacks: list[Any] = [DataCursorCheckpoint()]
+    if ckpt_every:
+        callbacks.append(
+            ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=ckpt_every, save_top_k=-1)
+        )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(ckpt_every),
+        default_root_dir=str(root),
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+        **trainer_kwargs,
+    )
+    model = RecordingModel()
+    trainer.fit(model, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+    return model

@@ -12,10 +12,9 @@ import lance.namespace
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lance_lightning import ConfigError, DataCursorCheckpoint, LanceDataModule, LanceSource, Prepare, RowShuffle
-from tests.helpers import RecordingModel, make_table, run_cli
+from lance_lightning import ConfigError, LanceDataModule, LanceSource, Prepare, RowShuffle
+from tests.helpers import RecordingModel, fit_recording, make_table, run_cli
 
 ROWS, BATCH, K = 90, 10, 3
 
@@ -34,42 +33,20 @@ def _dm(namespace: dict[str, Any], **source: Any) -> LanceDataModule:
     return LanceDataModule(train=train, batch_size=BATCH, shuffle=RowShuffle(seed=3))
 
 
-def _fit(root: Path, dm: LanceDataModule, *, ckpt_every: int = 0, ckpt: Path | None = None, **kwargs: Any):
-    callbacks: list[Any] = [DataCursorCheckpoint()]
-    if ckpt_every:
-        callbacks.append(
-            ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=ckpt_every, save_top_k=-1)
-        )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=bool(ckpt_every),
-        default_root_dir=str(root),
-        num_sanity_val_steps=0,
-        callbacks=callbacks,
-        **kwargs,
-    )
-    model = RecordingModel()
-    trainer.fit(model, datamodule=dm, ckpt_path=str(ckpt) if ckpt else None)
-    return model
-
-
 def test_a_catalog_table_trains_and_resumes_like_its_uri(tmp_path: Path, catalog: dict[str, Any]) -> None:
     location = str(tmp_path / "catalog" / "images.lance")
-    by_uri = _fit(
+    by_uri = fit_recording(
         tmp_path / "uri",
         LanceDataModule(train=LanceSource(location, columns=["id", "x"]), batch_size=BATCH, shuffle=RowShuffle(3)),
         max_epochs=2,
     )
     dm = _dm(catalog)
-    _fit(tmp_path / "a", dm, ckpt_every=K, max_steps=K)
+    fit_recording(tmp_path / "a", dm, ckpt_every=K, max_steps=K)
     assert f"split 'train': {location} @ version 1" in dm.explain(), dm.explain()
     checkpoint = tmp_path / "a" / "ckpt" / f"step={K}.ckpt"
     assert torch.load(checkpoint, weights_only=True)["LanceDataModule"]["train_cursor"]["plan"]["uri"] == location
     lance.write_dataset(make_table(30, start=ROWS), location, mode="append")  # the table moves on: version 2
-    resumed = _fit(tmp_path / "b", _dm(catalog), max_epochs=2, ckpt=checkpoint)
+    resumed = fit_recording(tmp_path / "b", _dm(catalog), max_epochs=2, ckpt=checkpoint)
     assert resumed.seen == by_uri.seen[K:], "the resume from a catalog table lost or repeated rows"
 
 

@@ -18,10 +18,9 @@ import lance
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lance_lightning import ConfigError, DataCursorCheckpoint, LanceDataModule, LanceSource, RowShuffle
-from tests.helpers import RecordingModel, append_rows, flat, run_cli, write_dataset
+from lance_lightning import ConfigError, LanceDataModule, LanceSource, RowShuffle
+from tests.helpers import RecordingModel, append_rows, fit_recording, flat, run_cli, write_dataset
 
 ROWS, BATCH, K = 120, 10, 4
 
@@ -44,29 +43,6 @@ def _dm(uri: str, **source: Any) -> LanceDataModule:
     )
 
 
-def _fit(root: Path, dm: LanceDataModule, *, ckpt_every: int = 0, ckpt: Path | None = None, **kwargs: Any):
-    callbacks: list[Any] = [DataCursorCheckpoint()]
-    if ckpt_every:
-        callbacks.append(
-            ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=ckpt_every, save_top_k=-1)
-        )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=bool(ckpt_every),
-        default_root_dir=str(root),
-        num_sanity_val_steps=0,
-        callbacks=callbacks,
-        **kwargs,
-    )
-    model = RecordingModel()
-    trainer.fit(model, datamodule=dm, ckpt_path=str(ckpt) if ckpt else None)
-    return model
-
-
 @contextlib.contextmanager
 def _printed() -> Iterator[list[str]]:
     """The lines the data module prints through Lightning's rank-zero logger (the plan, the resume line)."""
@@ -86,8 +62,8 @@ def test_a_tag_or_a_moment_pins_the_version_it_names(tmp_path: Path, tagged: tup
     uri, between = tagged
     source = {"version": "release-1"} if named == "tag" else {"asof": between.isoformat()}
     dm = _dm(uri, **source)
-    by_number = _fit(tmp_path / "n", _dm(uri, version=1), max_epochs=2)
-    model = _fit(tmp_path / "t", dm, max_epochs=2)
+    by_number = fit_recording(tmp_path / "n", _dm(uri, version=1), max_epochs=2)
+    model = fit_recording(tmp_path / "t", dm, max_epochs=2)
     assert model.seen == by_number.seen and max(flat(model.seen)) < ROWS  # version 1's rows only
     shown = "tag release-1" if named == "tag" else f"as of {between.isoformat()}"
     assert f"@ version 1 ({shown})" in dm.explain(), dm.explain()
@@ -95,13 +71,13 @@ def test_a_tag_or_a_moment_pins_the_version_it_names(tmp_path: Path, tagged: tup
 
 def test_resume_after_the_tag_moved_reads_the_checkpoints_version(tmp_path: Path, tagged: tuple[str, datetime]) -> None:
     uri, _ = tagged
-    whole = _fit(tmp_path / "whole", _dm(uri, version=1), max_epochs=3)
-    _fit(tmp_path / "a", _dm(uri, version="release-1"), ckpt_every=K, max_steps=K)
+    whole = fit_recording(tmp_path / "whole", _dm(uri, version=1), max_epochs=3)
+    fit_recording(tmp_path / "a", _dm(uri, version="release-1"), ckpt_every=K, max_steps=K)
     saved = torch.load(tmp_path / "a" / "ckpt" / f"step={K}.ckpt", weights_only=True)
     assert saved["LanceDataModule"]["train_cursor"]["plan"]["version"] == 1  # the number, not the tag
     lance.dataset(uri).tags.update("release-1", 2)
     with _printed() as lines:
-        resumed = _fit(
+        resumed = fit_recording(
             tmp_path / "b", _dm(uri, version="release-1"), max_epochs=3, ckpt=tmp_path / "a" / "ckpt" / f"step={K}.ckpt"
         )
     assert resumed.seen == whole.seen[K:], "the resumed epoch or a later one differs from the uninterrupted run"
