@@ -95,7 +95,7 @@ def model_refusal(
         f"run {run} (folder {where}) holds outputs another model predicted, and finishing it with this one would "
         f"mix two models' outputs: {what}",
         f"rerun with the first model to finish the run, or start over with this one: delete the run folder {where} "
-        f"and release its hold (lance-lightning holds {source.uri} --release lance-lightning-predict-{run}-v{version})",
+        f"and release its hold ({commits.release_hint(source, commits.hold_tag(source, run, version))})",
     )
 
 

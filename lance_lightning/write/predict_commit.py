@@ -37,6 +37,7 @@ import pyarrow as pa
 from lance.fragment import DataFile
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.launch import tool_command
 from lance_lightning.source import PinnedSource
 from lance_lightning.write.predict_store import (
     BAD,
@@ -269,9 +270,15 @@ def check_replaced_types(schema: Any, types: dict[str, Any]) -> None:
             )
 
 
-def hold_tag(source: PinnedSource, run: str) -> str:
-    """The Lance tag holding the run's read version (``lance-lightning holds`` lists it)."""
-    return f"lance-lightning-predict-{run}-v{source.version}"
+def hold_tag(source: PinnedSource, run: str, version: int | None = None) -> str:
+    """The Lance tag holding the run's read version (``version``, else the source's; ``lance-lightning
+    holds`` lists it)."""
+    return f"lance-lightning-predict-{run}-v{source.version if version is None else version}"
+
+
+def release_hint(source: PinnedSource, tag: str) -> str:
+    """The command that removes ``tag``, as it runs from here (`lance_lightning.launch.tool_command`)."""
+    return tool_command(["holds", source.uri, "--release", tag])
 
 
 def hold(source: PinnedSource, run: str) -> None:
@@ -296,6 +303,6 @@ def release(source: PinnedSource, run: str) -> None:
     except Exception as error:  # noqa: BLE001 - the commit is made; a tag left behind is only said
         warnings.warn(
             f"could not remove the Lance tag {hold_tag(source, run)} ({error}); remove it with "
-            f"`lance-lightning holds {source.uri} --release {hold_tag(source, run)}`",
+            f"`{release_hint(source, hold_tag(source, run))}`",
             stacklevel=2,
         )

@@ -309,8 +309,8 @@ class LancePredictionWriter(BasePredictionWriter):
             error.value,
             error.problem,
             f"{error.fix}. Nothing was committed; the run folder {self.where} and the hold tag {tag} are kept so "
-            f"that a rerun continues; to give the run up instead: delete that folder and run `lance-lightning holds "
-            f"{self.source.uri} --release {tag}`",
+            f"that a rerun continues; to give the run up instead: delete that folder and run "
+            f"`{commits.release_hint(self.source, tag)}`",
         )
 
     def _flush(self, fragment: int) -> None:
