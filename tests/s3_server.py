@@ -7,6 +7,7 @@ Traffic never leaves the machine.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -32,6 +33,7 @@ class S3Server:
         self._process: subprocess.Popen | None = None
         self.access_key = ""
         self.secret_key = ""
+        self._names = itertools.count()
 
     @classmethod
     @contextmanager
@@ -117,6 +119,12 @@ class S3Server:
             region_name="us-east-1",
         )
         client.create_bucket(Bucket=name)
+
+    def fresh_uri(self, bucket: str, stem: str) -> str:
+        """A dataset URI never handed out before by this server: a module-scoped fixture runs again
+        when pytest-xdist gives its worker another module's tests in between, and the server
+        outlives both."""
+        return f"s3://{bucket}/{stem}-{next(self._names)}.lance"
 
     def read_only_options(self) -> dict[str, str]:
         """Storage options of an IAM user that may only read (moto enforces the policy): writing a

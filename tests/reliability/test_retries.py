@@ -36,7 +36,7 @@ SENDS_PER_ATTEMPT = 4
 
 @pytest.fixture(scope="module")
 def proxied(s3: S3Server) -> Iterator[tuple[str, dict[str, str], FaultProxy]]:
-    uri = "s3://data/throttled.lance"
+    uri = s3.fresh_uri("data", "throttled")
     lance.write_dataset(make_table(ROWS), uri, storage_options=s3.storage_options(), max_rows_per_file=300)
     with FaultProxy.serving(s3.endpoint) as proxy:
         yield uri, {**s3.storage_options(), "aws_endpoint": proxy.endpoint}, proxy

@@ -24,7 +24,7 @@ ROWS, BATCH = 240, 16
 
 @pytest.fixture(scope="module")
 def s3_uri(s3: S3Server) -> str:
-    uri = "s3://data/train.lance"
+    uri = s3.fresh_uri("data", "train")
     lance.write_dataset(make_table(ROWS), uri, storage_options=s3.storage_options(), max_rows_per_file=100)
     return uri
 

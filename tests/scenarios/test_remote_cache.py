@@ -40,7 +40,7 @@ def proxy(s3: S3Server) -> Iterator[FaultProxy]:
 
 @pytest.fixture(scope="module")
 def s3_uri(s3: S3Server) -> str:
-    uri = "s3://data/cached.lance"
+    uri = s3.fresh_uri("data", "cached")
     lance.write_dataset(make_table(ROWS), uri, storage_options=s3.storage_options(), max_rows_per_file=FILE_ROWS)
     return uri
 
