@@ -90,7 +90,7 @@ def normalize_loop_state(checkpoint: dict[str, Any] | None, cursor: Any) -> str 
     inside it, or when it cannot (its counters disagree with the cursor), else None.
     """
     fit = _fit_loop(checkpoint)
-    if fit is None:
+    if checkpoint is None or fit is None:
         return None
     epochs, batches = fit["epoch_progress"], fit["epoch_loop.batch_progress"]
     ended, done = epochs["current"], batches["current"]
@@ -100,19 +100,19 @@ def normalize_loop_state(checkpoint: dict[str, Any] | None, cursor: Any) -> str 
         return None  # saved inside an epoch: Lightning resumes inside it
     epoch = ended["processed"] - 1
     counts = _cursor_counts(cursor)
-    cut = counts is not None and counts[0] == epoch and counts[1] < counts[2]
-    if cut and _stopped_at(done, counts[1]):
+    cut = counts if counts is not None and counts[0] == epoch and counts[1] < counts[2] else None
+    if cut is not None and _stopped_at(done, cut[1]):
         _reopen_epoch(checkpoint, fit, epoch)
         return (
             f"  resume: the checkpoint was written after a stop ended trainer epoch {epoch} at step "
-            f"{counts[1]:,} of {counts[2]:,} (Lightning counts it finished): the rest of it is trained first"
+            f"{cut[1]:,} of {cut[2]:,} (Lightning counts it finished): the rest of it is trained first"
         )
     saved = dict(done)
     _start_next_epoch(checkpoint, fit)
-    if cut:
+    if cut is not None:
         return (
-            f"  resume: trainer epoch {epoch} ended at step {counts[1]:,} of {counts[2]:,} and Lightning's "
-            f"batch counters {saved} do not say where: its last {counts[2] - counts[1]:,} step(s) are not trained"
+            f"  resume: trainer epoch {epoch} ended at step {cut[1]:,} of {cut[2]:,} and Lightning's "
+            f"batch counters {saved} do not say where: its last {cut[2] - cut[1]:,} step(s) are not trained"
         )
     return None
 
@@ -128,6 +128,8 @@ def _fit_loop(checkpoint: dict[str, Any] | None) -> dict[str, Any] | None:
     """The fit loop's state in ``checkpoint`` when it has the counters this module reads."""
     loops = checkpoint.get("loops") if isinstance(checkpoint, dict) else None
     fit = loops.get("fit_loop") if isinstance(loops, dict) else None
+    if fit is None:
+        return None
     try:
         for name in ("epoch_progress", "epoch_loop.batch_progress"):
             for part in ("current", "total"):

@@ -67,11 +67,13 @@ def _repin_source(
     plan: Callable[[Any], None],
 ) -> None:
     """Plan the train split at the version (or view) the cursor was read at, where that differs."""
-    located = {"uri": redact_userinfo(configured.located("train").uri)}
+    located: dict[str, Any] = {"uri": redact_userinfo(configured.located("train").uri)}
     identity = current.source.identity() if current is not None else located
-    by_number = configured.version if names_a_number(configured.version) else None
+    by_number = _by_number(configured.version)
     target = repin_target(cursor, identity["uri"], identity.get("version"), by_number, materialize is not None)
     if target is not None and target[0] == "view":
+        if materialize is None:  # repin_target names a view only when materialized
+            raise RuntimeError("a materialized view to re-pin without a materialized train split")
         view = materialize.reopen(target[1])
         if view is not None:
             plan(view)
@@ -97,7 +99,7 @@ def _repin_mixture(
             for j, source in enumerate(mixture.sources)
         ]
     )
-    by_number = [source.version if names_a_number(source.version) else None for source in mixture.sources]
+    by_number = [_by_number(source.version) for source in mixture.sources]
     versions = repin_versions(cursor, identities, by_number)
     if versions is None:
         return
@@ -107,6 +109,12 @@ def _repin_mixture(
         if not error.param.endswith(".version"):
             raise
         raise ConfigError(error.param, error.value, _GONE, _FIX) from error
+
+
+def _by_number(version: int | str | None) -> int | None:
+    """The number of a version the config gives as a number (``3`` or ``"3"``), else None (none,
+    or a tag: a resume then follows the number the cursor holds)."""
+    return int(version) if version is not None and names_a_number(version) else None
 
 
 def repin_versions(

@@ -90,7 +90,7 @@ class CursorTracker:
         """Rank ``rank``'s batches when iterating ``trainer_epoch``: while this topology reads it,
         its own count (a loader iterated before the trainer attached read with another)."""
         layout = self.layout
-        if self._reading(trainer_epoch, world_size):
+        if layout is not None and self._reading(trainer_epoch, world_size):
             return layout.rank_steps(rank)
         _, start, _ = self._resume_point(trainer_epoch)
         return self.plan.layout(world_size, start).rank_steps(rank)

@@ -100,6 +100,8 @@ class DevicePath:
         """``items`` on their way to the device: prepared ahead, or recorded for the hooks."""
         guard = self._guard_of(clock)
         if self.depth:
+            if self.device is None:
+                raise ValueError(f"DevicePath: depth={self.depth} prepares batches ahead on a device; device is None")
             prepare = DevicePreparation(self.transfer, self.device, self.device_transform, guard)
             items = DeviceAhead(prepare, self.device, self.depth).iterate(items)
         in_hand, prepared = self.in_hand, self.depth > 0

@@ -10,7 +10,7 @@ position and attempt), so batch sizes and the data cursor stay exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,7 @@ class DeviceRowGuard:
         policy: BadRowPolicy,
         plan: Plan,
         transform: Callable[[Batch], Batch] | None,
-        fill_nulls: dict[str, Any],
+        fill_nulls: Mapping[str, Any],
         device_transform: Callable[[Batch], Batch],
         to_device: Callable[[Batch], Batch],
         clock: StageClock,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import lightning.pytorch as pl
 import torch
@@ -77,7 +77,7 @@ class DeviceStage:
                 self.transform,
                 self.fill_nulls,
                 self.device_transform,
-                functools.partial(self.transfer, device=device),
+                _no_device if device is None else functools.partial(self.transfer, device=device),
             )
         return DevicePath(self.transfer, device, self.device_transform, self.depth if ahead else 0, guard, self.in_hand)
 
@@ -115,6 +115,11 @@ class DeviceStage:
         return batch
 
 
-def moves_batches(model: pl.LightningModule | None) -> bool:
+def moves_batches(model: pl.LightningModule | None) -> TypeGuard[pl.LightningModule]:
     """Whether ``model`` overrides ``transfer_batch_to_device`` (it then moves batches itself)."""
     return model is not None and is_overridden("transfer_batch_to_device", model, pl.LightningModule)
+
+
+def _no_device(batch: Any) -> Any:
+    # Without a trainer there is no device and no hook or ahead thread runs the guard.
+    raise RuntimeError("the device transform's bad-row guard ran without a device (no trainer)")

@@ -49,7 +49,7 @@ class StageClock:
         return {"enabled": self.enabled}  # a copy sent to a worker process starts from zero
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state.get("enabled", True))
+        StageClock.__init__(self, state.get("enabled", True))
 
     def measure(self, stage: str, rows: int = 0, nbytes: int = 0) -> Any:
         """Context manager adding the block's duration, ``rows`` and ``nbytes`` to ``stage``."""
