@@ -62,8 +62,12 @@ def pass_epoch(epoch: int, pass_: int) -> int:
     return epoch if pass_ == 0 else derive_key(epoch, pass_)
 
 
-def epoch_positions(rule: str, samples: int | None, rows: list[int], counts: list[int], block: int) -> int:
+def epoch_positions(rule: str, samples: int | None, rows: list[int], counts: list[int] | None, block: int) -> int:
     """Positions per epoch: whole blocks until the first source runs out, or ``samples``."""
     if rule == "samples":
+        if samples is None:
+            raise ValueError("epoch='samples' needs the samples per epoch; samples is None")
         return int(samples)
+    if counts is None:
+        raise ValueError(f"epoch={rule!r} needs fixed weights (counts per block); counts is None")
     return min(n // k for n, k in zip(rows, counts)) * block

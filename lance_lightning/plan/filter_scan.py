@@ -100,7 +100,7 @@ def _child() -> None:
     dataset = lance.dataset(request["uri"], version=request["version"], storage_options=request["storage_options"])
     found = scan_matches(dataset, request["filter"], request["total_rows"])
     with os.fdopen(request["out_fd"], "wb") as out:
-        np.savez(out, **found.arrays())
+        np.savez(out, **found.arrays())  # type: ignore[arg-type]  # numpy's stub: **kwds typed as allow_pickle's bool
 
 
 if __name__ == "__main__":

@@ -176,14 +176,17 @@ def plan_mixture(
     _check_columns_agree(split, mixture.names, [plan.source for plan in plans])
     rows = [plan.matched_rows for plan in plans]
     positions = epoch_positions(mixture.epoch, mixture.samples, rows, mixture.counts, mixture.block)
-    if positions == 0:
-        short = min(range(len(rows)), key=lambda j: rows[j] / mixture.counts[j])
+    if positions == 0:  # only under epoch='first_exhausted', whose weights are fixed
+        counts = mixture.counts
+        if counts is None:
+            raise ValueError("epoch='first_exhausted' needs fixed weights (counts per block); counts is None")
+        short = min(range(len(rows)), key=lambda j: rows[j] / counts[j])
         raise ConfigError(
             "block",
             mixture.block,
-            f"source '{mixture.names[short]}' has {rows[short]} row(s), fewer than its {mixture.counts[short]} per "
+            f"source '{mixture.names[short]}' has {rows[short]} row(s), fewer than its {counts[short]} per "
             "block, so epoch='first_exhausted' has no whole block",
-            f"use block <= {max(1, rows[short] * mixture.block // mixture.counts[short])}, or epoch='samples'",
+            f"use block <= {max(1, rows[short] * mixture.block // counts[short])}, or epoch='samples'",
         )
     return MixturePlan(
         split,

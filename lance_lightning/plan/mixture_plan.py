@@ -165,8 +165,8 @@ class MixturePlan:
             source[here], rank[here] = slots[0][offset[here]], slots[1][offset[here]]
         if table is not None:  # the source's slots in the epoch's earlier blocks, plus its rank here
             return source, table.before[block, source] + rank
-        counts = np.asarray(self.counts, dtype=np.int64)
-        return source, block * counts[source] + rank
+        per_block = np.asarray(self.counts, dtype=np.int64)
+        return source, block * per_block[source] + rank
 
     def units(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source index, unit of that source) of each mixture position of ``epoch``: the row's

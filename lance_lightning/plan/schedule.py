@@ -137,7 +137,9 @@ def parse_schedule(
         )
     elif step_samples is not None:
         check_int("step_samples", step_samples, 1, "set `step_samples` to a positive integer, or drop it")
-    ends, weights, steps = [], [], []
+    ends: list[int] = []
+    weights: list[tuple[float, ...]] = []
+    steps: list[int | None] = []
     for i, stage in enumerate(schedule):
         where = f"schedule[{i}]"
         if not isinstance(stage, dict) or set(stage) - set(_STAGE_KEYS) or "weights" not in stage:

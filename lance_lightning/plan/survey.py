@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.media.decoders import check_pyav
-from lance_lightning.media.samplers import AudioClips, ClipSampler
+from lance_lightning.media.samplers import AudioClips, ClipSampler, VideoClips
 from lance_lightning.open_errors import filter_error
 from lance_lightning.plan.clips import ClipUnits
 from lance_lightning.plan.filter_scan import find_matches
@@ -121,9 +121,11 @@ def survey_clips(split: str, source: PinnedSource, surveyed: Survey, sampler: Cl
     units = ClipUnits(sampler, surveyed.matched_rows)
     if isinstance(sampler, AudioClips):
         clip_bytes = 4 * sampler.channels * sampler.samples
-    else:
+    elif isinstance(sampler, VideoClips):
         height, width = sampler.size or (224, 224)
         clip_bytes = 3 * height * width * sampler.frames
+    else:
+        raise TypeError(f"clips: {type(sampler).__name__} is neither VideoClips nor AudioClips")
     return replace(surveyed, matched_rows=units.clips, row_bytes=clip_bytes, clips=units)
 
 
@@ -186,8 +188,9 @@ def _row_bytes(dataset: lance.LanceDataset, source: PinnedSource) -> int:
     width (no I/O: a 64-row sample read cost 0.5-4 ms of setup), else measured on its first rows
     (at most 64)."""
     bits = [_fixed_bits(dataset.schema.field(name).type) for name in source.columns]
-    if all(b is not None for b in bits):
-        return max(1, -(-sum(bits) // 8))
+    fixed = [b for b in bits if b is not None]
+    if len(fixed) == len(bits):
+        return max(1, -(-sum(fixed) // 8))
     sample = dataset.scanner(
         columns=list(source.columns), limit=ROW_BYTES_SAMPLE, blob_handling="all_binary"
     ).to_table()  # blobs' bytes, not their descriptors

@@ -110,7 +110,7 @@ def cache_settings() -> tuple[Path, int, int] | None:
     if switch not in ("on", "1", "true", "yes", ""):
         raise ConfigError(ENV_SWITCH, switch, "must be on or off", f"set {ENV_SWITCH}=off to survey in every process")
     limit = _number(ENV_GB, DEFAULT_LIMIT_GB, float)
-    entries = _number(ENV_ENTRIES, DEFAULT_ENTRIES, int)
+    entries = int(_number(ENV_ENTRIES, DEFAULT_ENTRIES, int))
     given = os.environ.get(ENV_DIR)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     root = Path(given or os.path.join(base, "lance-lightning", "surveys")).expanduser().resolve()

@@ -147,7 +147,7 @@ def write_entry(path: Path, identity: dict[str, Any], matches: RowSet, row_bytes
         offset += -(-values.nbytes // 8) * 8
     raw = bytearray(offset)
     for spec, values in zip(specs, arrays.values()):  # each array's bytes, then zeros to a multiple of 8
-        raw[spec["offset"] : spec["offset"] + values.nbytes] = memoryview(values.reshape(-1)).cast("B")
+        raw[spec["offset"] : spec["offset"] + values.nbytes] = values.reshape(-1).data.cast("B")
     frame = _CODEC.compress(raw, asbytes=True)
     by = f"{socket.gethostname()}:{os.getpid()}"
     header = {
