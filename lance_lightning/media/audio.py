@@ -8,6 +8,14 @@ Guarantees:
   ``start`` is in seconds from the stream's start, which is the whole-stream decode's first
   sample (after an MP3's encoder delay, an AAC's priming samples, an Opus pre-skip). A window
   longer than the stream raises `BadMedia` before anything is decoded.
+- `window_indices` places it in TorchCodec's vocabulary (`lance_lightning.media.place.ClipPlace`,
+  seconds on that clock, rounded to the output's sample grid): a sampling range ``[a, b)``
+  (``first = low + round(fraction * (high - 1 - low))``, ``high`` the end or, by default, one past
+  the last start where the window fits) or a regular start (``at_seconds``; at or after the end:
+  `BadMedia`); samples past ``total`` follow the ``policy`` (`follow_policy`: ``repeat_last``
+  repeats sample ``total - 1``, ``wrap`` the window's own samples from its first, ``error`` raises
+  `BadMedia`). Without a range this is the rule above. Only ``[first, min(first + count, total))``
+  is decoded; a filled window is those samples at the policy's indices.
 - The samples are those of the whole stream decoded and resampled with
   ``av.AudioResampler(format="fltp", layout=..., rate=sample_rate)`` at the same indices, within
   `tolerance` of the codec: bit for bit for PCM (WAV) and lossless codecs (FLAC, ...); MP3 1e-3,
@@ -38,6 +46,7 @@ import numpy as np
 
 from lance_lightning.errors import BadMedia
 from lance_lightning.media.containers import OpenAudio, decode_from
+from lance_lightning.media.place import ClipPlace, follow_policy
 
 LAYOUTS = {1: "mono", 2: "stereo"}
 #: Decoders whose output is exact: a window equals the whole-stream decode bit for bit.
@@ -94,8 +103,48 @@ def _warmup(source_rate: int, sample_rate: int) -> int:
     return 64 * math.ceil(source_rate / sample_rate) + 64
 
 
-def decode_audio_clip(opened: OpenAudio, fraction: float, seconds: float, sample_rate: int, channels: int) -> AudioClip:
-    """``seconds`` of audio at ``sample_rate`` with ``channels`` channels, at ``fraction`` of the stream."""
+def window_indices(total: int, count: int, rate: int, fraction: float, place: ClipPlace = ClipPlace()) -> np.ndarray:
+    """The output-sample indices (at ``rate``, into a stream of ``total`` samples) of a window of
+    ``count`` samples at ``fraction`` of ``place``'s sampling range, or at its regular start; those
+    past the end as ``place.policy`` says. `BadMedia` when the window cannot be placed."""
+    if place.at_seconds is not None:
+        first = round(place.at_seconds * rate)
+        end = total if place.range_end is None else min(round(place.range_end * rate), total)
+        if first >= end:
+            raise BadMedia(
+                f"the window's regular start {place.at_seconds:.3f}s is at or after the end ({end / rate:.3f}s)"
+            )
+    else:
+        low = 0 if place.range_start is None else round(place.range_start * rate)
+        if low >= total:
+            raise BadMedia(
+                f"sampling_range_start {place.range_start or 0:g}s is at or after the audio's end ({total / rate:.3f}s)"
+            )
+        high = total - count + 1 if place.range_end is None else min(round(place.range_end * rate), total)
+        high = max(high, low + 1)  # a window longer than the room left starts at the range's start
+        first = low + round(fraction * (high - 1 - low))
+    indices = first + np.arange(count, dtype=np.int64)
+    placed = follow_policy(indices, total, place.policy)
+    if placed is not None:
+        return placed
+    if count > total:
+        raise BadMedia(f"a window of {count / rate:g}s is longer than the audio ({total / rate:.3f}s)")
+    raise BadMedia(
+        f"the window from {first / rate:.3f}s to {(first + count) / rate:.3f}s reaches past the audio's end "
+        f"({total / rate:.3f}s; policy 'error'; policy: repeat_last or wrap fills it)"
+    )
+
+
+def decode_audio_clip(
+    opened: OpenAudio,
+    fraction: float,
+    seconds: float,
+    sample_rate: int,
+    channels: int,
+    place: ClipPlace = ClipPlace(),
+) -> AudioClip:
+    """``seconds`` of audio at ``sample_rate`` with ``channels`` channels, at ``fraction`` of the
+    stream (of ``place``'s sampling range, or at its regular start; past the end as its policy says)."""
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"fraction must be in [0, 1], got {fraction}")
     if channels not in LAYOUTS or sample_rate < 1 or not seconds > 0:
@@ -103,11 +152,18 @@ def decode_audio_clip(opened: OpenAudio, fraction: float, seconds: float, sample
             f"need channels 1 or 2, sample_rate >= 1, seconds > 0; got {channels}, {sample_rate}, {seconds}"
         )
     count = round(seconds * sample_rate)
+    total = opened.samples * sample_rate // opened.sample_rate
+    indices = window_indices(total, count, sample_rate, fraction, place)
+    first = int(indices[0])
+    decoded = _decode_samples(opened, first, min(count, total - first), sample_rate, channels)
+    if int(indices[-1]) - first == count - 1:  # inside the stream: the samples as decoded
+        return AudioClip(samples=decoded, start=first / sample_rate)
+    return AudioClip(samples=np.ascontiguousarray(decoded[:, indices - first]), start=first / sample_rate)
+
+
+def _decode_samples(opened: OpenAudio, first: int, count: int, sample_rate: int, channels: int) -> np.ndarray:
+    """Output samples ``[first, first + count)`` of the stream resampled to ``sample_rate``."""
     source_rate = opened.sample_rate
-    total = opened.samples * sample_rate // source_rate
-    if count > total:
-        raise BadMedia(f"a window of {seconds:g}s is longer than the audio ({opened.duration:.3f}s)")
-    first = round(fraction * (total - count))
     # Start on the shared grid: `unit` source samples are exactly `unit * sample_rate / source_rate` outputs.
     unit = source_rate // math.gcd(source_rate, sample_rate)
     begin = max(0, (first * source_rate - _warmup(source_rate, sample_rate) * sample_rate) // (unit * sample_rate))
@@ -140,9 +196,9 @@ def decode_audio_clip(opened: OpenAudio, fraction: float, seconds: float, sample
     if window.filled < count:
         raise BadMedia(
             f"the audio ended {count - window.filled} samples short of the window at {first / sample_rate:.3f}s "
-            f"+ {seconds:g}s, though its header says {opened.duration:.3f}s"
+            f"+ {count / sample_rate:g}s, though its header says {opened.duration:.3f}s"
         )
-    return AudioClip(samples=window.samples, start=first / sample_rate)
+    return window.samples
 
 
 @dataclasses.dataclass

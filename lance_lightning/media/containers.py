@@ -204,14 +204,21 @@ def decode_from(opened: OpenMedia, seconds: float) -> Iterator[Any]:
 
     The first frame yielded starts at or before ``seconds`` (or is the stream's first). A demuxer
     that lands after the time, or past the last keyframe (MPEG-TS seeks by decode times and lands
-    on the next keyframe), is asked again for a point 1, 2, 4... seconds earlier, down to
+    on the next keyframe), or that refuses the seek (FFmpeg's FLAC demuxer inside a file's last
+    frames: EPERM), is asked again for a point 1, 2, 4... seconds earlier, down to
     ``opened.seek_floor`` (`seek_floor`)."""
     lowest = opened.seek_floor
     seek_to, back = seconds, 1.0
     while True:
         ticks = math.floor((Fraction(seek_to) - Fraction(opened.start_time)) / opened.time_base) + opened.start_pts
         ticks = max(ticks, lowest)
-        opened.container.seek(ticks, stream=opened.stream, backward=True, any_frame=False)
+        try:
+            opened.container.seek(ticks, stream=opened.stream, backward=True, any_frame=False)
+        except av.error.FFmpegError:
+            if ticks <= lowest:
+                raise
+            seek_to, back = seek_to - back, back * 2
+            continue
         frames = opened.container.decode(opened.stream)
         first = next(frames, None)
         if first is not None and first.time is None:

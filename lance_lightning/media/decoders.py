@@ -23,6 +23,7 @@ from typing import IO, Any
 import numpy as np
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.media.place import place_of
 from lance_lightning.media.samplers import AudioClips, ClipSampler, VideoClips
 
 
@@ -94,34 +95,23 @@ class ClipDecoder:
     def decode(self, opened: Any, fraction: float) -> tuple[np.ndarray, np.ndarray]:
         """The clip starting at ``fraction`` of the room ``opened`` leaves after it: (media array,
         times): video ``uint8 [T, 3, H, W]`` and frame times ``float64 [T]``; audio ``float32
-        [channels, samples]`` and the start time ``float64 [1]``. `BadMedia` if it cannot."""
+        [channels, samples]`` and the start time ``float64 [1]``; within the sampler's sampling
+        range, past the end as its ``policy`` says (`lance_lightning.media.place`). `BadMedia` if
+        it cannot."""
         sampler = self.sampler
         if isinstance(sampler, VideoClips):
             from lance_lightning.media.video import decode_video_clip, frame_step
 
             step = frame_step(opened, None if sampler.fps else sampler.frame_step, sampler.fps)
-            clip = decode_video_clip(
-                opened, fraction, sampler.frames, step, sampler.size, _place(sampler, opened, fraction)
-            )
+            place = place_of(sampler, opened.start_time, fraction)
+            clip = decode_video_clip(opened, fraction, sampler.frames, step, sampler.size, place)
             return clip.frames, clip.timestamps
         from lance_lightning.media.audio import decode_audio_clip
 
         assert isinstance(sampler, AudioClips)
-        window = decode_audio_clip(opened, fraction, sampler.seconds, sampler.sample_rate, sampler.channels)
+        place = place_of(sampler, 0.0, fraction)  # audio's clock starts at its first sample
+        window = decode_audio_clip(opened, fraction, sampler.seconds, sampler.sample_rate, sampler.channels, place)
         return window.samples, np.array([window.start], dtype=np.float64)
-
-
-def _place(sampler: VideoClips, opened: Any, fraction: float) -> Any:
-    """The sampler's sampling range and policy; for regular timestamps, clip ``k``'s start
-    (its planned fraction is ``k / (K - 1)``: `lance_lightning.plan.clips.start_fractions`)."""
-    from lance_lightning.media.video import ClipPlace
-
-    every, first = sampler.seconds_between_clip_starts, sampler.sampling_range_start
-    if every is None:
-        return ClipPlace(sampler.policy, first, sampler.sampling_range_end)
-    clip = round(fraction * (sampler.per_item - 1))
-    start = (opened.start_time if first is None else first) + clip * every
-    return ClipPlace(sampler.policy, first, sampler.sampling_range_end, at_seconds=start)
 
 
 _DECODERS: dict[ClipSampler, ClipDecoder] = {}

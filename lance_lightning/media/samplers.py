@@ -4,13 +4,15 @@ Guarantees:
 - `VideoClips` and `AudioClips` check their arguments when made (`ConfigError` naming the
   parameter, the value and the fix) and describe themselves as plain values (part of a plan's
   identity: a cursor saved with other clips is refused).
-- They take TorchCodec's sampler vocabulary (``torchcodec.samplers``) beside their own names:
-  ``num_clips`` = ``clips_per_item``, ``num_frames_per_clip`` = ``frames``,
-  ``num_indices_between_frames`` = ``frame_step``, ``seconds_between_frames`` = ``1 / fps``, and
-  `VideoClips` also ``sampling_range_start``/``sampling_range_end``, ``policy`` and
-  ``seconds_between_clip_starts``. Rule: either name of a pair works (aliases); both given is a
-  `ConfigError` naming the two. Options left at their defaults are not part of ``describe()``, so
-  a config of the older names describes (and resumes) as before.
+- They take TorchCodec's vocabulary (``torchcodec.samplers``, ``torchcodec.decoders``) beside
+  their own names: ``num_clips`` = ``clips_per_item``, ``num_frames_per_clip`` = ``frames``,
+  ``num_indices_between_frames`` = ``frame_step``, ``seconds_between_frames`` = ``1 / fps``,
+  ``num_channels`` = ``AudioClips.channels``, and both take ``sampling_range_start``/
+  ``sampling_range_end``, ``policy`` and ``seconds_between_clip_starts``, parsed and checked in
+  one place (`ClipSampler._place_options`; placed by `lance_lightning.media.place`). Rule: either
+  name of a pair works (aliases); both given is a `ConfigError` naming the two. Options left at
+  their defaults are not part of ``describe()``, so a config of the older names describes (and
+  resumes) as before.
 - They say what a batch of their clips holds (``shape_line``) and nothing here reads or decodes
   media: which clips an epoch draws is `lance_lightning.plan.clips`', decoding is
   `lance_lightning.media.decoders`'.
@@ -26,8 +28,8 @@ from lance_lightning.checks import check_choice, check_int, check_positive_numbe
 from lance_lightning.errors import ConfigError
 
 START_MODES = ("random", "even")
-#: What a clip reaching past the video's last frame gets (TorchCodec's ``policy``): the last frame
-#: repeated, the clip's own frames again from its first, or a bad row (this package's default).
+#: What a clip reaching past the media's end gets (TorchCodec's ``policy``): the last frame (sample)
+#: repeated, the clip's own frames (samples) again from its first, or a bad row (the default here).
 POLICIES = ("repeat_last", "wrap", "error")
 #: New options left out of ``describe()`` at these defaults (older configs keep their identity).
 _QUIET_DEFAULTS = {
@@ -42,7 +44,13 @@ DECODERS = ("auto", "pyav")
 
 
 class ClipSampler(ABC):
-    """What both samplers share: the media column, clips per row, where clips start, the decoder."""
+    """What both samplers share: the media column, clips per row, where clips start (TorchCodec's
+    ``policy``, sampling range and regular timestamps: `_place_options`), the decoder."""
+
+    policy: str = "error"
+    sampling_range_start: float | None = None
+    sampling_range_end: float | None = None
+    seconds_between_clip_starts: float | None = None
 
     def __init__(self, column: str, per_item: int, starts: str, seed: int, decoder: str, open_files: int) -> None:
         name = type(self).__name__
@@ -59,6 +67,43 @@ class ClipSampler(ABC):
         self.seed = seed
         self.decoder = decoder
         self.open_files = open_files
+
+    def _place_options(
+        self,
+        policy: str,
+        start: float | None,
+        end: float | None,
+        every: float | None,
+        seconds: bool,
+        from_zero: bool = False,
+    ) -> None:
+        """Check and keep TorchCodec's placement options (one parser for both samplers): ``policy``,
+        ``seconds_between_clip_starts`` and the sampling range, in seconds when ``seconds`` (else
+        frame indices, negative from the end; 0 or more when ``from_zero``)."""
+        name = type(self).__name__
+        check_choice(f"{name}.policy", policy, POLICIES, "is not a policy", "set policy: repeat_last, wrap or error")
+        check_positive_number(
+            f"{name}.seconds_between_clip_starts",
+            every,
+            "set seconds_between_clip_starts: 1.0 (seconds of the media's time), or null",
+            optional=True,
+        )
+        self.policy = policy
+        self.seconds_between_clip_starts = None if every is None else float(every)
+        self.sampling_range_start, self.sampling_range_end = _check_range(
+            name, start, end, seconds=seconds, from_zero=from_zero
+        )
+
+    def _placement_words(self, noun: str, unit: str, end: str) -> str:
+        """The placement options not at their defaults, in words (for ``shape_line``)."""
+        words = ""
+        if self.seconds_between_clip_starts is not None:
+            words += f", {noun} every {self.seconds_between_clip_starts:g} s"
+        if self.sampling_range_start is not None or self.sampling_range_end is not None:
+            words += f", sampling range [{self.sampling_range_start}, {self.sampling_range_end}){unit}"
+        if self.policy != "error":
+            words += f", past {end}: {self.policy}"
+        return words
 
     @property
     def clips_per_item(self) -> int:
@@ -164,35 +209,19 @@ class VideoClips(ClipSampler):
         check_positive_number(
             "VideoClips.fps", fps, "set fps: 8 (frames per second of the video's time), or null", optional=True
         )
-        check_choice("VideoClips.policy", policy, POLICIES, "is not a policy", "set policy: repeat_last, wrap or error")
-        check_positive_number(
-            "VideoClips.seconds_between_clip_starts",
-            seconds_between_clip_starts,
-            "set seconds_between_clip_starts: 1.0 (seconds of the video's time), or null",
-            optional=True,
-        )
         self.frames = frames
         self.frame_step = frame_step
         self.fps = None if fps is None else float(fps)
         self.size = _check_size(size)
-        self.policy = policy
-        self.seconds_between_clip_starts = (
-            None if seconds_between_clip_starts is None else float(seconds_between_clip_starts)
-        )
-        regular = self.seconds_between_clip_starts is not None
-        self.sampling_range_start, self.sampling_range_end = _check_range(
-            sampling_range_start, sampling_range_end, seconds=regular
+        regular = seconds_between_clip_starts is not None
+        self._place_options(
+            policy, sampling_range_start, sampling_range_end, seconds_between_clip_starts, seconds=regular
         )
 
     def shape_line(self) -> str:
         every = f"at {self.fps:g} fps" if self.fps else f"every {self.frame_step} frame(s)"
-        if self.seconds_between_clip_starts is not None:
-            every += f", clips every {self.seconds_between_clip_starts:g} s"
-        if self.sampling_range_start is not None or self.sampling_range_end is not None:
-            unit = " s" if self.seconds_between_clip_starts is not None else " (frames)"
-            every += f", sampling range [{self.sampling_range_start}, {self.sampling_range_end}){unit}"
-        if self.policy != "error":
-            every += f", past the last frame: {self.policy}"
+        unit = " s" if self.seconds_between_clip_starts is not None else " (frames)"
+        every += self._placement_words("clips", unit, "the last frame")
         size = "native size" if self.size is None else f"{self.size[0]}x{self.size[1]}"
         return f"{self.frames} frame(s) {every}, {size}, uint8 [B, T, 3, H, W] + '{self.column}_timestamps'"
 
@@ -204,23 +233,36 @@ class AudioClips(ClipSampler):
         column: The blob column holding one encoded audio file per row.
         seconds: Duration of each window.
         sample_rate: Samples per second of the output (the audio is resampled).
-        channels: 1 (mono) or 2 (stereo): the audio is mixed to that layout.
+        channels: 1 (mono) or 2 (stereo): the audio is mixed to that layout (``num_channels``:
+            TorchCodec's ``AudioDecoder`` name).
         clips_per_item: Windows drawn from each file per epoch (``num_clips``: TorchCodec's name).
         starts: ``"random"`` or ``"even"``, as for `VideoClips`.
         seed: Keys the random starts.
         decoder: ``"auto"`` or ``"pyav"``.
         open_files: Files kept open per process.
+        sampling_range_start, sampling_range_end: Seconds a window may start in, ``[start, end)``,
+            counted from the audio's first sample (the clock of the batches' ``'<column>_start'``),
+            as TorchCodec's timestamp samplers (``clips_at_random_timestamps``): 0 or more; ``end``
+            null: the last start where the window fits; an ``end`` past the audio is its end.
+        policy: A window reaching past the audio's last sample: ``"repeat_last"`` (that sample
+            repeated), ``"wrap"`` (the window's own samples again from its first) or ``"error"``
+            (a bad row; the default, and the only choice of older versions).
+        seconds_between_clip_starts: Regular timestamps (TorchCodec's
+            ``clips_at_regular_timestamps``): window ``k`` of ``clips_per_item`` starts at
+            ``sampling_range_start + k * seconds_between_clip_starts`` (on the output's sample
+            grid); ``starts`` is then ignored. A start at or after the end is a bad row.
     """
 
-    #: TorchCodec's name of ``clips_per_item``, folded into it when made (as `VideoClips`').
-    num_clips = None
+    #: TorchCodec's names of ``clips_per_item`` and ``channels``, folded into them when made (as
+    #: `VideoClips`').
+    num_clips = num_channels = None
 
     def __init__(
         self,
         column: str = "audio",
         seconds: float = 1.0,
         sample_rate: int = 16000,
-        channels: int = 1,
+        channels: int | None = None,
         clips_per_item: int | None = None,
         starts: str = "random",
         seed: int = 0,
@@ -228,15 +270,24 @@ class AudioClips(ClipSampler):
         open_files: int = 64,
         *,
         num_clips: int | None = None,
+        num_channels: int | None = None,
+        sampling_range_start: float | None = None,
+        sampling_range_end: float | None = None,
+        policy: str = "error",
+        seconds_between_clip_starts: float | None = None,
     ) -> None:
         per_item = _alias("AudioClips", "clips_per_item", clips_per_item, "num_clips", num_clips, 1)
         super().__init__(column, per_item, starts, seed, decoder, open_files)
+        channels = _alias("AudioClips", "channels", channels, "num_channels", num_channels, 1)
         check_positive_number("AudioClips.seconds", seconds, "set seconds: 1.0")
         check_int("AudioClips.sample_rate", sample_rate, 1, "set sample_rate: 16000")
         check_choice("AudioClips.channels", channels, (1, 2), "must be 1 (mono) or 2 (stereo)", "set channels: 1")
         self.seconds = float(seconds)
         self.sample_rate = sample_rate
         self.channels = channels
+        self._place_options(
+            policy, sampling_range_start, sampling_range_end, seconds_between_clip_starts, seconds=True, from_zero=True
+        )
 
     @property
     def samples(self) -> int:
@@ -245,7 +296,8 @@ class AudioClips(ClipSampler):
 
     def shape_line(self) -> str:
         return (
-            f"{self.seconds:g} s at {self.sample_rate} Hz, {self.channels} channel(s), "
+            f"{self.seconds:g} s at {self.sample_rate} Hz, {self.channels} channel(s)"
+            f"{self._placement_words('windows', ' s', 'the end')}, "
             f"float32 [B, {self.channels}, {self.samples}] + '{self.column}_start'"
         )
 
@@ -277,26 +329,34 @@ def _alias(kind: str, name: str, value: Any, other: str, other_value: Any, defau
     return value if value is not None else other_value if other_value is not None else default
 
 
-def _check_range(start: Any, end: Any, seconds: bool) -> tuple[Any, Any]:
-    """The sampling range: frame indices (ints, negative from the end), or seconds."""
+def _check_range(kind: str, start: Any, end: Any, seconds: bool, from_zero: bool) -> tuple[Any, Any]:
+    """The sampling range: frame indices (ints, negative from the end), or seconds (0 or more
+    when ``from_zero``: audio counts from its first sample)."""
     for name, value in (("sampling_range_start", start), ("sampling_range_end", end)):
         if value is None:
             continue
         if seconds:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(
-                    f"VideoClips.{name}", value, "must be a finite number of seconds", f"set {name}: 0.0, or null"
+                    f"{kind}.{name}", value, "must be a finite number of seconds", f"set {name}: 0.0, or null"
+                )
+            if from_zero and value < 0:
+                raise ConfigError(
+                    f"{kind}.{name}",
+                    value,
+                    "is before the audio's first sample (seconds count from it, as the batches' starts do)",
+                    f"set {name}: 0.0 or more, or null",
                 )
         elif isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(
-                f"VideoClips.{name}",
+                f"{kind}.{name}",
                 value,
                 "must be a frame index (an int; negative counts from the end) without seconds_between_clip_starts",
                 f"set {name}: 0, or set seconds_between_clip_starts to give it in seconds",
             )
     if start is not None and end is not None and (start >= 0) == (end >= 0) and end <= start:
         raise ConfigError(
-            "VideoClips.sampling_range_end", end, f"must be after sampling_range_start ({start})", "set a later end"
+            f"{kind}.sampling_range_end", end, f"must be after sampling_range_start ({start})", "set a later end"
         )
     return (None if start is None else (float(start) if seconds else start)), (
         None if end is None else (float(end) if seconds else end)

@@ -11,7 +11,8 @@ Guarantees:
   ``last = min(range_end, n) - 1``), or a regular-timestamp start (the first frame at or after
   ``at_seconds``); frames past the last one: ``repeat_last`` repeats the last frame, ``wrap``
   repeats the clip's own frames from its first (``[a, b, c, a, b]``), ``error`` raises `BadMedia`
-  (the default). Repeated frames are decoded once.
+  (the default; the rule is `lance_lightning.media.place.follow_policy`, shared with audio).
+  Repeated frames are decoded once.
 - ``n`` and every frame's time come from the video stream's frame index
   (`lance_lightning.media.frame_index`), never from the container's duration: no clip reaches
   past the last frame, whatever the other tracks' lengths or the stream's start time.
@@ -41,6 +42,7 @@ import numpy as np
 
 from lance_lightning.errors import BadMedia
 from lance_lightning.media.containers import OpenVideo, decode_from
+from lance_lightning.media.place import ClipPlace, follow_policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,21 +67,6 @@ def frame_step(opened: OpenVideo, frame_step: int | None = None, fps: float | No
     if isinstance(frame_step, bool) or not isinstance(frame_step, int) or frame_step < 1:
         raise ValueError(f"frame_step must be an int >= 1, got {frame_step!r}")
     return float(frame_step)
-
-
-@dataclasses.dataclass(frozen=True)
-class ClipPlace:
-    """Where a clip may start and what it gets past the last frame (TorchCodec's vocabulary):
-    ``range_start``/``range_end`` are frame indices (``[start, end)``, negative from the end;
-    None: the first frame / the last start where the clip fits), or seconds when ``at_seconds``
-    (a regular-timestamp start) is given; ``policy`` is ``repeat_last``, ``wrap`` or ``error``."""
-
-    policy: str = "error"
-    range_start: float | None = None
-    range_end: float | None = None
-    #: A regular-timestamp clip's start, seconds of the video's time: its first frame is the first
-    #: at or after it.
-    at_seconds: float | None = None
 
 
 def clip_indices(
@@ -109,20 +96,15 @@ def clip_indices(
             last = min(end, frames) - 1
         start = low + math.floor(fraction * max(last - low, 0))
     indices = start + offsets
-    past = indices >= frames
-    if not past.any():
-        return indices
-    if place.policy == "error":
-        if span > frames:
-            raise BadMedia(f"clip of {count} frames every {step:g} frames spans {span} frames, the video has {frames}")
-        raise BadMedia(
-            f"clip of {count} frames every {step:g} frames from frame {start} reaches frame {int(indices[-1])}, "
-            f"past the video's {frames} frames (policy 'error'; policy: repeat_last or wrap fills it)"
-        )
-    valid = indices[~past]
-    if place.policy == "repeat_last":
-        return np.where(past, valid[-1], indices)
-    return np.resize(valid, count)  # wrap: the clip's own frames again, from its first
+    placed = follow_policy(indices, frames, place.policy)
+    if placed is not None:
+        return placed
+    if span > frames:
+        raise BadMedia(f"clip of {count} frames every {step:g} frames spans {span} frames, the video has {frames}")
+    raise BadMedia(
+        f"clip of {count} frames every {step:g} frames from frame {start} reaches frame {int(indices[-1])}, "
+        f"past the video's {frames} frames (policy 'error'; policy: repeat_last or wrap fills it)"
+    )
 
 
 def decode_video_clip(

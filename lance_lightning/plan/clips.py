@@ -11,8 +11,8 @@ Guarantees:
   ``K`` equal parts of that room, from a keyed hash of ``(seed, epoch, unit)`` (a new draw each
   epoch, the same on every rank, worker count, batch size and resume; a row's clips never pile up
   on one start); ``starts="even"``: clip ``k`` of ``K`` at ``k / (K - 1)`` (the middle for
-  ``K = 1``), the same every epoch; regular timestamps (``VideoClips.seconds_between_clip_starts``)
-  take the even fractions, from which the decoder reads ``k``. The decoder turns the fraction into
+  ``K = 1``), the same every epoch; regular timestamps (``seconds_between_clip_starts`` of
+  `VideoClips` and `AudioClips`) take the even fractions, from which the decoder reads ``k``. The decoder turns the fraction into
   frames or samples (within the sampler's sampling range, if it has one): planning needs no
   media length and opens no media file.
 - No I/O.
@@ -31,7 +31,7 @@ from lance_lightning.plan.bijection import derive_key, subkeys
 def start_fractions(sampler: ClipSampler, epoch: int, units: np.ndarray) -> np.ndarray:
     """Where each clip of ``units`` starts, as a fraction of the room left after it (float64)."""
     units = np.asarray(units, dtype=np.int64)
-    if sampler.starts == "even" or getattr(sampler, "seconds_between_clip_starts", None) is not None:
+    if sampler.starts == "even" or sampler.seconds_between_clip_starts is not None:
         if sampler.per_item == 1:
             return np.full(len(units), 0.5)
         return (units % sampler.per_item) / (sampler.per_item - 1)
