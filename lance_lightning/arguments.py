@@ -28,6 +28,7 @@ from lance_lightning.plan.packing import TokenPacking
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
 from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow, check_packed_policy
 from lance_lightning.source import LanceSource
+from lance_lightning.vocabulary import Split
 
 #: The data module's count arguments and their least values.
 _AT_LEAST = {
@@ -43,7 +44,7 @@ _AT_LEAST = {
 }
 
 
-def check_arguments(sources: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
+def check_arguments(sources: Mapping[Split, Any], arguments: Mapping[str, Any]) -> None:
     """Raise `ConfigError` for the first of the data module's ``arguments`` (by name) that cannot
     work (see the module docstring); ``sources``: each split's source."""
     for name, minimum in _AT_LEAST.items():
@@ -119,7 +120,7 @@ def check_units(bad_rows: BadRowPolicy, packing: TokenPacking | None, clips: Any
     return clips
 
 
-def check_fill_nulls(fill_nulls: Mapping[str, Any], plans: Mapping[str, Plan]) -> None:
+def check_fill_nulls(fill_nulls: Mapping[str, Any], plans: Mapping[Split, Plan]) -> None:
     """Raise `ConfigError` when ``fill_nulls`` names a column that none of ``plans`` reads."""
     columns = {c for plan in plans.values() for c in plan.source.columns}
     unknown = sorted(set(fill_nulls) - columns)

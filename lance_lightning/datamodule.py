@@ -202,9 +202,12 @@ class LanceDataModule(pl.LightningDataModule):
         save_arguments(self, arguments)
         self.sources: dict[Split, Any] = {"train": train, "val": val, "test": test, "predict": predict}
         if val is None:  # Lightning skips validation silently only when val_dataloader is not overridden
-            # Not a bound method of self: that is a reference cycle, and a module freed only by the
-            # cyclic GC shuts its loaders' workers down slowly (10 s). Calling it raises Lightning's error.
-            self.val_dataloader = functools.partial(pl.LightningDataModule.val_dataloader, None)
+            # Not a bound method of self: that is a reference cycle, and a module freed only by the cyclic GC
+            # shuts its loaders' workers down slowly (10 s). Calling it raises Lightning's error.
+            self.val_dataloader = functools.partial(  # type: ignore[method-assign]  # over the method, on purpose
+                pl.LightningDataModule.val_dataloader,
+                None,  # type: ignore[arg-type]  # the hook uses no self
+            )
         if reader_threads is None:
             reader_threads = max(1, min(4, os.cpu_count() or 1) // max(1, num_workers))  # the processes share the cores
         check_arguments(self.sources, {**arguments, "reader_threads": reader_threads})
@@ -238,9 +241,8 @@ class LanceDataModule(pl.LightningDataModule):
         self.remote_cache = remote_cache if remote_cache is not None else RemoteCache()
         self.packing, self.clips = packing, check_units(self.bad_rows, packing, clips)
         #: How each split is planned besides its source: built once, here.
-        settings = (self.shuffle, self.filter_read, self.batch_size, self.eval_batch_size, self.drop_last)
-        settings += (packing, clips)
-        self.split_settings: dict[Split, SplitSettings] = {s: split_settings(s, *settings) for s in self.sources}
+        settings = (self.shuffle, self.filter_read, self.batch_size, self.eval_batch_size, self.drop_last, packing)
+        self.split_settings: dict[Split, SplitSettings] = {s: split_settings(s, *settings, clips) for s in self.sources}
         self.plans: dict[Split, Plan] = {}
         #: Per split planned with `plan_instead`: ``(start, offset)`` pairs kept on its ``_position``.
         self.position_shifts: dict[Split, list[tuple[int, int]]] = {}
@@ -363,8 +365,8 @@ class LanceDataModule(pl.LightningDataModule):
         built = self._loaders.get("train", (None,))[0] == self._loader_key()
         loader = self._loader("train")
         if self.trainer is not None:
-            if not built and self.global_rank == 0:  # only rank 0 prints: other ranks build no text
-                resume = self._fit.resume_lines(self.train_cursor, self.world_size, loader.progress)
+            if not built and self.global_rank == 0 and loader.progress is not None:  # only rank 0 prints
+                resume = self._fit.resume_lines(loader.cursor, self.world_size, loader.progress)
                 rank_zero_info("\n".join([self.explain("train"), *resume]))
             if self.global_rank == 0 and getattr(self.trainer.state.fn, "value", None) == "fit":
                 held = self.plans["train"].sources if self.materialize is None else ()  # a local view is ours
@@ -396,7 +398,7 @@ class LanceDataModule(pl.LightningDataModule):
         self._ensure_planned(split)
         key = self._loader_key()
         cached_key, loader = self._loaders.get(split, (None, None))
-        if cached_key != key:
+        if cached_key != key or loader is None:  # (no loader when none is cached: the key differs)
             check_fits(self.plans[split], self.world_size)  # also for a split `explain` planned
             self._drop_loader(split)
             pin = self._pin()
@@ -416,10 +418,8 @@ class LanceDataModule(pl.LightningDataModule):
                 and not (self.identity_by_default and identity_problem(split, self.plans[split])),
                 position_shifts=self.position_shifts.get(split),
             )
-            train = split == "train"
-            trainer = self.trainer
-            device = trainer.strategy.root_device if trainer is not None else None
-            model = trainer.lightning_module if trainer is not None else None
+            train, trainer = split == "train", self.trainer
+            device, model = (trainer.strategy.root_device, trainer.lightning_module) if trainer else (None, None)
             loader = LanceDataLoader(
                 dataset,
                 cursor=self.train_cursor if train else None,
@@ -494,4 +494,6 @@ class LanceDataModule(pl.LightningDataModule):
             train, planned = self.sources["train"], self.plans.get("train")
             plan_at_cursor(cursor, train, planned, self.materialize, functools.partial(self.plan_instead, "train"))
         self._ensure_planned("train")
+        if self.train_cursor is None:  # planning the train split makes its cursor
+            raise RuntimeError("the train split was planned without a cursor")
         self.train_cursor.restore(cursor)

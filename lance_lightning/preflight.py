@@ -12,8 +12,9 @@ Guarantees:
   restores it (`lance_lightning.cursor.position.check_state`).
 - `note_checkpoint_error`: for ``Trainer.fit(ckpt_path=...)`` in a script, where no preflight runs
   (Lightning offers no hook with the path before it loads the file), an error of Lightning's
-  checkpoint migration gets the same `ConfigError` text as a note under its traceback (the data
-  module's ``on_exception`` calls it; the file is read again, memory-mapped, only then).
+  checkpoint migration gets the same `ConfigError` text as a note under its traceback (on Python
+  3.10, which has no exception notes, on stderr before it; the data module's ``on_exception``
+  calls it; the file is read again, memory-mapped, only then).
 - `check_writable` raises `ConfigError` naming the parameter for an output directory (logs,
   checkpoints) that cannot be created or written, before a first checkpoint would fail mid-run.
 """
@@ -21,6 +22,7 @@ Guarantees:
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -134,7 +136,11 @@ def note_checkpoint_error(error: BaseException, path: Any) -> None:
     try:
         check_checkpoint_file(path)
     except ConfigError as found:
-        error.add_note(f"lance-lightning: {found}")
+        note = f"lance-lightning: {found}"
+        if sys.version_info >= (3, 11):
+            error.add_note(note)
+        else:  # Python 3.10 has no exception notes: the text goes to stderr, before the traceback
+            print(note, file=sys.stderr)
 
 
 def _bad(path: Any, problem: str, fix: str) -> ConfigError:

@@ -245,7 +245,8 @@ def _settings(argv: Sequence[str]) -> Iterator[tuple[str, str | None, str]]:
         if key is not None and not arg.startswith("--"):
             yield arg, key, arg
         elif arg.startswith("--") and "=" in arg:
-            yield arg, *arg.split("=", 1)
+            name, value = arg.split("=", 1)
+            yield arg, name, value
         else:
             yield arg, None, arg
         key = arg if arg.startswith("--") and "=" not in arg else None

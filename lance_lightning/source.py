@@ -231,6 +231,13 @@ class PinnedSource:
         """This process's handle if `open` already made it, else None (opens nothing)."""
         return _OPEN_DATASETS.get(self._handle(reads)[0])
 
+    def fragment(self, fragment_id: int) -> lance.LanceFragment:
+        """Fragment ``fragment_id`` of the pinned version (callers list the ids from that version)."""
+        fragment = self.open().get_fragment(fragment_id)
+        if fragment is None:
+            raise RuntimeError(f"{self.uri} {self.version_shown} has no fragment {fragment_id}")
+        return fragment
+
     def _handle(self, reads: bool) -> tuple[tuple, dict[str, str] | None]:
         options = _read_options(self.location, self.storage_options) if reads else self.storage_options
         return (os.getpid(), _where(self.location), self.version, self.data_tag, _options_key(options)), options
@@ -361,7 +368,7 @@ def pin_source(source: LanceSource, param: str) -> PinnedSource:
     if not columns:
         raise ConfigError(f"{param}.columns", [], "no columns selected", "list at least one column, or omit `columns`")
     if source.filter is not None:
-        _validate_filter(dataset, source, param)
+        _validate_filter(dataset, source.filter, param)
     return PinnedSource(
         uri=redact_userinfo(source.uri),
         version=dataset.version,
@@ -418,14 +425,14 @@ def _open_latest(source: LanceSource, param: str) -> lance.LanceDataset:
         raise open_error(source.uri, param, shown) from None
 
 
-def _validate_filter(dataset: lance.LanceDataset, source: LanceSource, param: str) -> None:
+def _validate_filter(dataset: lance.LanceDataset, filter: str, param: str) -> None:
     """Plan the filter's scan (no data read): a syntax error, an unknown column or a type mismatch
     is a `ConfigError` here; what only evaluation meets (a failing cast) is raised as the same error
     by the survey that evaluates the filter, in the same process, before training."""
     try:
-        dataset.scanner(columns=[], filter=source.filter).explain_plan()
+        dataset.scanner(columns=[], filter=filter).explain_plan()
     except (ValueError, OSError) as error:
-        raise filter_error(f"{param}.filter", source.filter, error, dataset.schema.names) from None
+        raise filter_error(f"{param}.filter", filter, error, dataset.schema.names) from None
 
 
 BLOB_V2 = "lance.blob.v2"

@@ -19,7 +19,7 @@ Guarantees:
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 import lance
 
@@ -71,7 +71,8 @@ def _number(dataset: lance.LanceDataset, version: int, param: str, uri: str) -> 
 
 def _as_of(dataset: lance.LanceDataset, asof: str, param: str, uri: str) -> tuple[int, str]:
     moment = _moment(asof, param)
-    versions = [(_utc(v["timestamp"]), v["version"]) for v in dataset.versions()]
+    # `versions()` gives each timestamp as a datetime (its TypedDict also admits Lance's raw nanoseconds).
+    versions = [(_utc(cast(datetime, v["timestamp"])), v["version"]) for v in dataset.versions()]
     before = [number for written, number in versions if written <= moment]
     if not before:
         first = min(versions)[0].isoformat() if versions else "never"

@@ -11,13 +11,13 @@ from typing import Any, Literal, NamedTuple
 
 #: A split of the data module: each has its own source, plan and loader.
 Split = Literal["train", "val", "test", "predict"]
-SPLITS: tuple[str, ...] = ("train", "val", "test", "predict")
+SPLITS: tuple[Split, ...] = ("train", "val", "test", "predict")
 
 #: The Lightning stage that reads each split.
-STAGE_OF_SPLIT: dict[str, str] = {"train": "fit", "val": "validate", "test": "test", "predict": "predict"}
+STAGE_OF_SPLIT: dict[Split, str] = {"train": "fit", "val": "validate", "test": "test", "predict": "predict"}
 
 #: The splits each Lightning stage reads (``fit`` validates too).
-SPLITS_OF_STAGE: dict[str, tuple[str, ...]] = {
+SPLITS_OF_STAGE: dict[str, tuple[Split, ...]] = {
     "fit": ("train", "val"),
     "validate": ("val",),
     "test": ("test",),
@@ -55,7 +55,7 @@ LANCE_RESERVED_COLUMNS: tuple[str, ...] = (
 #: A clip's dataset row (its position in the pinned version), in batches of clips (`lance_lightning.read.clips`).
 CLIP_ROW = "_clip_row"
 #: The splits with row identity when ``row_identity`` is not set: predict only.
-DEFAULT_IDENTITY_SPLITS: tuple[str, ...] = ("predict",)
+DEFAULT_IDENTITY_SPLITS: tuple[Split, ...] = ("predict",)
 
 #: A transform takes a converted batch; it may return any type (a dict, a tuple, a tensor...).
 BatchTransform = Callable[[Batch], Any]

@@ -36,7 +36,7 @@ class DataCursorCheckpoint(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         from lance_lightning.datamodule import LanceDataModule
 
-        datamodule = trainer.datamodule
+        datamodule = trainer.datamodule  # type: ignore[attr-defined]  # Lightning sets it outside the class body
         if not isinstance(datamodule, LanceDataModule):
             raise ConfigError(
                 "callbacks",

@@ -123,7 +123,9 @@ class DataLoadingMonitor(Callback):
         if self._loader is None:
             return
         self._loader.meter.step_end(time.perf_counter())
-        every = trainer.log_every_n_steps if self.log_every_n_steps is None else self.log_every_n_steps
+        every = self.log_every_n_steps
+        if every is None:  # Lightning sets the trainer's in its logger connector, undeclared on the class
+            every = trainer.log_every_n_steps  # type: ignore[attr-defined]
         step = _log_step(trainer)
         if every and (step + 1) % every == 0 and trainer.loggers:
             now = self._loader.metrics_snapshot()
@@ -144,11 +146,11 @@ class DataLoadingMonitor(Callback):
         if self._loader is None:
             return
         self._config = self._loader.describe()  # what the loader did (e.g. who read: its workers' race)
-        self.per_rank = _gather(trainer, pl_module, self._fit_figures())
-        worst = max(range(len(self.per_rank)), key=lambda r: self.per_rank[r]["wait_fraction"])
-        self.diagnosis = diagnose(self.per_rank[worst], self._config, rank=worst)
+        per_rank = self.per_rank = _gather(trainer, pl_module, self._fit_figures())
+        worst = max(range(len(per_rank)), key=lambda r: per_rank[r]["wait_fraction"])
+        self.diagnosis = diagnose(per_rank[worst], self._config, rank=worst)
         if self._probe is not None and self._probe.cached:
-            self._replay(trainer, pl_module, worst)
+            self._replay(trainer, pl_module, self._probe, per_rank, worst)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -169,14 +171,21 @@ class DataLoadingMonitor(Callback):
         span = self._loader.metrics_snapshot().minus(self._fit_start)
         return figures(span.plus(self._retired))
 
-    def _replay(self, trainer: pl.Trainer, pl_module: pl.LightningModule, rank: int) -> None:
-        """Every rank replays (DDP's backward is a collective); the floor of ``rank`` is reported."""
-        probe = self._probe
+    def _replay(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        probe: ReplayProbe,
+        per_rank: list[dict[str, float]],
+        rank: int,
+    ) -> None:
+        """Every rank replays (DDP's backward is a collective); the floor of ``rank`` (of ``per_rank``,
+        the fit's figures) is reported."""
         floor = _gather(trainer, pl_module, {"step_s": probe.replay(trainer, pl_module)})[rank]["step_s"]
-        self.replay = floor_figures(self.per_rank[rank], self._config, floor, probe)
+        replay = self.replay = floor_figures(per_rank[rank], self._config, floor, probe)
         probe.reset()  # the cached batches leave the device
         if trainer.is_global_zero:
-            metrics = {f"{self.prefix}replay/{name}": value for name, value in self.replay.items()}
+            metrics = {f"{self.prefix}replay/{name}": value for name, value in replay.items()}
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=max(_log_step(trainer) - 1, 0))
 

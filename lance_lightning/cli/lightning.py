@@ -98,7 +98,7 @@ class LanceLightningCLI(LightningCLI):
                 _refuse_overwriting(callback)
         self._log_folders = {root: _entries(root) for root in _logger_roots(self.trainer)}
         self._train_started = _TrainStarted()
-        self.trainer.callbacks.append(self._train_started)
+        self.trainer.callbacks.append(self._train_started)  # type: ignore[attr-defined]  # set by Lightning's connector
 
     def before_validate(self) -> None:
         self._preflight()
@@ -139,7 +139,8 @@ class LanceLightningCLI(LightningCLI):
                 trainer.save_checkpoint(last, weights_only=callback.save_weights_only)
                 callback.last_model_path = last
             if trainer.is_global_zero:
-                print(f"logs: {os.path.abspath(log_dir)}\ncheckpoints: {callback.dirpath if callback else None}")
+                logs = os.path.abspath(log_dir) if log_dir is not None else None  # (SaveConfigCallback needs one)
+                print(f"logs: {logs}\ncheckpoints: {callback.dirpath if callback else None}")
                 latest = callback.last_model_path or callback.best_model_path if callback is not None else ""
                 if latest:
                     print(f"resume with: {resume_command(self._command, latest)}")
@@ -155,7 +156,8 @@ class LanceLightningCLI(LightningCLI):
         for root, before in self._log_folders.items():
             _remove_new_log_folder(root, before, trainer)
         loop = trainer.fit_loop
-        epochs, steps = loop.epoch_progress.current.processed, trainer.global_step
+        # Lightning types `_Progress.current` as the base tracker; the fit loop's epoch tracker counts ``processed``.
+        epochs, steps = loop.epoch_progress.current.processed, trainer.global_step  # type: ignore[attr-defined]
         reached, raised = [], []
         if loop.max_steps != -1 and steps >= loop.max_steps:
             per_epoch = trainer.num_training_batches

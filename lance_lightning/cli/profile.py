@@ -40,7 +40,7 @@ from typing import Any, TextIO
 
 from lance_lightning.checks import check_int
 from lance_lightning.errors import ConfigError
-from lance_lightning.vocabulary import STAGE_OF_SPLIT
+from lance_lightning.vocabulary import STAGE_OF_SPLIT, Split
 
 #: Top-level keys of LightningCLI configs that the profiler accepts and ignores.
 _IGNORED_DICTS = ("trainer", "model", "optimizer", "lr_scheduler")
@@ -109,7 +109,7 @@ def build_parser(
 
 
 def run_profile(
-    datamodule: Any, split: str = "train", batches: int = 200, *, progress: bool = True, out: TextIO | None = None
+    datamodule: Any, split: Split = "train", batches: int = 200, *, progress: bool = True, out: TextIO | None = None
 ) -> str:
     """Read ``batches`` batches of ``split`` from ``datamodule``; return (and print) the report."""
     from tqdm.auto import tqdm

@@ -183,7 +183,8 @@ class ViewCopier:
                         str(dest),
                         mode="append" if first else "create",
                         max_rows_per_file=max(self.chunk_rows, 1024),
-                        data_storage_version=self.dataset.data_storage_version,
+                        # Lance types the property `str`; it holds one of the versions a write takes.
+                        data_storage_version=self.dataset.data_storage_version,  # type: ignore[arg-type]
                     )
                 except BaseException:
                     stream = None  # the next attempt starts a fresh read after the committed rows

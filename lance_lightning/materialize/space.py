@@ -42,11 +42,14 @@ _SPACE_FIXES = {
 def estimate_view_bytes(pinned: PinnedSource, dataset: lance.LanceDataset, rows: int, staged: bool) -> int:
     """Bytes a view of ``rows`` selected rows of ``pinned`` will take (doubled when ``staged``)."""
     try:
-        by_id = {f.id: f.bytes_on_disk for f in dataset.stats.data_stats().fields}
+        # Lance annotates `DataStatistics.fields` as one `FieldStatistics`; it is a list of them.
+        by_id = {f.id: f.bytes_on_disk for f in dataset.stats.data_stats().fields}  # type: ignore[attr-defined]
         ids: list[int] = []
         stack = [dataset.lance_schema.field(name) for name in pinned.columns]
         while stack:
             fld = stack.pop()
+            if fld is None:  # a column the schema lacks: the whole version, below
+                raise KeyError("a column without a Lance field")
             ids.append(fld.id())
             stack.extend(fld.children())
         selected = sum(by_id.get(i, 0) for i in ids)
@@ -112,9 +115,12 @@ def _message(pinned: PinnedSource, root: Path, fix: str, detail: str) -> str:
 
 def _root_cause(error: BaseException) -> BaseException:
     seen = set()
-    while (error.__cause__ or error.__context__) is not None and id(error) not in seen:
+    while id(error) not in seen:
+        following = error.__cause__ or error.__context__
+        if following is None:
+            break
         seen.add(id(error))
-        error = error.__cause__ or error.__context__
+        error = following
     return error
 
 

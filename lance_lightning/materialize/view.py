@@ -240,13 +240,12 @@ class MaterializedView:
                 param="train",
                 verify=self.verify,
             )
+            cause = f"the copy again went to {result.uri}"
         except ConfigError as error:
             if error.param == "materialize.cache_dir":
                 raise
             result = None
             cause = f"{error.problem} ({error.param})"
-        else:
-            cause = f"the copy again went to {result.uri}"
         if result is not None and result.uri == str(view):
             return LanceSource(uri=str(view), columns=list(result.manifest["columns"]))
         raise ConfigError(
@@ -317,7 +316,7 @@ def materialize_view(
     param: str = "materialize",
     matched_rows: int | None = None,
     matches: RowSet | None = None,
-    verify: str = "stat",
+    verify: Literal["stat", "checksum"] = "stat",
     cache_param: str | None = None,
     unreadable: tuple[str, str] | None = None,
 ) -> ViewResult:
@@ -462,9 +461,10 @@ def _cache_root(cache_dir: str, param: str) -> Path:
 
 def _identity(pinned: PinnedSource, dataset: lance.LanceDataset, shuffle_seed: int | None) -> dict[str, Any]:
     """Everything that determines a view's content. No credentials: only endpoint-like options."""
+    stamp: str | None
     try:
-        stamp = dataset.get_version()["timestamp"]
-        stamp = stamp.isoformat() if hasattr(stamp, "isoformat") else str(stamp)
+        timestamp = dataset.get_version()["timestamp"]
+        stamp = timestamp.isoformat() if isinstance(timestamp, dt.datetime) else str(timestamp)
     except Exception:  # noqa: BLE001 - older Lance: the version number alone
         stamp = None
     options = pinned.storage_options or {}

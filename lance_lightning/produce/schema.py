@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.produce.convert import UnsupportedColumnError, column_kind
+from lance_lightning.vocabulary import Split
 
 
 def read_schema(plan: Any) -> pa.Schema:
@@ -32,7 +33,7 @@ def read_schema(plan: Any) -> pa.Schema:
     )
 
 
-def check_read_schema(plans: Mapping[str, Any], fill_nulls: Mapping[str, Any], transform: Any) -> None:
+def check_read_schema(plans: Mapping[Split, Any], fill_nulls: Mapping[str, Any], transform: Any) -> None:
     """Raise `ConfigError` for a column, fill value or transform that cannot work (module docstring)."""
     for split, plan in plans.items():
         schema = read_schema(plan)

@@ -17,6 +17,8 @@ Guarantees:
 
 from __future__ import annotations
 
+from typing import Literal
+
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -61,7 +63,7 @@ def build_indexes(dataset: lance.LanceDataset, columns: list[str] | None) -> lis
     built = []
     for column in columns or []:
         values = pc.count_distinct(dataset.to_table(columns=[column])[column], mode="all").as_py()
-        kind = "BITMAP" if values <= BITMAP_MAX_VALUES else "BTREE"
+        kind: Literal["BITMAP", "BTREE"] = "BITMAP" if values <= BITMAP_MAX_VALUES else "BTREE"
         if index_name(column) not in have:
             dataset.create_scalar_index(column, kind, name=index_name(column))
         built.append(f"{kind} on {column} ({values:,} distinct values)")

@@ -118,10 +118,13 @@ def model_identity(pl_module: Any, trainer: Any = None, weights: bool = True) ->
     code = hashlib.sha256()
     for name in ("predict_step", "forward"):
         function = getattr(kind, name, None)
-        try:
-            code.update(inspect.getsource(function).encode())
-        except (OSError, TypeError):
-            code.update(repr(getattr(function, "__qualname__", function)).encode())
+        source = None
+        if function is not None:
+            try:
+                source = inspect.getsource(function)
+            except (OSError, TypeError):
+                pass
+        code.update((repr(getattr(function, "__qualname__", function)) if source is None else source).encode())
     identity = {"class": f"{kind.__module__}.{kind.__qualname__}", "hparams": hparams, "code": code.hexdigest()[:16]}
     if weights:
         digest = hashlib.sha256()

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lance
 import numpy as np
@@ -49,6 +49,9 @@ from lance_lightning.write.predict_store import (
     record_schema,
     split_addresses,
 )
+
+if TYPE_CHECKING:
+    from lance.lance.schema import LanceField
 
 #: The transaction property naming the prediction run a commit belongs to.
 RUN_PROPERTY = "lance-lightning.predict-run"
@@ -108,10 +111,11 @@ def commit(
     call made it (false: a twin run of the same run id had committed it). Rows another writer
     appended since the read version are kept, with nulls in new columns (their old values in
     overwritten ones)."""
-    records = [folder.record(fragment) for fragment in fragments]
-    missing = [fragment for fragment, record in zip(fragments, records, strict=True) if record is None]
+    found = [folder.record(fragment) for fragment in fragments]
+    missing = [fragment for fragment, record in zip(fragments, found, strict=True) if record is None]
     if missing:
         raise RuntimeError(f"prediction run {run}: fragments {missing} have no record at commit time")
+    records = [record for record in found if record is not None]
     mine = [record_metadata(record) for record in records]
     for attempt in range(attempts):
         twin = committed_version(source.location, source.storage_options, source.version, run)
@@ -137,7 +141,7 @@ def commit(
 
 def _replacement(latest: lance.LanceDataset, fragments: list[Any], columns: list[str]) -> Any:
     """A ``DataReplacement`` giving ``columns`` the data of each fragment's new file (its last)."""
-    ids = [latest.lance_schema.field(name).id() for name in columns]
+    ids = [_field(latest, name).id() for name in columns]
     groups = []
     for fragment in fragments:
         new = fragment.files[-1]
@@ -148,11 +152,21 @@ def _replacement(latest: lance.LanceDataset, fragments: list[Any], columns: list
     return lance.LanceOperation.DataReplacement(groups)
 
 
+def _field(latest: lance.LanceDataset, name: str) -> LanceField:
+    """The Lance field of column ``name``, which the latest version has (only appends came since the
+    version the run read, which has it: `_appended_fragments`)."""
+    field = latest.lance_schema.field(name)
+    if field is None:
+        raise RuntimeError(f"version {latest.version} of {latest.uri} has no column {name!r} to overwrite")
+    return field
+
+
 def _appended_fragments(source: PinnedSource, latest: lance.LanceDataset) -> list[Any]:
     """The fragments other writers appended since the read version (a `ConfigError` for any other
     change: a compaction, delete, update or schema change moves or rewrites the rows predicted)."""
     for version in range(source.version + 1, latest.version + 1):
-        operation = type(latest.read_transaction(version).operation).__name__
+        transaction = latest.read_transaction(version)
+        operation = "an unrecorded change" if transaction is None else type(transaction.operation).__name__
         if operation == "BaseOperation":  # what pylance 14 shows for a compaction's Rewrite
             operation = "a compaction, or another rewrite"
         if operation != "Append":

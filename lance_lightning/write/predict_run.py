@@ -34,7 +34,7 @@ def together(trainer: Any, action: Any) -> None:
         raise error or RuntimeError("prediction writer: another rank failed (see its error); nothing was committed")
 
 
-def size(count: int) -> str:
+def size(count: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if count < 1024 or unit == "GiB":
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
@@ -125,7 +125,7 @@ class Slots:
     def _offsets(self, fragment: int) -> np.ndarray:
         """The offsets of the fragment's rows the read matches (its live rows matching the filter)."""
         if fragment not in self.offsets:
-            piece = self.source.open().get_fragment(fragment)
+            piece = self.source.fragment(fragment)
             if self.source.filter is None and piece.metadata.deletion_file is None:
                 self.offsets[fragment] = np.arange(piece.metadata.physical_rows, dtype=np.int64)
             else:

@@ -30,7 +30,7 @@ import base64
 import json
 import os
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -113,6 +113,13 @@ class RunFolder:
     def read_json(self, name: str) -> dict[str, Any] | None:
         data = self._read(name)
         return None if data is None else json.loads(data)
+
+    def written_json(self, name: str) -> dict[str, Any]:
+        """`read_json` of a file this run wrote before (its absence: the folder changed underneath)."""
+        value = self.read_json(name)
+        if value is None:
+            raise RuntimeError(f"the prediction run folder {self.path} lost its {name}")
+        return value
 
     def write_json(self, name: str, value: dict[str, Any]) -> None:
         self._write(name, json.dumps(value, sort_keys=True).encode())
@@ -219,13 +226,13 @@ class RunFolder:
         """Write ``fragment``'s new column file(s) from its pieces (no commit) and its record; with
         ``overwrite`` the file's columns get names of their own (`OVERWRITE_PREFIX`): the commit
         replaces the existing columns' data with them."""
-        dataset = source.open()
+        piece = source.fragment(fragment)
+        before = {data_file.path for data_file in piece.metadata.files}
         table, bad = good_rows(self.read_pieces(fragment))
         stored = {(OVERWRITE_PREFIX if overwrite else "") + name: kind for name, kind in types.items()}
-        metadata, schema = dataset.get_fragment(fragment).merge_columns(
+        metadata, schema = piece.merge_columns(
             _lookup(table, list(types), stored), columns=["_rowaddr"], reader_schema=pa.schema(list(stored.items()))
         )
-        before = {data_file.path for data_file in dataset.get_fragment(fragment).metadata.files}
         written = sum(f.file_size_bytes or 0 for f in metadata.files if f.path not in before)
         record = {
             "fragment": fragment,
@@ -269,7 +276,8 @@ def record_schema(record: dict[str, Any]) -> Any:
 def _schema_json(schema: LanceSchema) -> dict[str, Any]:
     """A Lance schema as JSON: its metadata and each field's protobuf bytes (what Lance's own
     ``__reduce__`` hands to ``LanceSchema._from_protos``), base64-encoded."""
-    _, (metadata, *fields) = schema.__reduce__()
+    # Lance's stub leaves out ``__reduce__`` (object's: ``str | tuple``); it returns (function, arguments).
+    _, (metadata, *fields) = cast("tuple[Any, tuple[Any, ...]]", schema.__reduce__())
     return {"metadata": metadata, "fields": [base64.b64encode(field).decode() for field in fields]}
 
 
@@ -279,7 +287,7 @@ def _lookup(table: pa.Table | None, names: list[str], types: dict[str, pa.DataTy
 
     def values(batch: pa.RecordBatch) -> pa.RecordBatch:
         wanted = batch.column("_rowaddr").to_numpy().astype(np.uint64).astype(np.int64) & _LOW
-        if len(offsets) == 0:
+        if table is None or len(offsets) == 0:
             return pa.record_batch([pa.nulls(len(wanted), kind) for kind in types.values()], names=list(types))
         index = np.minimum(np.searchsorted(offsets, wanted), len(offsets) - 1)
         take = pa.array(index, mask=offsets[index] != wanted)

@@ -137,7 +137,7 @@ class LancePredictionWriter(BasePredictionWriter):
         saved = self.folder.read_json("model.json")
         self._check_model(saved, checks.model_identity(pl_module, weights=False), source)
         runs.together(trainer, lambda: self._prepare(source) if trainer.global_rank == 0 else None)
-        self.state = self.folder.read_json("run.json")
+        self.state = self.folder.written_json("run.json")
         marker = self.folder.read_json("marker.json")
         if marker is not None:
             self._skip(trainer)
@@ -371,7 +371,7 @@ class LancePredictionWriter(BasePredictionWriter):
     def _mark(self, source: PinnedSource, version: int, twin: bool = False) -> None:
         """Rank zero, after the commit: the marker, the report line, the pieces and the hold released
         (``twin``: a concurrent run of the same command made the commit)."""
-        fragments = [int(f) for f in self.folder.read_json("run.json")["order"]]
+        fragments = [int(f) for f in self.folder.written_json("run.json")["order"]]
         latest = lance.dataset(source.location, storage_options=source.storage_options)
         bad = commits.bad_rows(self.folder, fragments)
         if self.table:
