@@ -5,7 +5,9 @@ Guarantees:
   mixture's sources) or the materialized view the saved cursor was read at, where no version was
   configured as a number (a version named by a tag or ``asof`` is re-pinned to the number the
   cursor holds, though the tag has moved since): a resume reads the rows the cursor counts, after
-  the dataset moved on. Under a
+  the dataset moved on. A re-pinned plain source is shown (``explain()``, the resume line) with the
+  name and the number: ``version 1 (tag release-1 when the checkpoint was saved; it now names
+  version 2)``. Under a
   trainer the split is planned here for the first time (``setup`` leaves it to the restore), so a
   resume surveys the data once. The data module then restores the cursor strictly
   (`lance_lightning.cursor.tracker.CursorTracker.restore`); with ``resume_data=False`` it is not
@@ -37,8 +39,8 @@ from lance_lightning.materialize.view import MaterializedView
 from lance_lightning.plan.contract import Plan
 from lance_lightning.plan.mixture import LanceMixture
 from lance_lightning.redaction import redact_userinfo
-from lance_lightning.source import LanceSource
-from lance_lightning.version_ref import names_a_number
+from lance_lightning.source import LanceSource, PinnedSource, pin_source
+from lance_lightning.version_ref import names_a_number, resolve_version
 
 _GONE = "the checkpoint's data cursor was read at this version, which no longer exists"
 _FIX = "restore that version, or resume with `resume_data=False` to start the data epoch fresh"
@@ -78,13 +80,29 @@ def _repin_source(
         if view is not None:
             plan(view)
     elif target is not None:
-        source = configured
         try:
-            plan(replace(source, version=target[1], asof=None))
+            plan(_repinned(configured, target[1]))
         except ConfigError as error:
             if not error.param.endswith(".version"):
                 raise  # another mistake (a redacted credential, a bad filter): its own message
             raise ConfigError("train.version", target[1], _GONE, _FIX) from error
+
+
+def _repinned(configured: LanceSource, number: int) -> LanceSource | PinnedSource:
+    """``configured`` pinned at ``number``, the checkpoint's version; where the config names its
+    version by a tag or ``asof``, shown with that name and the number it names now."""
+    pinned_here = replace(configured, version=number, asof=None)
+    if configured.version is None and configured.asof is None:
+        return pinned_here  # the latest version: no name to show
+    pinned = pin_source(pinned_here, "train")
+    try:  # tags and versions are the dataset's, whichever version is checked out
+        now, named = resolve_version(pinned.open(), configured.version, configured.asof, "train", pinned.uri)
+    except ConfigError as error:  # the tag was deleted since, or the moment names no version now
+        named = f"tag {configured.version}" if configured.asof is None else f"asof {configured.asof}"
+        return replace(pinned, pinned_by=f"{named} when the checkpoint was saved; now {error.problem}")
+    if now == number:
+        return replace(pinned, pinned_by=named)
+    return replace(pinned, pinned_by=f"{named} when the checkpoint was saved; it now names version {now}")
 
 
 def _repin_mixture(

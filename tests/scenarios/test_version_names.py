@@ -82,7 +82,35 @@ def test_resume_after_the_tag_moved_reads_the_checkpoints_version(tmp_path: Path
         )
     assert resumed.seen == whole.seen[K:], "the resumed epoch or a later one differs from the uninterrupted run"
     plan = next(line for line in lines if line.startswith("split 'train'"))
-    assert "@ version 1," in plan and f"resume: data epoch 0 at row {K * BATCH} of {ROWS} (version 1;" in plan, plan
+    # Both the name and the number the checkpoint pinned, and where the tag points now.
+    shown = "version 1 (tag release-1 when the checkpoint was saved; it now names version 2)"
+    assert f"@ {shown}," in plan, plan
+    assert f"resume: data epoch 0 at row {K * BATCH} of {ROWS} ({shown};" in plan, plan
+
+
+@pytest.mark.parametrize("tag", ["kept", "deleted"])
+def test_resume_line_names_a_tag_that_stayed_or_was_deleted(
+    tmp_path: Path, tagged: tuple[str, datetime], tag: str
+) -> None:
+    """A tag still at the checkpoint's version is shown as configured; a deleted one is named with
+    what is wrong with it now, and the resume still reads the checkpoint's version."""
+    uri, _ = tagged
+    whole = fit_recording(tmp_path / "whole", _dm(uri, version=1), max_epochs=2)
+    fit_recording(tmp_path / "a", _dm(uri, version="release-1"), ckpt_every=K, max_steps=K)
+    if tag == "deleted":
+        lance.dataset(uri).tags.delete("release-1")
+    with _printed() as lines:
+        resumed = fit_recording(
+            tmp_path / "b", _dm(uri, version="release-1"), max_epochs=2, ckpt=tmp_path / "a" / "ckpt" / f"step={K}.ckpt"
+        )
+    assert resumed.seen == whole.seen[K:]
+    plan = next(line for line in lines if line.startswith("split 'train'"))
+    shown = (
+        "version 1 (tag release-1)"
+        if tag == "kept"
+        else "version 1 (tag release-1 when the checkpoint was saved; now no tag of that name at "
+    )
+    assert f"resume: data epoch 0 at row {K * BATCH} of {ROWS} ({shown}" in plan, plan
 
 
 def test_a_tag_from_yaml(tmp_path: Path, tagged: tuple[str, datetime]) -> None:
