@@ -78,14 +78,17 @@ def tolerance(codec: str) -> float:
     whole-stream decode: 0.0 for PCM and lossless codecs, `TOLERANCE` for lossy ones."""
     if codec.startswith("pcm_") or codec in LOSSLESS:
         return 0.0
-    return TOLERANCE.get(_family(codec), DEFAULT_TOLERANCE)
+    family = _family(codec)
+    return DEFAULT_TOLERANCE if family is None else TOLERANCE[family]
 
 
 def preroll(codec: str, source_rate: int) -> int:
     """Source samples decoded and discarded before a window of ``codec`` (0 when lossless)."""
     if tolerance(codec) == 0.0:
         return 0
-    return math.ceil(PREROLL_SECONDS.get(_family(codec), DEFAULT_PREROLL_SECONDS) * source_rate)
+    family = _family(codec)
+    seconds = DEFAULT_PREROLL_SECONDS if family is None else PREROLL_SECONDS.get(family, DEFAULT_PREROLL_SECONDS)
+    return math.ceil(seconds * source_rate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +215,8 @@ class _Window:
     filled: int = 0
 
     def take(self, frames: Iterable[Any]) -> None:
+        if self.position is None:
+            raise RuntimeError("a window takes frames only once its position is set")
         count = self.samples.shape[1]
         for frame in frames:
             data = frame.to_ndarray()

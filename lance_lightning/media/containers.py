@@ -33,9 +33,9 @@ import itertools
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Generator, Hashable
 from fractions import Fraction
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 import av
 import av.error
@@ -51,13 +51,32 @@ from lance_lightning.media.frame_index import coarse_audio, frame_index, seek_fl
 AVIO_BUFFER_BYTES = 16 * 1024
 
 
+class MediaFile(Protocol):
+    """The file object media is read from (the module docstring): ``close`` is called by ``close()``."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+    def seek(self, offset: int, whence: int = 0, /) -> int: ...
+    def tell(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class _CountedFile(MediaFile, Protocol):
+    """What `CountingFile` passes through besides `MediaFile`'s calls."""
+
+    def readinto(self, buffer: Any, /) -> int | None: ...
+    def seekable(self) -> bool: ...
+    def readable(self) -> bool: ...
+    @property
+    def closed(self) -> bool: ...
+
+
 @dataclasses.dataclass(eq=False)
 class OpenMedia:
     """An opened container and the stream decoded from it; times are in seconds."""
 
     container: Any
     stream: Any
-    file: BinaryIO
+    file: MediaFile
     time_base: Fraction
     #: The stream's first timestamp, in ``time_base`` units and in seconds.
     start_pts: int
@@ -101,7 +120,7 @@ class OpenAudio(OpenMedia):
     grid: tuple[int, int] | None = None
 
 
-def open_video(file: BinaryIO) -> OpenVideo:
+def open_video(file: MediaFile) -> OpenVideo:
     """The first video stream of ``file``, headers parsed and its frames indexed
     (`lance_lightning.media.frame_index`); `BadMedia` when there is none."""
     container, stream, _ = _open_stream(file, "video", {})
@@ -130,7 +149,7 @@ def open_video(file: BinaryIO) -> OpenVideo:
         raise
 
 
-def open_audio(file: BinaryIO) -> OpenAudio:
+def open_audio(file: MediaFile) -> OpenAudio:
     """The first audio stream of ``file``, headers parsed; `BadMedia` when there is none."""
     # One packet is enough to know an audio stream (the default probes 5 s: a whole WAV file).
     options = {"probesize": "32"}
@@ -167,7 +186,7 @@ def open_audio(file: BinaryIO) -> OpenAudio:
         raise
 
 
-def _starts_with(file: BinaryIO, magic: bytes) -> bool:
+def _starts_with(file: MediaFile, magic: bytes) -> bool:
     start = file.tell()
     try:
         return file.read(len(magic)) == magic
@@ -175,7 +194,7 @@ def _starts_with(file: BinaryIO, magic: bytes) -> bool:
         file.seek(start)
 
 
-def _open_stream(file: BinaryIO, kind: str, options: dict[str, str]) -> tuple[Any, Any, tuple[int, float, float]]:
+def _open_stream(file: MediaFile, kind: str, options: dict[str, str]) -> tuple[Any, Any, tuple[int, float, float]]:
     try:
         container = av.open(file, mode="r", buffer_size=AVIO_BUFFER_BYTES, container_options=options)
     except av.error.FFmpegError as error:
@@ -199,7 +218,7 @@ def _open_stream(file: BinaryIO, kind: str, options: dict[str, str]) -> tuple[An
         raise
 
 
-def decode_from(opened: OpenMedia, seconds: float) -> Iterator[Any]:
+def decode_from(opened: OpenMedia, seconds: float) -> Generator[Any, None, None]:
     """Frames of ``opened.stream`` decoded forward from the keyframe at or before ``seconds``.
 
     The first frame yielded starts at or before ``seconds`` (or is the stream's first). A demuxer
@@ -280,7 +299,7 @@ def _close_all(closing: list[OpenMedia]) -> None:
 class CountingFile:
     """Delegates to ``file``, counting ``bytes_read`` and ``read_calls`` (reads and readintos)."""
 
-    def __init__(self, file: BinaryIO) -> None:
+    def __init__(self, file: _CountedFile) -> None:
         self.file = file
         self.bytes_read = 0
         self.read_calls = 0
@@ -291,7 +310,7 @@ class CountingFile:
         self.read_calls += 1
         return data
 
-    def readinto(self, buffer: Any) -> int:
+    def readinto(self, buffer: Any) -> int | None:
         count = self.file.readinto(buffer)
         self.bytes_read += count or 0
         self.read_calls += 1

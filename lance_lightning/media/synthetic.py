@@ -119,8 +119,8 @@ def encode_audio(samples: np.ndarray, sample_rate: int, codec: str = "flac") -> 
             frame = av.AudioFrame.from_ndarray(chunk, format="s16", layout=layout)
             frame.sample_rate, frame.pts, frame.time_base = sample_rate, start, Fraction(1, sample_rate)
             frames.append(frame)
-        for frame in [*frames, None]:  # None: flush the encoder
-            for packet in stream.encode(frame):
+        for to_encode in [*frames, None]:  # None: flush the encoder
+            for packet in stream.encode(to_encode):
                 if packet.size:
                     packets.append((packet.pts, packet.size, packet.duration))
                 output.mux(packet)

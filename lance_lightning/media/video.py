@@ -177,9 +177,11 @@ def _thresholds(opened: OpenVideo, indices: np.ndarray) -> np.ndarray:
     return (pts[indices] + before) / 2 * float(opened.time_base)
 
 
-def _copy_rgb(frame: object, into: np.ndarray) -> None:
+def _copy_rgb(frame: av.VideoFrame, into: np.ndarray) -> None:
     """Copy an rgb24 frame's pixels into ``into`` (``[H, W, 3]``), skipping the rows' padding."""
     plane = frame.planes[0]
     height, width = into.shape[:2]
-    rows = np.frombuffer(plane, np.uint8, count=height * plane.line_size).reshape(height, plane.line_size)
+    # The plane's buffer, as a memoryview: NumPy's stubs take no other buffer type (the same bytes, not copied).
+    data = memoryview(plane)
+    rows = np.frombuffer(data, np.uint8, count=height * plane.line_size).reshape(height, plane.line_size)
     into[...] = rows[:, : width * 3].reshape(height, width, 3)
