@@ -25,24 +25,13 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.media.probe import MEDIA_FIELDS, probe
-from lance_lightning.write.units import (
-    Item,
-    Skipped,
-    Survey,
-    Unit,
-    check_input,
-    empty_input,
-    refuse_foreign,
-    relative,
-    walk_files,
-    with_id,
-)
+from lance_lightning.write.input_fs import Input, open_input
+from lance_lightning.write.units import Item, Skipped, Survey, Unit, empty_input, refuse_foreign, suffix, with_id
 
 #: Lance's blob encoding for a large_binary field (stored out of line, read by ranges).
 BLOB_METADATA = {"lance-encoding:blob": "true"}
@@ -61,29 +50,29 @@ class ClassFolder:
     #: Video/audio: probe each file's streams into columns (`lance_lightning.media.probe`); False stores bytes only.
     probe: bool = True
 
-    def survey(self, input_: str, on_bad_file: str) -> Survey:
-        root = check_input(input_, file_ok=False)
+    def survey(self, input_: str, on_bad_file: str, storage_options: dict[str, str] | None = None) -> Survey:
+        source = open_input(input_, storage_options, file_ok=False)
         items: list[Item] = []
         classes: list[str] = []
         skipped: list[Skipped] = []
-        for path in walk_files(root, skipped, on_bad_file):
-            parts = path.relative_to(root).parts
+        for entry in source.files(skipped, on_bad_file):
+            parts = entry.path.split("/")
             if len(parts) == 1:
                 raise ConfigError(
                     "input",
-                    relative(path, root),
+                    entry.path,
                     f"is a file at the top level; --format {self.name} reads class sub-folders (root/<class>/<file>)",
                     "put every file in the folder of its class, or choose the --format of this file",
                 )
-            if path.suffix.lower() not in self.extensions:
+            if suffix(entry.path) not in self.extensions:
                 raise refuse_foreign(
-                    path, root, self.name, f"a {self.column} file ({', '.join(sorted(self.extensions))})"
+                    entry.path, self.name, f"a {self.column} file ({', '.join(sorted(self.extensions))})"
                 )
             if not classes or classes[-1] != parts[0]:
                 classes.append(parts[0])
-            items.append(Item(relative(path, root), path.stat().st_size, 1, len(classes) - 1))
+            items.append(Item(entry.path, entry.size, 1, len(classes) - 1, entry.mtime_ns))
         if not items:
-            raise empty_input(root, self.name, f"{self.column} files in class sub-folders")
+            raise empty_input(source, self.name, f"{self.column} files in class sub-folders")
         media = pa.field(self.column, pa.large_binary(), metadata=BLOB_METADATA if self.blob else None)
         fields = [
             media,
@@ -92,14 +81,14 @@ class ClassFolder:
             pa.field("path", pa.string()),
             *(MEDIA_FIELDS.get(self.column, []) if self.probe else []),
         ]
-        return Survey(root, items, with_id(fields), skipped, info={"classes": classes})
+        return Survey(source, items, with_id(fields), skipped, info={"classes": classes})
 
     def read(self, survey: Survey, unit: Unit, skipped: list[Skipped], on_bad_file: str) -> Iterator[pa.RecordBatch]:
         """Yield the unit's rows as record batches of at most `BATCH_ROWS` rows, in item order."""
         classes = survey.info["classes"]
         columns: dict[str, list] = {name: [] for name in survey.schema.names}
         for offset, item in enumerate(unit.items):
-            loaded = self._load(survey.root, item, skipped, on_bad_file)
+            loaded = self._load(survey.source, item, skipped, on_bad_file)
             if loaded is None:
                 continue
             data, facts = loaded
@@ -113,16 +102,18 @@ class ClassFolder:
         if columns["id"]:
             yield pa.RecordBatch.from_pydict(columns, schema=survey.schema)
 
-    def _load(self, root: Path, item: Item, skipped: list[Skipped], on_bad_file: str) -> tuple[bytes, dict] | None:
+    def _load(self, source: Input, item: Item, skipped: list[Skipped], on_bad_file: str) -> tuple[bytes, dict] | None:
         """The file's bytes and its probed stream facts (video/audio: `lance_lightning.media.probe`), or None when
         it is skipped (``on_bad_file="skip"``)."""
         facts: dict = {}
         try:
-            data = (root / item.path).read_bytes()
+            data = source.read_bytes(item.path)
             problem = "is empty" if not data else self._check(data)
             if problem is None and self.probe and self.column in MEDIA_FIELDS:
                 problem, facts = probe(self.column, data)
         except OSError as error:
+            if source.remote and not isinstance(error, FileNotFoundError):
+                raise  # the store failed (network, credentials): the run stops, resumable; no file is skipped
             problem = f"cannot be read ({error.strerror or error})"
         if problem is None:
             return data, facts

@@ -34,6 +34,7 @@ from lance_lightning.errors import ConfigError
 from lance_lightning.source import LanceSource, Prepare
 from lance_lightning.write.folders import AUDIO_FOLDER, IMAGE_FOLDER, VIDEO_FOLDER
 from lance_lightning.write.indexes import check_index_columns
+from lance_lightning.write.input_fs import Input
 from lance_lightning.write.report import PrepareReport, output_bytes
 from lance_lightning.write.shards import WebDataset
 from lance_lightning.write.tables import HuggingFace, Parquet
@@ -61,15 +62,20 @@ def prepare(
     reader = FORMATS[spec.format]
     if not spec.probe_media and hasattr(reader, "probe"):  # video/audio folders: bytes only
         reader = dataclasses.replace(reader, probe=False)
-    survey: Survey = reader.survey(spec.input, spec.on_bad_file)
-    _check_apart(survey.root, output)
+    survey: Survey = reader.survey(spec.input, spec.on_bad_file, storage_options)
+    _check_apart(survey.source, output)
     check_index_columns(spec.index, survey.schema)
     units = plan_units(survey.items, spec.unit_files, spec.unit_bytes)
     writer = DatasetWriter(output, survey, fingerprint(spec.format, survey, units, spec.index), storage_options)
     with _Lock(output) as lock:
         writer.discard_empty_staging()
-        state = writer.progress()
-        base = {"format": spec.format, "input": str(survey.root), "output": output, "units": len(units)}
+        state = writer.progress(units)
+        base: dict[str, Any] = {
+            "format": spec.format,
+            "input": survey.source.shown,
+            "output": output,
+            "units": len(units),
+        }
         if state.complete:
             lock.done()
             return _complete(writer, state, base)
@@ -90,7 +96,11 @@ def prepare(
         finally:
             bar.close()
         pairs = [(s.path, s.reason) for s in [*survey.skipped, *state.skipped, *skipped]]
-        record = {"fingerprint": writer.fingerprint, "format": spec.format, "input": str(survey.root)}
+        record: dict[str, Any] = {
+            "fingerprint": writer.fingerprint,
+            "format": spec.format,
+            "input": survey.source.shown,
+        }
         record |= {"skipped": [list(p) for p in pairs[:RECORDED_SKIPS]], "skipped_count": len(pairs)}
         dataset = writer.finish(record, spec.index)
         lock.done()
@@ -176,10 +186,12 @@ def _flatten(sources: Iterable[Any]) -> list[LanceSource]:
     return flat
 
 
-def _check_apart(root: Path, output: str) -> None:
+def _check_apart(source: Input, output: str) -> None:
     """Refuse an output inside the input (its files would be read as input by the next run)."""
-    if is_local(output) and Path(output).resolve().is_relative_to(root.resolve()):
-        raise ConfigError("output", output, f"is inside the input {root}", "write the dataset outside the input folder")
+    if source.contains(output):
+        raise ConfigError(
+            "output", output, f"is inside the input {source.shown}", "write the dataset outside the input folder"
+        )
 
 
 def _bar(total: int, initial: int, enabled: bool) -> Any:

@@ -22,24 +22,13 @@ from __future__ import annotations
 import re
 import tarfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pyarrow as pa
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.write.folders import BLOB_METADATA
-from lance_lightning.write.units import (
-    Item,
-    Skipped,
-    Survey,
-    Unit,
-    check_input,
-    empty_input,
-    refuse_foreign,
-    relative,
-    walk_files,
-    with_id,
-)
+from lance_lightning.write.input_fs import open_input, unreachable
+from lance_lightning.write.units import Item, Skipped, Survey, Unit, empty_input, refuse_foreign, with_id
 from lance_lightning.write.wds_types import ColumnTyper, cell, kind
 
 _SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
@@ -54,16 +43,17 @@ BATCH_ROWS = 256
 BLOB_BYTES = 1 << 20
 
 
-def _samples(tar: tarfile.TarFile) -> Iterator[tuple[str, list[tuple[str, tarfile.TarInfo | None]]]]:
+def _samples(tar: tarfile.TarFile) -> Iterator[tuple[str, list[tuple[str, tarfile.TarInfo]]]]:
     """(key, [(extension, member)]) per sample, in the shard's order; a member without an
-    extension comes as (its name, None)."""
-    key, members = None, []
+    extension comes as (its name, [])."""
+    key = ""  # no sample yet (a key has at least one character)
+    members: list[tuple[str, tarfile.TarInfo]] = []
     for member in tar:
         if not member.isfile():
             continue
         match = _KEY_EXT.match(member.name)
         if match is None:
-            yield member.name, [("", None)]
+            yield member.name, []
             continue
         if match.group(1) != key and members:
             yield key, members
@@ -79,21 +69,21 @@ class WebDataset:
 
     name = "webdataset"
 
-    def survey(self, input_: str, on_bad_file: str) -> Survey:
-        root = check_input(input_, file_ok=True)
+    def survey(self, input_: str, on_bad_file: str, storage_options: dict[str, str] | None = None) -> Survey:
+        source = open_input(input_, storage_options, file_ok=True)
         skipped: list[Skipped] = []
-        paths = [root] if root.is_file() else list(walk_files(root, skipped, on_bad_file))
-        items, extensions = [], {}
+        items: list[Item] = []
+        extensions: dict[str, tuple[int, int]] = {}  # extension -> (files, bytes)
         typers: dict[str, ColumnTyper] = {}
-        for path in paths:
-            if not path.name.lower().endswith(_SHARD_SUFFIXES):
-                raise refuse_foreign(path, root, self.name, "a tar shard (.tar, .tar.gz, .tgz)")
-            name = relative(path, root)
+        for entry in list(source.files(skipped, on_bad_file)):
+            name = entry.path
+            if not name.lower().endswith(_SHARD_SUFFIXES):
+                raise refuse_foreign(name, self.name, "a tar shard (.tar, .tar.gz, .tgz)")
             try:
-                with tarfile.open(path, "r:*") as tar:
+                with source.open(name) as handle, tarfile.open(fileobj=handle, mode="r:*") as tar:
                     samples = 0
                     for key, members in _samples(tar):
-                        if members[0][1] is None:
+                        if not members:
                             skipped.append(Skipped(f"{name}:{key}", "has no extension, so no sample key"))
                             continue
                         samples += 1
@@ -104,14 +94,16 @@ class WebDataset:
                                 typer = typers.setdefault(ext, ColumnTyper(ext))
                                 typer.see(f"{name}:{key}.{ext}", _bytes(tar, member))
             except (tarfile.TarError, EOFError, OSError) as error:
+                if source.remote and isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
+                    raise unreachable(source, error) from None  # nothing written yet; no shard skipped
                 problem = f"is not a readable tar shard ({error})"
                 if on_bad_file == "error":
                     raise ConfigError("input", name, problem, "replace the shard, or pass --on-bad-file skip") from None
                 skipped.append(Skipped(name, problem))
                 continue
-            items.append(Item(name, path.stat().st_size, samples))
+            items.append(Item(name, entry.size, samples, mtime_ns=entry.mtime_ns))
         if not any(item.rows for item in items):
-            raise empty_input(root, self.name, "samples in readable tar shards")
+            raise empty_input(source, self.name, "samples in readable tar shards")
         columns = {ext: ext.replace(".", "_") for ext in sorted(extensions)}
         for ext, column in columns.items():
             if column in ("key", "shard") or list(columns.values()).count(column) > 1:
@@ -133,7 +125,7 @@ class WebDataset:
             fields.append(pa.field(column, pa.large_binary(), metadata=BLOB_METADATA if blob else None))
         kinds = {ext: kind(ext) for ext in columns}
         info = {"columns": columns, "kinds": kinds, "notes": notes, "why": why}
-        return Survey(root, items, with_id(fields, where="the extensions of the shards' members"), skipped, info)
+        return Survey(source, items, with_id(fields, where="the extensions of the shards' members"), skipped, info)
 
     def read(self, survey: Survey, unit: Unit, skipped: list[Skipped], on_bad_file: str) -> Iterator[pa.RecordBatch]:
         """Yield the unit's samples as record batches of at most `BATCH_ROWS` rows, in order."""
@@ -143,9 +135,9 @@ class WebDataset:
         next_id = unit.first_id
         rows: list[dict] = []
         for item in unit.items:
-            with tarfile.open(shard_path(survey.root, item), "r:*") as tar:
+            with survey.source.open(item.path) as handle, tarfile.open(fileobj=handle, mode="r:*") as tar:
                 for key, members in _samples(tar):
-                    if members[0][1] is None:
+                    if not members:
                         continue
                     row = {"id": next_id, "key": key, "shard": item.path}
                     row.update(
@@ -163,8 +155,3 @@ class WebDataset:
 def _bytes(tar: tarfile.TarFile, member: tarfile.TarInfo | None) -> bytes:
     handle = tar.extractfile(member) if member is not None else None
     return handle.read() if handle is not None else b""
-
-
-def shard_path(root: Path, item: Item) -> Path:
-    """The shard's file (the input itself when it is one tar file)."""
-    return root if root.is_file() else root / item.path

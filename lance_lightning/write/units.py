@@ -1,8 +1,9 @@
 """What a prepare writes, as deterministic work units: the survey of the input and its split into units.
 
 Guarantees:
-- A `Survey` lists the input's items (files) in a fixed order (`walk_files`), with their sizes
-  and row counts, and the Arrow schema every unit's batches have (``id`` first).
+- A `Survey` lists the input's items (files) in a fixed order (`lance_lightning.write.input_fs`:
+  a local folder or any store ``pyarrow.fs`` opens), with their sizes, modification times and row
+  counts, and the Arrow schema every unit's batches have (``id`` first).
   The same input gives the same survey, on any machine and any number of workers.
 - `plan_units` splits the items, in that order, into units of at most ``unit_files`` files and
   ``unit_bytes`` input bytes (a larger file is a unit alone). Unit ``k`` covers the ids
@@ -10,29 +11,29 @@ Guarantees:
   stable whether a row before it was skipped, whatever the workers, and across an interrupted run.
 - `fingerprint` hashes the format, the items (path, size, rows), the unit boundaries and the
   schema: a rerun resumes a partial output only when it is the same.
+- `unit_files` hashes a unit's files (path, size, modification time): each unit's commit records
+  it, and a rerun resumes a partial output only when the files of its committed units are
+  unchanged (`lance_lightning.write.writer`): a file rewritten in place with the same size
+  (same fingerprint) is found too.
 - Every check of the input raises `ConfigError` naming the file or the flag, before anything is written:
   a column name Lance reserves (``_rowid``, ``_rowaddr``, ...) or ``id`` among them.
-- `walk_files` never opens what is not a regular file: FIFOs, sockets, devices, dangling symbolic
+- The listing never opens what is not a regular file: FIFOs, sockets, devices, dangling symbolic
   links, link loops and names that are not UTF-8 are skipped and listed (path shown escaped), or
-  refused by ``on_bad_file="error"``; a prepare never blocks on one.
+  refused by ``on_bad_file="error"``; a prepare never blocks on one (`input_fs.Input.files`).
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
-import os
-import stat
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.vocabulary import LANCE_RESERVED_COLUMNS
+from lance_lightning.write.input_fs import Input
 
 #: The column holding each row's stable integer id.
 ID_COLUMN = "id"
@@ -41,12 +42,13 @@ ID_COLUMN = "id"
 @dataclass(frozen=True)
 class Item:
     """One input file: ``path`` relative to the input root (``/``-separated), its ``size`` in bytes,
-    the ``rows`` it holds and, for class folders, its ``label``."""
+    the ``rows`` it holds, for class folders its ``label``, and its modification time (ns)."""
 
     path: str
     size: int
     rows: int
     label: int = -1
+    mtime_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,8 @@ class Skipped:
 class Survey:
     """The input as the writer sees it: items in order, their schema, files left out at survey time."""
 
-    root: Path
+    #: Where the files are (`lance_lightning.write.input_fs`): readers open items through it.
+    source: Input
     items: list[Item]
     schema: pa.Schema
     skipped: list[Skipped] = field(default_factory=list)
@@ -117,84 +120,52 @@ def fingerprint(format_: str, survey: Survey, units: list[Unit], index: list[str
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def walk_files(root: Path, skipped: list[Skipped], on_bad_file: str) -> Iterator[Path]:
-    """Every regular file under ``root``, folders in sorted order and a folder's files (sorted)
-    before its sub-folders'; hidden files and folders (``.DS_Store``, ``.git``) are left out. An
-    entry that is not a regular file (a FIFO, socket or device, a dangling symbolic link, a link
-    loop) or whose name is not UTF-8 is never opened: it is listed in ``skipped`` (or, with
-    ``on_bad_file="error"``, refused naming it) and left out."""
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(files):
-            if not name.startswith("."):
-                path = Path(folder) / name
-                problem = _not_a_file(path)
-                if problem is None:
-                    yield path
-                    continue
-                shown = shown_path(path, root)
-                if on_bad_file == "error":
-                    raise ConfigError(
-                        "input", shown, problem, "remove it from the input, or pass --on-bad-file skip to leave it out"
-                    )
-                skipped.append(Skipped(shown, problem))
+def unit_files(unit: Unit) -> str:
+    """A hash of the unit's files as the survey found them: path, size and modification time."""
+    described = [[item.path, item.size, item.mtime_ns] for item in unit.items]
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:32]
 
 
-def _not_a_file(path: Path) -> str | None:
-    """Why ``path`` is not a regular file with a UTF-8 name that prepare may open, or None."""
-    try:
-        os.fsencode(path).decode("utf-8")
-    except UnicodeDecodeError:
-        return "has a file name that is not UTF-8 (rename it)"
-    try:
-        mode = path.stat().st_mode  # follows a symbolic link; never opens the file
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            return "is a symbolic link loop"
-        if path.is_symlink():
-            return f"is a dangling symbolic link (to {os.readlink(path)})"
-        return f"cannot be read ({error.strerror or error})"
-    if stat.S_ISREG(mode):
-        return None
-    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
-    return f"is not a regular file ({kind}): never opened"
+def check_unchanged(recorded: list[str | None], units: list[Unit], shown: str, staging: str) -> None:
+    """Refuse (`ConfigError`) to resume when a committed unit's files were modified since its commit
+    (``recorded``: the hashes its commits hold): same paths and sizes, so the same fingerprint, but
+    another modification time; the rows committed hold the old files."""
+    for files, unit in zip(recorded, units):
+        if files is not None and files != unit_files(unit):
+            names = [item.path for item in unit.items]
+            listed = ", ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
+            raise ConfigError(
+                "input",
+                shown,
+                f"changed since the interrupted prepare at {staging} committed them: a file of {listed} "
+                "was modified (another modification time)",
+                f"put the files back as they were, or delete {staging} to prepare the current files",
+            )
 
 
-def shown_path(path: Path, root: Path) -> str:
-    """`relative`, with bytes that are not UTF-8 shown as ``\\xNN`` escapes."""
-    return os.fsencode(relative(path, root)).decode("utf-8", "backslashreplace")
-
-
-def relative(path: Path, root: Path) -> str:
-    """``path`` relative to ``root``, ``/``-separated (``path``'s name when it is ``root``)."""
-    return path.name if path == root else path.relative_to(root).as_posix()
-
-
-def check_input(input_: str | os.PathLike[str], *, file_ok: bool) -> Path:
-    """The input as a path, refused with a `ConfigError` when it is missing, or a file where a
-    folder is needed."""
-    path = Path(input_).expanduser()
-    if not path.exists():
-        raise ConfigError("input", str(input_), "does not exist", "give the folder (or file) holding the raw data")
-    if path.is_file() and not file_ok:
-        raise ConfigError("input", str(input_), "is a file; this format reads a folder", "give its folder")
-    return path
-
-
-def refuse_foreign(path: Path, root: Path, format_: str, expected: str) -> ConfigError:
-    """The error for a file of another kind in the input (a folder of mixed formats)."""
-    guess = FORMAT_OF_SUFFIX.get(path.suffix.lower())
+def refuse_foreign(path: str, format_: str, expected: str) -> ConfigError:
+    """The error for the file ``path`` (relative to the input) of another kind in the input (a folder
+    of mixed formats)."""
+    guess = FORMAT_OF_SUFFIX.get(suffix(path))
     hint = f"; it looks like --format {guess}" if guess and guess != format_ else ""
     return ConfigError(
         "input",
-        relative(path, root),
+        path,
         f"is not {expected}, which --format {format_} reads (a folder of mixed formats?){hint}",
         "move the other files out of the input, or choose the --format they have",
     )
 
 
-def empty_input(root: Path, format_: str, expected: str) -> ConfigError:
-    return ConfigError("input", str(root), f"holds no {expected} (--format {format_})", "check the path and --format")
+def suffix(path: str) -> str:
+    """The lowercased extension of a ``/``-separated path (``.jpg``), ``""`` if none."""
+    name = path.rsplit("/", 1)[-1]
+    return name[name.rindex(".") :].lower() if "." in name.lstrip(".") else ""
+
+
+def empty_input(source: Input, format_: str, expected: str) -> ConfigError:
+    return ConfigError(
+        "input", source.shown, f"holds no {expected} (--format {format_})", "check the path and --format"
+    )
 
 
 #: A file suffix -> the format that reads it, for the hint of `refuse_foreign`.

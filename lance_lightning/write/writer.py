@@ -15,9 +15,11 @@ Guarantees:
   each lists the field ids of the dataset's schema (blob columns included), whichever unit, pool
   or rerun wrote it; before each commit the fragments are checked against the dataset (its schema,
   its files' field ids) and a mismatch is refused (`IntegrityError`, nothing committed) rather
-  than committed as columns that read another column's data. Each commit's transaction properties hold
-  the plan's fingerprint, the unit's index and its skipped files: the record of committed units is
-  the dataset's own history, written in the same atomic commit as the unit's rows.
+  than committed as columns that read another column's data. A spawned worker exits when the
+  prepare that started it dies (SIGKILL): none is left running. Each commit's transaction
+  properties hold the plan's fingerprint, the unit's index, its files' hash and its skipped files:
+  the record of committed units is the dataset's own history, written in the same atomic commit
+  as the unit's rows.
 - Complete only when the last commit, an ``UpdateConfig``, sets the ``lance_lightning.prepare``
   config key (fingerprint, rows, skipped files, the indexes built). The scalar indexes a prepare
   asks for (`lance_lightning.write.indexes`) are committed just before it: a complete dataset has
@@ -25,7 +27,9 @@ Guarantees:
   a dataset without that key (for a local output, only under ``OUT.partial``) or a complete one.
   Data files written by a unit whose commit never happened are not referenced by any version;
   they are deleted when the dataset completes (``cleanup_old_versions``).
-- A rerun of the same prepare (same fingerprint) continues after the last committed unit; since
+- A rerun of the same prepare (same fingerprint) continues after the last committed unit, once it
+  has checked that the files of the committed units are unchanged (each commit records their
+  hash, `lance_lightning.write.units.unit_files`; a modified file is a `ConfigError`); since
   units, ids and commit order do not depend on timing or workers, the result equals an
   uninterrupted run's, row for row and in order. On a complete output it writes nothing.
 - A partial output whose data files are numbered two ways (left by a version before issue #50
@@ -46,7 +50,7 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lance
 import pyarrow as pa
@@ -56,13 +60,15 @@ from lance.fragment import write_fragments
 from lance_lightning.errors import ConfigError
 from lance_lightning.source import PREPARE_DONE_KEY, PREPARE_PLAN_KEY
 from lance_lightning.write.indexes import build_indexes
-from lance_lightning.write.units import Skipped, Survey, Unit
+from lance_lightning.write.units import Skipped, Survey, Unit, check_unchanged, unit_files
 
 #: Dataset config key of a complete prepare (JSON: fingerprint, format, input, rows, skipped); a
 #: reader refuses a prepared dataset without it (`lance_lightning.source.pin_source`).
 DONE_KEY = PREPARE_DONE_KEY
 #: Transaction properties of a unit's commit.
 PLAN_KEY, UNIT_KEY, SKIPPED_KEY = PREPARE_PLAN_KEY, "lance_lightning.prepare.unit", "lance_lightning.prepare.skipped"
+#: Transaction property of a unit's commit: its files' hash (`lance_lightning.write.units.unit_files`).
+FILES_KEY = "lance_lightning.prepare.files"
 #: Skipped files kept in the completion record (the report counts them all).
 RECORDED_SKIPS = 1000
 #: Rows per fragment file at most: a unit normally fits one fragment.
@@ -103,8 +109,9 @@ class DatasetWriter:
         self.staging = f"{output.rstrip('/')}.partial" if is_local(output) else output
 
     # -- what is there ------------------------------------------------------------------------
-    def progress(self) -> Progress:
-        """What the output holds; `ConfigError` if it is not this prepare's."""
+    def progress(self, units: list[Unit] | None = None) -> Progress:
+        """What the output holds; `ConfigError` if it is not this prepare's, or if the files of a
+        unit it committed changed since (another modification time: `check_unchanged`)."""
         done = self._open(self.output, "output")
         if done is not None:
             record = _record(done)
@@ -125,16 +132,18 @@ class DatasetWriter:
         record = _record(partial)
         if record.get("fingerprint") == self.fingerprint:
             return Progress(self.staging, complete=True, record=record)
-        units = _unit_commits(partial, self.fingerprint)
-        if units is None:
+        committed = _unit_commits(partial, self.fingerprint)
+        if committed is None:
             raise ConfigError(
                 "output",
                 self.staging,
                 "holds an interrupted prepare of other input or options (its fingerprint differs)",
                 f"rerun that prepare to finish it, or delete {self.staging} to start over",
             )
-        skipped = [Skipped(*pair) for props in units for pair in json.loads(props.get(SKIPPED_KEY, "[]"))]
-        return Progress(self.staging, committed=len(units), rows=partial.count_rows(), skipped=skipped)
+        recorded = [props.get(FILES_KEY) for props in committed]
+        check_unchanged(recorded, units or [], self.survey.source.shown, self.staging)
+        skipped = [Skipped(*pair) for props in committed for pair in json.loads(props.get(SKIPPED_KEY, "[]"))]
+        return Progress(self.staging, committed=len(committed), rows=partial.count_rows(), skipped=skipped)
 
     def _open(self, uri: str, param: str) -> lance.LanceDataset | None:
         if is_local(uri) and not Path(uri).exists():
@@ -186,7 +195,7 @@ class DatasetWriter:
             executor = _RayExecutor(local=is_local(self.staging))
         else:  # Lance is not fork-safe: spawned processes only
             executor = ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_interrupts
+                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker
             )
         with executor:
             pending: deque[tuple[Unit, Future]] = deque()
@@ -282,7 +291,8 @@ class DatasetWriter:
             if mode == "create" and "already exists" in str(error):
                 raise _AlreadyCreated(rows[0]) from None
             raise
-        return transaction.operation, skipped
+        # Lance's documented result: an ``Overwrite`` in create mode, an ``Append`` in append mode.
+        return cast(Written, transaction.operation), skipped
 
     def commit(self, unit: Unit, written: Written, skipped: list[Skipped]) -> None:
         """Commit one unit: its rows and its record, in one transaction; first check its fragments
@@ -291,7 +301,9 @@ class DatasetWriter:
             PLAN_KEY: self.fingerprint,
             UNIT_KEY: str(unit.index),
             SKIPPED_KEY: json.dumps([[s.path, s.reason] for s in skipped]),
+            FILES_KEY: unit_files(unit),
         }
+        operation: Written
         if unit.index == 0:
             if not isinstance(written, LanceOperation.Overwrite):
                 raise IntegrityError(f"unit 0 was written into an existing dataset at {self.staging}")
@@ -331,12 +343,24 @@ class DatasetWriter:
             shutil.rmtree(staging)
 
 
-def _ignore_interrupts() -> None:
+def _init_worker() -> None:
     """A spawned worker ignores Ctrl-C (SIGINT reaches the whole process group): the calling process
-    stops the prepare, and the workers finish or drop their units without a traceback of their own."""
+    stops the prepare, and the workers finish or drop their units without a traceback of their own.
+    It exits once the process that started it is gone (a SIGKILLed prepare): its call queue would
+    otherwise block it forever, holding the prepare's stdout and stderr open."""
     import signal
+    import threading
+    import time
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="lance-prepare-parent-watch", daemon=True).start()
 
 
 class _RayExecutor(Executor):
