@@ -24,13 +24,24 @@ import argparse
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from benchmarks import common
-from benchmarks.harness import report, runner
-from benchmarks.harness.registry import DEFAULTS, LOADERS, STORAGES, SUITES, WORKERS, WORKLOADS, SelectError, select
+from benchmarks.harness import report, runner, study
+from benchmarks.harness.registry import (
+    DEFAULTS,
+    LOADERS,
+    STORAGES,
+    STUDIES,
+    SUITES,
+    WORKERS,
+    WORKLOADS,
+    SelectError,
+    select,
+)
 
 CACHE = Path(os.environ.get("LANCE_LIGHTNING_BENCH_DIR", "/tmp/lance_lightning_bench")) / "harness"
 
@@ -52,6 +63,10 @@ def _list(selector: str | None) -> None:
     for name, s in SUITES.items():
         print(f"  {name:15s} -> results/{s.record}: {s.about}")
         print(f"  {'':15s}    cells: {' '.join(s.selectors)}; --quick: {' '.join(s.quick)}")
+    print("studies (benchmarks of record; parameters: --set KEY=VALUE):")
+    for name, st in STUDIES.items():
+        print(f"  {name:15s} -> results/{st.record}: {st.about}")
+        print(f"  {'':15s}    {' '.join(f'{k}={v}' for k, v in st.params.items())}; --quick: {st.quick or 'same'}")
 
 
 def _command() -> str:
@@ -59,6 +74,15 @@ def _command() -> str:
 
 
 def _run(args: argparse.Namespace) -> None:
+    if args.selectors[0] in STUDIES:
+        if len(args.selectors) > 1 or args.sizes or args.resume is not None:
+            raise SelectError(f"a study runs alone, its sizes as --set KEY=VALUE ({args.selectors[0]})")
+        if args.record and (args.quick or args.set):
+            raise SelectError("--record writes a result of record: not with --quick or --set")
+        study.run(args.selectors[0], args, _command())
+        return
+    if args.set:
+        raise SelectError("--set sets a study's parameters (python -m benchmarks list shows the studies)")
     suite = args.selectors[0] if args.selectors[0] in SUITES and len(args.selectors) == 1 else None
     if args.record and suite is None:
         named = " ".join(args.selectors)
@@ -101,11 +125,40 @@ def _run(args: argparse.Namespace) -> None:
     print(f"wrote {out}")
 
 
+#: Left out of ``all``: it starts its own S3 server and takes minutes (run it by name).
+NOT_IN_ALL = ("object-store",)
+
+
+def _all(args: argparse.Namespace) -> int:
+    """Every suite and study of record, one after the other, each in its own process (run together
+    they would measure each other); ``gpu`` only where CUDA is; exit 1 if any failed."""
+    runs = [*SUITES, *(s for s in STUDIES if s not in NOT_IN_ALL)]
+    runs = [r for r in runs if not args.only or any(name in r for name in args.only)]
+    outcomes = []
+    for name in runs:
+        if name == "gpu" and not __import__("torch").cuda.is_available():
+            print(f"\n=== {name}: skipped (needs a CUDA device)", flush=True)
+            continue
+        cmd = [sys.executable, "-m", "benchmarks", "run", name, "--quick" if args.quick else "--record"]
+        print(f"\n=== {name}: {shlex.join(cmd)}", flush=True)
+        began = time.perf_counter()
+        outcomes.append(
+            (name, subprocess.call(cmd, cwd=Path(__file__).resolve().parent.parent), time.perf_counter() - began)
+        )
+    print("\n=== summary")
+    for name, code, seconds in outcomes:
+        print(f"  {name:<24} {'ok' if code == 0 else f'FAILED (exit {code})':<18} {seconds:6.0f} s")
+    return 0 if outcomes and all(code == 0 for _, code, _ in outcomes) else 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     ls = sub.add_parser("list", help="the registry, or the cells a selector names")
     ls.add_argument("selector", nargs="?")
+    al = sub.add_parser("all", help="every suite and study of record, one after the other (--record, or --quick)")
+    al.add_argument("--quick", action="store_true", help="smoke runs: each one's --quick, nothing recorded")
+    al.add_argument("--only", nargs="+", metavar="NAME", help="only the runs whose name contains NAME")
     rn = sub.add_parser("run", help="measure the cells the selectors name")
     rn.add_argument("selectors", nargs="+", metavar="SELECTOR")
     rn.add_argument("--quick", action="store_true", help="a suite's smoke sizes, 1.5 s a cell")
@@ -116,6 +169,7 @@ def main() -> None:
     rn.add_argument("--again", action="store_true", help="also time a second loader's first batch in each cell")
     rn.add_argument("--sizes", help="a suite's cells at these sizes instead (comma list: 1m,10m,1e9)")
     rn.add_argument("--resume", type=int, default=None, help="ours: time N resumes at 10%% and 90%% of the epoch")
+    rn.add_argument("--set", action="append", metavar="KEY=VALUE", help="a study's parameter (repeatable)")
     rn.add_argument("--record", action="store_true", help="write the suite's result file under benchmarks/results/")
     rn.add_argument("--out", type=Path, default=None, help="result file (default: under the cache folder)")
     rn.add_argument("--cache-dir", type=Path, default=CACHE)
@@ -125,6 +179,8 @@ def main() -> None:
     # a run stopped by SIGTERM (a timeout) unwinds, so the running cell's process group is killed too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
+        if args.command == "all":
+            raise SystemExit(_all(args))
         _list(args.selector) if args.command == "list" else _run(args)
     except SelectError as exc:
         print(f"error: {exc}", file=sys.stderr)

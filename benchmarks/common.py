@@ -11,7 +11,7 @@ same run (the machines are shared and noisy). `paired` interleaves the candidate
 baseline, repeats the pair, and reports the median rows/s of each and the median of the
 per-repetition ratios.
 
-This is the one harness module of ``benchmarks/`` (benchmarks of record and ``probes/`` alike):
+The shared module of the harness's studies (``benchmarks.studies``) and the probes alike:
 
 - data: `vec_dataset`, `image_dataset` (`synthetic_jpegs`), `scale_dataset` (the scale
   benchmark's one-column tables, which the probes of ``probes/`` reuse), each written once under a
@@ -19,12 +19,13 @@ This is the one harness module of ``benchmarks/`` (benchmarks of record and ``pr
 - timing: `timed`, `paired`, `quiet_reps`, `steady_allocator`, `iterate` (an epoch's rows),
   `median_ms`, `interleaved_median_ms`; fresh processes: `run_child`;
   memory: `rss_mb`, `peak_rss_mb`;
-- the peer: `peer_loader` (pylance's ``lance.torch`` loader: bench_read, read_filters);
-- result files: `command_line`, `machine`, `stamp`, `load_average`, `markdown_table`, `bar_plot`,
+- the peer: `peer_loader` (pylance's ``lance.torch`` loader: the read and filter-scan studies);
+- result files: `command_line` (a probe's), `machine`, `stamp`, `load_average`, `Row`,
+  `markdown_table`, `rows_report` (a ratio study's table, set-up notes and raw figures), `bar_plot`,
   `write_result`.
 
-A script finds it by putting ``benchmarks/`` and the repository root on ``sys.path`` (the three
-lines at the top of every script) and then ``import common``.
+A study imports it as ``benchmarks.common``; a probe puts ``benchmarks/`` and the repository root on
+``sys.path`` (the lines at its top) and then ``import common``.
 """
 
 from __future__ import annotations
@@ -451,12 +452,7 @@ class Row:
 
 
 def command_line() -> str:
-    """The command that produced this run (relative to the repository root).
-
-    Under ``run_all.py`` this is run_all's own command (it sets ``LANCE_LIGHTNING_BENCH_COMMAND``).
-    """
-    if os.environ.get("LANCE_LIGHTNING_BENCH_COMMAND"):
-        return os.environ["LANCE_LIGHTNING_BENCH_COMMAND"]
+    """The command that produced this run (a probe's script, relative to the repository root)."""
     script = Path(sys.argv[0]).resolve()
     try:
         script = script.relative_to(BENCH_DIR.parent)
@@ -516,6 +512,32 @@ def markdown_table(rows: list[Row]) -> str:
             f"{r.ratio:.2f} | {target} | {r.status} |"
         )
     return "\n".join(lines)
+
+
+def rows_report(rows: list[Row], intro: str, notes: list[str], raw: list[str], plot: Path, title: str) -> str:
+    """A ratio study's result text: the intro, the table of `Row`, the targets failed, the set-up notes
+    and the raw figures per repetition; its bar plot written to ``plot``."""
+    failed = [f"{r.scenario} vs {r.baseline}" for r in rows if r.status == "FAIL"]
+    bar_plot(rows, plot, title)
+    return "\n".join(
+        [
+            intro,
+            "",
+            markdown_table(rows),
+            "",
+            f"Targets failed: {len(failed)} of {sum(r.target is not None for r in rows)}"
+            + ("" if not failed else ": " + "; ".join(failed)),
+            "",
+            "## Setup",
+            "",
+            *[f"- {n}" for n in notes],
+            *[f"- {r.scenario}: {r.note}" for r in rows if r.note],
+            "",
+            "## Raw rows/s per repetition",
+            "",
+            *raw,
+        ]
+    )
 
 
 def bar_plot(rows: list[Row], path: Path, title: str) -> None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device session for issue #43 (run from the repository root on the lent GPU machine):
-# the CUDA tests, then benchmarks/bench_gpu.py with its variants and the second model.
+# the CUDA tests, then the harness's gpu study (benchmarks/studies/gpu.py) with its variants and the second model.
 # pylance is not in the machine's image and there is no registry there: it travels as
 # .whl/lance.tar.xz (the pylance 14.0.2 wheel unpacked and xz-compressed, 48 MB; the wheel itself is
 # 85 MB, over the 64 MiB carry limit), carried with `carry: [".whl"]`.
@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 STEP_TESTS=${STEP_TESTS:-150}
 STEP_BENCH=${STEP_BENCH:-300}
-BENCH_ARGS=${BENCH_ARGS:---variants cpu=0.5+threads=12+prio cpu=0.75+threads=12 cpu=0.75+threads=12+prio cpu=0.9+threads=14+prio cpu=1.0+threads=14 --model2 --batch2 1024 --steps2 40}
+BENCH_ARGS=${BENCH_ARGS:---set variants=cpu=0.5+threads=12+prio,cpu=0.75+threads=12,cpu=0.75+threads=12+prio,cpu=0.9+threads=14+prio,cpu=1.0+threads=14 --set model2=true --set batch2=1024 --set steps2=40}
 PY=${PY:-python3}
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/session.log"; }
 
@@ -45,9 +45,9 @@ if [ "$left" -gt 20 ]; then
 fi
 grep -E "passed|failed|error|SKIPPED|FAILED|ERROR" "$OUT/tests.log" | tail -30 | tee -a "$OUT/session.log"
 
-log "bench_gpu.py $BENCH_ARGS (timeout ${STEP_BENCH}s)"
+log "python -m benchmarks run gpu $BENCH_ARGS (timeout ${STEP_BENCH}s)"
 # shellcheck disable=SC2086
-timeout "$STEP_BENCH" $PY benchmarks/bench_gpu.py --out "$OUT/gpu.md" --data-dir /tmp/benchdata $BENCH_ARGS \
+timeout "$STEP_BENCH" $PY -m benchmarks run gpu --out "$OUT/gpu.md" --cache-dir /tmp/benchdata $BENCH_ARGS \
   >"$OUT/bench.log" 2>&1
 echo "bench rc=$?" | tee -a "$OUT/session.log"
 grep -v -i "warning" "$OUT/bench.log" | grep -E "^\[|^  [^ ]+: \{" | tail -40 | tee -a "$OUT/session.log"

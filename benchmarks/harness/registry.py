@@ -19,7 +19,7 @@ worker value that `workers_value` learns to read.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class SelectError(ValueError):
@@ -220,6 +220,221 @@ SUITES: dict[str, Suite] = {
         seconds=0.0,
         target="2 workers cost at most 2 s more than 0 to the first batch (ours)",
         verdict="worker-start",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Study:
+    """A benchmark of record that is not a grid of loaders' rows/s (a fit resumed, memory over epochs,
+    metrics on and off, ...): ``benchmarks/studies/<module>.py``'s ``measure(p)`` with these parameters
+    (`benchmarks.harness.study`). Sizes, worker counts, strategies and repetitions are parameters here,
+    changed with ``--set KEY=VALUE``; ``quick`` holds the smoke run's."""
+
+    module: str
+    record: str  # under benchmarks/results/
+    title: str
+    about: str
+    params: dict = field(default_factory=dict)
+    quick: dict = field(default_factory=dict)
+    section: str = ""  # the study writes only this marked section of its result file
+    target: str = ""
+
+
+STUDIES: dict[str, Study] = {
+    "startup": Study(
+        "startup",
+        "startup.md",
+        "Start-up time of the command line",
+        "the lance-lightning commands (a fresh interpreter each) against python -c 'import lance'",
+        {"reps": 7, "rows": 2000},
+        {"reps": 3},
+        target="<= 1.5x for --help, materialize and profile --help",
+    ),
+    "mixture": Study(
+        "mixture",
+        "mixture.md",
+        "Mixtures: the position map and reading",
+        "LanceMixture's position map (positions/s at 10% and 90%, O(1)) and a two-source mixture's rows/s "
+        "against one RowShuffle source",
+        {"rows": 200_000, "batches": 100, "batch_size": 256, "batch": 4096, "reps": 5},
+        {"rows": 50_000, "batches": 20, "reps": 3},
+    ),
+    "packing": Study(
+        "packing",
+        "packing.md",
+        "Packing: setup time and memory on 10^7 documents, windows/s read",
+        "TokenPacking's setup time and memory (with and without lengths_column), windows/s read, mixing",
+        {"documents": 10_000_000, "small": 1_000_000, "max_len": 16, "seq_len": 2048, "batch_size": 8, "batches": 1000},
+        {"documents": 100_000, "small": 20_000, "batches": 20},
+    ),
+    "resume": Study(
+        "resume",
+        "resume.md",
+        "Resume benchmark: `Trainer.fit(ckpt_path=...)` to the first training batch",
+        "Trainer.fit(ckpt_path=...) to the first batch at 10%, 50% and 90% of an epoch, per strategy (O(1) resume)",
+        # 2**21 rows: whole shards of 8192 (a short shard would make every later batch span two ranges,
+        # which this benchmark would misread as a resume cost)
+        {
+            "rows": 2**21,
+            "batch_size": 8192,
+            "strategies": ["none", "shard", "row", "buffer"],
+            "positions": [0.1, 0.5, 0.9],
+            "filter": "",
+            "workers": 0,
+            "reps": 3,
+            "steps_per_position": 3,
+        },
+        {"rows": 200_000, "batch_size": 2048, "strategies": ["shard"], "reps": 1, "steps_per_position": 1},
+        target="t90/t10 <= 1.2 per strategy",
+    ),
+    "memory": Study(
+        "memory",
+        "memory.md",
+        "Memory benchmark: peak RSS per epoch over 20 epochs",
+        "peak RSS per epoch over a 20-epoch image fit (RowShuffle, DecodeImage), one run per worker count",
+        {"rows": 20_000, "epochs": 20, "batch_size": 128, "workers": [0, 2], "interval": 0.02},
+        {"rows": 5_000},
+        target="peak RSS of the last epoch / epoch 2 <= 1.05",
+    ),
+    "planning": Study(
+        "planning",
+        "planning.md",
+        "Planning once per node: N processes planning one filtered split against one process",
+        "planning once per node (issue #39): processes started together planning one 10% filter of a "
+        "10^7-row table against one process, survey cache off and on",
+        {"rows": 10_000_000, "processes": 8, "reps": 3},
+        {"rows": 100_000, "processes": 2, "reps": 1},
+        target="every ratio N processes / 1 (bytes, CPU, slowest first batch) <= 1.5 with the cache on",
+    ),
+    "metrics": Study(
+        "metrics",
+        "metrics.md",
+        "Metrics overhead benchmark",
+        "the loader and a fit with metrics on against off (scan, takes, JPEG decode, Trainer.fit); metrics.png",
+        {"rows": 1_000_000, "image_rows": 20_000, "reps": 12, "min_seconds": 0.5},
+        {"rows": 200_000, "image_rows": 5_000, "reps": 4, "min_seconds": 0.3},
+        target="rows/s with metrics on >= 0.97 x off",
+    ),
+    "read": Study(
+        "read",
+        "read.md",
+        "Read benchmark",
+        "the train loader against raw Lance reads of the same rows, every strategy and filter, and pylance's "
+        "LanceDataset (ratios; targets); read.png",
+        {"rows": 1_000_000, "image_rows": 20_000, "clump1_batches": 200, "reps": 5, "min_seconds": 1.0},
+        {"rows": 200_000, "image_rows": 5_000, "clump1_batches": 50, "reps": 3, "min_seconds": 0.3},
+        target="each row's ratio at least its target (the table's target column)",
+    ),
+    "filter-scan": Study(
+        "filter_scan",
+        "filter_scan.md",
+        "Filtered reads against lance.torch (issue #39)",
+        "filtered reads (label < 1, < 10, < 50; no index, BITMAP, BTREE) against lance.torch's "
+        "LanceDataset(filter=...): epoch rows/s, first batch, requests (its section of filter_scan.md)",
+        {"rows": 400_000, "reps": 5, "min_seconds": 1.0, "first_reps": 15},
+        {"rows": 60_000, "reps": 1, "min_seconds": 0.01, "first_reps": 1},
+        section="peer-filters",
+        target="epoch rows/s ratio >= 1.3 and first-batch ratio <= 2",
+    ),
+    "object-store": Study(
+        "object_store",
+        "object_store.md",
+        "Object store: rows/s, requests and bytes per epoch",
+        "every strategy and two 1% filters from an S3 server on loopback behind a latency proxy, remote "
+        "cache off and on, 0 and 2 workers: rows/s, requests, bytes, amplification (starts its own server)",
+        {
+            "rows": 100_000,
+            "rows_per_file": 0,  # 0: all rows in one data file
+            "server": "moto",  # or ministack (benchmarks/ministack_server.py)
+            "latency_ms": 20.0,
+            "workers": [0, 2],
+            "epoch_cap_s": 120.0,
+            "patterns": ["scan", "shard", "buffer", "row", "filter", "filter-indexed"],
+            "cache_modes": ["off", "on"],
+        },
+        {"rows": 5_000, "workers": [0], "epoch_cap_s": 20.0, "latency_ms": 2.0},
+    ),
+    "materialize": Study(
+        "materialize",
+        "materialize.md",
+        "Materialized-view benchmark: S3 source vs local view, multi-epoch",
+        "a multi-epoch fit from S3 (moto on loopback) against the same fit from a local MaterializedView "
+        "(break-even epochs)",
+        {"rows": 200_000, "epochs": 5, "reps": 2},
+        {"rows": 50_000, "epochs": 3, "reps": 1},
+    ),
+    "tuning": Study(
+        "tuning",
+        "tuning.md",
+        "Tuning benchmark",
+        "the figures behind the tuning advice no other benchmark measures (clumps, filters per strategy, "
+        "wait fractions, shuffle quality of small shards, ...)",
+        {"rows": 200_000, "image_rows": 5_000, "reps": 3, "min_seconds": 0.5},
+        {"reps": 1, "min_seconds": 0.2},
+    ),
+    "transforms": Study(
+        "transforms",
+        "transforms.md",
+        "Batch transforms: decode scaling, plain PyTorch, overlap, memory",
+        "DecodeImage scaling over threads, the plugin against a plain PyTorch DataLoader, overlap, memory",
+        {"rows": 20_000, "reps": 5},
+        {"rows": 4_000, "reps": 3},
+    ),
+    "decode-backends": Study(
+        "transforms_backends",
+        "decode_backends.md",
+        "Decode backends: TorchCodec against torchvision on the CPU",
+        "DecodeImage with TorchCodec against torchvision on the same in-memory JPEG batches (no regression: >= 0.97)",
+        {"reps": 5},
+        {"reps": 3},
+    ),
+    "video": Study(
+        "video",
+        "video.md",
+        "Video clips: bytes per clip, clips/s, resident memory",
+        "VideoClips from Lance blobs: bytes and requests per clip (local and S3 + 20 ms), the read path per "
+        "read-ahead, clips/s at 0 and 2 workers against plain DataLoaders, RSS over 20 epochs (starts an S3 server)",
+        {
+            "frames": 16,
+            "batch_size": 8,
+            "open_files": 16,
+            "workers": [0, 2],
+            "rounds": 3,
+            "min_seconds": 1.5,
+            "latency_ms": 20.0,
+            "cost_clips": 12,
+            "memory_epochs": 20,
+        },
+        {"open_files": 4, "workers": [0], "rounds": 1, "min_seconds": 0.1, "cost_clips": 2, "memory_epochs": 3},
+    ),
+    "prepare": Study(
+        "prepare",
+        "prepare.md",
+        "`prepare` against LitData `optimize` and Mosaic `MDSWriter` (issue #40)",
+        "prepare of a 10,000-JPEG image folder against LitData's optimize and Mosaic's MDSWriter (1 and 2 "
+        "processes), the peers in their own environment: rows/s, bytes on disk, first training batch",
+        {"classes": 10, "per_class": 1000, "reps": 3, "batch_size": 256},
+        {"per_class": 100, "reps": 1},
+    ),
+    "gpu": Study(
+        "gpu",
+        "gpu.md",
+        "GPU: decode, a ResNet-18 fit fed from Lance, copies that overlap",
+        "on a CUDA device: GPU decode against CPU decode, a ResNet-18 bf16 fit fed from Lance against batches "
+        "already on the GPU, copy bandwidth and overlap (refused without CUDA; device=cpu: a smoke run)",
+        {
+            "device": "cuda",
+            "rows": 256 * 64,  # one epoch must hold `steps` batches of 256
+            "steps": 60,  # the first 10 are warm-up
+            "reps": 5,  # of each copy measurement
+            "variants": [],  # more Lance rows per fit: cpu=F, threads=N, prio, joined by '+'
+            "model2": False,  # a second fit: ResNet-18 at 128x128, batch batch2
+            "batch2": 1024,
+            "steps2": 40,
+            "skip_decode": False,
+        },
+        {"steps": 30, "rows": 30 * 256},
     ),
 }
 

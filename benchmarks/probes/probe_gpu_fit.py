@@ -31,13 +31,13 @@ for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightni
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-import bench_gpu as B  # noqa: E402
 import lightning.pytorch as pl  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 import torchvision.transforms.v2.functional as F  # noqa: E402
 
 import lance_lightning.device.ahead as ahead  # noqa: E402
+from benchmarks.studies import gpu as B  # noqa: E402
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, to_torch_batch  # noqa: E402
 from lance_lightning.produce.producer import pin_batch  # noqa: E402
 from lance_lightning.transforms import DecodeImage  # noqa: E402

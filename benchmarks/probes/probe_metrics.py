@@ -30,7 +30,8 @@ for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightni
         sys.path.insert(0, str(path))
 
 import common  # noqa: E402
-from bench_metrics import epoch, warm_loader  # noqa: E402
+
+from benchmarks.studies.metrics import epoch, warm_loader  # noqa: E402
 
 #: Setting name -> (training thread's meter on, reader threads' clock on).
 SETTINGS = {"on": (True, True), "off": (False, False), "meter only": (True, False), "clock only": (False, True)}

@@ -1,5 +1,6 @@
-"""benchmarks/bench_planning.py stays runnable: its quick run starts its processes together, prints
-every mode and its ratios, computes the survey once with the cache on, and leaves planning.md alone."""
+"""The harness's planning study stays runnable: its quick run (``python -m benchmarks run planning
+--quick``) starts its processes together, prints every mode and its ratios, computes the survey once
+with the cache on, and leaves planning.md alone."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "bench_planning.py"
 RESULTS = ROOT / "benchmarks" / "results" / "planning.md"
 
 
@@ -23,10 +23,11 @@ pytestmark = pytest.mark.soak  # a benchmark smoke run: `uv run pytest -m soak`
 def test_quick_run_prints_every_mode_and_leaves_the_results_file_alone(tmp_path: Path) -> None:
     before = RESULTS.read_bytes()
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--cache", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks", "run", "planning", "--quick", "--cache-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=560,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
@@ -39,3 +40,4 @@ def test_quick_run_prints_every_mode_and_leaves_the_results_file_alone(tmp_path:
     assert "- on, 2 process(es), repetition 1:" in out
     assert out.count("/loaded") == 1 and out.count("/computed") == 2  # one of each pair loaded, with the cache on
     assert RESULTS.read_bytes() == before
+    assert (tmp_path / "runs" / "planning.md").read_text().startswith("# Planning once per node")

@@ -1,4 +1,5 @@
-"""benchmarks/bench_video.py stays runnable: its quick run measures every section on tiny videos (bytes
+"""The harness's video study stays runnable: its quick run (``python -m benchmarks run video
+--quick``) measures every section on tiny videos (bytes
 per clip local and from S3, the read path's costs per read-ahead, the decode split, clips/s against
 both baselines, memory over epochs) and writes its table to the file it is given, leaving
 results/video.md alone."""
@@ -13,7 +14,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "bench_video.py"
 RESULTS = ROOT / "benchmarks" / "results" / "video.md"
 
 
@@ -25,10 +25,22 @@ def test_quick_run_writes_every_section_to_its_out_file(tmp_path: Path) -> None:
     before = RESULTS.read_bytes() if RESULTS.exists() else None
     out = tmp_path / "video.md"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--cache-dir", str(tmp_path / "cache"), "--out", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "run",
+            "video",
+            "--quick",
+            "--cache-dir",
+            str(tmp_path),
+            "--out",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=280,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     text = out.read_text()

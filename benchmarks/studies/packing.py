@@ -1,40 +1,30 @@
 """Packing benchmark: setup time and memory of `TokenPacking` on 10^7 documents, and windows/s read.
 
-Datasets (written once to ``--cache``): ``documents`` rows with a ``tokens`` list<int32> column of
-0..``--max-len`` tokens (uniform) and their count ``n_tokens`` int32. Each case runs in a fresh
+Datasets (written once to the cache folder): ``documents`` rows with a ``tokens`` list<int32> column of
+0..``max_len`` tokens (uniform) and their count ``n_tokens`` int32. Each case runs in a fresh
 subprocess and measures:
 
 - setup: ``LanceDataModule.setup("fit")`` with packing (pin, count the tokens, plan); with
-  ``lengths_column`` (reads only ``n_tokens``) on ``--documents``, without it (counts the token
-  lists: one scan of the token column) on ``--documents`` and on ``--small`` documents;
+  ``lengths_column`` (reads only ``n_tokens``) on ``documents``, without it (counts the token
+  lists: one scan of the token column) on ``documents`` and on ``small`` documents;
 - memory: the `DocumentIndex` kept (bytes per document), the peak of numpy allocations during
   setup (``tracemalloc``, which numpy reports to) and the process's peak RSS;
-- windows/s: the first ``--batches`` batches of ``--batch-size`` windows of ``--seq-len`` tokens
+- windows/s: the first ``batches`` batches of ``batch_size`` windows of ``seq_len`` tokens
   read through `LanceIterableDataset` (2 reader threads), timed from the start of the iteration
   (read-ahead cannot hide reads made before the clock starts), NoShuffle and RowShuffle.
 
 - mixing (pure, no I/O): with the windows of the 10^7-document dataset, the share of neighbouring
   windows of a batch that are neighbours in the stream (1.0: every batch is a run of the stream,
   so the model sees one stretch of documents per batch), per strategy.
-
-    uv run python benchmarks/bench_packing.py
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent  # benchmarks/: the shared harness `common`
-for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightning, tests)
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from common import RESULTS_DIR, command_line, machine, peak_rss_mb, run_child, write_result  # noqa: E402
+from benchmarks.common import peak_rss_mb
+from benchmarks.harness.study import Params, child
 
 
 def dataset(cache: Path, documents: int, max_len: int) -> str:
@@ -67,7 +57,7 @@ def dataset(cache: Path, documents: int, max_len: int) -> str:
     return str(path)
 
 
-def measure(uri: str, lengths: bool, seq_len: int, batch_size: int, batches: int, shuffle: str) -> dict:
+def case(uri: str, lengths: bool, seq_len: int, batch_size: int, batches: int, shuffle: str) -> dict:
     """One case, in this process."""
     import tracemalloc
 
@@ -110,45 +100,24 @@ def measure(uri: str, lengths: bool, seq_len: int, batch_size: int, batches: int
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--documents", type=float, default=1e7)
-    parser.add_argument("--small", type=float, default=1e6, help="documents of the extra case without lengths")
-    parser.add_argument("--max-len", type=int, default=16, help="tokens per document: uniform 0..max_len")
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--batches", type=int, default=1000)
-    parser.add_argument("--cache", default="/tmp/lance_lightning_packing")
-    parser.add_argument("--case", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.case:
-        spec = json.loads(args.case)
-        print(json.dumps(measure(**spec)))
-        return
-    cache = Path(args.cache)
+def measure(p: Params) -> str:
+    cache = p.cache / "packing"
     cache.mkdir(parents=True, exist_ok=True)
-    big, small = int(args.documents), int(args.small)
-    uris = {n: dataset(cache, n, args.max_len) for n in (big, small)}
+    big, small = int(p.documents), int(p.small)
+    uris = {n: dataset(cache, n, p.max_len) for n in (big, small)}
     cases = [
-        (big, True, "NoShuffle", args.batches),
-        (big, True, "RowShuffle", args.batches),
+        (big, True, "NoShuffle", p.batches),
+        (big, True, "RowShuffle", p.batches),
         (big, False, "NoShuffle", 0),
         (small, False, "NoShuffle", 0),
     ]
     rows = []
     for documents, lengths, shuffle, batches in cases:
-        spec = {
-            "uri": uris[documents],
-            "lengths": lengths,
-            "seq_len": args.seq_len,
-            "batch_size": args.batch_size,
-            "batches": batches,
-            "shuffle": shuffle,
-        }
-        result = run_child([__file__, "--case", json.dumps(spec)])
+        spec = {"uri": uris[documents], "lengths": lengths, "seq_len": p.seq_len, "batch_size": p.batch_size}
+        result = child("packing:case", batches=batches, shuffle=shuffle, **spec)
         rows.append({"lengths": lengths, "shuffle": shuffle, **result})
         print(rows[-1], flush=True)
-    write_results(rows, mixing(rows[0]["windows"], args.batch_size), args)
+    return report(rows, mixing(rows[0]["windows"], p.batch_size), p)
 
 
 def mixing(windows: int, batch_size: int) -> dict[str, float]:
@@ -166,18 +135,14 @@ def mixing(windows: int, batch_size: int) -> dict[str, float]:
     return shares
 
 
-def write_results(rows: list[dict], shares: dict[str, float], args: argparse.Namespace) -> None:
+def report(rows: list[dict], shares: dict[str, float], p: Params) -> str:
     lines = [
-        "# Packing: setup time and memory on 10^7 documents, windows/s read",
-        "",
-        f"Command: `{command_line()}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).",
-        f"Machine: {machine()}. Documents of 0..{args.max_len} tokens (uniform), seq_len {args.seq_len}, "
-        f"batch {args.batch_size}; one fresh process per case, warm page cache. Setup = "
+        f"Documents of 0..{p.max_len} tokens (uniform), seq_len {p.seq_len}, "
+        f"batch {p.batch_size}; one fresh process per case, warm page cache. Setup = "
         "`LanceDataModule.setup('fit')` (pin, count tokens, plan). Memory: the index kept "
         "(`DocumentIndex.starts`), the peak of numpy allocations during setup (tracemalloc) and the process's "
         "peak RSS (imports included). Windows/s: the first batches of an epoch read through "
-        f"`LanceIterableDataset` (2 reader threads, at most {args.batches} batches, timed from the iteration's start). "
-        f"The machine is shared: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end of the run.",
+        f"`LanceIterableDataset` (2 reader threads, at most {p.batches} batches, timed from the iteration's start).",
         "",
         "| documents | token counts from | shuffle | tokens | windows | setup s | index B/document | setup peak MB "
         "| peak RSS MB | windows/s | tokens/s |",
@@ -193,15 +158,11 @@ def write_results(rows: list[dict], shares: dict[str, float], args: argparse.Nam
         )
     lines += [
         "",
-        f"Mixing: share of neighbouring windows of a batch (batch {args.batch_size}) that are neighbours in the "
+        f"Mixing: share of neighbouring windows of a batch (batch {p.batch_size}) that are neighbours in the "
         f"stream, over the {rows[0]['windows']:,} windows of the first dataset (pure: the epoch order only).",
         "",
         "| strategy | neighbours in the stream |",
         "|---|---:|",
         *(f"| `{name}` | {share:.3f} |" for name, share in shares.items()),
     ]
-    write_result(RESULTS_DIR / "packing.md", "\n".join(lines) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    return "\n".join(lines)

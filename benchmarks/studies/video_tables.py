@@ -12,10 +12,10 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from video_bytes import ClipCost, DecodeSplit, S3Rows, s3_workers
-from video_data import ARGS, KIB, LANCE_READ_AHEAD, Data, loader_read_ahead
-from video_readers import Phase
-from video_speed import MemoryRun, Speed
+from benchmarks.studies.video_bytes import ClipCost, DecodeSplit, S3Rows, s3_workers
+from benchmarks.studies.video_data import ARGS, KIB, LANCE_READ_AHEAD, Data, loader_read_ahead
+from benchmarks.studies.video_readers import Phase
+from benchmarks.studies.video_speed import MemoryRun, Speed
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,6 +1,6 @@
 """`prepare` against LitData's `optimize` and Mosaic's `MDSWriter` on the same image folder (issue #40).
 
-One folder of ``--classes`` x ``--per-class`` 64x64 RGB JPEGs (PIL, about 2 KB each) is converted by
+One folder of ``classes`` x ``per_class`` 64x64 RGB JPEGs (PIL, about 2 KB each) is converted by
 
 - **lance-lightning** ``prepare(Prepare("imagefolder", DIR), OUT)`` (the Python form of
   ``lance-lightning prepare --format imagefolder --input DIR --output OUT``): 2 threads, the default;
@@ -9,41 +9,31 @@ One folder of ``--classes`` x ``--per-class`` 64x64 RGB JPEGs (PIL, about 2 KB e
   ``merge_index``), 2 processes;
 
 and each is timed for conversion rows/s, bytes on disk (the output's file sizes), and the time from
-the conversion's end to the first training batch in hand through its own loader, batch ``--batch-size``,
+the conversion's end to the first training batch in hand through its own loader, batch ``batch_size``,
 no workers, images left as bytes: our ``LanceDataModule(...).train_dataloader()`` (the default
 shuffle), LitData's ``StreamingDataset(shuffle=True)`` + ``StreamingDataLoader``, Mosaic's
 ``StreamingDataset(shuffle=True)`` + a PyTorch ``DataLoader``.
 
-Every conversion runs in a fresh process: ours in the project's environment (this script's
-``--child``), the peers' in their own environment (``prepare_peers.py`` under ``--peer-python``; made
-with ``uv venv`` + ``uv pip install litdata mosaicml-streaming pillow`` when missing). Imports are
-done before the clocks start. The four sides run in a rotated order, ``--reps`` times; the table shows
+Every conversion runs in a fresh process: ours in the project's environment (`ours`, through
+`benchmarks.harness.study.child`), the peers' in their own environment (`benchmarks.studies.prepare_peers`
+under the harness's peers' interpreter, made by `benchmarks.harness.runner.ensure_peers` when missing). Imports are
+done before the clocks start. The four sides run in a rotated order, ``reps`` times; the table shows
 medians and the median of the per-repetition ratios to ours.
-
-    uv run --no-sync python benchmarks/bench_prepare.py [--per-class 1000] [--reps 3]
-
-``--quick`` (run by ``run_all.py --quick``): 100 files per class, one repetition, written under
-``--cache-dir`` instead of ``results/``; ``--from-raw`` writes ``OUT`` again from the measurements
-saved in ``OUT.raw`` (git-ignored) without measuring.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-
-import argparse
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
-import common
+from benchmarks.harness import runner
+from benchmarks.harness.study import ROOT, Params, child
 
 SIDES = ["lance-lightning", "litdata", "mds", "mds-parallel"]
 LABELS = {
@@ -52,7 +42,6 @@ LABELS = {
     "mds": "Mosaic `MDSWriter` (1 process)",
     "mds-parallel": "Mosaic `MDSWriter` x2 + `merge_index` (2 processes)",
 }
-PEERS_VENV = Path("/tmp/lance_lightning_peers/venv")
 
 
 def image_folder(root: Path, classes: int, per_class: int, side: int = 64) -> Path:
@@ -85,7 +74,7 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def child(input_dir: Path, output: Path, batch_size: int) -> None:
+def ours(input_dir: str, output: str, batch_size: int) -> dict:
     """Our side, in a fresh process: prepare, then the first batch of the train loader."""
     import lance_lightning.load  # noqa: F401  (imports before the clocks)
     from lance_lightning import LanceDataModule, LanceSource
@@ -93,7 +82,7 @@ def child(input_dir: Path, output: Path, batch_size: int) -> None:
     from lance_lightning.write.prepare import prepare
 
     started = time.perf_counter()
-    report = prepare(Prepare(format="imagefolder", input=str(input_dir)), str(output), progress=False)
+    report = prepare(Prepare(format="imagefolder", input=input_dir), output, progress=False)
     seconds = time.perf_counter() - started
     started = time.perf_counter()
     dm = LanceDataModule(train=LanceSource(str(output), columns=["image", "label"]), batch_size=batch_size)
@@ -101,45 +90,34 @@ def child(input_dir: Path, output: Path, batch_size: int) -> None:
     batch = next(iter(dm.train_dataloader()))
     first = time.perf_counter() - started
     rows = getattr(report, "rows", None)
-    print(json.dumps({"seconds": seconds, "rows": rows, "first_batch_s": first, "batch_rows": len(batch["label"])}))
+    return {"seconds": seconds, "rows": rows, "first_batch_s": first, "batch_rows": len(batch["label"])}
 
 
-def ensure_peers(python: Path) -> None:
-    if python.exists():
-        return
-    venv = python.parent.parent
-    print(f"making the peers' environment {venv} (uv venv + uv pip install litdata mosaicml-streaming pillow)")
-    subprocess.run(["uv", "venv", "-q", "--python", "3.11", str(venv)], check=True)
-    subprocess.run(
-        ["uv", "pip", "install", "-q", "--python", str(python), "litdata", "mosaicml-streaming", "pillow"], check=True
-    )
-
-
-def run_side(side: str, folder: Path, out: Path, args: argparse.Namespace) -> dict:
+def run_side(side: str, folder: Path, out: Path, args: Params) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     if side == "lance-lightning":
-        cmd = [sys.executable, __file__, "--child", str(folder), str(out), "--batch-size", str(args.batch_size)]
+        result = child("prepare:ours", input_dir=str(folder), output=str(out), batch_size=args.batch_size)
     else:
-        cmd = [str(args.peer_python), str(common.BENCH_DIR / "prepare_peers.py"), side, str(folder), str(out)]
+        cmd = [str(runner.PEER_PYTHON), "-m", "benchmarks.studies.prepare_peers", side, str(folder), str(out)]
         cmd += ["--batch-size", str(args.batch_size), "--workers", "2"]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd="/tmp")
-    if done.returncode != 0:
-        raise RuntimeError(f"{side} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd="/tmp", env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"{side} exited {done.returncode}:\n{done.stderr[-3000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
     result["bytes"] = folder_bytes(out)
     shutil.rmtree(out, ignore_errors=True)
     return result
 
 
-def measure(args: argparse.Namespace) -> dict:
-    """Every repetition of every side, with what the write-up needs (saved as ``OUT.raw``)."""
-    began = time.perf_counter()
-    ensure_peers(args.peer_python)
-    folder = image_folder(args.cache_dir, args.classes, args.per_class)
+def measure(args: Params) -> str:
+    """Every repetition of every side, then the write-up (the raw figures kept beside it, ``.raw``)."""
+    runner.ensure_peers(runner.PEER_PYTHON)
+    folder = image_folder(args.cache, args.classes, args.per_class)
     images = args.classes * args.per_class
     input_bytes = folder_bytes(folder)
     print(f"{folder}: {images:,} images, {input_bytes / 1e6:.1f} MB")
-    work = args.cache_dir / "prepare_outputs"
+    work = args.cache / "prepare_outputs"
     work.mkdir(parents=True, exist_ok=True)
     loads: list[float] = []
     results: dict[str, list[dict]] = {s: [] for s in SIDES}
@@ -155,7 +133,7 @@ def measure(args: argparse.Namespace) -> dict:
                 f"rep {rep + 1} {side:16s} {r['rows_per_s']:9,.0f} rows/s  {r['seconds']:6.2f} s  "
                 f"{r['bytes'] / 1e6:6.2f} MB  first batch {r['first_batch_s'] * 1e3:7.1f} ms ({r['batch_rows']} rows)"
             )
-    return {
+    raw = {
         "results": results,
         "images": images,
         "classes": args.classes,
@@ -164,13 +142,10 @@ def measure(args: argparse.Namespace) -> dict:
         "batch_size": args.batch_size,
         "reps": args.reps,
         "loads": loads,
-        "seconds": time.perf_counter() - began,
-        "command": common.command_line(),
-        "machine": common.machine(lightning=True),
-        "stamp": common.stamp(),
-        "load_average": common.load_average(),
-        "peer_env": str(args.peer_python.parent.parent),
+        "peer_env": str(runner.PEERS_VENV),
     }
+    args.out.with_suffix(".raw").write_text(json.dumps(raw))
+    return render(raw)
 
 
 def render(raw: dict) -> str:
@@ -206,17 +181,11 @@ def render(raw: dict) -> str:
         per_rep.append(f"| {rep + 1} | " + " | ".join(cells) + " |")
     return "\n".join(
         [
-            "# `prepare` against LitData `optimize` and Mosaic `MDSWriter` (issue #40)",
-            "",
-            f"Run {raw['stamp']}, {raw['seconds']:.0f} s, by `benchmarks/bench_prepare.py`.",
-            "",
-            f"Command: `{raw['command']}`",
-            "",
-            f"Machine: {raw['machine']}. Peers (their own environment, `{raw['peer_env']}`): LitData "
+            f"Peers (their own environment, `{raw['peer_env']}`): LitData "
             f"{versions['litdata']}, mosaicml-streaming {versions['mosaicml-streaming']}, torch {versions['torch']}, "
             f"Pillow {versions['pillow']}.",
             "",
-            f"Load average at the end of the run (1, 5, 15 min): {raw['load_average']}; the 1-minute load after "
+            "The 1-minute load after "
             f"each conversion ranged {min(raw['loads']):.2f}–{max(raw['loads']):.2f} (other jobs share this 2-core VM).",
             "",
             f"Input: {images:,} JPEGs ({raw['classes']} class folders x {raw['per_class']:,}), 64x64 RGB, "
@@ -309,40 +278,3 @@ def reading(raw: dict, med: Any, ratio: Any) -> str:
             "loaded VM: compare the ratios, not the absolute rows/s.",
         ]
     )
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--classes", type=int, default=10)
-    ap.add_argument("--per-class", type=int, default=1000)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--cache-dir", type=Path, default=common.DEFAULT_CACHE)
-    ap.add_argument("--peer-python", type=Path, default=PEERS_VENV / "bin" / "python")
-    ap.add_argument("--out", type=Path, default=common.RESULTS_DIR / "prepare.md")
-    ap.add_argument(
-        "--quick", action="store_true", help="a smoke run: 100 files per class, 1 repetition, written under --cache-dir"
-    )
-    ap.add_argument("--from-raw", action="store_true", help="write OUT again from OUT.raw, measuring nothing")
-    ap.add_argument("--child", nargs=2, metavar=("INPUT", "OUTPUT"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        child(Path(args.child[0]), Path(args.child[1]), args.batch_size)
-        return
-    if args.quick:
-        args.per_class, args.reps = 100, 1
-        if args.out == common.RESULTS_DIR / "prepare.md":
-            args.out = args.cache_dir / "prepare_quick.md"
-    raw_path = args.out.with_suffix(".raw")
-    if args.from_raw:
-        raw = json.loads(raw_path.read_text())
-    else:
-        raw = measure(args)
-        raw_path.write_text(json.dumps(raw))
-    path = common.write_result(args.out, render(raw))
-    print(path.read_text())
-    print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,48 +1,31 @@
 """Memory benchmark: peak RSS per epoch over a 20-epoch run stays flat.
 
-A real ``Trainer`` trains a tiny model for ``--epochs`` epochs on JPEG images stored in Lance
+A real ``Trainer`` trains a tiny model for ``epochs`` epochs on JPEG images stored in Lance
 (`common.image_dataset`: 64x64 RGB), read with ``RowShuffle`` and decoded by
 ``DecodeImage`` in the loader. A sampler thread reads the resident set size every
-``--interval`` seconds (psutil, or ``/proc/self/status`` ``VmRSS`` without it), for the training
+``interval`` seconds (psutil, or ``/proc/self/status`` ``VmRSS`` without it), for the training
 process and, with ``num_workers > 0``, its DataLoader worker processes; each epoch's peak is the
-largest sample taken from its start to its end. One run per ``--num-workers`` value (default 0
+largest sample taken from its start to its end. One run per ``workers`` value (default 0
 and 2), one after the other. The process-lifetime peak (``VmHWM``) is reported too.
 
 The figure of merit is the ratio of the last epoch's peak to epoch 2's peak (epoch 1 includes
 one-time allocations: imports, thread pools, first batches): flat means ``<= 1.05``.
-
-Usage (from the repository root; benchmarks take the machine's lock)::
-
-    flock /tmp/bench.lock .venv/bin/python benchmarks/bench_memory.py           # 20k images, 20 epochs x 2 runs
-    flock /tmp/bench.lock .venv/bin/python benchmarks/bench_memory.py --quick   # 5k images, 20 epochs
-
-Writes ``benchmarks/results/memory.md``.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import logging
-import sys
 import threading
 import time
-import warnings
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-for path in (HERE, HERE.parent):  # `common` and `lance_lightning` from a plain checkout
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
 
-import common  # noqa: E402
-import lightning.pytorch as pl  # noqa: E402
-import torch  # noqa: E402
-from lightning.pytorch.callbacks import Callback  # noqa: E402
-
-from lance_lightning import LanceDataModule, LanceSource, RowShuffle  # noqa: E402
-from lance_lightning.transforms import DecodeImage  # noqa: E402
+from benchmarks import common
+from benchmarks.harness.fit import ImageModel, trainer
+from benchmarks.harness.study import Params
+from lance_lightning import LanceDataModule, LanceSource, RowShuffle
+from lance_lightning.transforms import DecodeImage
 
 TARGET = 1.05
 MB = 1024 * 1024
@@ -131,48 +114,22 @@ class EpochPeaks(Callback):
         print(f"epoch {trainer.current_epoch + 1:>2}: peak RSS {peak / MB:7.1f} MiB, {seconds:5.1f} s", flush=True)
 
 
-class TinyImageModel(pl.LightningModule):
-    """Average-pool to 8x8, then one linear layer: the step is cheap, the data path dominates."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pool = torch.nn.AdaptiveAvgPool2d(8)
-        self.head = torch.nn.Linear(3 * 8 * 8, 10)
-
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        logits = self.head(self.pool(batch["image"]).flatten(1))
-        return torch.nn.functional.cross_entropy(logits, batch["label"].long())
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=1e-2)
-
-
-def run(uri: str, args: argparse.Namespace, num_workers: int) -> tuple[EpochPeaks, str]:
-    """One ``Trainer.fit`` of ``args.epochs`` epochs, sampled; returns the per-epoch peaks and the RSS source."""
+def run(uri: str, p: Params, num_workers: int) -> tuple[EpochPeaks, str]:
+    """One ``Trainer.fit`` of ``p.epochs`` epochs, sampled; returns the per-epoch peaks and the RSS source."""
     dm = LanceDataModule(
         train=LanceSource(uri, columns=["image", "label"]),
-        batch_size=args.batch_size,
+        batch_size=p.batch_size,
         shuffle=RowShuffle(seed=0),
         transform=DecodeImage(column="image"),
         num_workers=num_workers,
     )
-    sampler = RssSampler(args.interval, children=num_workers > 0)
+    sampler = RssSampler(p.interval, children=num_workers > 0)
     peaks = EpochPeaks(sampler)
-    trainer = pl.Trainer(
-        max_epochs=args.epochs,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        callbacks=[peaks],
-        default_root_dir=str(args.cache_dir),
-    )
+    fit = trainer(p.cache, [peaks], max_epochs=p.epochs)
     print(f"-- num_workers {num_workers}", flush=True)
     sampler.start()
     try:
-        trainer.fit(TinyImageModel(), datamodule=dm)
+        fit.fit(ImageModel(), datamodule=dm)
     finally:
         sampler.stop()
         dm.teardown("fit")
@@ -185,30 +142,15 @@ def ratio(peaks: EpochPeaks) -> float:
     return by_epoch[max(by_epoch)] / by_epoch[2]
 
 
-def write_results(
-    path: Path,
-    runs: dict[int, EpochPeaks],
-    args: argparse.Namespace,
-    uri: str,
-    rows: int,
-    source: str,
-    hwm_kb: int,
-    elapsed: float,
-) -> str:
-    stamp = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    kind = "QUICK smoke run (small data; not the reference figures)" if args.quick else "full run"
-    last = args.epochs
+def report(runs: dict[int, EpochPeaks], p: Params, uri: str, source: str, hwm_kb: int) -> str:
+    last = p.epochs
     lines = [
-        f"# Memory benchmark: peak RSS per epoch over {last} epochs",
-        "",
-        f"{stamp}, {kind}, {elapsed:.0f} s. Command: `{common.command_line()}`",
-        "",
-        f"Machine: {common.machine()}. Data: `{uri}`, {rows:,} rows (id, 64x64 RGB JPEG, label). Real `Trainer`, "
-        f"{last} epochs, a tiny model (8x8 average pool + linear), batch_size {args.batch_size}, "
+        f"Data: `{uri}`, {p.rows:,} rows (id, 64x64 RGB JPEG, label). Real `Trainer`, "
+        f"{last} epochs, a tiny model (8x8 average pool + linear), batch_size {p.batch_size}, "
         "`RowShuffle(seed=0)`, `DecodeImage(column='image')` in the loader. One run per `num_workers`, one "
         "after the other in this process: with 0 the reader threads run in the training process; with more, "
         "RSS is summed over the training process and its (forkserver, persistent) workers. RSS sampled every "
-        f"{args.interval:g} s with {source}; an epoch's peak is the largest sample from its start to its end "
+        f"{p.interval:g} s with {source}; an epoch's peak is the largest sample from its start to its end "
         f"(both included). Process VmHWM (lifetime peak of the training process, all runs): {hwm_kb / 1024:.1f} MiB.",
         "",
         f"| num_workers | peak RSS epoch {last} / epoch 2 | target | result | epoch 2 peak (MiB) "
@@ -236,42 +178,14 @@ def write_results(
                 for epoch, peak, end, seconds in peaks.rows
             ],
         ]
-    text = "\n".join(lines) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    common.write_result(path, text)
-    return text
+    return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="5k images: a smoke run (still 20 epochs)")
-    parser.add_argument("--rows", type=int, default=None, help="images (default 20k, 5k quick)")
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--num-workers", type=int, nargs="+", default=[0, 2], help="one run per value")
-    parser.add_argument("--interval", type=float, default=0.02, help="seconds between RSS samples")
-    parser.add_argument("--cache-dir", type=Path, default=common.DEFAULT_CACHE, help="where the dataset is kept")
-    parser.add_argument("--out", type=Path, default=common.RESULTS_DIR / "memory.md")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a ratio misses the target")
-    args = parser.parse_args(argv)
-    if args.epochs < 2:
-        parser.error("--epochs must be at least 2 (epoch 2 is the reference)")
-    rows = args.rows or (5_000 if args.quick else 20_000)
-
-    warnings.filterwarnings("ignore")
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    print(f"command: {common.command_line()}\nmachine: {common.machine()}", flush=True)
-    started = time.perf_counter()
-    uri = common.image_dataset(args.cache_dir, rows)
+def measure(p: Params) -> str:
+    if p.epochs < 2:
+        raise ValueError("epochs must be at least 2 (epoch 2 is the reference)")
+    uri = common.image_dataset(p.cache, p.rows)
     runs: dict[int, EpochPeaks] = {}
-    for workers in args.num_workers:
-        runs[workers], source = run(uri, args, workers)
-    elapsed = time.perf_counter() - started
-    text = write_results(args.out, runs, args, uri, rows, source, _status_kb("VmHWM"), elapsed)
-    print("\n" + text + f"\nwrote {args.out}\ncommand: {common.command_line()}  ({elapsed:.0f} s)")
-    return 1 if args.strict and any(ratio(p) > TARGET for p in runs.values()) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    for workers in p.workers:
+        runs[workers], source = run(uri, p, workers)
+    return report(runs, p, uri, source, _status_kb("VmHWM"))

@@ -1,11 +1,10 @@
-"""Tuning benchmark, the items: the ten measurements of `bench_tuning.py`, numbered as in its result
+"""Tuning benchmark, the items: the ten measurements of the ``tuning`` study, numbered as in its result
 table; each adds its `Figure` rows, raw figures and notes to the `Tuning` it is given and measures
 nothing else.
 
 Item 1 scores shuffle quality with the functions of tests/unit/plan/test_shuffle_quality.py; items
 2-9 time the plugin's loaders on the vector or image table; item 10 times `Trainer.fit` through
-`bench_metrics`. Imported by `bench_tuning.py`, which puts `benchmarks/` and the repository root on
-`sys.path` first.
+`benchmarks.studies.metrics`.
 """
 
 from __future__ import annotations
@@ -16,10 +15,11 @@ from pathlib import Path
 
 import lance
 import numpy as np
-from bench_metrics import FIT_STEPS, fit_rates, fit_runs
-from bench_read import iterate
-from transforms_workloads import decode
-from tuning_harness import (
+
+from benchmarks.common import iterate
+from benchmarks.studies.metrics import FIT_STEPS, fit_rates, fit_runs
+from benchmarks.studies.transforms_workloads import decode
+from benchmarks.studies.tuning_harness import (
     BATCH,
     COLUMNS,
     FILTERS,
@@ -32,7 +32,6 @@ from tuning_harness import (
     count,
     loader,
 )
-
 from lance_lightning import BufferShuffle, FilterRead, LanceSource, RowShuffle, ShardShuffle
 from lance_lightning.materialize.view import materialize
 from lance_lightning.metrics.figures import figures

@@ -22,8 +22,9 @@ from typing import Any
 
 import lance
 import numpy as np
-from video_data import ARGS, BUFFER_SIZES, FRAME_STEP, KIB, OUT_SIZE, Data, log, write_lance
-from video_readers import (
+
+from benchmarks.studies.video_data import ARGS, BUFFER_SIZES, FRAME_STEP, KIB, OUT_SIZE, Data, log, write_lance
+from benchmarks.studies.video_readers import (
     Lance,
     Meter,
     MeteredFile,
@@ -34,7 +35,6 @@ from video_readers import (
     proxy_meter,
     shutdown,
 )
-
 from lance_lightning.media.containers import decode_from, open_video
 from lance_lightning.media.video import decode_video_clip
 

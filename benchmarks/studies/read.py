@@ -5,42 +5,24 @@ Every figure is a ratio of two measurements taken back to back in this run (see
 full conversion to tensors) against the plain Lance call a user would write by hand for the
 same rows, with the same zero-copy conversion (`lance_lightning.to_torch_batch`).
 
-Usage (from the repository root)::
-
-    uv run python benchmarks/bench_read.py            # 1M rows, ~3-5 minutes on 2 cores
-    uv run python benchmarks/bench_read.py --quick    # 200k rows, smoke run, < 2 minutes
-    uv run python benchmarks/bench_read.py --peer-filters  # only filtered reads vs lance.torch (read_filters.py)
-
-Writes ``benchmarks/results/read.md`` (table + raw rows/s) and ``benchmarks/results/read.png``;
-with ``--peer-filters``, only the section of ``benchmarks/results/filter_scan.md`` between its markers.
-Exit status is 0 even when a target fails (the table says FAIL); ``--strict`` exits 1 then.
+Writes ``results/read.md`` and ``results/read.png`` (``python -m benchmarks run read --record``);
+the filtered reads against ``lance.torch`` are the ``filter-scan`` study (`benchmarks.studies.filter_scan`).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import itertools
-import logging
-import os
-import sys
 import time
-import warnings
 from collections.abc import Callable
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-for path in (HERE, HERE.parent):  # `common` and `lance_lightning` from a plain checkout
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+import lance
+import numpy as np
+import pyarrow as pa
 
-import common  # noqa: E402
-import lance  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-from common import Paired, Row, iterate, paired  # noqa: E402 (tuning_items imports iterate from here)
-
-from lance_lightning import (  # noqa: E402
+from benchmarks import common
+from benchmarks.common import Paired, Row, iterate, paired
+from benchmarks.harness.study import Params
+from lance_lightning import (
     BufferShuffle,
     LanceDataModule,
     LanceSource,
@@ -49,7 +31,7 @@ from lance_lightning import (  # noqa: E402
     ShardShuffle,
     to_torch_batch,
 )
-from lance_lightning.read.reader import PlanReader  # noqa: E402
+from lance_lightning.read.reader import PlanReader
 
 COLUMNS = ["id", "label", "vec"]
 IMAGE_COLUMNS = ["image", "label"]
@@ -204,18 +186,13 @@ def combine(a: Paired, b: Paired) -> Paired:
     return Paired(a.rows_per_s, b.rows_per_s, statistics.median(x / y for x, y in raw), raw)
 
 
-def run(args: argparse.Namespace) -> list[Row]:
-    cache = Path(args.cache_dir)
-    cache.mkdir(parents=True, exist_ok=True)
-    rows = 200_000 if args.quick else args.rows
-    image_rows = 5_000 if args.quick else args.image_rows
-    clump1_batches = 50 if args.quick else args.clump1_batches
+def measure(p: Params) -> str:
+    cache, rows, image_rows, clump1_batches = p.cache, p.rows, p.image_rows, p.clump1_batches
     uri = common.vec_dataset(cache, rows)
     image_uri = common.image_dataset(cache, image_rows)
     ds = lance.dataset(uri)
     image_ds = lance.dataset(image_uri)
-    min_seconds = args.min_seconds if args.min_seconds is not None else (0.3 if args.quick else 1.0)
-    bench = Bench(args.reps, min_seconds)
+    bench = Bench(p.reps, p.min_seconds)
     bench.notes.append(
         common.steady_allocator() + " (see `common.steady_allocator`: without it, the side measured "
         "second inherits the heap state the first left behind)"
@@ -230,7 +207,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     raw_scan(ds, COLUMNS, 8192, convert=False)()
     raw_scan(image_ds, IMAGE_COLUMNS, 8192, convert=False)()
 
-    print(f"\n[1/6] storage order (NoShuffle), {rows:,} rows, {args.reps} paired repetitions", flush=True)
+    print(f"\n[1/6] storage order (NoShuffle), {rows:,} rows, {p.reps} paired repetitions", flush=True)
     for batch_size in (BATCH, 1024):
         _, loader = train_loader(uri, batch_size)
         ours = iterate(loader)
@@ -387,114 +364,12 @@ def run(args: argparse.Namespace) -> list[Row]:
         "for a whole group to be read and converted, and the raw streaming scan already keeps both cores "
         "busy (Lance's decode threads while Python converts), so reader threads add no throughput here",
     )
-    return bench.rows, bench.raw, bench.notes
-
-
-def write_results(out_dir: Path, rows: list[Row], raw: list[str], notes: list[str], args, elapsed: float) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    table = common.markdown_table(rows)
-    failed = [r.scenario + " vs " + r.baseline for r in rows if r.status == "FAIL"]
-    kind = "QUICK smoke run (small data; not the reference figures)" if args.quick else "full run"
-    text = "\n".join(
-        [
-            "# Read benchmark",
-            "",
-            f"{stamp}, {kind}, {elapsed:.0f} s. Command: `{common.command_line()}`",
-            "",
-            f"Machine: {common.machine()}. Only ratios are meaningful: both sides of each row were measured "
-            f"back to back, {args.reps} times (alternating order), each measurement repeating its read until it "
-            "ran at least 1 s (0.3 s quick); rows/s are medians, the ratio is the median of the per-repetition "
-            "ratios. All loaders: `num_workers=0` (default `reader_threads=2`), columns converted to tensors.",
-            "",
-            table,
-            "",
-            f"Targets failed: {len(failed)} of {sum(r.target is not None for r in rows)}"
-            + ("" if not failed else ": " + "; ".join(failed)),
-            "",
-            "## Setup",
-            "",
-            *[f"- {n}" for n in notes],
-            *[f"- {r.scenario}: {r.note}" for r in rows if r.note],
-            "",
-            "## Raw rows/s per repetition (ours / baseline)",
-            "",
-            *raw,
-            "",
-        ]
+    intro = (
+        "Only ratios are meaningful: both sides of each row were measured "
+        f"back to back, {p.reps} times (alternating order), each measurement repeating its read until it "
+        f"ran at least {p.min_seconds:g} s; rows/s are medians, the ratio is the median of the per-repetition "
+        "ratios. All loaders: `num_workers=0` (default `reader_threads=2`), columns converted to tensors. "
+        "Raw figures: ours / baseline."
     )
-    common.write_result(out_dir / "read.md", text)
-    common.bar_plot(rows, out_dir / "read.png", f"lance-lightning read benchmark ({kind}, {stamp})")
-    print(f"\nwrote {out_dir / 'read.md'} and {out_dir / 'read.png'}")
-
-
-def peer_filters(args: argparse.Namespace, started: float) -> int:
-    """``--peer-filters``: `read_filters` on the issue's table; its section of results/filter_scan.md."""
-    import read_filters
-
-    common.steady_allocator()
-    args.load_start = os.getloadavg()[0]
-    cache = Path(args.cache_dir)
-    cache.mkdir(parents=True, exist_ok=True)
-    min_seconds = args.min_seconds if args.min_seconds is not None else 1.0
-    args.min_seconds = min_seconds
-    cells = read_filters.run(cache, args.peer_rows, args.reps, min_seconds, args.first_reps)
-    stamp = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    text = read_filters.report(
-        cells, common.command_line(), common.machine(), stamp, time.perf_counter() - started, args
-    )
-    print()
-    print(read_filters.table(cells))
-    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    read_filters.write_section(Path(args.out_dir) / "filter_scan.md", text)
-    print(f"\nwrote {Path(args.out_dir) / 'filter_scan.md'}; command: {common.command_line()}")
-    missed = [c for c in cells if c.epoch[2] < read_filters.EPOCH_TARGET or c.first[2] > read_filters.FIRST_TARGET]
-    return 1 if missed and args.strict else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="200k rows, 5k images: a smoke run (< 2 minutes)")
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the vector table (full run)")
-    parser.add_argument("--image-rows", type=int, default=20_000, help="rows of the image table (full run)")
-    parser.add_argument("--clump1-batches", type=int, default=200, help="batches timed for RowShuffle clump 1")
-    parser.add_argument("--reps", type=int, default=3, help="paired repetitions per comparison")
-    parser.add_argument(
-        "--min-seconds",
-        type=float,
-        default=None,
-        help="each measurement repeats until it ran this long (default 1 s, 0.3 s with --quick)",
-    )
-    parser.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE), help="where the datasets are kept")
-    parser.add_argument("--out-dir", default=str(common.RESULTS_DIR), help="where read.md and read.png go")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
-    parser.add_argument(
-        "--peer-filters",
-        action="store_true",
-        help="only the filtered reads against lance.torch's LanceDataset (read_filters.py): writes "
-        "results/filter_scan.md's section",
-    )
-    parser.add_argument("--peer-rows", type=int, default=400_000, help="rows of the --peer-filters table")
-    parser.add_argument("--first-reps", type=int, default=15, help="first-batch pairs per --peer-filters cell")
-    args = parser.parse_args(argv)
-
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # no plan explanations per setup
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # pylance's _to_tensor
-    print(f"command: {common.command_line()}")
-    print(f"machine: {common.machine()}", flush=True)
-    started = time.perf_counter()
-    if args.peer_filters:
-        return peer_filters(args, started)
-    rows, raw, notes = run(args)
-    elapsed = time.perf_counter() - started
-    print()
-    print(common.markdown_table(rows))
-    write_results(Path(args.out_dir), rows, raw, notes, args, elapsed)
-    print(f"command: {common.command_line()}  ({elapsed:.0f} s)")
-    failed = [r for r in rows if r.status == "FAIL"]
-    return 1 if failed and args.strict else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    plot = p.out.with_suffix(".png")
+    return common.rows_report(bench.rows, intro, bench.notes, bench.raw, plot, f"lance-lightning read ({p.kind})")

@@ -20,42 +20,25 @@ Scenarios:
 
 Repetitions during which other processes used >= 5% of the CPUs are measured again (up to 2x);
 the share of each repetition kept and the load average are written with the results.
-
-Usage (from the repository root, under the machine's benchmark lock)::
-
-    flock /tmp/bench.lock python benchmarks/bench_metrics.py            # 1M vectors, 20k JPEGs, ~5 min
-    flock /tmp/bench.lock python benchmarks/bench_metrics.py --quick    # 200k vectors, 5k JPEGs, smoke run
-
-Writes ``benchmarks/results/metrics.md`` and ``benchmarks/results/metrics.png``.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import logging
 import math
-import os
 import statistics
-import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-for path in (HERE, HERE.parent):  # `common` and `lance_lightning` from a plain checkout
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-import common  # noqa: E402
-from common import QUIET, Paired, Row, quiet_reps  # noqa: E402
-
-from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle  # noqa: E402
-from lance_lightning.load.dataset import LanceIterableDataset  # noqa: E402
-from lance_lightning.load.loader import LanceDataLoader  # noqa: E402
-from lance_lightning.transforms import DecodeImage  # noqa: E402
+from benchmarks import common
+from benchmarks.common import QUIET, Paired, Row, quiet_reps
+from benchmarks.harness.fit import trainer
+from benchmarks.harness.study import Params
+from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle
+from lance_lightning.load.dataset import LanceIterableDataset
+from lance_lightning.load.loader import LanceDataLoader
+from lance_lightning.transforms import DecodeImage
 
 TARGET = 0.97
 BATCH = 256
@@ -181,20 +164,9 @@ def fit_runs(uri: str, columns: list[str], log_dir: Path) -> dict[str, Callable[
                 "noop": [pl.Callback()],
                 "none": [],
             }[callbacks]
-            trainer = pl.Trainer(
-                accelerator="cpu",
-                devices=1,
-                max_epochs=1,
-                limit_train_batches=FIT_STEPS,
-                logger=CSVLogger(str(log_dir)),
-                log_every_n_steps=50,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-                enable_checkpointing=False,
-                num_sanity_val_steps=0,
-                callbacks=[clock, *extra],
-            )
-            trainer.fit({"mlp": MLP, "trivial": Trivial}[model](), datamodule=dm)
+            logger = CSVLogger(str(log_dir))
+            fit = trainer(log_dir, [clock, *extra], limit_train_batches=FIT_STEPS, logger=logger, log_every_n_steps=50)
+            fit.fit({"mlp": MLP, "trivial": Trivial}[model](), datamodule=dm)
             return clock.rows / (clock.last - clock.first)
 
         return run
@@ -260,13 +232,8 @@ def fit_rates(runs: dict[str, Callable[[], float]], reps: int) -> tuple[dict[str
     }, loads
 
 
-def run(args: argparse.Namespace) -> tuple[list[Row], list[str], list[str]]:
-    cache = Path(args.cache_dir)
-    cache.mkdir(parents=True, exist_ok=True)
-    rows = 200_000 if args.quick else args.rows
-    image_rows = 5_000 if args.quick else args.image_rows
-    min_seconds = args.min_seconds if args.min_seconds is not None else (0.3 if args.quick else 0.5)
-    reps = args.reps if args.reps is not None else (4 if args.quick else 12)
+def measure(p: Params) -> str:
+    cache, rows, image_rows, min_seconds, reps = p.cache, p.rows, p.image_rows, p.min_seconds, p.reps
     vec_uri = common.vec_dataset(cache, rows)
     take_uri = common.vec_dataset(cache, TAKE_ROWS)
     image_uri = common.image_dataset(cache, image_rows)
@@ -362,95 +329,15 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[str], list[str]]:
             target=None,
             baseline="metrics off, no callback",
         )
-    return results, raw_lines, notes
-
-
-def write_results(
-    out_dir: Path,
-    rows: list[Row],
-    raw: list[str],
-    notes: list[str],
-    args,
-    elapsed: float,
-    load_before: tuple[float, float, float],
-) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    failed = [r.scenario for r in rows if r.status == "FAIL"]
-    targets = sum(r.target is not None for r in rows)
-    kind = "QUICK smoke run (small data; not the reference figures)" if args.quick else "full run"
-    text = "\n".join(
-        [
-            "# Metrics overhead benchmark",
-            "",
-            f"{stamp}, {kind}, {elapsed:.0f} s. Command: `{common.command_line()}`",
-            "",
-            f"Machine: {common.machine()}. Each loader row compares one loader with metrics on (the default: "
-            "per-batch waits, stage times, Lance I/O statistics, latency histogram) and off (what "
-            "`LanceDataLoader(metrics=False)` sets), measured back to back, the order alternating; rows/s are "
-            "medians, the ratio is the median over blocks of two repetitions (one in each order) of the geometric "
-            f"mean of their ratios. Target: ratio ≥ {TARGET} (wall-clock rows/s). The rows per "
-            "CPU-second of this process (all threads) are reported alongside: on a shared machine they are less "
-            "disturbed by other processes than wall time. A repetition during which other processes used "
-            f"≥ {100 * QUIET:.0f}% of the CPUs is measured again (up to 2x the repetitions). Load average (1, 5, "
-            f"15 min) at the start {', '.join(f'{v:.2f}' for v in load_before)}, at the end "
-            f"{', '.join(f'{v:.2f}' for v in os.getloadavg())}.",
-            "",
-            common.markdown_table(rows),
-            "",
-            f"Targets failed: {len(failed)} of {targets}" + ("" if not failed else ": " + "; ".join(failed)),
-            "",
-            "## Setup",
-            "",
-            *[f"- {n}" for n in notes],
-            *[f"- {r.scenario}: {r.note}" for r in rows if r.note],
-            "",
-            "## Raw rows/s per repetition (on / off)",
-            "",
-            *raw,
-            "",
-        ]
+    intro = (
+        "Each loader row compares one loader with metrics on (the default: "
+        "per-batch waits, stage times, Lance I/O statistics, latency histogram) and off (what "
+        "`LanceDataLoader(metrics=False)` sets), measured back to back, the order alternating; rows/s are "
+        "medians, the ratio is the median over blocks of two repetitions (one in each order) of the geometric "
+        f"mean of their ratios. Target: ratio ≥ {TARGET} (wall-clock rows/s). The rows per "
+        "CPU-second of this process (all threads) are reported alongside: on a shared machine they are less "
+        "disturbed by other processes than wall time. A repetition during which other processes used "
+        f"≥ {100 * QUIET:.0f}% of the CPUs is measured again (up to 2x the repetitions). Raw figures: on / off."
     )
-    common.write_result(out_dir / "metrics.md", text)
-    common.bar_plot(rows, out_dir / "metrics.png", f"lance-lightning metrics overhead ({kind}, {stamp})")
-    print(f"\nwrote {out_dir / 'metrics.md'} and {out_dir / 'metrics.png'}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="200k rows, 5k images: a smoke run")
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the vector table (full run)")
-    parser.add_argument("--image-rows", type=int, default=20_000, help="rows of the image table (full run)")
-    parser.add_argument(
-        "--reps",
-        type=int,
-        default=None,
-        help="repetitions unit, even: loader rows get 3x, fit rows 2x (default 12, 4 with --quick)",
-    )
-    parser.add_argument(
-        "--min-seconds",
-        type=float,
-        default=None,
-        help="each loader measurement repeats until it ran this long (default 0.5 s, 0.3 s quick)",
-    )
-    parser.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE), help="where the datasets are kept")
-    parser.add_argument("--out-dir", default=str(common.RESULTS_DIR), help="where metrics.md and metrics.png go")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
-    args = parser.parse_args(argv)
-
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore")
-    print(f"command: {common.command_line()}")
-    print(f"machine: {common.machine()}", flush=True)
-    started, load_before = time.perf_counter(), os.getloadavg()
-    rows, raw, notes = run(args)
-    elapsed = time.perf_counter() - started
-    print()
-    print(common.markdown_table(rows))
-    write_results(Path(args.out_dir), rows, raw, notes, args, elapsed, load_before)
-    print(f"command: {common.command_line()}  ({elapsed:.0f} s)")
-    return 1 if args.strict and any(r.status == "FAIL" for r in rows) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    plot = p.out.with_suffix(".png")
+    return common.rows_report(results, intro, notes, raw_lines, plot, f"lance-lightning metrics overhead ({p.kind})")

@@ -6,7 +6,7 @@ Guarantees:
   later runs; the blob column holds the same MP4 bytes as the files on disk.
 - The clip settings (`FPS`, `SIDE`, `OUT_SIZE`, `FRAME_STEP`, `CLIPS_PER_ITEM`) and the
   read-aheads section 2 compares (`BUFFER_SIZES`) are defined here once.
-- `ARGS` is the one parsed command line: ``bench_video.py`` fills it in place in the main process;
+- `ARGS` is the one parsed command line: the ``video`` study fills it in place in the main process;
   worker processes leave it empty and use only what their datasets carry.
 """
 

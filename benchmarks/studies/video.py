@@ -2,10 +2,10 @@
 baselines, and resident memory over many epochs, for `LanceDataModule(clips=VideoClips(...))`.
 
 Guarantees:
-- Every figure of one result file comes from one run of this script, on data it writes once under
-  ``--cache-dir`` (the same MP4 bytes as files on disk and as a Lance blob column); comparisons
+- Every figure of one result file comes from one run of the ``video`` study, on data it writes once under
+  the cache folder (``video/``) (the same MP4 bytes as files on disk and as a Lance blob column); comparisons
   are ratios within that run (the machines are shared and noisy).
-- Every reader decodes the same clip: ``--frames`` (16) frames every 2nd frame, resized to
+- Every reader decodes the same clip: ``frames`` (16) frames every 2nd frame, resized to
   112x112, a random start in the ``k``-th of 2 equal parts of the video for clip ``k`` of 2 per
   video, videos in a shuffled order; the baselines decode with the package's own PyAV functions
   (`open_video`, `decode_video_clip`), so they differ from the loader only in how the bytes reach
@@ -14,13 +14,13 @@ Guarantees:
   (``io_stats_incremental``, the loader's ``io_bytes``/``io_requests`` metrics), the S3 proxy's
   own count of requests and GET body bytes (every process at once), and `CountingFile` for files on disk
   and for what PyAV itself asks for.
-- ``--quick`` runs every section on tiny data (0 workers) in under a minute and never writes
-  ``results/video.md`` (its default ``--out`` is under the cache folder).
+- ``--quick`` runs every section on tiny data (0 workers) in under a minute (and, as every run
+  without ``--record``, writes under the cache folder, not ``results/video.md``).
 
 Sections of the result file:
 
 1. **Bytes per clip**, short (2 s) and long (60 s) videos, local and from an S3 server on loopback
-   (moto) behind `tests.fault_proxy.FaultProxy` adding ``--latency-ms`` (20) to every request:
+   (moto) behind `tests.fault_proxy.FaultProxy` adding ``latency_ms`` (20) to every request:
    this loader's first and next epoch, against the whole video's bytes and the clip's own share
    of the file (file bytes x clip frames / video frames), and the whole blob read per clip.
 2. **Where a clip's bytes and time go**: one clip decoded the loader's way (``take_blobs``,
@@ -34,35 +34,23 @@ Sections of the result file:
    decoder works here, else PyAV over the files, with TorchCodec's error stated); at 0 workers
    also this loader with ``reader_threads=0``, and a what-if row: this loader with PyAV's
    ``VideoFrame.reformat`` patched, in this process and for that row only, to convert on one thread.
-4. **Resident memory** of this loader over ``--memory-epochs`` (20) epochs over more videos than
+4. **Resident memory** of this loader over ``memory_epochs`` (20) epochs over more videos than
    ``open_files``: RSS of the process and its workers after each epoch.
 
-Usage (from the repository root)::
-
-    uv run python benchmarks/bench_video.py           # full run (~8 minutes on 2 loaded cores)
-    uv run python benchmarks/bench_video.py --quick   # smoke run (< 1 minute)
-
-Writes ``benchmarks/results/video.md`` (``--out`` to change).
+``uv run python -m benchmarks run video --record`` (~8 minutes on 2 loaded cores) writes
+``benchmarks/results/video.md``; ``--quick``: < 1 minute.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
-import sys
 import time
-import warnings
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-for path in (HERE, HERE.parent):  # `common`, `lance_lightning` and `tests.*` from a checkout
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+import lance
 
-import common  # noqa: E402
-import lance  # noqa: E402
-from video_bytes import ClipCost, DecodeSplit, S3Rows, costs_section, decode_split, s3_section  # noqa: E402
-from video_data import (  # noqa: E402
+from benchmarks import common
+from benchmarks.harness.study import Params
+from benchmarks.studies.video_bytes import ClipCost, DecodeSplit, S3Rows, costs_section, decode_split, s3_section
+from benchmarks.studies.video_data import (
     ARGS,
     CLIPS_PER_ITEM,
     FPS,
@@ -77,9 +65,9 @@ from video_data import (  # noqa: E402
     log,
     video_set,
 )
-from video_readers import lance_meter, torchcodec_error  # noqa: E402
-from video_speed import MemoryRun, Speed, memory_section, speed_section  # noqa: E402
-from video_tables import (  # noqa: E402
+from benchmarks.studies.video_readers import lance_meter, torchcodec_error
+from benchmarks.studies.video_speed import MemoryRun, Speed, memory_section, speed_section
+from benchmarks.studies.video_tables import (
     NOTES,
     bytes_table,
     code_state,
@@ -89,8 +77,7 @@ from video_tables import (  # noqa: E402
     split_table,
     summary,
 )
-
-from lance_lightning.media.decoders import torchcodec_state  # noqa: E402
+from lance_lightning.media.decoders import torchcodec_state
 
 
 def write(
@@ -105,21 +92,14 @@ def write(
     elapsed: float,
     load_start: str,
 ) -> str:
-    kind = "QUICK smoke run (tiny data; not the reference figures)" if ARGS.quick else "full run"
     sets_line = "; ".join(
         f"**{d.spec.name}**: {d.spec.videos} videos of {d.spec.frames} frames ({d.spec.frames / FPS:g} s), "
         f"{d.whole / KIB:,.1f} KiB each on average, {d.spec.rows_per_file} rows per Lance data file"
         for d in sets
     )
     lines = [
-        "# Video clips: bytes per clip, clips/s, resident memory",
-        "",
-        f"{kind}, {common.stamp()}, {elapsed:.0f} s. Machine: {common.machine()}, PyAV "
-        f"{__import__('av').__version__}; a shared 2-core VM (load average {load_start} at the start, "
-        f"{common.load_average()} at the end): absolute clips/s move from minute to minute, the ratios of "
-        "one run are what to compare.",
-        "",
-        f"Command: `{common.command_line()}`",
+        f"PyAV {__import__('av').__version__}; a shared VM (load average {load_start} at the start): absolute "
+        "clips/s move from minute to minute, the ratios of one run are what to compare.",
         "",
         f"Code: {code_state()}. The loader opens each video blob with a `lance.BlobFile` read-ahead of "
         f"{loader_read_ahead() // KIB} KiB.",
@@ -214,13 +194,12 @@ def write(
     return "\n".join(lines)
 
 
-def main() -> None:
-    logging.getLogger("lance_lightning").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore")
+def measure(p: Params) -> str:
+    vars(ARGS).update(p.values, quick=p.quick)  # in place: every module of the study reads this one `ARGS`
     common.steady_allocator()
     load_start = common.load_average()
     started = time.perf_counter()
-    cache = ARGS.cache_dir
+    cache = p.cache / "video"
     cache.mkdir(parents=True, exist_ok=True)
     sets = ARGS.sets = [video_set(cache, spec) for spec in (QUICK_SETS if ARGS.quick else FULL_SETS)]
     tc_error = torchcodec_error(sets[0].files[0])
@@ -242,46 +221,6 @@ def main() -> None:
     s3 = s3_section(sets)
     speed = speed_section(sets, files_kind)
     memory = memory_section(sets)
-    text = write(
+    return write(
         sets, speed, s3, local, splits, memory, files_kind, tc_error, time.perf_counter() - started, load_start
     )
-    common.write_result(ARGS.out, text)
-    print(text)
-    log(f"wrote {ARGS.out}")
-
-
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny data, every section (< 1 minute)")
-    parser.add_argument("--cache-dir", type=Path, default=common.DEFAULT_CACHE / "video")
-    parser.add_argument("--out", type=Path, help="the result file (default results/video.md; --quick: under the cache)")
-    parser.add_argument("--frames", type=int, default=16, help="frames per clip")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--open-files", type=int, help="VideoClips.open_files (default 16; --quick 4)")
-    parser.add_argument("--workers", type=int, nargs="+", help="DataLoader workers (default 0 2; --quick 0)")
-    parser.add_argument("--rounds", type=int, help="rounds of section 3 (default 3; --quick 1)")
-    parser.add_argument("--min-seconds", type=float, help="timed epochs last at least this (default 1.5; --quick 0.1)")
-    parser.add_argument("--latency-ms", type=float, default=20.0, help="added to every S3 request")
-    parser.add_argument("--cost-clips", type=int, help="videos per row of section 2 (default 12; --quick 2)")
-    parser.add_argument("--memory-epochs", type=int, help="epochs of section 4 (default 20; --quick 3)")
-    args = parser.parse_args(argv)
-    quick = args.quick
-    defaults = {
-        "open_files": 4 if quick else 16,
-        "workers": [0] if quick else [0, 2],
-        "rounds": 1 if quick else 3,
-        "min_seconds": 0.1 if quick else 1.5,
-        "cost_clips": 2 if quick else 12,
-        "memory_epochs": 3 if quick else 20,
-    }
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.out is None:
-        args.out = args.cache_dir / "video_quick.md" if quick else HERE / "results" / "video.md"
-    return args
-
-
-if __name__ == "__main__":
-    vars(ARGS).update(vars(parse()))  # in place: every module of the benchmark reads this one `ARGS`
-    main()

@@ -8,37 +8,30 @@ The decode transform is always `DecodeImage` with ImageNet normalisation (`decod
 1. `decode_scaling`: `DecodeImage` on in-memory JPEG batches, a pool of 2 threads vs 1.
 2. `against_plain`: one ``LanceDataModule`` epoch vs a plain ``DataLoader`` doing take + PIL.
 3. `overlap`: the time ``next(loader)`` blocks per simulated step, prefetch on and off.
-4. `memory_child`: peak RSS per epoch, run in a fresh process by ``bench_transforms.py``.
+4. `memory_child`: peak RSS per epoch, run in a fresh process by the ``transforms`` study.
 
-Used by ``bench_transforms.py`` (and `quiet_paired` / `decode` by ``transforms_backends.py``).
+Used by the ``transforms`` study (and `quiet_paired` / `decode` by ``decode-backends``, `transforms_backends`).
 """
 
 from __future__ import annotations
 
 import io
 import statistics
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-for path in (HERE, HERE.parent):  # `common` and `lance_lightning` from a plain checkout
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+import lance
+import numpy as np
+import psutil
+import torch
+from torch.utils.data import DataLoader, Dataset
 
-import common  # noqa: E402
-import lance  # noqa: E402
-import numpy as np  # noqa: E402
-import psutil  # noqa: E402
-import torch  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
-
-from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle, to_torch_batch  # noqa: E402
-from lance_lightning.read.reader import group_rows  # noqa: E402
-from lance_lightning.transforms import DecodeImage  # noqa: E402
+from benchmarks import common
+from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle, to_torch_batch
+from lance_lightning.read.reader import group_rows
+from lance_lightning.transforms import DecodeImage
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 BATCH = 256

@@ -1,7 +1,8 @@
 """Filtered reads against pylance's own ``lance.torch.data.LanceDataset(filter=...)`` (issue #39).
 
-Run by ``benchmarks/bench_read.py --peer-filters`` (the read benchmark's script; its other rows are
-not run then). The workload is the issue's: ``--peer-rows`` rows (400,000) of ``id`` int64,
+The harness's ``filter-scan`` study (``python -m benchmarks run filter-scan``): it writes its
+section of ``results/filter_scan.md``, between the ``peer-filters`` markers. The workload is the
+issue's: ``rows`` rows (400,000) of ``id`` int64,
 ``label`` int32 uniform in 0..99 and ``vec`` fixed-size list of 128 float32, written by a plain
 ``lance.write_dataset`` (one fragment), without an index and in copies with a BITMAP and a BTREE
 index on ``label``; filters ``label < 1`` (1%), ``label < 10`` (10%) and ``label < 50`` (50%);
@@ -12,7 +13,7 @@ For each cell, measured in this one process, back to back:
 - **epoch rows/s**: the package's train loader (its data module set up once, outside the timing,
   as in every row of the read benchmark) against ``DataLoader(LanceDataset(uri, batch_size=256,
   columns=[...], filter=...), batch_size=None)`` (built once), each repeating whole epochs for at
-  least ``--min-seconds``; ``--reps`` paired repetitions, alternating which goes first; the ratio is
+  least ``min_seconds``; ``reps`` paired repetitions, alternating which goes first; the ratio is
   the median of the per-repetition ratios. Target: at least 1.3. Beside it, the same ratio of rows
   per CPU second of this process (all threads): information, less disturbed by other processes on
   a shared machine than wall time. And the read requests and MB of one epoch on each side's handle.
@@ -20,7 +21,7 @@ For each cell, measured in this one process, back to back:
   new ``LanceDataset`` for every epoch (information).
 - **first batch**: seconds from nothing to the first batch in hand: ``LanceDataModule(...)``,
   ``setup("fit")``, ``train_dataloader()``, ``next(iter(...))`` against ``LanceDataset(...)``,
-  ``DataLoader(...)``, ``next(iter(...))``; ``--first-reps`` alternating pairs, medians, and the
+  ``DataLoader(...)``, ``next(iter(...))``; ``first_reps`` alternating pairs, medians, and the
   median of the per-pair ratios ours/peer. Target: at most 2.
 
 The package's loader yields ``drop_last`` batches (the data module's default for training: every
@@ -37,12 +38,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import common  # benchmarks/common.py: bench_read.py, which imports this module, put benchmarks/ on the path
 import lance
 import numpy as np
 import pyarrow as pa
 from torch.utils.data import DataLoader
 
+from benchmarks import common
+from benchmarks.harness.study import Params
 from lance_lightning import LanceDataModule, LanceSource, NoShuffle
 
 COLUMNS = ["id", "label", "vec"]
@@ -185,7 +187,7 @@ class Cell:
     raw: list[str] = field(default_factory=list)
 
 
-def measure(uri: str, filter: str, reps: int, min_seconds: float, first_reps: int) -> Cell:
+def measure_cell(uri: str, filter: str, reps: int, min_seconds: float, first_reps: int) -> Cell:
     dm, ours = ours_fresh(uri, filter)
     plan = dm.plans["train"]
     peer = peer_fresh(uri, filter)
@@ -223,7 +225,7 @@ def run(cache: Path, rows: int, reps: int, min_seconds: float, first_reps: int) 
         uri = peer_dataset(cache, rows, index)
         lance.dataset(uri).to_table(columns=COLUMNS)  # warm the page cache
         for filter, share in FILTERS:
-            cell = measure(uri, filter, reps, min_seconds, first_reps)
+            cell = measure_cell(uri, filter, reps, min_seconds, first_reps)
             cell.index, cell.share = index or "none", share
             cells.append(cell)
             print(
@@ -259,25 +261,21 @@ def table(cells: list[Cell]) -> str:
     return "\n".join(lines)
 
 
-def report(cells: list[Cell], command: str, machine: str, stamp: str, elapsed: float, args) -> str:
+def report(cells: list[Cell], p: Params, load_start: float) -> str:
     failed = [f"{c.index} {c.filter}" for c in cells if not (c.epoch[2] >= EPOCH_TARGET and c.first[2] <= FIRST_TARGET)]
     return "\n".join(
         [
-            "## Filtered reads against lance.torch (issue #39)",
-            "",
-            f"{stamp}, {elapsed:.0f} s. Command: `{command}`",
-            "",
-            f"Machine: {machine}. {args.peer_rows:,} rows (`id` int64, `label` int32 uniform in 0..99, `vec` "
+            f"{p.rows:,} rows (`id` int64, `label` int32 uniform in 0..99, `vec` "
             "128 float32; plain `lance.write_dataset`, one fragment; BITMAP and BTREE copies indexed on `label`), "
-            f"NoShuffle, batch size {BATCH}, 0 workers, warm page cache. Epoch rows/s: {args.reps} paired "
-            f"repetitions (alternating order), each at least {args.min_seconds:g} s of whole epochs, data module set "
+            f"NoShuffle, batch size {BATCH}, 0 workers, warm page cache. Epoch rows/s: {p.reps} paired "
+            f"repetitions (alternating order), each at least {p.min_seconds:g} s of whole epochs, data module set "
             "up outside the timing; the ratio is the median of per-repetition ratios. Setup + epoch: a new data "
             "module / `LanceDataset` every epoch. First batch: from constructing the loader (ours: data module, "
-            f"`setup`, `train_dataloader`) to the first batch in hand, {args.first_reps} alternating pairs, "
+            f"`setup`, `train_dataloader`) to the first batch in hand, {p.first_reps} alternating pairs, "
             "medians, ratio = median of per-pair ours/lance.torch. Per CPU second: the median per-repetition ratio "
             "of epoch rows per CPU second of this process (all threads; information: less disturbed by other "
             "processes than wall time). Read requests (MB): Lance's I/O statistics of one epoch on each side's "
-            f"dataset handle. Load average (1 min) at the start {args.load_start:.2f}, at the end "
+            f"dataset handle. Load average (1 min) at the start {load_start:.2f}, at the end "
             f"{os.getloadavg()[0]:.2f}.",
             "",
             table(cells),
@@ -297,17 +295,9 @@ def report(cells: list[Cell], command: str, machine: str, stamp: str, elapsed: f
     )
 
 
-START, END = "<!-- peer-filters:start -->", "<!-- peer-filters:end -->"
-
-
-def write_section(path: Path, text: str) -> None:
-    """Put ``text`` between the markers of ``path`` (the rest of the file kept; added at the top of
-    its body when the markers are missing)."""
-    old = path.read_text() if path.exists() else "# Filter scan\n"
-    block = f"{START}\n{text}\n{END}"
-    if START in old and END in old:
-        new = old[: old.index(START)] + block + old[old.index(END) + len(END) :]
-    else:
-        head, _, rest = old.partition("\n")
-        new = f"{head}\n\n{block}\n{rest}"
-    path.write_text(new)
+def measure(p: Params) -> str:
+    common.steady_allocator()
+    load_start = os.getloadavg()[0]
+    cells = run(p.cache, p.rows, p.reps, p.min_seconds, p.first_reps)
+    print("\n" + table(cells))
+    return report(cells, p, load_start)

@@ -1,13 +1,13 @@
 """Object-store benchmark: every strategy from a real S3-compatible server behind a latency proxy,
 with the remote cache on and off, at workers 0 and 2: rows/s, requests, bytes and amplification.
 
-Set-up: an S3 server on 127.0.0.1 (started here: ``--server moto``, the tests' server, or
-``ministack``, `ministack_server.py`, whose cost per ranged GET does not grow with the object as
-moto's does) holds one Lance dataset of ``--rows`` rows of
+Set-up: an S3 server on 127.0.0.1 (started here: ``server=moto``, the tests' server, or
+``ministack``, `benchmarks.ministack_server`, whose cost per ranged GET does not grow with the object as
+moto's does) holds one Lance dataset of ``rows`` rows of
 about 524 bytes (``id`` int64, ``label = id % 100`` int32 with a bitmap index, ``payload`` 512
-uint8) in one data file (``--rows-per-file`` to split it). The 1% filters are ``id % 100 = 7``
+uint8) in one data file (``rows_per_file`` to split it). The 1% filters are ``id % 100 = 7``
 (evaluated on the ``id`` column) and ``label = 7`` (answered by the index). Every
-request goes through `tests.fault_proxy.FaultProxy` with ``--latency-ms`` of added latency (20 ms
+request goes through `tests.fault_proxy.FaultProxy` with ``latency_ms`` of added latency (20 ms
 by default, a cross-zone object store's order of magnitude); the proxy counts the GET requests and
 the body bytes it returns. For each configuration a fresh data module is planned (``setup``: the
 copy into the cache happens here when the cache applies) and two epochs of the train loader are
@@ -17,42 +17,25 @@ read, without a trainer:
 - **warm** = epoch 1 (the same process, the next epoch).
 
 ``amplification`` is the bytes the store sent over the bytes of the rows delivered (rows x the
-rows' Arrow size): 1.0 reads every row's bytes once. An epoch stops after ``--epoch-cap-s``
+rows' Arrow size): 1.0 reads every row's bytes once. An epoch stops after ``epoch_cap_s``
 seconds; rows/s then counts the rows read until then (marked ``capped``).
-
-Usage (from the repository root)::
-
-    uv run python benchmarks/bench_object_store.py                  # 10^5 rows, 20 ms
-    uv run python benchmarks/bench_object_store.py --rows 1000000  # 10^6 rows
-
-Writes ``benchmarks/results/object_store.md`` (``--out`` to change).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import logging
-import sys
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-for path in (HERE, HERE.parent):  # `common`, `lance_lightning` and `tests.*` from a checkout
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+import lance
+import numpy as np
+import pyarrow as pa
 
-import common  # noqa: E402
-import lance  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-from ministack_server import MiniStackServer  # noqa: E402
-
-from lance_lightning import (  # noqa: E402
+from benchmarks.harness.study import Params
+from benchmarks.ministack_server import MiniStackServer
+from lance_lightning import (
     BufferShuffle,
     LanceDataModule,
     LanceSource,
@@ -61,20 +44,21 @@ from lance_lightning import (  # noqa: E402
     RowShuffle,
     ShardShuffle,
 )
-from tests.fault_proxy import FaultProxy  # noqa: E402
-from tests.s3_server import S3Server  # noqa: E402
+from tests.fault_proxy import FaultProxy
+from tests.s3_server import S3Server
 
 SERVERS = {"moto": S3Server, "ministack": MiniStackServer}
 
 BATCH = 256
 COLUMNS = ["id", "label", "payload"]
-PATTERNS: dict[str, dict[str, Any]] = {
-    "NoShuffle": {"shuffle": lambda: NoShuffle()},
-    "ShardShuffle(4096)": {"shuffle": lambda: ShardShuffle(shard_rows=4096, seed=1)},
-    "BufferShuffle(8192)": {"shuffle": lambda: BufferShuffle(buffer_rows=8192, seed=1)},
-    "RowShuffle()": {"shuffle": lambda: RowShuffle(seed=1)},
-    "1% filter (take)": {"shuffle": lambda: NoShuffle(), "filter": "id % 100 = 7"},
-    "1% filter, indexed (take)": {"shuffle": lambda: NoShuffle(), "filter": "label = 7"},
+#: Read patterns: the name a run selects (``--set patterns=scan,row``) -> the table's label and the reading.
+PATTERNS: dict[str, tuple[str, dict[str, Any]]] = {
+    "scan": ("NoShuffle", {"shuffle": lambda: NoShuffle()}),
+    "shard": ("ShardShuffle(4096)", {"shuffle": lambda: ShardShuffle(shard_rows=4096, seed=1)}),
+    "buffer": ("BufferShuffle(8192)", {"shuffle": lambda: BufferShuffle(buffer_rows=8192, seed=1)}),
+    "row": ("RowShuffle()", {"shuffle": lambda: RowShuffle(seed=1)}),
+    "filter": ("1% filter (take)", {"shuffle": lambda: NoShuffle(), "filter": "id % 100 = 7"}),
+    "filter-indexed": ("1% filter, indexed (take)", {"shuffle": lambda: NoShuffle(), "filter": "label = 7"}),
 }
 
 
@@ -118,8 +102,8 @@ def read_epoch(loader: Any, cap_s: float) -> tuple[int, bool]:
     return rows, False
 
 
-def measure(
-    uri: str, options: dict[str, str], proxy: FaultProxy, pattern: dict[str, Any], workers: int, cache: Path | None
+def measure_one(
+    p: Params, uri: str, options: dict, proxy: FaultProxy, pattern: dict[str, Any], workers: int, cache: Path | None
 ) -> tuple[Phase, Phase, str]:
     remote_cache = RemoteCache(directory=str(cache)) if cache is not None else RemoteCache(enabled=False)
     dm = LanceDataModule(
@@ -135,21 +119,19 @@ def measure(
         gets, sent, started = proxy.gets, proxy.bytes_sent, time.perf_counter()
         if epoch == 0:
             dm.setup("fit")
-        rows, capped = read_epoch(dm.train_dataloader(), args.epoch_cap_s)
+        rows, capped = read_epoch(dm.train_dataloader(), p.epoch_cap_s)
         phases.append(Phase(rows, time.perf_counter() - started, proxy.gets - gets, proxy.bytes_sent - sent, capped))
     method = dm.plans["train"].method
     dm.teardown("fit")
     return phases[0], phases[1], method
 
 
-def main() -> None:
-    logging.getLogger("lance_lightning").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore")
+def measure(p: Params) -> str:
+    unknown = sorted(set(p.patterns) - set(PATTERNS))
+    if unknown or p.server not in SERVERS:
+        raise ValueError(f"patterns are {', '.join(PATTERNS)} (not {unknown}); servers {', '.join(SERVERS)}")
     lines = [
-        f"# Object store: rows/s, requests and bytes per epoch ({args.rows:,} rows, {args.latency_ms} ms per request)",
-        "",
-        f"Command: `{common.command_line()}`  ",
-        f"Date: {dt.date.today().isoformat()}; machine: {common.machine()}; server: {args.server}  ",
+        f"{p.rows:,} rows, {p.latency_ms:g} ms per request, server: {p.server}. "
         "cold = setup (plan, and the copy when the cache applies) + epoch 0; warm = epoch 1. "
         "amplification = bytes sent by the store / bytes of the rows delivered.",
         "",
@@ -157,19 +139,18 @@ def main() -> None:
         "| warm rows/s | warm requests | warm MiB | x NoShuffle rows/s (cold) |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    with SERVERS[args.server].serving("bench") as s3, FaultProxy.serving(s3.endpoint, args.latency_ms / 1e3) as proxy:
+    with SERVERS[p.server].serving("bench") as s3, FaultProxy.serving(s3.endpoint, p.latency_ms / 1e3) as proxy:
         options = {**s3.storage_options(), "aws_endpoint": proxy.endpoint}
         uri = "s3://bench/table.lance"
-        row_bytes = write_table(uri, args.rows, s3.storage_options(), args.rows_per_file or args.rows)
+        row_bytes = write_table(uri, p.rows, s3.storage_options(), p.rows_per_file or p.rows)
         baseline: dict[int, float] = {}
         with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
-            for name, pattern in PATTERNS.items():
-                if args.patterns and name not in args.patterns:
-                    continue
-                for workers in args.workers:
-                    for cached in (mode == "on" for mode in args.cache):
+            for key in p.patterns:
+                name, pattern = PATTERNS[key]
+                for workers in p.workers:
+                    for cached in (mode == "on" for mode in p.cache_modes):
                         cache = Path(tmp) / f"{name}-{workers}" if cached else None
-                        cold, warm, method = measure(uri, options, proxy, pattern, workers, cache)
+                        cold, warm, method = measure_one(p, uri, options, proxy, pattern, workers, cache)
                         if name == "NoShuffle" and workers not in baseline:  # a scan: the cache never applies
                             baseline[workers] = cold.rate()
                         amplification = cold.bytes / max(1, cold.rows * row_bytes)
@@ -182,20 +163,4 @@ def main() -> None:
                             f"| {cold.rate() / baseline.get(workers, cold.rate()):.2f} |"
                         )
                         print(lines[-1], flush=True)
-    common.write_result(args.out, "\n".join(lines) + "\n")
-    print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--rows-per-file", type=int, help="rows per data file (default: all in one)")
-    parser.add_argument("--server", choices=list(SERVERS), default="moto", help="the S3 server on loopback")
-    parser.add_argument("--latency-ms", type=float, default=20.0)
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    parser.add_argument("--epoch-cap-s", type=float, default=120.0)
-    parser.add_argument("--patterns", nargs="+", choices=list(PATTERNS), help="only these (default: all)")
-    parser.add_argument("--cache", nargs="+", choices=["off", "on"], default=["off", "on"])
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "object_store.md")
-    args = parser.parse_args()
-    main()
+    return "\n".join(lines)

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from video_data import ARGS, KIB, Data, log
-from video_readers import (
+from benchmarks.studies.video_data import ARGS, KIB, Data, log
+from benchmarks.studies.video_readers import (
     ClipItems,
     FileClips,
     Lance,
@@ -34,7 +34,6 @@ from video_readers import (
     shutdown,
     timed_epochs,
 )
-
 from lance_lightning.media.decoders import clip_decoder
 
 

@@ -1,14 +1,14 @@
-"""The peer side of `bench_prepare.py`: one conversion of an image folder by LitData or Mosaic
+"""The peer side of the ``prepare`` study: one conversion of an image folder by LitData or Mosaic
 Streaming, then the time to the first training batch through that peer's own loader.
 
-It runs in the peers' own environment (not the project's: ``bench_prepare.py --peer-python``
-makes it with ``uv venv`` + ``uv pip install litdata mosaicml-streaming pillow``), one conversion
+It runs in the peers' own environment (not the project's: `benchmarks.harness.runner.ensure_peers`
+makes it with ``uv venv`` + ``uv pip install``), one conversion
 per fresh process, and prints one JSON object on its last line of stdout:
 ``{"seconds", "rows", "first_batch_s", "batch_rows", "versions"}``. Imports happen before any
 timing; the folder's file list is read before the conversion's clock starts (each side gets the
 same list of ``(path, label)`` pairs).
 
-    python benchmarks/prepare_peers.py {litdata,mds,mds-parallel} INPUT_DIR OUTPUT_DIR [--batch-size B] [--workers N]
+    python -m benchmarks.studies.prepare_peers {litdata,mds,mds-parallel} INPUT_DIR OUTPUT_DIR [--batch-size B] [--workers N]
 """
 
 from __future__ import annotations

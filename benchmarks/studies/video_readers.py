@@ -26,8 +26,8 @@ import lance
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
-from video_data import ARGS, CLIPS_PER_ITEM, FRAME_STEP, OUT_SIZE
 
+from benchmarks.studies.video_data import ARGS, CLIPS_PER_ITEM, FRAME_STEP, OUT_SIZE
 from lance_lightning import LanceDataModule, LanceSource, RemoteCache, RowShuffle, VideoClips
 from lance_lightning.media.containers import CountingFile, open_video
 from lance_lightning.media.decoders import close_decoders

@@ -1,4 +1,4 @@
-"""Tuning benchmark, the harness: every figure `bench_tuning.py` reports is measured here as a
+"""Tuning benchmark, the harness: every figure of the ``tuning`` study is measured here as a
 `common.paired` ratio (or recorded as measured) and lands, formatted, in one `Figure` row of the table.
 
 `Tuning` holds the run's figures, raw per-repetition values and notes; `Tuning.rate` pairs two
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import common
 import lance
 import torch
 
+from benchmarks import common
 from lance_lightning import LanceDataModule, LanceSource, NoShuffle
 
 COLUMNS = ["id", "label", "vec"]

@@ -1,10 +1,10 @@
 """Materialized-view benchmark: a multi-epoch run from an S3 source against the same run from a local view.
 
-For each read pattern this script trains the same tiny model for ``--epochs`` epochs with a real
-``Trainer`` twice, back to back (``--reps`` pairs, alternating which goes first):
+For each read pattern this script trains the same tiny model for ``epochs`` epochs with a real
+``Trainer`` twice, back to back (``reps`` pairs, alternating which goes first):
 
 - **s3**: ``LanceDataModule(train=LanceSource("s3://...", storage_options=...))`` reads every epoch
-  from a real S3-compatible server (moto's server mode on 127.0.0.1, started by this script);
+  from a real S3-compatible server (moto's server mode on 127.0.0.1, started by the study);
 - **view**: the same data module with ``materialize=MaterializedView(cache_dir=<fresh dir>)``: its
   ``setup`` copies the source to a local Lance view (timed: the copy is part of the run), then
   every epoch reads the view.
@@ -14,45 +14,29 @@ The report gives the ratio of the two totals and the break-even epoch count: the
 for which the view's total (copy included) is not larger than reading S3 every epoch.
 moto on loopback has almost no network latency and no bandwidth limit, so the gain measured
 here is the per-request cost of an object store client; over a real network it is larger.
-
-Usage (from the repository root; benchmarks take the machine's lock)::
-
-    flock /tmp/bench.lock .venv/bin/python benchmarks/bench_materialize.py           # 200k rows, 5 epochs
-    flock /tmp/bench.lock .venv/bin/python benchmarks/bench_materialize.py --quick   # 50k rows, 3 epochs
-
-Writes ``benchmarks/results/materialize.md``.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import logging
 import shutil
 import statistics
-import sys
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-for path in (HERE, HERE.parent):  # `common`, `lance_lightning` and `tests.s3_server` from a checkout
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+import lance
+import lightning.pytorch as pl
+import numpy as np
+import pyarrow as pa
+from lightning.pytorch.callbacks import Callback
 
-import common  # noqa: E402
-import lance  # noqa: E402
-import lightning.pytorch as pl  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import torch  # noqa: E402
-from lightning.pytorch.callbacks import Callback  # noqa: E402
-
-from lance_lightning import LanceDataModule, LanceSource, MaterializedView, NoShuffle, RowShuffle  # noqa: E402
-from tests.s3_server import S3Server  # noqa: E402
+from benchmarks import common
+from benchmarks.harness.fit import VecModel, trainer
+from benchmarks.harness.study import Params
+from lance_lightning import LanceDataModule, LanceSource, MaterializedView, NoShuffle, RowShuffle
+from tests.s3_server import S3Server
 
 BATCH = 1024
 PATTERNS = {
@@ -62,20 +46,6 @@ PATTERNS = {
         shuffle=lambda: RowShuffle(seed=1, clump_rows=64), filter="label < 20"
     ),
 }
-
-
-class TinyModel(pl.LightningModule):
-    """A linear layer on ``vec``: the step costs almost nothing, so the data path dominates."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(common.VEC_DIM, 1)
-
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        return self.layer(batch["vec"]).pow(2).mean()
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=1e-3)
 
 
 class EpochClock(Callback):
@@ -145,18 +115,8 @@ def run_once(uri: str, options: dict[str, str], pattern: dict[str, Any], epochs:
     setup_s = time.perf_counter() - started
     assert (cache is None) == dm.plans["train"].source.uri.startswith("s3://")
     clock = EpochClock()
-    trainer = pl.Trainer(
-        max_epochs=epochs,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        callbacks=[clock],
-        default_root_dir=str(cache or tempfile.gettempdir()),
-    )
-    trainer.fit(TinyModel(), datamodule=dm)
+    fit = trainer(Path(cache or tempfile.gettempdir()), [clock], max_epochs=epochs)
+    fit.fit(VecModel(width=common.VEC_DIM), datamodule=dm)
     wall = time.perf_counter() - started
     return Run(setup_s, wall - setup_s - sum(clock.seconds), clock.seconds)
 
@@ -176,16 +136,10 @@ def median_run(runs: list[Run]) -> Run:
     )
 
 
-def write_results(path: Path, patterns: list[Pattern], args: argparse.Namespace, rows: int, elapsed: float) -> str:
-    stamp = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    kind = "QUICK smoke run (small data; not the reference figures)" if args.quick else "full run"
+def report(patterns: list[Pattern], args: Params, rows: int) -> str:
     e = args.epochs
     lines = [
-        "# Materialized-view benchmark: S3 source vs local view, multi-epoch",
-        "",
-        f"{stamp}, {kind}, {elapsed:.0f} s. Command: `{common.command_line()}`",
-        "",
-        f"Machine: {common.machine()}. S3: moto server mode on 127.0.0.1 (no network latency or bandwidth "
+        "S3: moto server mode on 127.0.0.1 (no network latency or bandwidth "
         "limit: a real object store over a network makes the S3 side slower, so the gain here is a lower "
         f"bound). Data: {rows:,} rows (id int64, label int32 in 0..99, vec float32[128]), 4 fragments, "
         f"batch_size {BATCH}, num_workers 0, real `Trainer` ({e} epochs, a linear model on `vec`). "
@@ -197,11 +151,11 @@ def write_results(path: Path, patterns: list[Pattern], args: argparse.Namespace,
         f"| view: epoch (s) | view: {e} epochs (s) | ratio S3/view, {e} epochs | break-even epochs |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for p in patterns:
-        s3, view = median_run(p.s3), median_run(p.view)
-        ratio = statistics.median(a.total(e) / b.total(e) for a, b in zip(p.s3, p.view))
+    for pat in patterns:
+        s3, view = median_run(pat.s3), median_run(pat.view)
+        ratio = statistics.median(a.total(e) / b.total(e) for a, b in zip(pat.s3, pat.view))
         lines.append(
-            f"| {p.name} | {s3.setup_s:.2f} | {statistics.median(s3.epochs_s):.2f} | {s3.total(e):.1f} | "
+            f"| {pat.name} | {s3.setup_s:.2f} | {statistics.median(s3.epochs_s):.2f} | {s3.total(e):.1f} | "
             f"{view.setup_s:.2f} | {statistics.median(view.epochs_s):.2f} | {view.total(e):.1f} | "
             f"{ratio:.2f} | {break_even(s3, view)} |"
         )
@@ -216,66 +170,37 @@ def write_results(path: Path, patterns: list[Pattern], args: argparse.Namespace,
         "## Raw seconds per pair (setup; epochs)",
         "",
     ]
-    for p in patterns:
-        for i, (a, b) in enumerate(zip(p.s3, p.view)):
+    for pat in patterns:
+        for i, (a, b) in enumerate(zip(pat.s3, pat.view)):
             lines.append(
-                f"- {p.name}, pair {i + 1}: S3 {a.setup_s:.2f}; {', '.join(f'{s:.2f}' for s in a.epochs_s)} "
+                f"- {pat.name}, pair {i + 1}: S3 {a.setup_s:.2f}; {', '.join(f'{s:.2f}' for s in a.epochs_s)} "
                 f"(total {a.total(e):.2f}) | view {b.setup_s:.2f}; "
                 f"{', '.join(f'{s:.2f}' for s in b.epochs_s)} (total {b.total(e):.2f})"
             )
-    text = "\n".join(lines) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    common.write_result(path, text)
-    return text
+    return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="50k rows, 3 epochs, 1 pair: a smoke run")
-    parser.add_argument("--rows", type=int, default=None, help="rows of the source (default 200k, 50k quick)")
-    parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default 5, 3 quick)")
-    parser.add_argument("--reps", type=int, default=None, help="back-to-back pairs (default 2, 1 quick)")
-    parser.add_argument("--out", type=Path, default=common.RESULTS_DIR / "materialize.md")
-    args = parser.parse_args(argv)
-    rows = args.rows or (50_000 if args.quick else 200_000)
-    args.epochs = args.epochs or (3 if args.quick else 5)
-    args.reps = args.reps or (1 if args.quick else 2)
-
-    warnings.filterwarnings("ignore")
-    for name in ("lightning.pytorch", "lightning.fabric", "lance_lightning"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    print(f"command: {common.command_line()}\nmachine: {common.machine()}", flush=True)
-    started = time.perf_counter()
+def measure(p: Params) -> str:
     server = S3Server()
     server.start()
     work = Path(tempfile.mkdtemp(prefix="bench_materialize_"))
     try:
         server.create_bucket("bench")
-        uri, options = write_source(server, rows, print)
+        uri, options = write_source(server, p.rows, print)
         patterns = []
         for name, pattern in PATTERNS.items():
             result = Pattern(name)
-            for rep in range(args.reps):
+            for rep in range(p.reps):
                 for side in ("s3", "view") if rep % 2 == 0 else ("view", "s3"):
                     cache = work / f"views-{len(patterns)}-{rep}" if side == "view" else None
-                    run = run_once(uri, options, pattern, args.epochs, cache)
+                    run = run_once(uri, options, pattern, p.epochs, cache)
                     getattr(result, side).append(run)
-                    print(
-                        f"{name} pair {rep + 1} {side}: setup {run.setup_s:.2f} s, epochs "
-                        f"{', '.join(f'{s:.2f}' for s in run.epochs_s)} s",
-                        flush=True,
-                    )
+                    epochs = ", ".join(f"{s:.2f}" for s in run.epochs_s)
+                    print(f"{name} pair {rep + 1} {side}: setup {run.setup_s:.2f} s, epochs {epochs} s", flush=True)
                     if cache is not None:
                         shutil.rmtree(cache, ignore_errors=True)
             patterns.append(result)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    elapsed = time.perf_counter() - started
-    print("\n" + write_results(args.out, patterns, args, rows, elapsed))
-    print(f"wrote {args.out}\ncommand: {common.command_line()}  ({elapsed:.0f} s)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return report(patterns, p, p.rows)

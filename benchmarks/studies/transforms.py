@@ -25,63 +25,30 @@ All figures come from this one run; ratios are of measurements taken back to bac
    5% (and 16 MB) of the 1st; bounded by the depth, each extra batch of depth adds at most 2
    decoded batches to the mean epoch peak (the batch itself, plus what malloc keeps around it).
 
-5. Decode backends (``--backends``, a run of its own): `DecodeImage` with TorchCodec against
-   torchvision (the fallback, and the only decoder before TorchCodec), on the same in-memory
-   batches of 64x64 and 256x256 JPEGs, on 1 thread and on a pool of 2. Target: TorchCodec at least
-   0.97x torchvision (no regression). Writes ``benchmarks/results/decode_backends.md``.
-
-Usage (from the repository root)::
-
-    python benchmarks/bench_transforms.py            # 20k images, ~4 minutes on 2 cores
-    python benchmarks/bench_transforms.py --quick    # 4k images, smoke run
-    python benchmarks/bench_transforms.py --backends # decode backends only, ~1 minute
-
-Run it under the machine's benchmark lock: ``flock /tmp/bench.lock python benchmarks/bench_transforms.py``.
-The load average and the share of the CPUs other processes used during each measurement are
-reported. Writes ``benchmarks/results/transforms.md``. Exit status 0 even when a target fails (the table
-says FAIL); ``--strict`` exits 1 then.
+Decode backends (TorchCodec against torchvision) are the ``decode-backends`` study
+(`benchmarks.studies.transforms_backends`).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import json
-import logging
-import os
 import statistics
-import sys
-import time
-import warnings
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-for path in (HERE, HERE.parent):  # `common` and `lance_lightning` from a plain checkout
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-import common  # noqa: E402
-from transforms_backends import backends_report, decode_backends  # noqa: E402
-from transforms_workloads import (  # noqa: E402
+from benchmarks import common
+from benchmarks.harness.study import Params, child
+from benchmarks.studies.transforms_workloads import (
     BATCH,
     DECODED_BATCH_BYTES,
     MEMORY_STEP_S,
     against_plain,
     decode_scaling,
-    memory_child,
     overlap,
 )
 
-RESULTS = common.RESULTS_DIR / "transforms.md"
 
-
-# -- 4. memory (each setting in a fresh process: this script with --memory-child) ---------------------
+# -- 4. memory (each setting in a fresh process) ------------------------------------------------------
 def memory(uri: str, epochs: int) -> dict[int, dict[str, Any]]:
-    out = {}
-    for depth in (2, 16):
-        out[depth] = common.run_child([__file__, "--memory-child", uri, str(depth), str(epochs)])
-    return out
+    return {depth: child("transforms_workloads:memory_child", uri=uri, depth=depth, epochs=epochs) for depth in (2, 16)}
 
 
 # -- report -----------------------------------------------------------------------------------------
@@ -167,33 +134,9 @@ def table(scaling: dict, plain: dict, lap: dict, mem: dict) -> tuple[str, bool]:
     return "\n".join(head + rows), ok
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4k images, fewer repetitions")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
-    parser.add_argument(
-        "--backends",
-        action="store_true",
-        help="only compare the decode backends (writes benchmarks/results/decode_backends.md)",
-    )
-    parser.add_argument("--memory-child", nargs=3, metavar=("URI", "DEPTH", "EPOCHS"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    if args.memory_child:
-        uri, depth, epochs = args.memory_child
-        print(json.dumps(memory_child(uri, int(depth), int(epochs))))
-        return 0
-    rows, reps = (4000, 3) if args.quick else (20000, 5)
-    if args.backends:
-        started, load_before = time.perf_counter(), os.getloadavg()
-        text, ok = backends_report(decode_backends(reps), started, load_before)
-        common.write_result(common.RESULTS_DIR / "decode_backends.md", text)
-        print(text)
-        return 1 if args.strict and not ok else 0
-    common.DEFAULT_CACHE.mkdir(parents=True, exist_ok=True)
-    uri = common.image_dataset(common.DEFAULT_CACHE, rows)
-    started, load_before = time.perf_counter(), os.getloadavg()
+def measure(p: Params) -> str:
+    uri = common.image_dataset(p.cache, p.rows)
+    rows, reps = p.rows, p.reps
     print("[1/4] decode scaling", flush=True)
     scaling = decode_scaling(uri, 3 * reps)
     print("[2/4] against plain PyTorch", flush=True)
@@ -203,13 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     print("[4/4] memory over 5 epochs (after a warm-up epoch)", flush=True)
     mem = memory(uri, 6)
     text, ok = table(scaling, plain, lap, mem)
-    report = "\n".join(
+    return "\n".join(
         [
-            "# Batch transforms: decode scaling, plain PyTorch, overlap, memory",
-            "",
-            f"Generated by `{common.command_line()}` on {dt.date.today().isoformat()} ({common.machine()}); "
-            f"{rows:,} 64x64 RGB JPEGs; {time.perf_counter() - started:.0f} s. Load average (1, 5, 15 min) at the start "
-            f"{', '.join(f'{v:.2f}' for v in load_before)}, at the end {', '.join(f'{v:.2f}' for v in os.getloadavg())}.",
+            f"{rows:,} 64x64 RGB JPEGs.",
             "",
             text,
             "",
@@ -239,10 +178,3 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     )
-    common.write_result(RESULTS, report)
-    print(report)
-    return 1 if args.strict and not ok else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Planning once per node (issue #39): N processes planning the same filtered split against one.
 
-A 10^7-row table (``id`` int64, ``label`` int32 uniform in 0..99, written once under ``--cache``),
+A 10^7-row table (``id`` int64, ``label`` int32 uniform in 0..99, written once under the cache folder),
 filter ``label < 10`` (10%). Each process is a fresh Python process that has imported Lightning
 and the package (as a training script has), waits at a start gate, then does what a rank does:
 ``LanceDataModule(train=LanceSource(uri, columns=["id", "label"], filter=...), batch_size=256,
@@ -9,22 +9,19 @@ process from the gate: planning (``setup``) CPU time (``getrusage``: all threads
 and bytes read (``rchar`` of ``/proc/self/io``: every read system call, so the dataset's files
 and the survey cache entry alike), and the time to the first batch.
 
-(a) one process, (b) ``--processes`` (8) started together, in two modes: the survey cache off
+(a) one process, (b) ``processes`` (8) started together, in two modes: the survey cache off
 (``LANCE_LIGHTNING_SURVEY_CACHE=off``: every process scans, the behaviour before it) and on (an
 empty cache directory per run: the first process computes, the others wait and load; pinning
 plans the filter's scan without reading). Ratios are (b) over (a)
 of the same mode (totals for bytes and CPU, the slowest process for the first batch): medians over
-``--reps`` repetitions, each mode first in turn. Target (issue #39): every ratio at most 1.5. On a
+``reps`` repetitions, each mode first in turn. Target (issue #39): every ratio at most 1.5. On a
 2-core machine the 8 processes share 2 cores: their times add up.
 
-Usage::
-
-    python benchmarks/bench_planning.py [--rows 1e7] [--processes 8] [--reps 3] [--quick]   # writes results/planning.md
+A process is ``python -m benchmarks.studies.planning URI MODE`` (`one`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -35,9 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-RESULT = BENCH_DIR / "results" / "planning.md"  # common.RESULTS_DIR; `common` is imported in main only
+from benchmarks import common
+from benchmarks.harness.study import ROOT, Params
+
 FILTER = "label < 10"
 TARGET = 1.5
 #: Survey cache modes.
@@ -98,12 +95,12 @@ def _together(uri: str, processes: int, mode: str, env: dict[str, str]) -> list[
     }
     children = [
         subprocess.Popen(
-            [sys.executable, __file__, "--one", uri, "--mode", mode],
+            [sys.executable, "-m", "benchmarks.studies.planning", uri, mode],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             env=env,
-            cwd=REPO_ROOT,
+            cwd=ROOT,
         )
         for _ in range(processes)
     ]
@@ -147,61 +144,32 @@ def _summary(runs: list[list[dict]]) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=float, default=1e7)
-    parser.add_argument("--processes", type=int, default=8)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--cache", type=Path, help="where the table is written once (default: the bench cache)")
-    parser.add_argument("--out", type=Path, default=RESULT)
-    parser.add_argument("--quick", action="store_true", help="10^5 rows, 2 processes, one repetition; prints only")
-    parser.add_argument("--one", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", default="on", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.one:
-        _one(args.one, args.mode)
-        return
-    if args.quick:
-        args.rows, args.processes, args.reps = 1e5, 2, 1
-    for path in (BENCH_DIR, REPO_ROOT):  # the shared harness `common`, the repository root
-        if str(path) not in sys.path:
-            sys.path.insert(0, str(path))
-    import common
-
-    rows = int(args.rows)
-    cache = args.cache or common.DEFAULT_CACHE
-    cache.mkdir(parents=True, exist_ok=True)
-    uri = _write_table(cache / f"planning_{rows}.lance", rows)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+def measure(p: Params) -> str:
+    rows = int(p.rows)
+    uri = _write_table(p.cache / f"planning_{rows}.lance", rows)
+    path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
+    env = {**os.environ, "PYTHONPATH": path}
     loads = [common.load_average(" ")]
-    runs: dict[tuple[str, int], list[list[dict]]] = {(m, n): [] for m in MODES for n in (1, args.processes)}
-    for rep in range(args.reps):
+    runs: dict[tuple[str, int], list[list[dict]]] = {(m, n): [] for m in MODES for n in (1, p.processes)}
+    for rep in range(p.reps):
         for mode in MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]:  # each mode first in turn
-            for count in (1, args.processes):
+            for count in (1, p.processes):
                 runs[(mode, count)].append(_together(uri, count, mode, env))
                 print(f"rep {rep + 1} cache {mode} x{count}: {runs[(mode, count)][-1]}", flush=True)
         loads.append(common.load_average(" "))
-    text = _report(args, rows, runs, loads, common)
-    if not args.quick:
-        common.write_result(args.out, text)
-    print(text)
+    return _report(p, rows, runs, loads)
 
 
-def _report(args: argparse.Namespace, rows: int, runs: dict, loads: list[str], common: object) -> str:
-    n = args.processes
+def _report(p: Params, rows: int, runs: dict, loads: list[str]) -> str:
+    n = p.processes
     lines = [
-        f"# Planning once per node: {n} processes planning one filtered split against one process",
-        "",
-        f"- date: {common.stamp()}",
-        f"- command: `{common.command_line()}`",
-        f"- machine: {common.machine(lightning=True)}",
         f"- the {n} processes share the machine's {os.cpu_count()} cores, so their times add up (each gets",
         f"  about {min(1, (os.cpu_count() or 1) / n):.2g} of a core); the machine is shared: load average (1, 5, 15 min)",
         f"  before and after each repetition: {' | '.join(loads)}",
         f"- data: {rows:,} rows (`id` int64, `label` int32 uniform in 0..99), filter `{FILTER}` (10%),",
         "  `RowShuffle(seed=0)`, batch_size 256, 0 workers; each process a fresh interpreter that has",
         "  imported Lightning, released with the others at a gate; medians of "
-        f"{args.reps} repetition(s), each mode first in turn",
+        f"{p.reps} repetition(s), each mode first in turn",
         "- planning bytes: the process's read system calls during `setup` (`rchar`: the dataset's files",
         "  and the survey cache entry); planning CPU: `getrusage` of the process and its children over",
         "  `setup`; first batch: from the gate",
@@ -245,5 +213,5 @@ def _report(args: argparse.Namespace, rows: int, runs: dict, loads: list[str], c
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one process of a run
+    _one(sys.argv[1], sys.argv[2])
