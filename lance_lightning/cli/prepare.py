@@ -12,7 +12,8 @@ Guarantees:
 - Ctrl-C (exit status 130), a full disk or a file-size limit (``ENOSPC``, ``EFBIG``) and a dead
   ``--pool processes`` worker (``BrokenProcessPool``) end the command with a few lines on stderr
   (what happened, that the output is intact and resumable, the command to rerun), never a traceback.
-- Storage options given with ``--storage-option`` are used to write and are never printed.
+- Storage options given with ``--storage-option`` are used to read an ``s3://`` input and to write,
+  and are never printed (`lance_lightning.write.input_fs`).
 - Imports neither Lightning nor torch.
 """
 
@@ -42,7 +43,11 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--format", required=True, choices=PREPARE_FORMATS, help="the input's format")
-    parser.add_argument("--input", required=True, help="the raw files: a folder (or one .parquet/.tar file)")
+    parser.add_argument(
+        "--input",
+        required=True,
+        help="the raw files: a folder (or one .parquet/.tar file), local or a URI (s3://bucket/raw, gs://...)",
+    )
     parser.add_argument("--output", required=True, help="the Lance dataset to write (local path or s3://...)")
     parser.add_argument("--workers", type=int, default=None, help="threads or processes (default: min(4, CPUs))")
     parser.add_argument(

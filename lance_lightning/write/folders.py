@@ -3,7 +3,8 @@
 Guarantees:
 - Classes are the sub-folders of the input that hold at least one file, in sorted order; ``label``
   is a class's position in that order, ``label_name`` its folder name. Files are read in
-  `walk_files` order, so row ``id`` ``i`` is the ``i``-th file.
+  `Input.files` order (a local folder, or a prefix of any store: `lance_lightning.write.input_fs`),
+  so row ``id`` ``i`` is the ``i``-th file.
 - Columns: ``id`` (int64), the media column (``image``, ``video`` or ``audio``: the file's bytes,
   unchanged), ``label`` (int64), ``label_name`` (string), ``path`` (the file relative to the input).
   Video and audio are stored with Lance's blob encoding (read back a window at a time, never

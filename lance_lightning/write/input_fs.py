@@ -10,8 +10,9 @@ Guarantees:
   the fix. A remote store's errors are bounded (`CONNECT_TIMEOUT_S`, `RETRIES` attempts), never a hang.
 - ``s3://`` inputs use the storage options Lance takes (``aws_access_key_id``,
   ``aws_secret_access_key``, ``aws_session_token``, ``aws_region``, ``aws_endpoint``,
-  ``allow_http``; `filesystem`), else pyarrow's defaults (its environment variables and credential
-  chain), as other schemes always do.
+  ``allow_http``), else pyarrow's defaults (its environment variables and credential chain), as
+  other schemes always do. `filesystem` is the one place Lance's storage options become a
+  ``pyarrow.fs`` file system (the prediction writer's run folder uses it too).
 - `Input.files` lists the input's files in one order, local or remote: a folder's files (sorted by
   name) before its sub-folders' (sorted), hidden names (``.DS_Store``, ``.git/``) left out; each
   with its size and modification time. Locally an entry that is not a regular file (FIFO, socket,

@@ -42,6 +42,7 @@ from lance.schema import LanceSchema
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.source import PinnedSource
+from lance_lightning.write.input_fs import filesystem
 
 #: The column of a piece holding each row's offset in its fragment.
 OFFSET = "_offset"
@@ -52,31 +53,6 @@ BAD = "_bad"
 #: With ``overwrite``, the new column files' names for the columns they replace (never committed).
 OVERWRITE_PREFIX = "__lance_lightning_new_"
 _LOW = np.int64(0xFFFFFFFF)
-
-
-def filesystem(root: str, storage_options: dict[str, str] | None) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow file system and path of ``root``; an ``s3://`` root uses Lance's
-    ``storage_options`` (keys, endpoint, region, ``allow_http``), else pyarrow's defaults."""
-    if not root.startswith(("s3://", "s3a://")) or not storage_options:
-        return pafs.FileSystem.from_uri(root)
-    options = {key.lower(): str(value) for key, value in storage_options.items()}
-
-    def first(*keys: str) -> str | None:
-        return next((options[key] for key in keys if options.get(key)), None)
-
-    endpoint = first("aws_endpoint", "endpoint", "aws_endpoint_url", "endpoint_url")
-    scheme = None
-    if endpoint and "://" in endpoint:
-        scheme, endpoint = endpoint.split("://", 1)
-    s3 = pafs.S3FileSystem(
-        access_key=first("aws_access_key_id", "access_key_id"),
-        secret_key=first("aws_secret_access_key", "secret_access_key"),
-        session_token=first("aws_session_token", "session_token"),
-        region=first("aws_region", "region") or "us-east-1",
-        endpoint_override=endpoint,
-        scheme=scheme or ("http" if first("allow_http", "aws_allow_http") == "true" else "https"),
-    )
-    return s3, root.split("://", 1)[1].rstrip("/")
 
 
 def split_addresses(addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

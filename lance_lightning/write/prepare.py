@@ -1,12 +1,17 @@
 """``prepare``: raw files in, a complete Lance dataset out, in parallel, resumable, with a closing report.
 
 Guarantees:
+- The input is a local path or a URI of any store ``pyarrow.fs`` opens (``s3://`` with the same
+  ``storage_options`` as the output; `lance_lightning.write.input_fs`), for every format, with the
+  same order, checks, resume and exactly-once result; credentials never reach the dataset or the
+  report.
 - `prepare` checks everything it can before it writes: the spec (`lance_lightning.source.Prepare`),
-  the input (missing, empty, mixed formats, schemas that differ, a column name Lance reserves,
-  corrupt files found by a survey) and the output (another schema, another input, not a Lance
-  dataset, a partial output numbered two ways). Each problem is a `ConfigError` naming the file or
-  the flag. Input entries that are not regular files (FIFOs, sockets, devices, dangling links,
-  link loops) or whose names are not UTF-8 are skipped and listed without being opened.
+  the input (missing, unreachable store or refused credentials, empty, mixed formats, schemas that
+  differ, a column name Lance reserves, corrupt files found by a survey) and the output (another
+  schema, another input, not a Lance dataset, a partial output numbered two ways). Each problem
+  is a `ConfigError` naming the file or the flag. Input entries that are not regular files
+  (FIFOs, sockets, devices, dangling links, link loops) or whose names are not UTF-8 are skipped
+  and listed without being opened.
 - It then writes the units not yet committed (`lance_lightning.write.writer`), ``workers`` threads
   (or spawned processes, or ``2 * workers`` Ray tasks with ``pool="ray"``) at a time, with a
   progress bar on stderr, and returns a `PrepareReport`: rows, bytes in and out, rows/s, files

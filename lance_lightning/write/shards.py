@@ -1,9 +1,10 @@
 """The ``webdataset`` format: tar shards whose files are grouped into samples by key.
 
 Guarantees:
-- The input is one ``.tar`` (``.tar.gz``, ``.tgz``) file or a folder of them, read in `walk_files`
-  order. As in WebDataset, a member ``dir/name.ext1.ext2`` has the key ``dir/name`` and the
-  extension ``ext1.ext2``; consecutive members with one key are one sample, in the shard's order.
+- The input is one ``.tar`` (``.tar.gz``, ``.tgz``) file or a folder of them, local or in a store
+  (`lance_lightning.write.input_fs`: read through a read-ahead buffer), in `Input.files` order.
+  As in WebDataset, a member ``dir/name.ext1.ext2`` has the key ``dir/name`` and the extension
+  ``ext1.ext2``; consecutive members with one key are one sample, in the shard's order.
 - Columns: ``id`` (int64, the sample's position in the whole input), ``key`` (string), ``shard``
   (the tar file relative to the input) and one column per extension found in any shard (dots
   become underscores: ``seg.png`` is ``seg_png``), null where a sample lacks it, typed as

@@ -1,7 +1,8 @@
 """Table formats: ``parquet`` (files or a folder) and ``hf`` (a Hugging Face ``save_to_disk`` folder).
 
 Guarantees:
-- ``parquet``: the input is one ``.parquet`` file or a folder of them, read in `walk_files` order;
+- ``parquet``: the input is one ``.parquet`` file or a folder of them, read in `Input.files` order
+  (local, or in any store ``pyarrow.fs`` opens: `lance_lightning.write.input_fs`);
   ``hf``: the Arrow IPC stream files that the folder's ``state.json`` lists (``_data_files``), in
   its order, read with pyarrow alone (no ``datasets`` library). A ``DatasetDict`` folder (with
   ``dataset_dict.json``) is refused, naming its splits' folders.
