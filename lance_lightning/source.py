@@ -75,7 +75,9 @@ class Prepare:
 
     Args:
         format: One of `PREPARE_FORMATS` (docs/getting-data-in.md describes each).
-        input: The raw files: a folder (or a file, for ``parquet`` and ``webdataset``).
+        input: The raw files: a folder (or a file, for ``parquet`` and ``webdataset``), local or a
+            URI of any store ``pyarrow.fs`` opens (``s3://bucket/raw``, read with the source's
+            ``storage_options``; `lance_lightning.write.input_fs`).
         workers: Threads (or processes) reading and writing units in parallel; default ``min(4, cpus)``.
         pool: ``"threads"`` (the default: file reads and Lance's writer release the GIL),
             ``"processes"`` (spawned; for inputs whose checks are CPU-bound Python, e.g. many images)

@@ -404,3 +404,23 @@ def test_wrong_credentials_a_missing_prefix_or_a_dead_store_end_on_one_screen_be
         prepare_sources([source], progress=False)
     assert error.value.param == "prepare.input" and error.value.value == uri
     assert not (tmp_path / "d.lance").exists()
+
+
+@pytest.mark.slow
+def test_ray_tasks_read_an_s3_input_with_the_options_they_are_given(tmp_path: Path, s3: S3Server) -> None:
+    """``pool="ray"``: each task unpickles the input with its storage options and opens the store
+    itself; the dataset equals the thread pool's, row for row."""
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # as tests/scenarios/test_ray.py
+    ray = pytest.importorskip("ray", reason="needs the ray extra: uv sync --extra ray")
+    uri = upload(s3, parquet_files(tmp_path / "in", files=4, rows=6))
+    threads = tmp_path / "threads.lance"
+    prepare(Prepare("parquet", uri, unit_files=1), str(threads), storage_options=s3.storage_options())
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        out = tmp_path / "ray.lance"
+        spec = Prepare("parquet", uri, unit_files=1, workers=2, pool="ray")
+        report = prepare(spec, str(out), storage_options=s3.storage_options(), progress=False)
+    finally:
+        ray.shutdown()
+    assert report.rows == 24 and report.pool == "ray"
+    assert lance.dataset(str(out)).to_table().equals(lance.dataset(str(threads)).to_table())
