@@ -66,7 +66,13 @@ def slab_run(shipments: list[Shipment]) -> list[Shipment]:
     small = [i for i, shipment in enumerate(shipments) if isinstance(shipment.batch, Parcel)]
     if ring is None or not small:
         return shipments
-    items = [(shipments[i].batch.batch, _tensors(shipments[i].batch.batch)) for i in small]
+    items = []
+    for i in small:
+        batch = shipments[i].batch.batch
+        tensors = _tensors(batch)
+        if tensors is None:  # `parcel` makes a Parcel only of a batch whose tensors all travel
+            raise RuntimeError("a Parcel holds a tensor that cannot travel as a NumPy array")
+        items.append((batch, tensors))
     if not any(t.numel() * t.element_size() >= VIEW_BYTES for _, tensors in items for t in tensors):
         return shipments
     packed = ring.pack_run(items)
@@ -98,7 +104,7 @@ def _travels(tensor: torch.Tensor) -> bool:
 
 
 def _pack(batch: dict[str, Any]) -> list[tuple[str, str, Any]]:
-    items = []
+    items: list[tuple[str, str, Any]] = []
     for key, value in batch.items():
         if isinstance(value, Ragged):
             items.append((key, "ragged", (_array(value.values), _array(value.offsets))))

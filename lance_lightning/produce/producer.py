@@ -19,7 +19,7 @@ Guarantees:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Generic
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +33,7 @@ from lance_lightning.produce.identity import RowIdentity
 from lance_lightning.produce.parcel import parcel
 from lance_lightning.produce.threads import ReaderThreads
 from lance_lightning.produce.transform import TransformStep
-from lance_lightning.read.reader import BatchSpec, PlanReader
+from lance_lightning.read.reader import BatchReader, Spec
 from lance_lightning.vocabulary import Batch, BatchTransform, Shipment
 
 #: A finished batch, its rows' positions (None unless shipped) and its rows and payload bytes (zeros when
@@ -41,7 +41,7 @@ from lance_lightning.vocabulary import Batch, BatchTransform, Shipment
 SizedBatch = tuple[Any, Any, int, int]
 
 
-class BatchProducer:
+class BatchProducer(Generic[Spec]):
     """Turns read groups into finished batches: read, then convert + transform (+ pin), in order.
 
     Without a transform, conversion is zero-copy and cheap, so each read group is read and
@@ -53,7 +53,7 @@ class BatchProducer:
 
     def __init__(
         self,
-        reader: PlanReader,
+        reader: BatchReader[Spec],
         transform: BatchTransform | None,
         fill_nulls: Mapping[str, Any],
         clock: StageClock,
@@ -84,7 +84,7 @@ class BatchProducer:
             blob_files=blob_files,
         )
 
-    def read(self, group: list[BatchSpec]) -> list[tuple[BatchSpec, pa.Table]]:
+    def read(self, group: list[Spec]) -> list[tuple[Spec, pa.Table]]:
         rows = sum(len(spec.positions) for spec in group)
         with self.clock.measure("read", rows=rows):
             tables = self.reader.read_group(group)
@@ -92,7 +92,7 @@ class BatchProducer:
             self.clock.add("read_row_bytes", rows * self.reader.plan.row_bytes)
         return list(zip(group, (table for _, table in tables)))
 
-    def finish(self, item: tuple[BatchSpec, pa.Table]) -> SizedBatch:
+    def finish(self, item: tuple[Spec, pa.Table]) -> SizedBatch:
         spec, table = item
         batch, positions = self.step.finish(table, spec.positions, self.sequence(spec))
         if self.pin_memory:
@@ -100,7 +100,7 @@ class BatchProducer:
                 batch = pin_batch(batch)
         return self._sized(batch, positions)
 
-    def __call__(self, group: list[BatchSpec]) -> list[SizedBatch]:
+    def __call__(self, group: list[Spec]) -> list[SizedBatch]:
         """Read, convert (and pin) a whole group: the one stage of `run` without a transform.
 
         No row can be bad without a transform, so each step is measured once per group, not per
@@ -117,7 +117,7 @@ class BatchProducer:
                 batches = [pin_batch(batch) for batch in batches]
         return self._sized_group(batches, [spec.positions for spec in group], [table.num_rows for table in tables])
 
-    def sequence(self, spec: BatchSpec) -> np.ndarray | None:
+    def sequence(self, spec: Spec) -> np.ndarray | None:
         """The epoch-order positions of the rows of ``spec`` (only with identity on)."""
         if self.step.identity is None:
             return None
@@ -144,7 +144,7 @@ class BatchProducer:
         ]
 
     def run(
-        self, groups: Iterator[list[BatchSpec]], pools: ReaderThreads, prefetch_groups: int, prefetch_batches: int
+        self, groups: Iterator[list[Spec]], pools: ReaderThreads, prefetch_groups: int, prefetch_batches: int
     ) -> Iterator[Any]:
         """The finished batches of ``groups`` (as `Shipment`s when ``shipments``), in order, prepared
         ahead on the ``pools`` threads."""

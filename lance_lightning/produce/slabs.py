@@ -26,7 +26,7 @@ import ctypes
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -110,13 +110,15 @@ class SlabRing:
         if slot is None:
             return None
         storage = self.slabs[slot]
+        if storage is None:  # `_slot` hands out only slots that hold a slab
+            raise RuntimeError(f"slab slot {slot} has no slab")
         whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
         specs = iter(zip((tensor for _, tensors in batches for tensor in tensors), offsets))
         first = not self.sent[slot]
         self.sent[slot] = True
         parcels = []
         for part, (batch, _) in enumerate(batches):
-            layout = []
+            layout: list[tuple[str, str, Any]] = []
             for key, value in batch.items():
                 if isinstance(value, Ragged):
                     layout.append((key, "ragged", (_copy_in(whole, *next(specs)), _copy_in(whole, *next(specs)))))
@@ -131,7 +133,7 @@ class SlabRing:
     def _slot(self, nbytes: int) -> int | None:
         held, base = self.channel.held, self.worker * SLOTS
         free = [slot for slot in range(SLOTS) if not held[base + slot]]
-        fits = [slot for slot in free if self.slabs[slot] is not None and self.slabs[slot].nbytes() >= nbytes]
+        fits = [slot for slot in free if (slab := self.slabs[slot]) is not None and slab.nbytes() >= nbytes]
         if fits:
             slot = fits[0]
         else:
@@ -190,7 +192,8 @@ def _receive(token: str, worker: int, slot: int, storage: Any, layout: list, lef
         dtype, shape, offset = spec
         torch_dtype = getattr(torch, dtype)
         count = int(np.prod(shape, dtype=np.int64))
-        array = np.frombuffer(buffer, dtype=NUMPY_DTYPES[torch_dtype], count=count, offset=offset)
+        # numpy's stub (before Python 3.12's Buffer) lists bytes-like types; a ctypes array is a buffer too.
+        array: np.ndarray = np.frombuffer(buffer, dtype=NUMPY_DTYPES[torch_dtype], count=count, offset=offset)  # type: ignore[call-overload]
         if array.nbytes < VIEW_BYTES:  # a small column kept (ids to log) must not keep the slab
             array = array.copy()
         return torch.from_numpy(array.reshape(shape))
@@ -219,13 +222,16 @@ def _release_one(key: tuple[str, int, int], held: Any, index: int, storage: Any)
         held[index] = 0
 
 
-_BUFFER_TYPES: dict[int, type] = {}
+_BUFFER_TYPES: dict[int, type[ctypes.Array[ctypes.c_char]]] = {}
 
 
-def _buffer_type(nbytes: int) -> type:
+def _buffer_type(nbytes: int) -> type[ctypes.Array[ctypes.c_char]]:
     """A ctypes byte-array type of ``nbytes`` that takes weak references (one per slab size)."""
     if nbytes not in _BUFFER_TYPES:
-        _BUFFER_TYPES[nbytes] = type("SlabBuffer", (ctypes.c_char * nbytes,), {})
+        # type() returns a plain `type` to the checker; here it is a subclass of c_char * nbytes.
+        _BUFFER_TYPES[nbytes] = cast(
+            "type[ctypes.Array[ctypes.c_char]]", type("SlabBuffer", (ctypes.c_char * nbytes,), {})
+        )
     return _BUFFER_TYPES[nbytes]
 
 

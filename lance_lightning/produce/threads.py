@@ -73,40 +73,40 @@ class ReadAhead(Generic[In, Out]):
         self._pending.clear()
 
     def __iter__(self) -> Iterator[Out]:
-        if self._pool is None:
+        pool = self._pool
+        if pool is None:
             yield from map(self._work, self._items)
             return
         try:
             if self._inline_first:
                 # The first item on this thread: its result waits for no thread to start or wake.
-                item = next(self._items, _DONE)
-                if item is _DONE:
+                try:
+                    item = next(self._items)
+                except StopIteration:
                     return
                 result = self._work(item)
                 if self._clock is not None:
                     self._clock.merge({"prefetch_ready": 0, "prefetch_slots": self._depth, "prefetch_polls": 1})
                 yield result
-            self._fill()
+            self._fill(pool)
             while self._pending:
                 if self._clock is not None:
                     self._clock.merge(
                         {"prefetch_ready": self.ready, "prefetch_slots": self._depth, "prefetch_polls": 1}
                     )
                 result = self._pending.popleft().result()
-                self._fill()
+                self._fill(pool)
                 yield result
         finally:
             self.stop()
 
-    def _fill(self) -> None:
+    def _fill(self, pool: ThreadPoolExecutor) -> None:
         while len(self._pending) < self._depth:
-            item = next(self._items, _DONE)
-            if item is _DONE:
+            try:
+                item = next(self._items)
+            except StopIteration:
                 return
-            self._pending.append(self._pool.submit(self._work, item))
-
-
-_DONE = object()
+            self._pending.append(pool.submit(self._work, item))
 
 
 class ReaderThreads:
@@ -162,7 +162,7 @@ class ReaderThreads:
         return {"reader_threads": self.reader_threads}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["reader_threads"])
+        ReaderThreads.__init__(self, state["reader_threads"])
 
 
 def _background_thread() -> None:

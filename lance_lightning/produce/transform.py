@@ -81,9 +81,7 @@ class TransformStep:
         rows' positions in the epoch's order (for the identity keys)."""
         return transform_with_policy(_TableForm(self, sequence), table, positions, self.policy, self.plan, self.clock)
 
-    def convert(
-        self, table: pa.Table, positions: np.ndarray | None = None, sequence: np.ndarray | None = None
-    ) -> Batch:
+    def convert(self, table: pa.Table, positions: np.ndarray, sequence: np.ndarray | None = None) -> Batch:
         """``table`` as tensors (with the identity keys of rows at dataset ``positions`` and epoch
         positions ``sequence``), unmeasured: all a batch needs when there is no transform (no row
         can be bad then), so the caller may measure a whole read group at once."""
@@ -91,6 +89,8 @@ class TransformStep:
         if self.plan.packed:
             batch["cu_seqlens"], batch["max_seqlen"] = sequence_bounds(batch["document_ids"])
         if self.identity is not None:
+            if sequence is None:
+                raise ValueError("TransformStep: row identity keys need the rows' epoch positions (sequence)")
             batch.update(self.identity.keys(positions, sequence))
         for name in self.blob_files:
             batch[name] = open_blob_files(self.plan.source, name, positions)
@@ -125,7 +125,9 @@ class _TableForm:
         # address is the bad row's here, its own once it is spliced in and the batch converted again.
         sequence = None if self.sequence is None else self.sequence[index : index + 1]
         try:
-            self.step.transform(self.step.convert(row, positions[index : index + 1], sequence))
+            batch = self.step.convert(row, positions[index : index + 1], sequence)
+            if self.step.transform is not None:  # only a transform rejects rows
+                self.step.transform(batch)
         except RowError:
             return False
         return True
