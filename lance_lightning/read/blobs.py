@@ -38,7 +38,14 @@ def with_blobs(
     ``blobs`` columns' bytes at ``positions`` added, its columns in ``columns`` order."""
     indices = pa.array(positions, pa.uint64())
     read = {name: _read_blob_column(dataset, name, indices) for name in blobs}
-    arrays = [read[name] if name in read else table.column(name) for name in columns]
+    arrays = []
+    for name in columns:
+        if name in read:
+            arrays.append(read[name])
+        elif table is None:
+            raise ValueError(f"with_blobs: column {name!r} is not a blob column and no table of the others was read")
+        else:
+            arrays.append(table.column(name))
     return pa.table(arrays, names=list(columns))
 
 
@@ -64,13 +71,14 @@ def open_blob_files(
     positions: np.ndarray,
     retry: RetryPolicy = DEFAULT_POLICY,
     buffer_bytes: int | None = None,
-) -> list[lance.BlobFile]:
+) -> list[lance.BlobFile | None]:
     """A seekable ``BlobFile`` for the blob of column ``name`` at each of ``positions`` of the pinned
-    version, in order (opening them is retried through transient storage errors); each reads ahead
+    version, in order (``None`` where the row's blob is null; opening them is retried through
+    transient storage errors); each reads ahead
     ``buffer_bytes`` per storage read (``None``: Lance's default, 512 KiB)."""
     indices = pa.array(np.asarray(positions), pa.uint64())
 
-    def take() -> list[lance.BlobFile]:
+    def take() -> list[lance.BlobFile | None]:
         sized = {} if buffer_bytes is None else {"buffer_size": buffer_bytes}
         files = source.open(reads=True).take_blobs(name, indices=indices, **sized)
         if len(files) != len(indices):

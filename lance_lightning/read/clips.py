@@ -81,6 +81,8 @@ class ClipReader(PlanReader):
     ) -> None:
         super().__init__(plan, epoch, world_size, rank, start, retry, take_group_bytes)
         self.epoch = epoch if plan.split.split("/")[0] == "train" else 0
+        if plan.clips is None:
+            raise ValueError(f"ClipReader reads a clipped plan; split {plan.split!r} has no clips")
         self.units = plan.clips
         self.sampler = self.units.sampler
         self.policy = bad_rows

@@ -15,6 +15,7 @@ from typing import Any
 
 from lance_lightning.plan.contract import Plan
 from lance_lightning.plan.mixture_plan import MixturePlan
+from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.read.clips import ClipReader
 from lance_lightning.read.mixture_reader import MixtureReader
 from lance_lightning.read.packed import PackedReader
@@ -36,6 +37,8 @@ def plan_reader(
     ``bad_rows`` (the split's policy) handles media a clip reader cannot decode."""
     if isinstance(plan, MixturePlan):
         return MixtureReader(plan, epoch, world_size, rank, start, retry=retry, bad_rows=bad_rows)
+    if not isinstance(plan, ReadPlan):
+        raise TypeError(f"no reader for a {type(plan).__name__}: a ReadPlan or a MixturePlan")
     if plan.clipped:
         return ClipReader(plan, epoch, world_size, rank, start, retry=retry, bad_rows=bad_rows)
     kind = PackedReader if plan.packed else PlanReader

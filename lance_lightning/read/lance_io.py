@@ -166,25 +166,28 @@ def row_ids(source: PinnedSource, dataset: lance.LanceDataset, positions: np.nda
     has no deletions and no stable row ids (id = fragment id << 32 | offset), else looked up."""
     # data_tag: a dataset written again at the same path restarts its version numbers
     key = (source.uri, source.version, source.data_tag, tuple(sorted((source.storage_options or {}).items())))
-    fragments = _FRAGMENT_STARTS.get(key)
-    if fragments is None:
+    if key in _FRAGMENT_STARTS:
+        fragments = _FRAGMENT_STARTS[key]
+    else:
         fragments = _fragment_starts(dataset)
         _FRAGMENT_STARTS[key] = fragments
-    if fragments is _LOOK_UP:
+    if fragments is None:
         return dataset.take(positions, columns=["_rowid"]).column(0).to_numpy()
     starts, fragment_ids = fragments
     slot = np.searchsorted(starts, positions, side="right") - 1
     return (fragment_ids[slot] << np.uint64(32)) | (positions - starts[slot]).astype(np.uint64)
 
 
-def _fragment_starts(dataset: lance.LanceDataset) -> tuple[np.ndarray, np.ndarray] | object:
+def _fragment_starts(dataset: lance.LanceDataset) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each fragment's first position and its id; None when row ids cannot be computed (look
+    them up with a take)."""
     fragments = dataset.get_fragments()
     if dataset.has_stable_row_ids or any(f.metadata.deletion_file is not None for f in fragments):
-        return _LOOK_UP
+        return None
     sizes = np.array([f.metadata.physical_rows for f in fragments], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     return starts, np.array([f.fragment_id for f in fragments], dtype=np.uint64)
 
 
-_LOOK_UP = object()  # row ids cannot be computed: look them up with a take
-_FRAGMENT_STARTS: dict[tuple, tuple[np.ndarray, np.ndarray] | object] = {}
+#: `_fragment_starts` by source (None: row ids cannot be computed, look them up with a take).
+_FRAGMENT_STARTS: dict[tuple, tuple[np.ndarray, np.ndarray] | None] = {}

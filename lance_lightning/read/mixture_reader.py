@@ -61,7 +61,7 @@ class MixtureReader:
         self.layout = plan.layout(world_size, start)
         self.batch_rows = read_batch_rows(plan.row_bytes)
         #: Packed sources' window readers (the mixture's units are then windows).
-        self.windows = {
+        self.windows: dict[int, PackedReader | ClipReader] = {
             j: PackedReader(source, epoch, 1, 0, 0, retry=retry) for j, source in enumerate(plan.plans) if source.packed
         }
         #: Clipped sources' clip readers (the mixture's units are then clips).

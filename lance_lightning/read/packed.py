@@ -43,6 +43,8 @@ class PackedReader(PlanReader):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if self.plan.documents is None:
+            raise ValueError(f"PackedReader reads a packed plan; split {self.plan.split!r} has no documents index")
         self.index = self.plan.documents
         self.tokens = replace(self.plan.source, columns=(self.index.packing.column,), blob_columns=())
         # Groups of about GROUP_TOKENS tokens: packing's arrays then stay in the CPU caches

@@ -34,11 +34,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
 from lance_lightning.metrics.clock import active_clock
+from lance_lightning.plan.contract import Plan
+from lance_lightning.plan.layout import Layout
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.read import lance_io
 from lance_lightning.read.lance_io import read_positions, read_ranges, read_span
@@ -81,6 +84,28 @@ class BatchSpec:
 
     step: int
     positions: np.ndarray
+
+
+#: The batch spec a reader's groups hold (`BatchSpec`, or a `MixtureSpec` of a mixture's reader).
+Spec = TypeVar("Spec", bound=BatchSpec)
+
+
+class BatchReader(Protocol[Spec]):
+    """What the producer asks of a reader, whatever its plan's kind (`PlanReader`, its packed and
+    clip kinds, `lance_lightning.read.mixture_reader.MixtureReader`)."""
+
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    def groups(self, steps: Iterable[int]) -> Iterator[list[Spec]]: ...
+
+    def read_group(self, group: list[Spec]) -> list[tuple[int, pa.Table]]: ...
 
 
 class PlanReader:

@@ -91,7 +91,7 @@ def is_storage_error(error: BaseException) -> bool:
     try:
         import pyarrow as pa
 
-        arrow = (pa.lib.ArrowException,)
+        arrow: tuple[type[BaseException], ...] = (pa.lib.ArrowException,)
     except (ImportError, AttributeError):  # pragma: no cover - pyarrow is a dependency
         arrow = ()
     return isinstance(error, (OSError, ValueError, *arrow))
