@@ -63,7 +63,7 @@ from lance_lightning.produce.transform import TransformStep
 from lance_lightning.read.blobs import reading_without
 from lance_lightning.read.factory import plan_reader
 from lance_lightning.read.lance_io import read_positions
-from lance_lightning.read.reader import TAKE_GROUP_BYTES
+from lance_lightning.read.reader import TAKE_GROUP_BYTES, BatchReader
 from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
 from lance_lightning.source import LanceSource, PinnedSource, pin_source
 from lance_lightning.vocabulary import Batch, BatchTransform
@@ -102,6 +102,10 @@ class WorkerError(NamedTuple):
 def ship_from_worker(shipping: Shipping) -> None:
     """In a `LanceDataLoader`'s worker process: its copy of the dataset yields `Shipment`s."""
     info = get_worker_info()
+    if info is None:
+        raise RuntimeError("ship_from_worker runs in a DataLoader worker process (torch gives no worker info here)")
+    if not isinstance(info.dataset, LanceIterableDataset):
+        raise TypeError(f"ship_from_worker: the worker's dataset is a {type(info.dataset).__name__}")
     info.dataset._worker_shipping = shipping
 
 
@@ -149,7 +153,7 @@ class LanceIterableDataset(IterableDataset):
         if row_identity:
             check_identity(plan.split, plan)
         self.row_identity = bool(row_identity)
-        self.position_shifts = [tuple(pair) for pair in position_shifts] if position_shifts else None
+        self.position_shifts = [(start, offset) for start, offset in position_shifts] if position_shifts else None
         self.blob_files = blob_files_of(transform)
         self.plan = reading_plan(plan, self.blob_files)
         self.world_size = world_size
@@ -208,7 +212,7 @@ class LanceIterableDataset(IterableDataset):
         epoch, start = self.control.get()
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        reader = plan_reader(
+        reader: BatchReader[Any] = plan_reader(  # its spec type depends on the plan's kind
             self.plan,
             epoch,
             self.world_size,

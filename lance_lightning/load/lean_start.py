@@ -63,10 +63,10 @@ class LeanPopen(popen_forkserver.Popen):
             mp_context.set_spawning_popen(None)
         buf.write(body.getbuffer())
 
-        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        self.sentinel, w = forkserver.connect_to_new_process(self._fds)  # type: ignore[attr-defined]  # CPython's Popen attribute, not in typeshed
         # A duplicate of the data pipe's write end tells the child that its parent lives.
         parent_w = os.dup(w)
-        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
+        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))  # type: ignore[attr-defined]  # in CPython's multiprocessing.util, not in typeshed
         with open(w, "wb", closefd=True) as f:
             f.write(buf.getbuffer())
         self.pid = forkserver.read_signed(self.sentinel)

@@ -132,7 +132,7 @@ def init_worker(worker_id: int, shipping: Shipping, environment: StoreEnvironmen
     seed_worker(worker_id)
 
 
-def _passthrough(batch: Batch) -> Batch:
+def _passthrough(batch: Any) -> Any:
     return batch
 
 
@@ -199,6 +199,9 @@ class LanceDataLoader(DataLoader):
             ``None`` (the plan decides the batches).
     """
 
+    #: The loader's dataset (torch's DataLoader types it as any Dataset).
+    dataset: LanceIterableDataset
+
     def __init__(
         self,
         dataset: LanceIterableDataset,
@@ -226,6 +229,7 @@ class LanceDataLoader(DataLoader):
         method = _start_method(multiprocessing_context)
         check_start_method(method, num_workers)
         context = worker_context(method, dataset.transform) if num_workers > 0 else None
+        slabs = SlabChannel.open(context, num_workers) if num_workers > 0 else None
         ship_positions = device_path is not None and device_path.ships_positions
         # In this process the dataset pins its own batches; with workers the DataLoader pins them.
         dataset = dataset.for_loader(context, metrics, pin_memory and num_workers == 0)
@@ -242,9 +246,9 @@ class LanceDataLoader(DataLoader):
                 init_worker,
                 shipping=Shipping(True, ship_positions),
                 environment=StoreEnvironment.capture(),
-                slabs=SlabChannel.open(context, num_workers),
+                slabs=slabs,
             )
-            if num_workers > 0
+            if slabs is not None
             else None,
         )
         #: What this process waits on, reading, before it starts its workers (`WorkerStart`), if any.
@@ -253,8 +257,8 @@ class LanceDataLoader(DataLoader):
         self.race = Race(num_workers, prefetch_factor) if num_workers > 0 else None
         #: The dataset this process reads with when it has workers (`in_process`).
         self._own_reader: LanceIterableDataset | None = None
-        if num_workers > 0:  # the slabs are this loader's: forgotten with it
-            weakref.finalize(self, self.worker_init_fn.keywords["slabs"].close)
+        if slabs is not None:  # the slabs are this loader's: forgotten with it
+            weakref.finalize(self, slabs.close)
         self.cursor = cursor or CursorTracker(dataset.plan)
         # Public under the constructor's names: Lightning rebuilds a loader from its attributes.
         self.trainer = trainer
@@ -281,10 +285,12 @@ class LanceDataLoader(DataLoader):
             return batches
         return self.cursor.first_index(epoch, dataset.world_size) + batches
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]  # yields the batches; torch's own iterator: `start_workers`
         epoch, dataset, progress = self._next_epoch(), self.dataset, self.progress
         planned, first = (progress.planned_steps(), progress.next_batch_index()) if progress else (None, None)
         layout = self.cursor.begin_epoch(epoch, dataset.world_size, dataset.rank, planned, first)
+        if self.cursor.epoch is None:  # begin_epoch sets it
+            raise RuntimeError("the cursor has no data epoch after begin_epoch")
         dataset.set_epoch(self.cursor.epoch, layout.start)  # the data epoch: its order
         if self.meter is None:
             on_yield = self.cursor.loop.on_yield
@@ -292,11 +298,11 @@ class LanceDataLoader(DataLoader):
                 on_yield()
                 yield batch
         else:
-            yield from self._measured_iter(layout)
+            yield from self._measured_iter(layout, self.meter)
         self._own_epoch = epoch + 1
 
-    def _measured_iter(self, layout: Layout) -> Iterator[Batch]:
-        meter, clock, on_yield, now = self.meter, self.dataset.clock, self.cursor.loop.on_yield, time.perf_counter
+    def _measured_iter(self, layout: Layout, meter: LoaderMeter) -> Iterator[Batch]:
+        clock, on_yield, now = self.dataset.clock, self.cursor.loop.on_yield, time.perf_counter
         asked = now()
         meter.start_iteration(asked)
         batches = self._batches(layout)  # starts the workers on the first epoch: part of the first wait
@@ -343,12 +349,13 @@ class LanceDataLoader(DataLoader):
         cores they would use) and pinning as torch pins theirs."""
         dataset = self.dataset
         if self.num_workers > 0:
-            if self._own_reader is None:
-                dataset = self._own_reader = _copy.copy(dataset)
-                dataset.pin_memory = dataset.pin_memory or self.pin_memory
-                dataset.reader_threads = max(1, dataset.reader_threads) * self.num_workers
-                dataset.pools = ReaderThreads(dataset.reader_threads)
-            dataset = self._own_reader
+            own = self._own_reader
+            if own is None:
+                own = self._own_reader = _copy.copy(dataset)
+                own.pin_memory = own.pin_memory or self.pin_memory
+                own.reader_threads = max(1, own.reader_threads) * self.num_workers
+                own.pools = ReaderThreads(own.reader_threads)
+            dataset = own
         return dataset.produce(Shipping(stats=False, positions=self._ship_positions))
 
     def from_workers(self, raw: Iterator[Any]) -> Iterator[Any]:
