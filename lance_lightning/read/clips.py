@@ -15,7 +15,8 @@ Guarantees:
   byte ranges the decoder asks for are read, `BLOB_READ_AHEAD` at a time; one of at most
   `READ_WHOLE_BYTES` is read whole, in one request) or, for a column that is not blob-encoded,
   from its bytes. Its clips are decoded in start order (forward seeks).
-- Media that does not decode, or is shorter than a clip, is a bad row of the split's policy:
+- Media that does not decode (a null value too, in a blob column as in a plain one), or is shorter
+  than a clip, is a bad row of the split's policy:
   `RaiseOnBadRow` raises `BadRowError` naming the dataset row, the clip and the column;
   `ReplaceBadRow` decodes, in its place, the clip at another unit chosen by ``(seed, unit,
   attempt)``, so batch sizes never change and every rank keeps its batch count. Each bad clip is
@@ -245,10 +246,11 @@ class ClipReader(PlanReader):
         return (source.uri, source.version, self.sampler.column, row)
 
     def _files(self, rows: np.ndarray) -> list[Any]:
-        """A seekable file per row of ``rows`` (sorted or not): blob files, or the values' bytes."""
+        """A seekable file per row of ``rows`` (sorted or not): blob files, or the values' bytes; a null
+        value, blob or bytes, is an empty file (bad media: the decoder rejects it, the policy applies)."""
         if self.blob:
             files = open_blob_files(self.plan.source, self.sampler.column, rows, self.retry, BLOB_READ_AHEAD)
-            return [_small_read_whole(file) for file in files]
+            return [io.BytesIO(b"") if file is None else _small_read_whole(file) for file in files]
         wanted, index = storage_index(rows)
         values = read_positions(self.media_bytes, wanted, scan_mode=False, retry=self.retry).column(0)
         order = range(len(rows)) if index is None else index

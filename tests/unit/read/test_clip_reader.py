@@ -9,6 +9,7 @@ from pathlib import Path
 
 import lance
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -21,7 +22,7 @@ from lance_lightning import (
     RowShuffle,
     VideoClips,
 )
-from lance_lightning.errors import ConfigError
+from lance_lightning.errors import BadRowError, ConfigError
 from lance_lightning.media.audio import decode_audio_clip
 from lance_lightning.media.containers import open_audio, open_video
 from lance_lightning.media.decoders import clip_decoder
@@ -29,7 +30,7 @@ from lance_lightning.media.video import decode_video_clip
 from lance_lightning.plan.clips import start_fractions
 from lance_lightning.plan.packing import TokenPacking
 from tests.media_corpus import whole_audio, whole_video_rgb
-from tests.videos import write_audio, write_corpus_media, write_videos
+from tests.videos import BLOB, _video, video_frames, write_audio, write_corpus_media, write_videos
 
 CLIPS = VideoClips(frames=3, frame_step=2, clips_per_item=2, size=[16, 16], seed=4)
 
@@ -284,3 +285,26 @@ def test_videos_of_two_sizes_without_size_name_the_parameter(tmp_path: Path) -> 
         batches(dm)
     assert error.value.param == "VideoClips.size"
     assert "48x64" in str(error.value) and "32x48" in str(error.value) and "set size: [" in str(error.value)
+
+
+@pytest.mark.parametrize("blob", [True, False])
+def test_a_null_media_value_is_a_bad_row_in_a_blob_column_as_in_a_binary_one(tmp_path: Path, blob: bool) -> None:
+    """Regression (#52, found by the type checker): ``take_blobs`` gives ``None`` for a null blob, and
+    the clip reader then failed with a raw ``AttributeError`` ('NoneType' object has no attribute
+    'size'); a null in a plain binary column was already bad media for the bad-row policy."""
+    videos = [None if row == 2 else _video(row, video_frames(row), 32) for row in range(4)]
+    schema = pa.schema(
+        [pa.field("id", pa.int64()), pa.field("video", pa.large_binary(), metadata=BLOB if blob else None)]
+    )
+    uri = str(tmp_path / "null.lance")
+    lance.write_dataset(pa.table({"id": range(4), "video": videos}, schema=schema), uri)
+    clips = VideoClips(frames=3, size=[16, 16])
+    raising = LanceDataModule(train=LanceSource(uri, columns=["id", "video"]), batch_size=4, clips=clips)
+    with pytest.raises(BadRowError, match=r"dataset row 2 .*column 'video'") as error:
+        batches(raising)
+    assert error.value.position == 2
+    replacing = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "video"]), batch_size=4, clips=clips, bad_rows=ReplaceBadRow(seed=1)
+    )
+    rows = [row for batch in batches(replacing) for row in batch["_clip_row"].tolist()]
+    assert len(rows) == 4 and 2 not in rows
