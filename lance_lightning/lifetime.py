@@ -13,8 +13,11 @@ Guarantees:
   ``spawn``). Multiprocessing's resource tracker
   exits by itself once they are gone (its pipe closes), after freeing what they leaked.
 - If the parent dies between `ParentWatch()` and ``start()``, the helper ends at once; so does a
-  worker whose forkserver died before `watch_parent` ran, when the process that asked for it is
-  gone (``multiprocessing.parent_process()``).
+  worker whose forkserver died before `watch_parent` ran (it watches the server's pid, which it
+  inherited, not its parent at that time), and one whose starting process is gone
+  (``multiprocessing.parent_process()``). The kernel signals the server when the training
+  process's *thread* that started it ends, which on SIGKILL may come before the process's last
+  thread has closed its files: a worker may then find the server gone and its starter still open.
 - `shared_temp_dir()`, called before a process starts worker processes, makes multiprocessing's
   temp folder of that process (``pymp-*``: the forkserver's listening socket, the sockets through
   which workers hand over shared tensors) the one folder of the run: the workers it starts
@@ -107,8 +110,13 @@ _WATCHES: dict[int, ParentWatch] = {}
 
 def watch_parent(worker_id: int | None = None, parent: int | None = None) -> None:
     """Start this process's `ParentWatch` once (a DataLoader ``worker_init_fn``; idempotent), for
-    ``parent`` when given (a process that was gone before this call then ends this one at once)."""
+    ``parent`` when given (a process that was gone before this call then ends this one at once).
+    Without ``parent``, a process forked from a watched one (a worker from the forkserver) watches
+    that one, found in the table it inherited: its current parent may be init already (#51: a
+    worker whose server died before this call outlived a SIGKILLed trainer)."""
     if os.getpid() not in _WATCHES:
+        if parent is None and _WATCHES:
+            parent = next(reversed(_WATCHES))  # the forking process's own watch, added last
         _WATCHES[os.getpid()] = ParentWatch(parent).start()
         # A worker forked by the forkserver: the server (its parent) may have died with the process
         # that asked for the worker before this watch began (#51: workers outlived a SIGKILLed

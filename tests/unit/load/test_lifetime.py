@@ -191,3 +191,44 @@ def test_a_child_whose_parent_died_before_its_watch_started_dies_at_once() -> No
     probe = f"from lance_lightning.lifetime import ParentWatch; ParentWatch(parent={gone.pid}).start(); print('alive')"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGKILL and "alive" not in done.stdout
+
+
+def test_a_worker_forked_from_a_watched_server_that_died_before_the_worker_s_watch_dies_at_once(tmp_path: Path) -> None:
+    """A forkserver's worker that reaches `watch_parent` after the server died (the server is
+    signalled when the trainer's first thread ends, before the trainer's files close) must end:
+    it watches the server it was forked from, not init, its parent by then (#51)."""
+    record = tmp_path / "worker.txt"
+    server = f"""
+import os, sys, time
+from lance_lightning.lifetime import watch_parent
+watch_parent(parent=os.getppid())  # as the forkserver's preload does
+server = os.getpid()
+if os.fork() == 0:  # the worker: waits until the server is gone, then starts its watch
+    while os.getppid() == server:
+        time.sleep(0.01)
+    with open({str(record)!r}, "a") as out:
+        out.write(f"started {{os.getpid()}}\\n")
+    watch_parent(worker_id=0)
+    with open({str(record)!r}, "a") as out:
+        out.write("survived\\n")
+    os._exit(0)
+os._exit(0)  # the server dies first
+"""
+    subprocess.run([sys.executable, "-c", server], check=True, timeout=120, cwd=REPO_ROOT)
+    deadline = time.monotonic() + 120
+    while not record.exists() or "started" not in record.read_text():
+        assert time.monotonic() < deadline, "the worker never started its watch"
+        time.sleep(0.05)
+    worker = int(record.read_text().split()[1])
+    while _running(worker):
+        assert time.monotonic() < deadline, "the worker still runs"
+        time.sleep(0.05)
+    assert "survived" not in record.read_text()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended)."""
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
