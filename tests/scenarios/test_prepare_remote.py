@@ -424,3 +424,12 @@ def test_ray_tasks_read_an_s3_input_with_the_options_they_are_given(tmp_path: Pa
         ray.shutdown()
     assert report.rows == 24 and report.pool == "ray"
     assert lance.dataset(str(out)).to_table().equals(lance.dataset(str(threads)).to_table())
+
+
+def test_an_output_inside_a_remote_input_is_refused_before_writing(tmp_path: Path, s3: S3Server) -> None:
+    uri = upload(s3, image_folder(tmp_path / "in", per_class=1))
+    with pytest.raises(ConfigError, match="is inside the input") as error:
+        prepare(Prepare("imagefolder", uri), f"{uri}/out.lance", storage_options=s3.storage_options())
+    assert error.value.param == "output"
+    listed = _client(s3).list_objects_v2(Bucket=BUCKET, Prefix=uri.removeprefix(f"s3://{BUCKET}/") + "/out.lance")
+    assert listed["KeyCount"] == 0  # nothing written
