@@ -59,7 +59,7 @@ from lance_lightning.load.loader import LanceDataLoader
 from lance_lightning.load.race import Race
 from lance_lightning.materialize.cache import RemoteCache
 from lance_lightning.materialize.view import MaterializedView
-from lance_lightning.media.samplers import AudioClips, VideoClips
+from lance_lightning.media.samplers import ClipSampler
 from lance_lightning.plan.contract import Plan, SplitSettings
 from lance_lightning.plan.mixture import LanceMixture
 from lance_lightning.plan.packing import TokenPacking
@@ -193,7 +193,7 @@ class LanceDataModule(pl.LightningDataModule):
         materialize: MaterializedView | None = None,
         remote_cache: RemoteCache | None = None,
         packing: TokenPacking | None = None,
-        clips: VideoClips | AudioClips | None = None,
+        clips: ClipSampler | None = None,
         hold_versions: Literal["fit", "keep", "off"] = "fit",
         row_identity: bool | list[Split] | None = None,
     ) -> None:
