@@ -1,12 +1,16 @@
-"""The benchmark harness's one command: list cells and suites, run any of them.
+"""The benchmark harness's one command: list cells, suites and studies, run any of them.
 
     uv run python -m benchmarks list [SELECTOR]        # the registry, or the cells a selector names
     uv run python -m benchmarks run SELECTOR... [...]  # measure them; --record writes a suite's result file
+    uv run python -m benchmarks run STUDY [--quick] [--set KEY=VALUE]... [--record | --out FILE]
+    uv run python -m benchmarks all [--quick]          # every suite and study of record, one after the other
 
 A cell is ``workload/loader/size/workers/storage`` (``scan/ours/40k/2/local``); a selector is a cell
 with comma lists or ``*`` in its parts (``scan,filter/ours,lance.torch/40k/0,2``; parts left off
 take the defaults), or a suite's name (``peers``, ``worker-start``: the benchmarks of record; with
-``--quick`` a suite runs its cells at smoke sizes). Every figure the docs quote is listed in
+``--quick`` a suite runs its cells at smoke sizes). A study (``resume``, ``read``, ``gpu``, ...) is a
+benchmark of record whose measurement is not one loader's rows/s: ``benchmarks/studies/<module>.py``
+with its parameters in ``STUDIES`` (`benchmarks.harness.study`). Every figure the docs quote is listed in
 ``benchmarks/results/INDEX.md`` with the cell or command that made it.
 
 This is the home of every new benchmark, a workers benchmark included: put its workload in
@@ -14,7 +18,8 @@ This is the home of every new benchmark, a workers benchmark included: put its w
 variant is an environment setting of ours, e.g. ``ours-waited``), its construction in
 ``benchmarks/harness/loaders.py``, a metric the cell process measures in
 ``benchmarks/harness/cell.py``, and a ``Suite`` (cells, result file, target) when the docs will
-quote it; then add its row to ``benchmarks/results/INDEX.md``. Do not add a new script at the top of
+quote it; any other measurement is a study (a module of ``benchmarks/studies/`` and its ``Study``);
+then add its row to ``benchmarks/results/INDEX.md``. Do not add a new script at the top of
 ``benchmarks/``; one-off measurements that answer one design question go to ``benchmarks/probes/``.
 """
 

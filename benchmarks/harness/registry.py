@@ -1,5 +1,7 @@
-"""The harness's registry: workloads, loaders, sizes, worker counts and storages as data, and the
-named suites (the benchmarks of record) that select cells of that grid.
+"""The harness's registry: workloads, loaders, sizes, worker counts and storages as data, the
+named suites (the benchmarks of record) that select cells of that grid, and the studies (the
+benchmarks of record that are not a grid: `Study`, run by `benchmarks.harness.study`) with their
+parameters.
 
 Guarantees:
 - A cell is one point of the grid ``workload/loader/size/workers/storage``, named by exactly that
@@ -8,6 +10,7 @@ Guarantees:
   comma lists or ``*`` (``scan,filter/ours,lance.torch/40k/0,2``); parts left off take the
   defaults of `DEFAULTS`. `select` expands it to cells in grid order, dropping the pairs a loader
   cannot run (`Loader.runs`), and names any unknown part with the known ones (`SelectError`).
+- A study's name is never a workload's (a selector names one or the other).
 - Imports nothing but the standard library: the peers' environment imports it too.
 
 To add a benchmark: add its workload to `WORKLOADS` or its loader (or loader variant, e.g. an
@@ -437,6 +440,9 @@ STUDIES: dict[str, Study] = {
         {"steps": 30, "rows": 30 * 256},
     ),
 }
+
+if set(STUDIES) & (set(SUITES) | set(WORKLOADS)):  # a name selects one thing only
+    raise RuntimeError(f"study names shared with a suite or workload: {set(STUDIES) & (set(SUITES) | set(WORKLOADS))}")
 
 
 def _expand(part: str, known: list[str], what: str) -> list[str]:

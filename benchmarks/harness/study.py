@@ -11,8 +11,10 @@ Guarantees:
   full or quick run, machine and versions, load average. ``--record`` writes the study's result
   file under ``benchmarks/results/`` (a study with a ``section`` replaces only its part between its
   markers, keeping the rest of the file); any other run writes under the cache folder or ``--out``.
-- `child` runs one measurement in a fresh interpreter (``python -m benchmarks.harness.study``) and
-  returns the JSON it printed: the one way a study measures in a new process.
+- `child` runs one measurement (a function of a study module) in a fresh interpreter of this
+  environment (``python -m benchmarks.harness.study``) and returns its JSON result (packing,
+  transforms, prepare; the planning study starts its processes at a gate of its own, prepare the
+  peers in their environment).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import subprocess
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,6 @@ class Params:
     quick: bool
     cache: Path
     out: Path
-    notes: list[str] = field(default_factory=list)  # lines the study adds to the header
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -96,7 +97,6 @@ def header(title: str, command: str, p: Params, seconds: float) -> str:
         f"Command: `{command}`. {common.stamp()}, {p.kind}, {seconds:.0f} s.",
         "",
         f"Machine: {common.machine(lightning=True)}; load average {common.load_average()} at the end (shared).",
-        *(["", *p.notes] if p.notes else []),
         "",
     ]
     return "\n".join(lines) + "\n"

@@ -3,8 +3,8 @@
 For each read pattern this script trains the same tiny model for ``epochs`` epochs with a real
 ``Trainer`` twice, back to back (``reps`` pairs, alternating which goes first):
 
-- **s3**: ``LanceDataModule(train=LanceSource("s3://...", storage_options=...))`` reads every epoch
-  from a real S3-compatible server (moto's server mode on 127.0.0.1, started by the study);
+- **s3**: ``LanceDataModule(train=LanceSource("s3://...", storage_options=...),
+  remote_cache=RemoteCache(enabled=False))`` reads every epoch from a real S3-compatible server (moto's server mode on 127.0.0.1, started by the study);
 - **view**: the same data module with ``materialize=MaterializedView(cache_dir=<fresh dir>)``: its
   ``setup`` copies the source to a local Lance view (timed: the copy is part of the run), then
   every epoch reads the view.
@@ -35,7 +35,7 @@ from lightning.pytorch.callbacks import Callback
 from benchmarks import common
 from benchmarks.harness.fit import VecModel, trainer
 from benchmarks.harness.study import Params
-from lance_lightning import LanceDataModule, LanceSource, MaterializedView, NoShuffle, RowShuffle
+from lance_lightning import LanceDataModule, LanceSource, MaterializedView, NoShuffle, RemoteCache, RowShuffle
 from tests.s3_server import S3Server
 
 BATCH = 1024
@@ -109,6 +109,7 @@ def run_once(uri: str, options: dict[str, str], pattern: dict[str, Any], epochs:
         batch_size=BATCH,
         shuffle=pattern["shuffle"](),
         materialize=MaterializedView(cache_dir=str(cache)) if cache is not None else None,
+        remote_cache=RemoteCache(enabled=False),  # the S3 side reads the store every epoch, as without a view
     )
     started = time.perf_counter()
     dm.setup("fit")  # pin + plan (+ the copy); Trainer.fit's own setup then finds the plan made
