@@ -5,7 +5,7 @@ Backs `CHILD_SCAN_ROWS` (``lance_lightning/plan/filter_scan.py``) and the row-se
 (``common.scale_dataset`` writes them, as the harness's scale suite does) and the 10% filter ``x % 10 = 0``, a fresh process
 pins the source, runs one tiny scan (so Lance's runtime exists in both cases), then calls
 `find_matches` in process or in a child, and prints the seconds, the structure kept and its size,
-and the RSS growth and peak growth over the call. Not part of ``run_all.py``.
+and the RSS growth and peak growth over the call. Not part of ``python -m benchmarks all``.
 
     uv run python benchmarks/probes/probe_filter_scan.py --rows 1e8,1e9
 """

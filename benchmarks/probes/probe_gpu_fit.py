@@ -1,6 +1,6 @@
 """Where a Lance-fed ResNet-18 fit loses time on a GPU: the diagnostics behind results/gpu.md.
 
-Not a benchmark of record (`run_all.py` does not run it); it prints, on a CUDA machine:
+Not a benchmark of record (`python -m benchmarks all` does not run it); it prints, on a CUDA machine:
 
 1. ``decode``: host time per call and GPU span per call of ``DecodeImage(size=224, device="cuda")``
    on a pinned batch of 256 JPEGs of 256x256 (equal spans mean the call blocks until its kernels end).

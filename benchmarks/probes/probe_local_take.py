@@ -1,6 +1,6 @@
 """A row shuffle of a local table of the object-store benchmark's rows, by read-group size.
 
-Not part of ``run_all.py``: it measures what the remote cache's warm epochs cost at scale, the
+Not part of ``python -m benchmarks all``: it measures what the remote cache's warm epochs cost at scale, the
 local-disk cost of a `RowShuffle`. A local dataset of ``--rows`` rows of about 524 bytes (``id``
 int64, ``label`` int32, ``payload`` 512 uint8; files of 10^6 rows, written once under ``--cache``)
 is read by `LanceDataModule` with `RowShuffle(seed=1)`, batch 256, no workers, for ``--seconds``

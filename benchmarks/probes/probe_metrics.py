@@ -9,7 +9,7 @@ ratio to the median of "off"), and the median and mean of its per-epoch ratio to
 epoch of the same round. First it times the training thread's per-batch work alone: a loop of
 1,000,000 `LoaderMeter.delivered` calls with the clock reads the loader makes. Many short
 alternations resolve differences of about 1% on this noisy machine, which the benchmark's ~0.5 s
-repetitions cannot; not part of ``run_all.py`` (``bench_metrics.py`` has the targets).
+repetitions cannot; not part of ``python -m benchmarks all`` (the ``metrics`` study has the targets).
 
 Usage (from the repository root, under the machine's benchmark lock)::
 

@@ -6,7 +6,7 @@ a group spanning several shards costs), one offset/limit scanner per shard, a ``
 offset/limit scan of a single 16,384-row range (what a group inside one shard costs); then one
 range of 8,192 and of 16,384 rows in 1024-row Arrow batches and in the batches `read_batch_rows`
 picks (two calls of 8,192 rows minus one of 16,384 is what a call costs on top of its rows).
-Prints the median of 30 calls of each; not part of ``run_all.py`` (it measures Lance, not the
+Prints the median of 30 calls of each; not part of ``python -m benchmarks all`` (it measures Lance, not the
 loader).
 
 Usage (from the repository root, under the machine's benchmark lock)::

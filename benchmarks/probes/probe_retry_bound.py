@@ -1,6 +1,6 @@
 """How long a training read keeps retrying an object store that fails, with the default settings.
 
-Not a speed benchmark (`run_all.py` does not run it): it measures the bound the retry guide in
+Not a speed benchmark (`python -m benchmarks all` does not run it): it measures the bound the retry guide in
 docs/object-stores.md states, on a real S3 server (moto) on loopback, with the default
 `RetryPolicy` and Lance's default client timeouts:
 

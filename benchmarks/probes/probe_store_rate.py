@@ -1,6 +1,6 @@
 """How many ranged GETs per second the benchmark's S3 server (moto on loopback) answers.
 
-Not a loader benchmark (`run_all.py` does not run it): it measures the ceiling that
+Not a loader benchmark (`python -m benchmarks all` does not run it): it measures the ceiling that
 ``bench_object_store.py`` runs under. For objects of each ``--sizes-mib``, ``--requests`` GETs of
 512 bytes at 4 KiB strides (a sparse take's pattern) are sent by ``--threads`` concurrent boto3
 clients, straight to the server (no latency proxy). moto reads the whole object for every ranged

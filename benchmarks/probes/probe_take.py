@@ -7,7 +7,7 @@ them (neighbours then share chunks), and takes them in calls of bounded rows (La
 a call grows with its rows). For each (group bytes, call rows) pair and each size of the scale
 benchmark's int64 datasets (``common.scale_dataset`` writes them, as the harness's scale suite does), a fresh process reads
 ``--batches`` RowShuffle batches of 256 rows after the first and prints rows/s and its RSS growth
-over the iteration (NoShuffle grows 4-5 MB). Not part of ``run_all.py``.
+over the iteration (NoShuffle grows 4-5 MB). Not part of ``python -m benchmarks all``.
 
     uv run python benchmarks/probes/probe_take.py --rows 1e6,1e8 --groups 32K,1M,2M --calls 2048,8192
 """

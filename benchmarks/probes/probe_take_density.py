@@ -8,7 +8,7 @@ dataset of one ``int64`` column ``x = row`` and ``--rows`` rows (one fragment, w
 `TAKE_CALL_ROWS`, repeated until ``--seconds`` pass. Printed per density: rows/s, the bytes
 Lance read and the I/O requests it made per row taken, and the group (rows, and MiB of the
 positions and values the reader holds, 16 bytes a row) that density means at 10^8 and 10^9 rows.
-Not part of ``run_all.py``.
+Not part of ``python -m benchmarks all``.
 
     uv run python benchmarks/probes/probe_take_density.py --versions 2.0,2.1,2.2
 """

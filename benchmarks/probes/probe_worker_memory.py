@@ -8,7 +8,7 @@ the processes mapping them) of the training process and of each worker. Cases: n
 10% filter ``x % 10 = 0`` with the row set shared (the package's behaviour); the same filter
 with the row set copied into each worker (the sharing reductions unregistered in that process,
 as before they existed). The sum of PSS is what the machine holds for the run (the forkserver
-and resource tracker included). Not part of ``run_all.py``.
+and resource tracker included). Not part of ``python -m benchmarks all``.
 
     uv run python benchmarks/probes/probe_worker_memory.py --rows 1e9 --workers 2
 """
