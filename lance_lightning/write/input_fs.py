@@ -34,16 +34,13 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.redaction import redact_text, secret_values
-
-if TYPE_CHECKING:
-    from lance_lightning.write.units import Skipped
 
 #: Seconds to wait for a store's connection, and attempts per request, before an input check fails.
 CONNECT_TIMEOUT_S = 10.0
@@ -52,6 +49,14 @@ RETRIES = 3
 READ_AHEAD = 4 << 20
 #: Characters of a store's error message kept in a `ConfigError`.
 _ERROR_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An input file left out, and why (shown in the closing report)."""
+
+    path: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -284,8 +289,6 @@ def walk_order(path: str) -> list[tuple[int, str]]:
 
 def _local_files(root: Path, skipped: list[Skipped], on_bad_file: str) -> Iterator[Entry]:
     """Every regular file under the local folder ``root`` in walk order; other entries never opened."""
-    from lance_lightning.write.units import Skipped
-
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):

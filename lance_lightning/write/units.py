@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.vocabulary import LANCE_RESERVED_COLUMNS
-from lance_lightning.write.input_fs import Input
+from lance_lightning.write.input_fs import Input, Skipped
 
 #: The column holding each row's stable integer id.
 ID_COLUMN = "id"
@@ -49,14 +49,6 @@ class Item:
     rows: int
     label: int = -1
     mtime_ns: int = 0
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """An input file left out, and why (shown in the closing report)."""
-
-    path: str
-    reason: str
 
 
 @dataclass
