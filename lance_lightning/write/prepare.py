@@ -116,7 +116,7 @@ def prepare(
             rows_written=dataset.count_rows() - state.rows,
             units_adopted=state.committed,
             bytes_in=sum(unit.size for unit in units[state.committed :]),
-            bytes_out=output_bytes(dataset),
+            bytes_out=output_bytes(dataset, storage_options),
             seconds=time.perf_counter() - started,
             workers=workers,
             pool=spec.pool,
@@ -159,7 +159,7 @@ def _complete(writer: DatasetWriter, state: Progress, base: dict[str, Any]) -> P
         seconds=0.0,
         skipped=[(path, reason) for path, reason in state.record.get("skipped", [])],
         skipped_count=state.record.get("skipped_count", 0),
-        bytes_out=output_bytes(dataset),
+        bytes_out=output_bytes(dataset, writer.storage_options),
     )
 
 

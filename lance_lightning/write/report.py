@@ -15,6 +15,8 @@ from pathlib import Path
 import lance
 import pyarrow as pa
 
+from lance_lightning.write.input_fs import filesystem
+
 #: Skipped files listed in the report's text (all are counted).
 SHOWN_SKIPS = 20
 
@@ -75,26 +77,27 @@ class PrepareReport:
         return "\n".join(lines)
 
 
-def output_bytes(dataset: lance.LanceDataset) -> int:
+def output_bytes(dataset: lance.LanceDataset, storage_options: dict[str, str] | None = None) -> int:
     """Bytes of the files the dataset's fragments reference: each data file (as its fragment records
-    it) and the blob files Lance keeps beside it (``data/<data file>/*.blob``: blob columns' values)."""
+    it) and the blob files Lance keeps beside it (``data/<data file>/*.blob``: blob columns' values),
+    listed in an object store with the dataset's ``storage_options``."""
     total = 0
     for fragment in dataset.get_fragments():
         for data_file in fragment.metadata.files:
-            total += (data_file.file_size_bytes or 0) + _blob_bytes(dataset.uri, data_file.path)
+            total += (data_file.file_size_bytes or 0) + _blob_bytes(dataset.uri, data_file.path, storage_options)
     return total
 
 
-def _blob_bytes(uri: str, data_file: str) -> int:
+def _blob_bytes(uri: str, data_file: str, storage_options: dict[str, str] | None) -> int:
     """Bytes of the blob files beside ``data_file`` (its folder ``data/<stem>/``), 0 if none (or if
-    the store cannot be listed without the dataset's credentials)."""
+    the store cannot be listed)."""
     folder = f"{uri.rstrip('/')}/data/{data_file.removesuffix('.lance')}"
     try:
         if "://" not in uri:
             return sum(entry.stat().st_size for entry in Path(folder).iterdir() if entry.is_file())
         from pyarrow import fs
 
-        store, path = fs.FileSystem.from_uri(folder)
+        store, path = filesystem(folder, storage_options)
         return sum(info.size or 0 for info in store.get_file_info(fs.FileSelector(path, allow_not_found=True)))
     except (OSError, ValueError, pa.ArrowException):
         return 0

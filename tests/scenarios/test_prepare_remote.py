@@ -9,6 +9,7 @@ stderr and the config a fit saves.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import shutil
@@ -433,3 +434,21 @@ def test_an_output_inside_a_remote_input_is_refused_before_writing(tmp_path: Pat
     assert error.value.param == "output"
     listed = _client(s3).list_objects_v2(Bucket=BUCKET, Prefix=uri.removeprefix(f"s3://{BUCKET}/") + "/out.lance")
     assert listed["KeyCount"] == 0  # nothing written
+
+
+def test_the_report_of_an_s3_output_counts_its_blob_files(tmp_path: Path, s3: S3Server) -> None:
+    """Blob columns' values live in files beside the data files; in a store they are listed with the
+    output's storage options (without them the report counted none of them)."""
+    (tmp_path / "in").mkdir()
+    with tarfile.open(tmp_path / "in" / "a.tar", "w") as tar:
+        for n in range(3):
+            for ext, data in (("mp4", bytes([n]) * ((1 << 20) + n)), ("cls", b"%d" % n)):
+                info = tarfile.TarInfo(f"clip{n}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    out = s3.fresh_uri(BUCKET, "blobs")
+    report = prepare(Prepare("webdataset", str(tmp_path / "in")), out, storage_options=s3.storage_options())
+    prefix = out.split(f"s3://{BUCKET}/", 1)[1]
+    listed = _client(s3).list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/data/")["Contents"]
+    on_store = sum(item["Size"] for item in listed)
+    assert on_store > 3 << 20 and report.bytes_out == on_store, (report.bytes_out, on_store)
