@@ -95,14 +95,20 @@ def _repinned(configured: LanceSource, number: int) -> LanceSource | PinnedSourc
     if configured.version is None and configured.asof is None:
         return pinned_here  # the latest version: no name to show
     pinned = pin_source(pinned_here, "train")
+    return replace(pinned, pinned_by=_named_now(configured, pinned, number, "train"))
+
+
+def _named_now(configured: LanceSource, pinned: PinnedSource, number: int, param: str) -> str:
+    """How a source the config names by a tag or ``asof``, re-pinned at ``number``, is shown: the
+    name, and where it points now when that is not ``number``."""
     try:  # tags and versions are the dataset's, whichever version is checked out
-        now, named = resolve_version(pinned.open(), configured.version, configured.asof, "train", pinned.uri)
+        now, named = resolve_version(pinned.open(), configured.version, configured.asof, param, pinned.uri)
     except ConfigError as error:  # the tag was deleted since, or the moment names no version now
         named = f"tag {configured.version}" if configured.asof is None else f"asof {configured.asof}"
-        return replace(pinned, pinned_by=f"{named} when the checkpoint was saved; now {error.problem}")
+        return f"{named} when the checkpoint was saved; now {error.problem}"
     if now == number:
-        return replace(pinned, pinned_by=named)
-    return replace(pinned, pinned_by=f"{named} when the checkpoint was saved; it now names version {now}")
+        return named
+    return f"{named} when the checkpoint was saved; it now names version {now}"
 
 
 def _repin_mixture(
@@ -121,8 +127,16 @@ def _repin_mixture(
     versions = repin_versions(cursor, identities, by_number)
     if versions is None:
         return
+    shown = []  # a source named by a tag or `asof`: that name, and where it points now
+    for j, (source, number) in enumerate(zip(mixture.sources, versions, strict=True)):
+        named = source.asof is not None or (source.version is not None and by_number[j] is None)
+        if number is None or not named:
+            shown.append("")
+            continue
+        param = f"train.sources[{j}]"
+        shown.append(_named_now(source, pin_source(replace(source, version=number, asof=None), param), number, param))
     try:
-        plan(mixture.at_versions(versions))
+        plan(mixture.at_versions(versions, shown))
     except ConfigError as error:
         if not error.param.endswith(".version"):
             raise

@@ -12,9 +12,9 @@ Guarantees:
   epoch, the same on every rank, worker count, batch size and resume; a row's clips never pile up
   on one start); ``starts="even"``: clip ``k`` of ``K`` at ``k / (K - 1)`` (the middle for
   ``K = 1``), the same every epoch; regular timestamps (``seconds_between_clip_starts`` of
-  `VideoClips` and `AudioClips`) take the even fractions, from which the decoder reads ``k``. The decoder turns the fraction into
-  frames or samples (within the sampler's sampling range, if it has one): planning needs no
-  media length and opens no media file.
+  `VideoClips` and `AudioClips`) take the even fractions, from which the decoder reads ``k``.
+  The decoder turns the fraction into frames or samples (within the sampler's sampling range, if
+  it has one): planning needs no media length and opens no media file.
 - No I/O.
 """
 

@@ -123,15 +123,18 @@ class LanceMixture:
         else:
             self.samples = None
         self.counts = None if self.weights is None else block_counts(self.weights, self.block, self.names)
+        #: How each source's version is shown when a resume re-pinned it (`at_versions`): a name the
+        #: config gave (a tag, ``asof``) and where it points now; "" shows the number only.
+        self.pinned_by = [""] * len(self.sources)
 
-    def at_versions(self, versions: list[int | None]) -> LanceMixture:
+    def at_versions(self, versions: list[int | None], pinned_by: list[str] | None = None) -> LanceMixture:
         """This mixture with source ``j`` pinned to ``versions[j]`` (a resume re-pins the versions
-        its checkpoint was read at)."""
+        its checkpoint was read at), shown with ``pinned_by[j]`` (see `pinned_by`)."""
         sources = [
             replace(source, version=version, asof=None) for source, version in zip(self.sources, versions, strict=True)
         ]
         schedule, interpolate, step_samples = self.schedule_args
-        return LanceMixture(
+        mixture = LanceMixture(
             sources,
             self.weights,
             self.names,
@@ -143,6 +146,8 @@ class LanceMixture:
             step_samples,
             self.on_schedule_change,
         )
+        mixture.pinned_by = list(pinned_by) if pinned_by is not None else [""] * len(sources)
+        return mixture
 
     def __repr__(self) -> str:
         text = (

@@ -52,12 +52,18 @@ def plan_split(
     if isinstance(source, LanceMixture):
         each = replace(settings, drop_last=False)
         plans = tuple(
-            _plan_source(f"{split}/{name}", pin_source(member, f"{split}.sources[{j}]"), each, allow_empty)
-            for j, (member, name) in enumerate(zip(source.sources, source.names, strict=True))
+            _plan_source(f"{split}/{name}", _pin_member(source, j, split), each, allow_empty)
+            for j, name in enumerate(source.names)
         )
         return plan_mixture(split, source, plans, settings)
     pinned = source if isinstance(source, PinnedSource) else pin_source(source, split)
     return _plan_source(split, pinned, settings, allow_empty)
+
+
+def _pin_member(mixture: LanceMixture, j: int, split: str) -> PinnedSource:
+    """Source ``j`` of ``mixture`` pinned, shown as a resume re-pinned it (`LanceMixture.pinned_by`)."""
+    pinned = pin_source(mixture.sources[j], f"{split}.sources[{j}]")
+    return replace(pinned, pinned_by=mixture.pinned_by[j]) if mixture.pinned_by[j] else pinned
 
 
 def _plan_source(split: str, source: PinnedSource, settings: SplitSettings, allow_empty: bool) -> ReadPlan:

@@ -19,7 +19,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lance_lightning import ConfigError, LanceDataModule, LanceSource, RowShuffle
+from lance_lightning import ConfigError, LanceDataModule, LanceMixture, LanceSource, RowShuffle
 from tests.helpers import RecordingModel, append_rows, fit_recording, flat, run_cli, write_dataset
 
 ROWS, BATCH, K = 120, 10, 4
@@ -165,3 +165,30 @@ def test_a_wrong_name_is_refused_before_training(
     assert model.seen == []
     if "tag" in says:
         assert "release-1" in str(error.value)  # the existing tags are listed
+
+
+def test_a_mixture_source_named_by_a_tag_is_shown_with_it_after_the_tag_moved(
+    tmp_path: Path, tagged: tuple[str, datetime]
+) -> None:
+    """A mixture's sources are re-pinned as a plain source is, and shown the same way."""
+    uri, _ = tagged
+    other = write_dataset(tmp_path / "other.lance", ROWS, fragment_rows=40)
+
+    def mixture_dm() -> LanceDataModule:
+        sources = [LanceSource(uri, columns=["id", "x"], version="release-1"), LanceSource(other, columns=["id", "x"])]
+        return LanceDataModule(
+            train=LanceMixture(sources, weights=[0.5, 0.5], names=["tagged", "plain"], block=10),
+            batch_size=BATCH,
+            shuffle=RowShuffle(seed=5),
+        )
+
+    whole = fit_recording(tmp_path / "whole", mixture_dm(), max_epochs=2)
+    fit_recording(tmp_path / "a", mixture_dm(), ckpt_every=K, max_steps=K)
+    lance.dataset(uri).tags.update("release-1", 2)
+    with _printed() as lines:
+        resumed = fit_recording(
+            tmp_path / "b", mixture_dm(), max_epochs=2, ckpt=tmp_path / "a" / "ckpt" / f"step={K}.ckpt"
+        )
+    assert resumed.seen == whole.seen[K:]
+    text = "\n".join(lines)
+    assert "version 1 (tag release-1 when the checkpoint was saved; it now names version 2)" in text, text
