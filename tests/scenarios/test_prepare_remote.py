@@ -452,3 +452,21 @@ def test_the_report_of_an_s3_output_counts_its_blob_files(tmp_path: Path, s3: S3
     listed = _client(s3).list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/data/")["Contents"]
     on_store = sum(item["Size"] for item in listed)
     assert on_store > 3 << 20 and report.bytes_out == on_store, (report.bytes_out, on_store)
+
+
+@pytest.mark.parametrize("fmt", ["imagefolder", "webdataset", "parquet"])
+def test_a_file_uri_is_read_through_pyarrow_fs_as_its_folder_is_read(tmp_path: Path, fmt: str) -> None:
+    """A URI of another file system pyarrow opens (``file://``: no credentials, no server) takes the
+    remote path (listing, survey, reading through `pyarrow.fs`) and gives the local prepare's dataset."""
+    make = {
+        "imagefolder": lambda: image_folder(tmp_path / "in", per_class=2),
+        "webdataset": lambda: tar_shards(tmp_path / "in", shards=2, per_shard=3),
+        "parquet": lambda: parquet_files(tmp_path / "in"),
+    }
+    folder = make[fmt]()
+    local = tmp_path / "local.lance"
+    prepare(Prepare(fmt, str(folder), unit_files=1), str(local), progress=False)
+    through = tmp_path / "uri.lance"
+    report = prepare(Prepare(fmt, folder.as_uri(), unit_files=1, workers=2), str(through), progress=False)
+    assert report.input == folder.as_uri() and report.rows == lance.dataset(str(local)).count_rows() > 0
+    assert lance.dataset(str(through)).to_table().equals(lance.dataset(str(local)).to_table())
