@@ -18,7 +18,7 @@ class HeapTrimmer:
     Batches are allocated on the reader threads and freed by the consumer, in another order: the
     holes they leave in the threads' malloc arenas stay resident, so the peak RSS crept up from
     epoch to epoch (+8% over 8 epochs with 16 decoded batches in flight, in the memory rows of
-    benchmarks/bench_transforms.py before this trimmer). ``after_epoch()`` trims
+    the transforms study, ``python -m benchmarks run transforms``, before this trimmer). ``after_epoch()`` trims
     at most once per `interval_s`: the pages a trim returns are faulted in again by the next
     epoch, which costs a few percent of a sub-second epoch but nothing measurable of a long one.
     """
