@@ -26,10 +26,12 @@
 - `parts` (issue #50): parts a scenario draws beside its fit, each from its own random stream and
   checked against its own oracle (``fit=False``: only them, as the replayed ``issue50-*`` cases do):
   `prepare_draws` (``lance-lightning prepare`` of raw files in every format, killed and rerun,
-  read back against the files), `writer_draws` (``Trainer.predict`` with the prediction writer
-  through `writer_script`, killed on any rank and rerun, against values computed from each row's
-  ``id`` and an uninterrupted run) and `media_draws` (video clips and audio windows over
-  `tests.media_corpus`, against a whole-stream PyAV decode).
+  read back against the files; the input a local folder, its ``file://`` URI or an S3 prefix on
+  moto, issue #52, the credentials nowhere in the output or the dataset), `writer_draws`
+  (``Trainer.predict`` with the prediction writer through `writer_script`, killed on any rank and
+  rerun, against values computed from each row's ``id`` and an uninterrupted run) and
+  `media_draws` (video clips and audio windows over `tests.media_corpus`, against a whole-stream
+  PyAV decode).
 
 Where Lightning's loop meets the loader (issue #37): why the checker missed the four defects, and
 which part of it now finds each (each is also a replayed case, ``issue37-*`` in ``cases.jsonl``;

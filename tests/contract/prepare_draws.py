@@ -7,22 +7,30 @@ Guarantees:
   ``webdataset``, ``parquet``), how many files (samples) in how many classes (shards), whether
   members average 1 MiB or more (a webdataset extension stored as a Lance blob), ``unit_files``
   against ``workers`` (often more than ``2 * workers`` units), a truncated JPEG among the images
-  (``on_bad_file: skip``: it must be skipped and listed), and where a first prepare is SIGKILLed
-  (``commit:N``, ``write:N``, ``rename``: `tests/prepare_kill.py`) before the rerun.
+  (``on_bad_file: skip``: it must be skipped and listed), where a first prepare is SIGKILLed
+  (``commit:N``, ``write:N``, ``rename``: `tests/prepare_kill.py`) before the rerun, and where the
+  input lies (issue #52, ``location``): the local folder, its ``file://`` URI (read through
+  ``pyarrow.fs``), or an S3 prefix on a moto server on loopback that the files are uploaded to,
+  read with ``--storage-option`` credentials (the ``AWS_*`` environment is never passed).
 - `draw_ingest` draws one from its own random stream; `write_input` writes the raw files
   (deterministic from ``seed``: images encoded with PIL, videos and audio files of the media corpus,
   `tests.media_corpus`, in every container the format reads, so a prepare that probes media
   reads real files; webdataset members random bytes).
 - `run_ingest` runs what the user runs: ``lance-lightning prepare`` in a subprocess (the killed one
-  through `tests/prepare_kill.py`, then the same command again) and returns every failure.
+  through `tests/prepare_kill.py`, then the same command again) and returns every failure. An S3
+  input runs on the server it is given (the soak's) or on one it starts for the part.
 - The oracle (`expected_rows`, `compare`) is computed without the package from the files on disk:
   every row's every column read back from the dataset (blob columns as bytes) equals the file's
   bytes, its class folder's position and name, its relative path (webdataset: the sample's key,
   shard and each member's bytes; parquet: the input's rows), ids the input positions, nothing
   more but the media columns a probe adds (frames, height, width, sample rate and channels
   compared with the corpus's whole-stream decode where the dataset has them; the rest not); a
-  skipped file is named in the closing report; the rerun after a kill says resumed (or already
-  complete after ``rename``) and leaves a complete dataset and no ``.partial``.
+  skipped file is named in the closing report; the rerun after a kill says resumed (already
+  complete after ``rename``; after ``write:0`` no unit need have been committed, so it prepares,
+  resuming only where a parallel unit committed) and leaves a complete dataset and no ``.partial``. The files on disk
+  are the oracle wherever the input lies (the S3 objects are their uploaded bytes). From S3, the
+  storage options' secret and access key are in no file the prepares leave (the dataset, its
+  ``.partial``) and in none of their output (stdout and stderr, the killed one's too).
 - With ``then``, the prepared dataset is trained one epoch and predicted with the prediction
   writer (`fit_and_predict`): every row trained once, every row's written value its own.
 """
@@ -37,11 +45,16 @@ import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from tests.s3_server import S3Server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KILLER = REPO_ROOT / "tests" / "prepare_kill.py"
 FORMATS = ("imagefolder", "videofolder", "audiofolder", "webdataset", "parquet")
+#: Where the input lies (`Ingest.location`), with the share of draws of each.
+LOCATIONS = {"local": 0.35, "file": 0.3, "s3": 0.35}
 #: A member size at or above which the webdataset extension becomes a blob column (``shards.BLOB_BYTES``,
 #: restated: the oracle does not import the package).
 BIG = (1 << 20) + 4096
@@ -73,6 +86,9 @@ class Ingest:
     #: Then one epoch of ``Trainer.fit`` (a row shuffle) and a ``predict`` with the prediction writer
     #: on the prepared dataset (`fit_and_predict`).
     then: bool = False
+    #: Where ``--input`` points (issue #52): ``local`` (the folder's path), ``file`` (its ``file://``
+    #: URI) or ``s3`` (a prefix on a moto server holding the same files); absent from the JSON at ``local``.
+    location: Literal["local", "file", "s3"] = "local"
 
 
 def units(ingest: Ingest) -> int:
@@ -100,7 +116,9 @@ def draw_ingest(rng: random.Random) -> Ingest:
     if rng.random() < 0.6:
         moments = [f"write:{rng.randrange(n)}", "rename"] + ([f"commit:{rng.randint(1, n - 1)}"] * 2 if n > 1 else [])
         ingest = Ingest(**{**ingest.__dict__, "kill": rng.choice(moments)})
-    return ingest
+    # Drawn last, so that every draw above stays as it was for a seed.
+    location = rng.choices(list(LOCATIONS), weights=list(LOCATIONS.values()))[0]
+    return Ingest(**{**ingest.__dict__, "location": location})
 
 
 # -- the input --------------------------------------------------------------------------------------
@@ -299,9 +317,9 @@ def compare(want: dict[int, dict[str, Any]], got: dict[int, dict[str, Any]]) -> 
 
 
 # -- the run ----------------------------------------------------------------------------------------
-def _args(ingest: Ingest, folder: Path, out: str) -> list[str]:
+def _args(ingest: Ingest, source: str, out: str) -> list[str]:
     return [
-        "--format", ingest.format, "--input", str(folder), "--output", out,
+        "--format", ingest.format, "--input", source, "--output", out,
         "--unit-files", str(ingest.unit_files), "--workers", str(ingest.workers),
     ]  # fmt: skip
 
@@ -312,20 +330,63 @@ def _env() -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, "PYTHONPATH": str(REPO_ROOT)}
 
 
-def run_ingest(ingest: Ingest, root: Path) -> list[str]:
-    """Prepare ``ingest``'s input as a user does (killed and rerun where drawn); every failure."""
+def upload(server: S3Server, folder: Path) -> str:
+    """Every file under ``folder`` put under a new key prefix with boto3; the prefix's URI."""
+    import uuid
+
+    import boto3
+
+    from tests.contract.store import bucket
+
+    client = boto3.client(
+        "s3", endpoint_url=server.endpoint, aws_access_key_id=server.access_key,
+        aws_secret_access_key=server.secret_key, region_name="us-east-1",
+    )  # fmt: skip
+    prefix = f"ingest-{uuid.uuid4().hex[:12]}"
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            key = f"{prefix}/{path.relative_to(folder).as_posix()}"
+            client.put_object(Bucket=bucket(server), Key=key, Body=path.read_bytes())
+    return f"s3://{bucket(server)}/{prefix}"
+
+
+def run_ingest(ingest: Ingest, root: Path, s3: S3Server | None = None) -> list[str]:
+    """Prepare ``ingest``'s input as a user does (killed and rerun where drawn); every failure. An
+    S3 input is uploaded to ``s3`` (a started server whose bucket `tests.contract.store.bucket`
+    exists), or to a server started for this part."""
+    if ingest.location != "s3" or s3 is not None:
+        return _run_ingest(ingest, root, s3)
+    from tests.contract.store import bucket
+    from tests.s3_server import S3Server
+
+    with S3Server.serving() as server:
+        server.create_bucket(bucket(server))
+        return _run_ingest(ingest, root, server)
+
+
+def _run_ingest(ingest: Ingest, root: Path, s3: S3Server | None) -> list[str]:
     folder = write_input(ingest, root)
     out = str(root / "prepared.lance")
-    args = _args(ingest, folder, out)
+    source, options, secrets = str(folder), [], []
+    if ingest.location == "file":
+        source = folder.as_uri()
+    elif ingest.location == "s3":
+        assert s3 is not None
+        source = upload(s3, folder)
+        options = [f"--storage-option={key}={value}" for key, value in s3.storage_options().items()]
+        secrets = [s3.secret_key, s3.access_key]
+    args = [*_args(ingest, source, out), *options]
     problems: list[str] = []
+    said = ""  # everything the prepares printed
     if ingest.kill is not None:
         killed = subprocess.run(
             [sys.executable, str(KILLER), ingest.kill, "cli", *args],
             cwd=root, env=_env(), capture_output=True, text=True, timeout=300,
         )  # fmt: skip
+        said += killed.stdout + killed.stderr
         if killed.returncode != -signal.SIGKILL:
             problems.append(f"prepare: the prepare to kill at {ingest.kill} exited {killed.returncode}")
-            problems.append(killed.stderr[-1500:])
+            problems.append(_hide(killed.stderr[-1500:], secrets))
         if Path(out).exists():
             problems.append(f"prepare: killed at {ingest.kill}, the output already looked complete")
     done = subprocess.run(
@@ -333,11 +394,13 @@ def run_ingest(ingest: Ingest, root: Path) -> list[str]:
         cwd=root, env=_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     output = done.stdout + done.stderr
+    said += output
+    problems += _leaked(secrets, said, root, folder)
     if done.returncode != 0:
-        return [*problems, f"prepare: exited {done.returncode}:\n{output[-2000:]}"]
+        return [*problems, f"prepare: exited {done.returncode}:\n{_hide(output, secrets)[-2000:]}"]
     if ingest.kill is not None:
-        want = "already complete" if ingest.kill == "rename" else "resumed"
-        if want not in output:
+        want = {"rename": "already complete", "write:0": "prepared from"}.get(ingest.kill, "resumed after")
+        if want not in output or (ingest.kill == "write:0" and "already complete" in output):
             problems.append(f"prepare: the rerun after a kill at {ingest.kill} said {output.strip()[-300:]!r}")
     skipped = truncated_file(ingest)
     if skipped is not None and ingest.kill != "rename" and skipped not in output:
@@ -355,6 +418,27 @@ def run_ingest(ingest: Ingest, root: Path) -> list[str]:
     if ingest.then and not problems:
         problems += fit_and_predict(out, sorted(want), root)
     return problems
+
+
+def _leaked(secrets: list[str], said: str, root: Path, folder: Path) -> list[str]:
+    """Where a credential of the storage options shows (docs/getting-data-in.md, "Remote inputs"):
+    the prepares' output, or a file they left under ``root`` (the dataset, a ``.partial``; not the input)."""
+    problems = []
+    for secret in secrets:
+        name = "secret" if secret == secrets[0] else "access key"
+        if secret in said:
+            problems.append(f"prepare: the storage options' {name} is in the CLI's output")
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and folder not in path.parents and secret.encode() in path.read_bytes():
+                problems.append(f"prepare: the storage options' {name} is in {path.relative_to(root)}")
+    return problems
+
+
+def _hide(text: str, secrets: list[str]) -> str:
+    """``text`` with the credentials masked (a failure is printed, and kept in a case)."""
+    for secret in secrets:
+        text = text.replace(secret, "<credential>")
+    return text
 
 
 def fit_and_predict(uri: str, ids: list[int], root: Path) -> list[str]:

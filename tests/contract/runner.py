@@ -143,7 +143,7 @@ def run_scenario(scenario: Scenario, root: Path, isolate: bool = False, s3: Any 
     """Write the scenario's tables under ``root`` (or on S3: on the started server ``s3``, or one
     started for this scenario) and run its phases; return what they recorded."""
     root.mkdir(parents=True, exist_ok=True)
-    parts = run_parts(scenario, root / "parts")
+    parts = run_parts(scenario, root / "parts", s3)
     if scenario.fit is False:
         return Run(scenario, parts=parts)
     if scenario.store is None:

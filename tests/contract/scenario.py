@@ -356,6 +356,7 @@ _DEFAULTED_FIELDS = {
     "checkpoints": ("resume_from", "save_after_fit"),
     "resume": ("max_epochs", "max_time", "step_sleep", "session", "between"),
     "store": ("damage",),
+    "ingest": ("location",),
 }
 
 

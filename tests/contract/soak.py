@@ -99,7 +99,8 @@ def describe(scenario: Scenario) -> str:
     if scenario.ingest is not None:
         i = scenario.ingest
         big = " big" if i.big else ""
-        parts.append(f"ingest({i.format}{big} n={i.files} units/{i.unit_files} W{i.workers} kill={i.kill})")
+        where = f" from {i.location}" if i.location != "local" else ""
+        parts.append(f"ingest({i.format}{big} n={i.files} units/{i.unit_files} W{i.workers} kill={i.kill}{where})")
     if scenario.writing is not None:
         w = scenario.writing
         killed = f" kill=r{w.kill_rank}@{w.kill_batch}->{w.rerun}" if w.kill_rank is not None else ""
@@ -129,7 +130,8 @@ def run_one(scenario: Scenario, isolate: bool = False) -> tuple[list[str] | None
     root = Path(tempfile.mkdtemp(prefix=f"contract{scenario.id}_"))
     started = time.perf_counter()
     try:
-        s3 = s3_server() if scenario.store is not None else None
+        remote_input = scenario.ingest is not None and scenario.ingest.location == "s3"
+        s3 = s3_server() if scenario.store is not None or remote_input else None
         failures: list[str] | None = check(run_scenario(scenario, root, isolate=isolate, s3=s3))
     except Inapplicable:
         failures = None
@@ -254,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             ("with a second fit of one data module", lambda s: s.resume.session),
             ("with a damaged cached copy", lambda s: s.store is not None and s.store.damage is not None),
             ("on video clips", lambda s: s.clips is not None),
+            ("preparing from a remote input", lambda s: s.ingest is not None and s.ingest.location != "local"),
         )
     )
     print(
