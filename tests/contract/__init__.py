@@ -31,7 +31,8 @@
   (``Trainer.predict`` with the prediction writer through `writer_script`, killed on any rank and
   rerun, against values computed from each row's ``id`` and an uninterrupted run) and
   `media_draws` (video clips and audio windows over `tests.media_corpus`, against a whole-stream
-  PyAV decode).
+  PyAV decode; issue #52: also TorchCodec's ``policy``, sampling ranges, regular starts and names,
+  clips filled past the end and the documented bad rows, from docs/video.md's placement rule).
 
 Where Lightning's loop meets the loader (issue #37): why the checker missed the four defects, and
 which part of it now finds each (each is also a replayed case, ``issue37-*`` in ``cases.jsonl``;

@@ -357,6 +357,7 @@ _DEFAULTED_FIELDS = {
     "resume": ("max_epochs", "max_time", "step_sleep", "session", "between"),
     "store": ("damage",),
     "ingest": ("location",),
+    "media": ("policy", "range_start", "range_end", "every", "aliases"),
 }
 
 

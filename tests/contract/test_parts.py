@@ -20,14 +20,28 @@ case (``issue50-*`` in ``cases.jsonl``, run by `tests.contract.test_contract.tes
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.contract.media_draws import AUDIOS, VIDEOS, Media, expected_clips
+from tests.contract.media_draws import (
+    AUDIOS,
+    PAST_END,
+    POLICIES,
+    REGULAR_PAST,
+    VIDEOS,
+    Media,
+    bad_reasons,
+    check_error,
+    draw_media,
+    expected_clips,
+    expected_places,
+)
 from tests.contract.oracle import check
+from tests.contract.parts import SHARE
 from tests.contract.prepare_draws import FORMATS, LOCATIONS, Ingest, compare, expected_rows, units, write_input
 from tests.contract.runner import run_scenario
 from tests.contract.scenario import generate
@@ -36,8 +50,10 @@ from tests.contract.writer_draws import Writing, check_rows, split_ids
 MOMENTS = ("commit", "write", "rename")
 RANDOMS = ("none", "rowrandom", "flip", "augment")
 #: Seeds whose parts draw each folder format, webdataset blobs, parquet, a truncated JPEG, kills at each
-#: moment, 2-rank predicts killed on rank 1 and on rank 0, each rerun, a second predict, video and audio clips.
-PART_SEEDS = [0, 1, 2, 8, 13, 19, 23, 26, 33, 37, 57]
+#: moment, 2-rank predicts killed on rank 1 and on rank 0, each rerun, a second predict, video and audio clips;
+#: issue #52's clip options: 173 (video ``policy="error"`` past the end: a bad row), 211 (regular video
+#: starts filled by ``wrap``), 218 (video range from the end, ``repeat_last``), 458 (audio range, ``repeat_last``).
+PART_SEEDS = [0, 1, 2, 8, 13, 19, 23, 26, 33, 37, 57, 173, 211, 218, 458]
 
 
 def _parts(seeds: range) -> tuple[list[Ingest], list[Writing], list[Media]]:
@@ -79,6 +95,60 @@ def test_parts_draw_every_dimension() -> None:
         **{f"clips of {name}": any(name in m.names for m in medias) for name in VIDEOS + AUDIOS},
         "audio at the file's own rate": any(m.kind == "audio" and m.sample_rate is None for m in medias),
         "several clips per file": any(m.per_item == 3 for m in medias),
+    }  # fmt: skip
+    assert all(covered.values()), [name for name, yes in covered.items() if not yes]
+
+
+def _media_draws(seeds: range) -> list[Media]:
+    """The media parts `tests.contract.parts.draw_parts` draws for ``seeds`` (its stream, only)."""
+    draws = []
+    for seed in seeds:
+        rng = random.Random(f"{seed}-media")
+        if rng.random() < SHARE["media"]:
+            draws.append(draw_media(rng))
+    return draws
+
+
+def _filled(media: Media) -> set[str]:
+    """What ``media``'s clips meet past the end: the policy that filled one, or the bad row's reason."""
+    met = set()
+    for name in media.names:
+        for place in expected_places(media, name):
+            if isinstance(place, str):
+                met.add(place)
+            elif len(place) > 1 and not np.all(np.diff(place) > 0):  # repeated or wrapped positions
+                met.add(media.policy)
+    return met
+
+
+def test_media_draws_every_clip_option() -> None:
+    """Issue #52: TorchCodec's placement options in the media draws, and clips that meet the end."""
+    medias = _media_draws(range(1500))
+    drawn = [scenario.media for scenario in map(generate, range(100)) if scenario.media is not None]
+    assert medias[: len(drawn)] == drawn  # the generator's own draws
+    video, audio = [m for m in medias if m.kind == "video"], [m for m in medias if m.kind == "audio"]
+    met = {kind: [_filled(m) for m in group] for kind, group in (("video", video), ("audio", audio))}
+    covered = {
+        **{f"{kind} policy {p}": any(m.policy == p and m.range_start is not None for m in group)
+           for kind, group in (("video", video), ("audio", audio)) for p in POLICIES},
+        "video range from the start": any(m.every is None and (m.range_start or 0) > 0 for m in video),
+        "video range from the end": any(m.every is None and (m.range_start or 0) < 0 for m in video),
+        "video range end from the end": any(m.every is None and (m.range_end or 0) < 0 for m in video),
+        "video range end": any(m.every is None and (m.range_end or 0) > 0 for m in video),
+        "audio range": any(m.every is None and m.range_start and m.range_end for m in audio),
+        **{f"{kind} regular starts{r}": any(m.every and (m.range_start is None) == (r == "") for m in group)
+           for kind, group in (("video", video), ("audio", audio)) for r in ("", " from a range start")},
+        **{f"{kind} regular starts to a range end": any(m.every and m.range_end for m in group)
+           for kind, group in (("video", video), ("audio", audio))},
+        **{f"{kind} TorchCodec's names": any(m.aliases for m in group) for kind, group in (("video", video),
+                                                                                         ("audio", audio))},
+        **{f"{kind} clip filled by {p}": any(p in seen for seen in met[kind]) for kind in met
+           for p in ("repeat_last", "wrap")},
+        **{f"{kind} bad row: {r}": any(r in seen for seen in met[kind]) for kind in met
+           for r in (PAST_END, REGULAR_PAST)},
+        "a regular video clip filled": any(m.every and {"repeat_last", "wrap"} & _filled(m) for m in video),
+        "draws without options (as before)": sum(m == replace(m, policy="error", range_start=None, range_end=None,
+                                                             every=None, aliases=False) for m in medias) > 50,
     }  # fmt: skip
     assert all(covered.values()), [name for name, yes in covered.items() if not yes]
 
@@ -180,3 +250,46 @@ def test_media_oracle_reports_a_window_one_sample_or_frame_off(name: str) -> Non
     assert _matches(media, name, first, first) and _matches(media, name, last, last)
     shifted = np.roll(first[0], 1, axis=1)  # every sample one later (issue #50 (5): a wrong start)
     assert not _matches(media, name, (shifted, first[1]), first)
+
+
+def test_media_oracle_reports_a_clip_filled_or_placed_otherwise() -> None:
+    """Issue #52's options: the oracle's placements are docs/video.md's (the literal indices of
+    tests/unit/media/test_clip_options.py), and it reports a clip filled by the other policy, one at
+    another regular start, a TorchCodec-style short window, and a documented bad row not raised."""
+    from tests.contract.media_draws import _matches
+
+    wrap = Media("video", ["h264.mp4"], 2, frames=8, frame_step=2, policy="wrap", range_start=30)  # 36 frames
+    assert [p.tolist() for p in expected_places(wrap, "h264.mp4")] == [[30, 32, 34, 30, 32, 34, 30, 32]] * 2
+    repeat = replace(wrap, policy="repeat_last", range_start=-6)  # frame 30 from the end
+    assert expected_places(repeat, "h264.mp4")[1].tolist() == [30, 32, 34, 34, 34, 34, 34, 34]
+    (repeated, times), (wrapped, _) = expected_clips(repeat, "h264.mp4")[0], expected_clips(wrap, "h264.mp4")[0]
+    assert np.array_equal(repeated[3], repeated[7]) and not np.array_equal(wrapped[3], wrapped[7])
+    got = (repeated.transpose(0, 3, 1, 2), times)
+    assert _matches(repeat, "h264.mp4", got, (repeated, times))
+    assert not _matches(wrap, "h264.mp4", got, expected_clips(wrap, "h264.mp4")[0])
+    assert bad_reasons(replace(wrap, policy="error"), "h264.mp4") == [PAST_END, PAST_END]
+
+    regular = Media("video", ["h264_start125.mkv"], 4, frames=3, every=0.5)  # 24 fps from 1.25 s
+    clips = expected_clips(regular, "h264_start125.mkv")
+    assert [round(c[1][0], 3) for c in clips] == [1.25, 1.75, 2.25, 2.75]
+    got = (clips[1][0].transpose(0, 3, 1, 2), clips[1][1])
+    assert _matches(regular, "h264_start125.mkv", got, clips[1])
+    assert not _matches(regular, "h264_start125.mkv", got, clips[2])
+    assert bad_reasons(replace(regular, names=["h264_60.mp4"]), "h264_60.mp4") == [REGULAR_PAST] * 2  # 1.0 s
+
+    audio = Media("audio", ["mono.flac"], 1, seconds=0.5, sample_rate=None, policy="repeat_last", range_start=2.0)
+    ((window, start),) = expected_clips(audio, "mono.flac")  # 2.3 s at 48 kHz: 0.2 s past the end
+    assert start == 2.0 and window.shape == (1, 24000) and np.all(window[:, 14400:] == window[:, 14399:14400])
+    assert _matches(audio, "mono.flac", (window, start), (window, start))
+    ((wrapped_window, _),) = expected_clips(replace(audio, policy="wrap"), "mono.flac")
+    assert not _matches(audio, "mono.flac", (wrapped_window, start), (window, start))
+    assert not _matches(audio, "mono.flac", (window[:, :14400], start), (window, start))  # TorchCodec's short one
+    regular_audio = replace(audio, per_item=3, range_start=None, every=1.2)  # starts 0, 1.2 and 2.4 s of 2.3
+    assert bad_reasons(regular_audio, "mono.flac") == [REGULAR_PAST]
+    assert [start for _, start in expected_clips(replace(regular_audio, per_item=2), "mono.flac")] == [0.0, 1.2]
+
+    bad = {"h264.mp4": [PAST_END]}
+    assert check_error(wrap, bad, "BadRowError: row 0 ... (policy 'error'; policy: repeat_last or wrap fills it)") == []
+    assert check_error(wrap, bad, None)  # the fit trained a clip the docs call a bad row
+    assert check_error(wrap, bad, "BadRowError: decoding the video failed")  # another reason
+    assert check_error(wrap, {}, "BadRowError: row 0 ... (policy 'error')")  # a bad row the docs place
