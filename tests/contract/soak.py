@@ -106,7 +106,13 @@ def describe(scenario: Scenario) -> str:
         killed = f" kill=r{w.kill_rank}@{w.kill_batch}->{w.rerun}" if w.kill_rank is not None else ""
         parts.append(f"predict(W{w.world_size}K{w.num_workers} {w.random} bad={w.bad}{killed})")
     if scenario.media is not None:
-        parts.append(f"media({scenario.media.kind} {','.join(scenario.media.names)} x{scenario.media.per_item})")
+        m = scenario.media
+        placed = f" {m.policy}" if m.policy != "error" else ""
+        placed += (
+            f" range[{m.range_start},{m.range_end})" if m.range_start is not None or m.range_end is not None else ""
+        )
+        placed += f" every {m.every}s" if m.every is not None else ""
+        parts.append(f"media({m.kind} {','.join(m.names)} x{m.per_item}{placed})")
     if scenario.fit is False:
         parts.append("no-fit")
     return " ".join(parts)
