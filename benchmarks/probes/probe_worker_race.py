@@ -47,6 +47,8 @@ for _path in (str(PROBE_DIR), str(BENCH_DIR), str(REPO_ROOT)):
 
 RESULT = BENCH_DIR / "results" / "worker_race.md"
 ROWS, IMAGES, BATCH = 100_000, 20_000, 256
+#: Rows of the take measured for the row shuffle's limit.
+TAKE_ROWS = 20_000
 WORKLOADS = ("scan", "filter", "shuffle", "jpeg", "gil")
 CELLS = (("0 workers", 0, "race"), ("worker path", 2, "workers"), ("race", 2, "race"))
 
@@ -165,8 +167,8 @@ def where(data: dict[str, str]) -> dict[str, Any]:
 
 
 def limits(data: dict[str, str]) -> dict[str, float]:
-    """Lance's single-call ``to_table`` rows/s on each workload's columns, a memory copy of a scan's
-    bytes (GB/s), and DecodeImage's rows/s on one thread."""
+    """Lance's single-call ``to_table`` rows/s on each workload's columns, its take of random rows
+    (the row shuffle's), a memory copy of a scan's bytes (GB/s), and DecodeImage's rows/s on one thread."""
     import lance
     import numpy as np
     import torch
@@ -179,6 +181,12 @@ def limits(data: dict[str, str]) -> dict[str, float]:
         started = time.perf_counter()
         table = ds.to_table(columns=["id", "vec"], **kwargs)
         out[f"lance to_table {name} rows/s"] = table.num_rows / (time.perf_counter() - started)
+    # The row shuffle's floor: Lance's take of random rows, a batch's worth (sorted) per call.
+    order = np.random.default_rng(0).permutation(ROWS)[:TAKE_ROWS]
+    started = time.perf_counter()
+    for first in range(0, len(order), BATCH):
+        ds.take(np.sort(order[first : first + BATCH]).tolist(), columns=["id", "vec"])
+    out[f"lance take of random rows ({BATCH} a call) rows/s"] = len(order) / (time.perf_counter() - started)
     block = np.random.default_rng(0).random((ROWS, 128), dtype=np.float32)
     started = time.perf_counter()
     for _ in range(5):
