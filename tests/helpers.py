@@ -546,3 +546,29 @@ def fit_recording(
     model = RecordingModel()
     trainer.fit(model, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
     return model
+
+
+class _PrepareStopped(Exception):
+    """Raised inside `stop_prepare_after`'s prepare, as a crash after its last allowed commit."""
+
+
+def stop_prepare_after(
+    monkeypatch: pytest.MonkeyPatch, spec: Any, out: str, commits: int, storage_options: Any = None
+) -> None:
+    """Run ``prepare(spec, out)`` and stop it (an exception) before its unit commit number
+    ``commits + 1``: ``commits`` units are committed, as a process that died then leaves them."""
+    from lance_lightning.write import prepare
+    from lance_lightning.write.writer import DatasetWriter
+
+    real, done = DatasetWriter.commit, []
+
+    def commit(self: DatasetWriter, *args: Any) -> None:
+        if len(done) == commits:
+            raise _PrepareStopped
+        real(self, *args)
+        done.append(1)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(DatasetWriter, "commit", commit)
+        with pytest.raises(_PrepareStopped):
+            prepare(spec, out, storage_options=storage_options, progress=False)

@@ -35,9 +35,9 @@ from lance_lightning.source import LanceSource, Prepare
 from lance_lightning.write import prepare
 from lance_lightning.write.input_fs import open_input, shown_uri
 from lance_lightning.write.prepare import prepare_sources
-from lance_lightning.write.writer import DatasetWriter
-from tests.helpers import run_cli_process
+from tests.helpers import run_cli_process, stop_prepare_after
 from tests.s3_server import S3Server
+from tests.scenarios.test_prepare_cli import _FIT_CONFIG as LOCAL_FIT_CONFIG
 from tests.unit.write.inputs import CLASSES, hf_folder, image_folder, parquet_files, tar_shards
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -248,25 +248,6 @@ def _group_ends(group: int, timeout: float = 120.0) -> bool:
     return False
 
 
-class Stop(Exception):
-    pass
-
-
-def _stopped_after_two_commits(monkeypatch: pytest.MonkeyPatch, spec: Prepare, out: str, options: Any) -> None:
-    real, done = DatasetWriter.commit, []
-
-    def commit(self: DatasetWriter, *args: Any) -> None:
-        if len(done) == 2:
-            raise Stop
-        real(self, *args)
-        done.append(1)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(DatasetWriter, "commit", commit)
-        with pytest.raises(Stop):
-            prepare(spec, out, storage_options=options, progress=False)
-
-
 def _rewrite(s3: S3Server, uri: str, key: str, body: bytes) -> None:
     """Put ``body`` at ``key`` under ``uri`` with a modification time other than the object's
     (S3 keeps whole seconds: put again until the store's time has moved on)."""
@@ -293,7 +274,7 @@ def test_an_input_object_changed_after_an_interrupted_run_is_refused_then_restar
     new = changed.read_bytes()[::-1] if change == "same_size" else changed.read_bytes() + b"\0"
     for source, out in ((uri, tmp_path / "remote.lance"), (str(folder), tmp_path / "local.lance")):
         spec = Prepare("imagefolder", source, unit_files=1, workers=1, on_bad_file="skip")
-        _stopped_after_two_commits(monkeypatch, spec, str(out), options)
+        stop_prepare_after(monkeypatch, spec, str(out), 2, options)
         if source == uri:
             _rewrite(s3, uri, "cat/000.png", new)
         else:
@@ -348,32 +329,13 @@ def test_credentials_never_reach_the_dataset_the_report_stderr_or_a_saved_config
         assert secret not in left
 
 
-_FIT_CONFIG = """\
-seed_everything: 0
-trainer:
-  accelerator: cpu
-  devices: 1
-  max_epochs: 1
-  logger: false
-  enable_progress_bar: false
-  enable_model_summary: false
-  enable_checkpointing: false
-  num_sanity_val_steps: 0
-  default_root_dir: {root}
-model:
-  class_path: examples.digits.DigitsClassifier
-data:
-  train:
-    uri: {out}
-    columns: [image, label]
-    prepare: {{format: imagefolder, input: {images}}}
-    storage_options: {{aws_access_key_id: {key}, aws_secret_access_key: {secret}, aws_region: us-east-1,
-      aws_endpoint: '{endpoint}', allow_http: 'true'}}
-  batch_size: 4
-  transform:
-    class_path: lance_lightning.transforms.DecodeImage
-    init_args: {{column: image, mode: gray, size: 8}}
-"""
+#: The local one-command fit's config (test_prepare_cli) with the store's storage options.
+_FIT_CONFIG = LOCAL_FIT_CONFIG.replace(
+    "    prepare: {{format: imagefolder, input: {images}}}\n",
+    "    prepare: {{format: imagefolder, input: {images}}}\n"
+    "    storage_options: {{aws_access_key_id: {key}, aws_secret_access_key: {secret}, aws_region: us-east-1,\n"
+    "      aws_endpoint: '{endpoint}', allow_http: 'true'}}\n",
+)
 
 
 def _options(s3: S3Server) -> dict[str, str]:

@@ -24,7 +24,7 @@ from lance_lightning.source import Prepare
 from lance_lightning.write import prepare
 from lance_lightning.write.folders import VIDEO_FOLDER
 from lance_lightning.write.shards import BLOB_BYTES
-from lance_lightning.write.writer import DatasetWriter
+from tests.helpers import stop_prepare_after
 
 CLASS_FOLDERS = {"videofolder": ".mp4", "audiofolder": ".wav"}
 
@@ -95,21 +95,7 @@ def test_every_unit_reads_back_as_the_input_after_a_blob_column(tmp_path: Path, 
 def test_a_unit_written_after_the_dataset_exists_resumes_to_the_input(tmp_path: Path, monkeypatch) -> None:
     root, expected = _expected("videofolder", tmp_path)
     spec = Prepare("videofolder", str(root), unit_files=2, workers=1, probe_media=False)
-    real, done = DatasetWriter.commit, []
-
-    class Stop(Exception):
-        pass
-
-    def commit(self: DatasetWriter, *args: object) -> None:
-        if len(done) == 1:
-            raise Stop
-        real(self, *args)
-        done.append(1)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(DatasetWriter, "commit", commit)
-        with pytest.raises(Stop):
-            prepare(spec, str(tmp_path / "out.lance"), progress=False)
+    stop_prepare_after(monkeypatch, spec, str(tmp_path / "out.lance"), 1)
     report = prepare(spec, str(tmp_path / "out.lance"), progress=False)  # every unit now written into the dataset
     assert (report.status, report.units_adopted) == ("resumed", 1)
     assert read_all(tmp_path / "out.lance") == expected
@@ -124,21 +110,7 @@ def test_a_partial_output_with_misnumbered_fragments_is_refused(tmp_path: Path, 
     spec = Prepare("videofolder", str(root), unit_files=2, workers=1, probe_media=False)
     partial = tmp_path / "out.lance.partial"
 
-    class Stop(Exception):
-        pass
-
-    real, done = DatasetWriter.commit, []
-
-    def commit(self: DatasetWriter, *args: object) -> None:
-        if len(done) == 1:
-            raise Stop
-        real(self, *args)
-        done.append(1)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(DatasetWriter, "commit", commit)
-        with pytest.raises(Stop):
-            prepare(spec, str(tmp_path / "out.lance"), progress=False)
+    stop_prepare_after(monkeypatch, spec, str(tmp_path / "out.lance"), 1)
     dataset = lance.dataset(str(partial))
     # what the old writer did for a later unit: Lance's overwrite mode against the existing dataset
     survey = dataclasses.replace(VIDEO_FOLDER, probe=False).survey(str(root), "skip")  # as spec: bytes only

@@ -15,33 +15,12 @@ import pytest
 from lance_lightning import ConfigError, LanceDataModule, LanceSource
 from lance_lightning.source import Prepare
 from lance_lightning.write import prepare
-from lance_lightning.write.writer import DatasetWriter
 from tests.harness import fit
-from tests.helpers import flat
+from tests.helpers import flat, stop_prepare_after
 from tests.s3_server import S3Server
 from tests.unit.write.inputs import parquet_files
 
 FILES, ROWS = 5, 8
-
-
-class Stop(Exception):
-    pass
-
-
-def _interrupted_prepare(monkeypatch: pytest.MonkeyPatch, spec: Prepare, out: str, options: dict | None) -> None:
-    """A prepare of ``spec`` to ``out`` stopped before its third unit commit (two units committed)."""
-    real, done = DatasetWriter.commit, []
-
-    def commit(self: DatasetWriter, *args: object) -> None:
-        if len(done) == 2:
-            raise Stop
-        real(self, *args)
-        done.append(1)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(DatasetWriter, "commit", commit)
-        with pytest.raises(Stop):
-            prepare(spec, out, storage_options=options, progress=False)
 
 
 def _module(uri: str, options: dict | None, **extra: object) -> LanceDataModule:
@@ -53,7 +32,7 @@ def test_an_interrupted_prepare_on_s3_is_refused_by_fit_unless_allowed(
 ) -> None:
     options, uri = s3.storage_options(), "s3://data/prepare-incomplete.lance"
     spec = Prepare("parquet", str(parquet_files(tmp_path / "in", files=FILES, rows=ROWS)), unit_files=1, workers=1)
-    _interrupted_prepare(monkeypatch, spec, uri, options)
+    stop_prepare_after(monkeypatch, spec, uri, 2, options)
     with pytest.raises(ConfigError) as error:
         fit(tmp_path, _module(uri, options), name="refused")
     message = str(error.value)
@@ -73,7 +52,7 @@ def test_an_interrupted_prepare_on_s3_is_refused_by_fit_unless_allowed(
 def test_a_local_partial_output_is_refused_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = Prepare("parquet", str(parquet_files(tmp_path / "in", files=FILES, rows=ROWS)), unit_files=1, workers=1)
     out = str(tmp_path / "out.lance")
-    _interrupted_prepare(monkeypatch, spec, out, None)
+    stop_prepare_after(monkeypatch, spec, out, 2)
     module = _module(f"{out}.partial", None)
     with pytest.raises(ConfigError, match="did not finish") as error:
         module.setup("fit")
