@@ -28,7 +28,9 @@ Guarantees:
   comes before the window is cut off by the frames' timestamps (Matroska and WebM time audio in
   milliseconds: frames are placed on the stream's frame grid instead, `coarse_audio`).
 - It seeks to the frame at or before that sample (`decode_from`) and stops decoding once the
-  window is full; a stream that ends first, or any PyAV/FFmpeg error, raises `BadMedia`.
+  window is full; a stream that ends first (before the window or inside it), or any PyAV/FFmpeg
+  error, raises `BadMedia`. An Ogg file is reopened before each window it serves but its first
+  (`OpenAudio.start_window`: FFmpeg's Ogg demuxer can mistime packets when it seeks again).
 """
 
 from __future__ import annotations
@@ -175,6 +177,7 @@ def _decode_samples(opened: OpenAudio, first: int, count: int, sample_rate: int,
     # Below 0 (before the stream's start): the encoder's priming frames are decoded too.
     seek_at = begin - preroll(opened.stream.codec_context.name, source_rate)
     window = _Window(np.empty((channels, count), np.float32), first)
+    opened.start_window()
     resampler = av.AudioResampler(format="fltp", layout=LAYOUTS[channels], rate=sample_rate)
     try:
         with contextlib.closing(decode_from(opened, opened.start_time + (seek_at + 0.5) / source_rate)) as decoded:
@@ -193,7 +196,8 @@ def _decode_samples(opened: OpenAudio, first: int, count: int, sample_rate: int,
                 if window.filled == count:
                     break
             else:
-                window.take(resampler.resample(None))
+                if window.position is not None:  # the stream ended: flush the resampler
+                    window.take(resampler.resample(None))
     except av.error.FFmpegError as error:
         raise BadMedia(f"decoding the audio failed: {error}") from error
     if window.filled < count:

@@ -6,7 +6,9 @@ Guarantees:
   stream's rate, length and time base, and the file object. A video's length and times are its
   own stream's, from its frame index (`lance_lightning.media.frame_index`: every frame's time,
   taken once), never the container's duration; an audio stream's start is its own
-  ``start_time`` (after the encoder's delay: the whole-stream decode's first sample). They take the file: ``close()``
+  ``start_time`` (after the encoder's delay: the whole-stream decode's first sample). An Ogg
+  audio container is reopened from its file before each window but the first
+  (`OpenAudio.start_window`), reading its headers again. They take the file: ``close()``
   closes the container and then the file, and is safe to call twice (a failed open leaves the
   file open, the caller's).
 - The file object only needs ``read``, ``seek``, ``tell`` (a ``lance.BlobFile``, an
@@ -118,6 +120,20 @@ class OpenAudio(OpenMedia):
     samples: int
     #: For timestamps coarser than a sample: (end of the first frame, frame size) in samples.
     grid: tuple[int, int] | None = None
+    #: The open options when the container is reopened before every window but its first (Ogg:
+    #: FFmpeg's demuxer, seeking again after a decode stopped mid-page, can mistime the packets
+    #: after the landing point, so a window ends short or holds other samples); None: reused.
+    reopen_options: dict[str, str] | None = None
+    decoded: bool = False
+
+    def start_window(self) -> None:
+        """Make the container ready to decode a window: reopened if `reopen_options` says so and a
+        window was decoded from it before."""
+        if self.reopen_options is not None and self.decoded:
+            self.container.close()
+            self.file.seek(0)
+            self.container, self.stream = _open_container(self.file, "audio", self.reopen_options)
+        self.decoded = True
 
 
 def open_video(file: MediaFile) -> OpenVideo:
@@ -166,7 +182,8 @@ def open_audio(file: MediaFile) -> OpenAudio:
             counted, grid = coarse_audio(container, stream, rate)
             if counted is not None:  # no duration of its own: its packets', not the container's
                 samples, duration = counted, counted / rate
-        if "ogg" in container.format.name.split(","):
+        ogg = "ogg" in container.format.name.split(",")
+        if ogg:
             samples -= stream.codec_context.delay  # Ogg's duration counts the pre-skip the decoder drops
         return OpenAudio(
             container=container,
@@ -180,6 +197,7 @@ def open_audio(file: MediaFile) -> OpenAudio:
             sample_rate=rate,
             samples=samples,
             grid=grid,
+            reopen_options=options if ogg else None,
         )
     except BaseException:
         container.close()
@@ -195,6 +213,21 @@ def _starts_with(file: MediaFile, magic: bytes) -> bool:
 
 
 def _open_stream(file: MediaFile, kind: str, options: dict[str, str]) -> tuple[Any, Any, tuple[int, float, float]]:
+    container, stream = _open_container(file, kind, options)
+    try:
+        start_pts = stream.start_time or 0
+        if stream.duration:
+            duration = float(stream.duration * stream.time_base)
+        else:
+            duration = (container.duration or 0) / av.time_base
+        return container, stream, (start_pts, float(start_pts * stream.time_base), duration)
+    except BaseException:
+        container.close()
+        raise
+
+
+def _open_container(file: MediaFile, kind: str, options: dict[str, str]) -> tuple[Any, Any]:
+    """The container over ``file`` and its first ``kind`` stream, decoded on the calling thread."""
     try:
         container = av.open(file, mode="r", buffer_size=AVIO_BUFFER_BYTES, container_options=options)
     except av.error.FFmpegError as error:
@@ -207,12 +240,7 @@ def _open_stream(file: MediaFile, kind: str, options: dict[str, str]) -> tuple[A
         if stream.codec_context is None:
             raise BadMedia(f"no decoder for the {kind} stream's codec")
         stream.codec_context.thread_count = 1
-        start_pts = stream.start_time or 0
-        if stream.duration:
-            duration = float(stream.duration * stream.time_base)
-        else:
-            duration = (container.duration or 0) / av.time_base
-        return container, stream, (start_pts, float(start_pts * stream.time_base), duration)
+        return container, stream
     except BaseException:
         container.close()
         raise
