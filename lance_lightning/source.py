@@ -58,14 +58,12 @@ from lance_lightning.redaction import (
     secret_values,
 )
 from lance_lightning.version_ref import resolve_version
+from lance_lightning.vocabulary import PREPARE_FORMATS
 
 #: Dataset config key a prepare sets in its last commit: its completion record (`lance_lightning.write`).
 PREPARE_DONE_KEY = "lance_lightning.prepare"
 #: Transaction property of each of a prepare's unit commits: the plan's fingerprint.
 PREPARE_PLAN_KEY = "lance_lightning.prepare.plan"
-
-#: The input formats `Prepare` (and ``lance-lightning prepare``) read (`lance_lightning.write`).
-PREPARE_FORMATS = ("imagefolder", "webdataset", "parquet", "hf", "videofolder", "audiofolder")
 
 
 @dataclass

@@ -27,6 +27,10 @@ SPLITS_OF_STAGE: dict[str, tuple[Split, ...]] = {
 #: The Lightning stages, in the order a run goes through them.
 STAGES: tuple[str, ...] = tuple(SPLITS_OF_STAGE)
 
+#: The input formats `lance_lightning.source.Prepare` (and ``lance-lightning prepare``) read
+#: (`lance_lightning.write`); here, without Lance, so the command's parser imports nothing heavy.
+PREPARE_FORMATS = ("imagefolder", "webdataset", "parquet", "hf", "videofolder", "audiofolder")
+
 #: A converted batch: column name -> tensor (or `Ragged` / list for variable-length columns).
 Batch = dict[str, Any]
 

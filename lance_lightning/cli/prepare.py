@@ -14,7 +14,8 @@ Guarantees:
   (what happened, that the output is intact and resumable, the command to rerun), never a traceback.
 - Storage options given with ``--storage-option`` are used to read an ``s3://`` input and to write,
   and are never printed (`lance_lightning.write.input_fs`).
-- Imports neither Lightning nor torch.
+- Imports neither Lightning nor torch; ``--help`` and a usage error import not even Lance (the
+  parser needs only the standard library).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from lance_lightning.cli.parser import add_storage_options, storage_options
 from lance_lightning.errors import ConfigError
 from lance_lightning.redaction import redact_text, secret_values
-from lance_lightning.source import PREPARE_FORMATS, Prepare
+from lance_lightning.vocabulary import PREPARE_FORMATS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,6 +92,7 @@ def prepare_main(argv: list[str] | None = None) -> int:
         options = storage_options("prepare", args.storage_option)
     except SystemExit as exit_:
         return int(exit_.code or 0)
+    from lance_lightning.source import Prepare  # Lance: only once the arguments parse
     from lance_lightning.write.prepare import prepare
 
     try:
