@@ -54,7 +54,7 @@ from lance_lightning.hold import VersionHold, describe_holds
 from lance_lightning.hparams import save_arguments
 from lance_lightning.lifetime import destroy_gloo_group_at_exit
 from lance_lightning.load.dataset import LanceIterableDataset
-from lance_lightning.load.lean_start import start_worker_server
+from lance_lightning.load.handoff import start_server_early
 from lance_lightning.load.loader import LanceDataLoader
 from lance_lightning.load.race import Race
 from lance_lightning.materialize.cache import RemoteCache
@@ -279,7 +279,7 @@ class LanceDataModule(pl.LightningDataModule):
         """Pin, validate and plan every split the stage uses (all configured ones for ``None``)."""
         stage = getattr(stage, "value", stage)  # Lightning passes a TrainerFn: its value is the name ("fit")
         destroy_gloo_group_at_exit()  # DDP on CPU: no SIGABRT at exit after the run (lance_lightning.lifetime)
-        start_worker_server(self.num_workers, self.multiprocessing_context, self.transform)  # boots while we plan
+        start_server_early(self.num_workers, self.multiprocessing_context, self.transform)  # boots while we plan
         if stage == "fit" and self._fit.starts(self.trainer) and "train" in self.plans:
             # a new trainer's fit reads from an empty cursor (a checkpoint is restored into it)
             self.train_cursor = CursorTracker(self.plans["train"], resume=self.resume_data)

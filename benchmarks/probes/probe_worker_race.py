@@ -24,12 +24,13 @@ workers (``LANCE_LIGHTNING_WORKER_HANDOFF=off``); and the limits a workload meet
 
 Usage::
 
-    python benchmarks/probes/probe_worker_race.py [--epochs 3] [--where]   # writes results/worker_race.md
+    python benchmarks/probes/probe_worker_race.py [--epochs 3] [--reps 1] [--where]   # writes results/worker_race.md
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -50,6 +51,9 @@ ROWS, IMAGES, BATCH = 100_000, 20_000, 256
 #: Rows of the take measured for the row shuffle's limit.
 TAKE_ROWS = 20_000
 WORKLOADS = ("scan", "filter", "shuffle", "jpeg", "gil")
+#: Read from an S3-compatible server on loopback behind a proxy adding `S3_LATENCY_S` per request.
+S3_WORKLOADS = ("scan-s3", "shuffle-s3")
+S3_ROWS, S3_LATENCY_S = 20_000, 0.02
 CELLS = (("0 workers", 0, "race"), ("worker path", 2, "workers"), ("race", 2, "race"))
 
 
@@ -75,17 +79,18 @@ def _module(workload: str, data: dict[str, str], num_workers: int) -> Any:
     from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle
     from lance_lightning.transforms import DecodeImage
 
-    jpeg = workload == "jpeg"
+    jpeg, s3 = workload == "jpeg", workload.endswith("-s3")
     source = LanceSource(
-        data["images"] if jpeg else data["vec"],
+        data["images"] if jpeg else data["s3"] if s3 else data["vec"],
         columns=["id", "image"] if jpeg else ["id", "vec"],
         filter="label < 10" if workload == "filter" else None,
+        storage_options=json.loads(data["s3_options"]) if s3 else None,
     )
     transform = DecodeImage(column="image") if jpeg else PythonRows() if workload == "gil" else None
     return LanceDataModule(
         train=source,
         batch_size=BATCH,
-        shuffle=RowShuffle(seed=0) if workload in ("shuffle", "jpeg") else NoShuffle(),
+        shuffle=RowShuffle(seed=0) if workload in ("shuffle", "jpeg", "shuffle-s3") else NoShuffle(),
         num_workers=num_workers,
         persistent_workers=True,
         transform=transform,
@@ -203,18 +208,49 @@ def limits(data: dict[str, str]) -> dict[str, float]:
     return out
 
 
+def _median_rates(runs: list[dict[str, Any]]) -> list[float]:
+    """Each epoch's median rows/s over ``runs`` of one cell."""
+    import statistics
+
+    return [statistics.median(rates) for rates in zip(*(run["rates"] for run in runs), strict=True)]
+
+
 def main() -> None:
     import common
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    ap.add_argument("--reps", type=int, default=1, help="runs of each cell, interleaved: the median per epoch")
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS + S3_WORKLOADS)
     ap.add_argument("--where", action="store_true", help="also measure where the time goes, and the limits")
     ap.add_argument("--cache-dir", type=Path, default=common.DEFAULT_CACHE)
     ap.add_argument("--out", type=Path, default=RESULT)
     args = ap.parse_args()
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     data = {"vec": common.vec_dataset(args.cache_dir, ROWS), "images": common.image_dataset(args.cache_dir, IMAGES)}
+    with contextlib.ExitStack() as stack:
+        if set(args.workloads) & set(S3_WORKLOADS):
+            data.update(_s3_copy(stack, data["vec"]))
+        _measure(args, data)
+
+
+def _s3_copy(stack: contextlib.ExitStack, local: str) -> dict[str, str]:
+    """The first `S3_ROWS` rows of ``local`` on an S3 server on loopback, read through a proxy
+    adding `S3_LATENCY_S` per request: the dataset's URI and storage options (JSON)."""
+    import lance
+    from ministack_server import MiniStackServer
+
+    from tests.fault_proxy import FaultProxy
+
+    s3 = stack.enter_context(MiniStackServer.serving("bench"))
+    proxy = stack.enter_context(FaultProxy.serving(s3.endpoint, S3_LATENCY_S))
+    uri = "s3://bench/vec.lance"
+    lance.write_dataset(lance.dataset(local).to_table(limit=S3_ROWS), uri, storage_options=s3.storage_options())
+    return {"s3": uri, "s3_options": json.dumps({**s3.storage_options(), "aws_endpoint": proxy.endpoint})}
+
+
+def _measure(args: argparse.Namespace, data: dict[str, str]) -> None:
+    import common
 
     lines = [
         "# num_workers=2 against num_workers=0, epoch by epoch of a fresh loader (#51)",
@@ -222,15 +258,20 @@ def main() -> None:
         f"`{common.command_line()}` on {common.stamp()}; {common.machine(lightning=True)}; load average "
         f"{common.load_average()} at the start (2 cores shared with other jobs: single runs, noisy).",
         "",
-        "rows/s per epoch (each cell a fresh process; persistent workers; batch 256). ratio = race / max(0 "
-        "workers, worker path); the GIL-holding transform's gain = race / 0 workers.",
+        f"rows/s per epoch (each cell a fresh process, run {args.reps} time(s) interleaved with the others: the "
+        "median; persistent workers; batch 256). ratio = race / max(0 workers, worker path); the GIL-holding "
+        "transform's gain = race / 0 workers.",
         "",
         "| workload | epoch | 0 workers | worker path | race | ratio (>= 0.9) | race / 0 workers |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     decisions = []
     for workload in args.workloads:
-        got = {name: cell(workload, data, workers, choice, args.epochs) for name, workers, choice in CELLS}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in CELLS}
+        for _ in range(args.reps):  # interleaved: a change in the machine's load falls on every cell
+            for name, workers, choice in CELLS:
+                runs[name].append(cell(workload, data, workers, choice, args.epochs))
+        got = {name: {"rates": _median_rates(done), "race": done[-1]["race"]} for name, done in runs.items()}
         for epoch in range(args.epochs):
             zero, path, race = (got[name]["rates"][epoch] for name, _, _ in CELLS)
             lines.append(

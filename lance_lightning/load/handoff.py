@@ -3,10 +3,12 @@
 Guarantees:
 - When a `LanceDataLoader`'s iteration needs worker processes that are not running (its first
   iteration, every iteration without persistent workers), it does not wait for them: it reads the
-  epoch's batches in its own process, as with ``num_workers=0``, while `WorkerStart` waits on a
-  background thread for the fork server to finish its imports (about 2.3 s on a 2-core VM:
-  longer than a 10^5-row epoch read in process). It measures the rate it reads at meanwhile
-  (`lance_lightning.load.race`).
+  epoch's batches in its own process, as with ``num_workers=0``, measuring its rate and the time
+  its transform may hold the GIL (`lance_lightning.load.race`). Only once the race finds that
+  workers could pay (`Race.may_start_workers`: at once when its outcome is forced) does
+  `WorkerStart` start the fork server and wait on a background thread for its imports (4.3 s on a
+  2-core VM: longer than a 10^5-row epoch read in process); a read without such a transform
+  never starts it.
 - Once the server is ready (and a window of batches was measured in process), the loader
   starts the workers itself (a fork each) with the sequence row of the first batch it will not
   read (`handover_step`: after the batches it has read ahead, and with a buffer shuffle at the
@@ -45,7 +47,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from lance_lightning.load.dataset import Bundle, WorkerError
-from lance_lightning.load.lean_start import ensure_server
+from lance_lightning.load.lean_start import ensure_server, start_worker_server
+from lance_lightning.load.race import forced_choice, may_hold_gil
 from lance_lightning.plan.layout import Layout
 
 ENV_SWITCH = "LANCE_LIGHTNING_WORKER_HANDOFF"
@@ -54,6 +57,14 @@ ENV_SWITCH = "LANCE_LIGHTNING_WORKER_HANDOFF"
 def handoff_enabled() -> bool:
     """Whether loaders read in process while their workers start (``LANCE_LIGHTNING_WORKER_HANDOFF``)."""
     return os.environ.get(ENV_SWITCH, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def start_server_early(num_workers: int, method: str, transform: Any) -> None:
+    """At the data module's set-up, start the fork server (its imports overlap planning) only where
+    the workers are sure to start: an outcome forced by ``LANCE_LIGHTNING_WORKER_CHOICE`` or the
+    hand-over off; a race starts it once it finds room for them (`Race.may_start_workers`)."""
+    if forced_choice() != "race" or not handoff_enabled():
+        start_worker_server(num_workers, method, transform)
 
 
 def handover_step(layout: Layout, least: int, window_rows: int | None) -> int:
@@ -104,6 +115,35 @@ class WorkerStart:
         self._thread.join()
 
 
+class GilTimed:
+    """``transform``, each call's seconds added to ``record`` (the race's GIL share); its other
+    attributes are the transform's."""
+
+    def __init__(self, transform: Any, record: Any) -> None:
+        self.transform = transform
+        self.record = record
+
+    def __call__(self, batch: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return self.transform(batch)
+        finally:
+            self.record(time.perf_counter() - started)
+
+    def __getattr__(self, name: str) -> Any:
+        transform = self.__dict__.get("transform")  # absent while a copy is being made
+        if transform is None:
+            raise AttributeError(name)
+        return getattr(transform, name)
+
+
+def timed_for_race(transform: Any, race: Any) -> Any:
+    """``transform`` as this process runs it while racing: timed when it may hold the GIL."""
+    if race is None or not race.racing or not may_hold_gil(transform):
+        return transform
+    return GilTimed(transform, race.rates.add_gil_seconds)
+
+
 def _batches_in(item: Any) -> int:
     """Batches in one item a loader reads: a worker's run of them, an error (none) or one."""
     if isinstance(item, Bundle):
@@ -111,14 +151,15 @@ def _batches_in(item: Any) -> int:
     return 0 if isinstance(item, WorkerError) else 1
 
 
-def _timed(items: Iterator[Any], record: Any, skip_first: bool = True) -> Iterator[Any]:
-    """``items``, calling ``record(batches, seconds)`` for each, seconds from the arrival of the one
-    before (the loop's whole cycle: its step, its wait); the first item only starts the clock."""
-    last = None if skip_first else time.perf_counter()
+def _timed(items: Iterator[Any], race: Any, rows: int) -> Iterator[Any]:
+    """``items`` read in this process, recorded in ``race`` with the seconds from the arrival of
+    the one before (the loop's whole cycle: its step, its wait); the first item only starts the clock."""
+    last = None
     for item in items:
         got = time.perf_counter()
         if last is not None:
-            record(_batches_in(item), got - last)
+            batches = _batches_in(item)
+            race.in_process(batches, batches * rows, got - last)
         last = got
         yield item
 
@@ -140,29 +181,33 @@ def read_epoch(loader: Any, layout: Layout) -> Iterator[Any]:
 def _in_process_epoch(loader: Any) -> Iterator[Any]:
     """The rest of the epoch (from the dataset's start row) read in process; the choice re-checked
     at its end."""
-    race, rows = loader.race, loader.dataset.plan.batch_size
-    yield from _timed(loader.in_process(), lambda n, s: race.in_process(n, n * rows, s))
+    race = loader.race
+    yield from _timed(loader.in_process(), race, loader.dataset.plan.batch_size)
     race.decide()
 
 
 def _handing_over(loader: Any, layout: Layout) -> Iterator[Any]:
-    """This process's batches until workers can start without delay (`WorkerStart`), then theirs."""
+    """This process's batches until workers can start without delay (`WorkerStart`), then theirs;
+    the fork server starts once the race finds room for workers (`Race.may_start_workers`)."""
     race, dataset = loader.race, loader.dataset
-    if loader.worker_start is None:
-        loader.worker_start = WorkerStart(loader.multiprocessing_context).start()
-    starting = loader.worker_start
+
+    def start_if_room() -> WorkerStart | None:
+        if loader.worker_start is None and race.may_start_workers():
+            loader.worker_start = WorkerStart(loader.multiprocessing_context).start()
+        return loader.worker_start
+
     epoch, _ = dataset.control.get()
     own = loader.in_process()
-    rows = dataset.plan.batch_size
-    read = 0
+    starting, read = start_if_room(), 0
     try:
-        for item in _timed(own, lambda n, s: race.in_process(n, n * rows, s)):
+        for item in _timed(own, race, dataset.plan.batch_size):
             yield item
             read += 1
-            if starting.ready() and race.rates.in_process is not None:
+            starting = start_if_room()
+            if starting is not None and starting.ready() and race.rates.in_process is not None:
                 break
         else:  # the epoch is done before the server: the next one looks at it again
-            if race.forced != "workers":
+            if race.forced != "workers" or starting is None:
                 race.decide()
                 return
         # What this process has read ahead is its own. Forced to the workers, an epoch it finished

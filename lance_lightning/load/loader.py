@@ -71,7 +71,7 @@ from lance_lightning.device.ahead import DevicePath
 from lance_lightning.errors import ConfigError, WorkerDiedError
 from lance_lightning.lifetime import shared_temp_dir, watch_parent
 from lance_lightning.load.dataset import Bundle, LanceIterableDataset, Shipping, WorkerError, ship_from_worker
-from lance_lightning.load.handoff import WorkerStart, read_epoch
+from lance_lightning.load.handoff import WorkerStart, read_epoch, timed_for_race
 from lance_lightning.load.lean_start import worker_context
 from lance_lightning.load.race import Race
 from lance_lightning.load.workers import STARTING_HINT, guard_workers
@@ -355,6 +355,7 @@ class LanceDataLoader(DataLoader):
                 own.pin_memory = own.pin_memory or self.pin_memory
                 own.reader_threads = max(1, own.reader_threads) * self.num_workers
                 own.pools = ReaderThreads(own.reader_threads)
+                own.transform = timed_for_race(own.transform, self.race)
             dataset = own
         return dataset.produce(Shipping(stats=False, positions=self._ship_positions))
 

@@ -8,6 +8,15 @@ Guarantees:
   workers run it takes their batches for a trial (`Race.trial_items` messages, each worker's
   first message left out: it carries the worker's start) and measures their delivered rate the
   same way (`Rates.workers`): rows over the seconds of the training loop's whole cycle.
+- The workers are started at all only where they can pay (`Race.may_start_workers`): what they
+  add over this process's reader threads is running, in parallel, Python code that holds the GIL.
+  So the time the training process spends in a transform that may hold it (`may_hold_gil`: any
+  callable but the package's transforms that declare ``releases_gil``) is measured while it reads
+  (`Rates.gil_share`: that time over the loop's), and the fork server is started only when
+  `amdahl_gain` of that share over the workers' cores reaches `START_GAIN`. A read without such a
+  transform (a scan, a filter, a shuffle, a JPEG decode) never starts it: its imports would take
+  a core from a read that uses them all. The share is a ratio of the same thread's times, so a
+  loaded machine changes it little.
 - `choose` is the decision, a pure function of the two rates: the workers only when they deliver at
   least `MARGIN` times the in-process rate; ``in_process`` otherwise (the copies between processes
   and the idle memory of workers are then not worth it). Either way every batch is read once, in
@@ -32,10 +41,14 @@ Guarantees:
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 #: The workers must deliver at least this multiple of the in-process rate to take over.
 MARGIN = 1.15
+#: Workers start only where parallel transforms could make the read this many times faster.
+START_GAIN = 1.5
 #: In-process batches per measured window.
 WINDOW_BATCHES = 16
 #: Forces the race's outcome: ``race`` (default), ``workers`` or ``in_process``.
@@ -47,6 +60,24 @@ def forced_choice() -> str:
     """``race``, ``workers`` or ``in_process`` from `CHOICE_SWITCH` (an unknown value is ``race``)."""
     value = os.environ.get(CHOICE_SWITCH, "race").strip().lower().replace("-", "_")
     return value if value in CHOICES else "race"
+
+
+def may_hold_gil(transform: Any) -> bool:
+    """Whether ``transform`` may run Python that holds the GIL: any callable but one that declares
+    ``releases_gil`` (the package's decoders and batched tensor transforms; `Compose` when all its
+    transforms do)."""
+    return transform is not None and not getattr(transform, "releases_gil", False)
+
+
+def amdahl_gain(share: float, cores: int) -> float:
+    """The most a read gains when ``share`` of its time runs on ``cores`` in parallel."""
+    return 1.0 / ((1.0 - share) + share / max(cores, 1))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def choose(in_process: float | None, workers: float | None, margin: float = MARGIN) -> str | None:
@@ -66,8 +97,11 @@ class Rates:
     workers: float | None = None
     #: Everything measured in process: batches, rows, seconds.
     window: list[float] = field(default_factory=lambda: [0, 0, 0.0])
+    #: Seconds spent in a transform that may hold the GIL, summed over the reader threads.
+    gil_seconds: float = 0.0
     #: The workers' trial: messages left out, messages, rows and seconds measured.
     trial: list[float] = field(default_factory=lambda: [0, 0, 0, 0.0])
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add_in_process(self, batches: int, rows: int, seconds: float) -> None:
         """Add to the in-process total; its rate counts once `WINDOW_BATCHES` batches are measured."""
@@ -78,13 +112,29 @@ class Rates:
         if window[0] >= WINDOW_BATCHES:
             self.in_process = window[1] / window[2] if window[2] > 0 else float("inf")
 
+    def add_gil_seconds(self, seconds: float) -> None:
+        """Add a call's seconds in a transform that may hold the GIL (from any reader thread)."""
+        with self._lock:
+            self.gil_seconds += seconds
+
+    def gil_share(self) -> float | None:
+        """The share of the loop's time spent in a transform that may hold the GIL, at most 1
+        (None until the in-process window is measured)."""
+        if self.in_process is None:
+            return None
+        return min(1.0, self.gil_seconds / self.window[2]) if self.window[2] > 0 else 1.0
+
 
 class Race:
     """The decision of one loader with ``num_workers`` workers (see the module docstring)."""
 
-    def __init__(self, num_workers: int, prefetch_factor: int | None, forced: str | None = None) -> None:
+    def __init__(
+        self, num_workers: int, prefetch_factor: int | None, forced: str | None = None, cores: int | None = None
+    ) -> None:
         self.num_workers = num_workers
         self.forced = forced if forced is not None else forced_choice()
+        #: The cores this process may run on.
+        self.cores = cores if cores is not None else usable_cores()
         self.rates = Rates()
         self.choice: str | None = None
         #: Worker messages measured before deciding (each worker's first one is left out).
@@ -98,6 +148,19 @@ class Race:
     def in_process(self, batches: int, rows: int, seconds: float) -> None:
         """Record ``batches`` of ``rows`` rows read in this process in ``seconds`` (the loop's cycle)."""
         self.rates.add_in_process(batches, rows, seconds)
+
+    def gain_bound(self) -> float | None:
+        """The most the workers could gain (`amdahl_gain` of the GIL share over their cores)."""
+        share = self.rates.gil_share()
+        return None if share is None else amdahl_gain(share, min(self.num_workers, self.cores))
+
+    def may_start_workers(self) -> bool:
+        """Whether the loader may start its workers now: a forced outcome at once (its path is a
+        race's), a race once the measured GIL share lets them gain `START_GAIN`."""
+        if not self.racing:
+            return True
+        bound = self.gain_bound()
+        return bound is not None and bound >= START_GAIN
 
     def worker_item(self, rows: int, seconds: float) -> str | None:
         """Record a message of ``rows`` rows from the workers that took ``seconds``; the choice once
@@ -135,7 +198,10 @@ class Race:
         if self.forced != "race":
             how = f"forced by {CHOICE_SWITCH}={self.forced}"
         else:
-            how = f"chosen by a measured race (workers take over at {MARGIN:g}x the in-process rows/s)"
+            how = (
+                f"started only where running the transform in parallel could read {START_GAIN:g}x faster, then "
+                f"chosen by a measured race (workers take over at {MARGIN:g}x the in-process rows/s)"
+            )
         rates = self.rates
         shown = ", ".join(
             f"{name} {rate:,.0f} rows/s" if rate is not None else f"{name} not measured"
@@ -144,4 +210,11 @@ class Race:
         if not done:
             return f"workers: {self.num_workers}, {how}; the rows and their order are the same either way"
         outcome = {"workers": "the workers read", "in_process": "the training process read", None: "undecided"}
+        bound, share = self.gain_bound(), rates.gil_share()
+        if self.choice is None and rates.workers is None and bound is not None and not self.may_start_workers():
+            return (
+                f"workers: {self.num_workers}, {how}: the training process read, the workers never started "
+                f"(a transform that may hold the GIL took {share:.0%} of its time: workers could read at most "
+                f"{bound:.2f}x faster) ({shown})"
+            )
         return f"workers: {self.num_workers}, {how}: {outcome[self.choice]} ({shown})"

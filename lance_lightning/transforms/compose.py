@@ -49,6 +49,11 @@ class Compose:
                 check(schema)
 
     @property
+    def releases_gil(self) -> bool:
+        """Whether every transform releases the GIL (`lance_lightning.load.race.may_hold_gil`)."""
+        return all(getattr(t, "releases_gil", False) for t in self.transforms)
+
+    @property
     def host_columns(self) -> tuple[str, ...]:
         """The columns its transforms read on the host (see `lance_lightning.device.transfer.host_columns`)."""
         return tuple(dict.fromkeys(c for t in self.transforms for c in getattr(t, "host_columns", ())))

@@ -102,6 +102,10 @@ class DecodeImage:
             count that does not match ``mean``/``std``.
     """
 
+    #: Its work runs in native code that releases the GIL: reader threads run it in parallel
+    #: (worker processes would add nothing: `lance_lightning.load.race.may_hold_gil`).
+    releases_gil = True
+
     def __init__(
         self,
         column: str = "image",

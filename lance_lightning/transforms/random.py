@@ -128,6 +128,10 @@ class RandomFlip:
         seed: Seed of the draws (`RowRandom`).
     """
 
+    #: Its work runs in native code that releases the GIL: reader threads run it in parallel
+    #: (worker processes would add nothing: `lance_lightning.load.race.may_hold_gil`).
+    releases_gil = True
+
     def __init__(self, column: str = "image", p: float = 0.5, dims: Sequence[int] = (-1,), seed: int = 0) -> None:
         self.column = _check_column(column, "image")
         self.p = _check_p(p)
@@ -154,6 +158,10 @@ class RandomCrop:
         size: Output ``(height, width)``; an int ``s`` means ``(s, s)``. At most the input's size.
         seed: Seed of the draws (`RowRandom`).
     """
+
+    #: Its work runs in native code that releases the GIL: reader threads run it in parallel
+    #: (worker processes would add nothing: `lance_lightning.load.race.may_hold_gil`).
+    releases_gil = True
 
     def __init__(self, column: str = "image", size: int | tuple[int, int] = 224, seed: int = 0) -> None:
         self.column = _check_column(column, "image")
@@ -194,6 +202,10 @@ class MaskTokens:
         mask_id: The token that replaces masked ones.
         seed: Seed of the draws (`RowRandom`).
     """
+
+    #: Its work runs in native code that releases the GIL: reader threads run it in parallel
+    #: (worker processes would add nothing: `lance_lightning.load.race.may_hold_gil`).
+    releases_gil = True
 
     def __init__(self, column: str = "input_ids", p: float = 0.15, mask_id: int = 0, seed: int = 0) -> None:
         self.column = _check_column(column, "input_ids")

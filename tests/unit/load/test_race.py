@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from lance_lightning import DataLoadingMonitor, LanceDataModule, LanceSource, RowShuffle
 from lance_lightning.load.handoff import ENV_SWITCH
-from lance_lightning.load.race import CHOICE_SWITCH, MARGIN, WINDOW_BATCHES, Race, choose
+from lance_lightning.load.race import CHOICE_SWITCH, MARGIN, START_GAIN, WINDOW_BATCHES, Race, choose, may_hold_gil
+from lance_lightning.transforms import Compose, DecodeImage, RandomFlip
 from tests.helpers import RecordingModel, write_dataset
 from tests.worker_probe import RecordProcess
 
@@ -68,6 +69,53 @@ def test_a_choice_stays_until_the_workers_are_measured() -> None:
         race.in_process(1, 256, 1e-4)
     assert race.decide() is None and race.choice is None
     assert "undecided" in race.describe(done=True) and "workers not measured" in race.describe(done=True)
+
+
+@given(
+    cores=st.integers(1, 64),
+    workers=st.integers(1, 8),
+    batches=st.integers(1, 3 * WINDOW_BATCHES),
+    seconds=st.floats(1e-4, 1.0),
+    share=st.floats(0.0, 2.0),
+    forced=st.sampled_from(["race", "workers", "in_process"]),
+)
+def test_workers_start_only_where_running_the_transform_in_parallel_pays(
+    cores: int, workers: int, batches: int, seconds: float, share: float, forced: str
+) -> None:
+    """A race starts the workers once its window is measured and the share of the loop's time in a
+    transform that may hold the GIL, run on ``min(workers, cores)`` processes at once, could make
+    the read `START_GAIN` times faster (Amdahl's bound); a forced outcome starts them at once."""
+    race = Race(workers, None, forced=forced, cores=cores)
+    assert race.may_start_workers() == (forced != "race"), "decided before anything was measured"
+    for _ in range(batches):
+        race.in_process(1, 256, seconds)
+        race.rates.add_gil_seconds(share * seconds)
+    measured = batches >= WINDOW_BATCHES
+    assert race.rates.gil_share() == (pytest.approx(min(share, 1.0)) if measured else None)
+    parallel, serial = min(share, 1.0), 1 - min(share, 1.0)
+    bound = 1 / (serial + parallel / min(workers, cores))
+    expected = forced != "race" or (measured and bound >= START_GAIN * (1 - 1e-9))
+    if measured and abs(bound - START_GAIN) > 1e-6:
+        assert race.may_start_workers() == expected
+    described = race.describe(done=True)
+    if forced == "race" and measured and not race.may_start_workers():
+        assert "the workers never started (a transform that may hold the GIL took" in described, described
+    else:
+        assert "never started" not in described
+
+
+def test_only_transforms_that_may_hold_the_gil_are_timed() -> None:
+    """The package's decoders and batched tensor transforms declare that they release the GIL (a
+    `Compose` of them too); a plain callable, or a `Compose` with one, may hold it."""
+
+    def python_rows(batch: Any) -> Any:
+        return batch
+
+    assert not may_hold_gil(None)
+    assert not may_hold_gil(DecodeImage(column="image"))
+    assert not may_hold_gil(Compose([DecodeImage(column="image"), RandomFlip(column="image", seed=0)]))
+    assert may_hold_gil(python_rows)
+    assert may_hold_gil(Compose([DecodeImage(column="image"), python_rows]))
 
 
 # -- through Trainer.fit -------------------------------------------------------------------------
@@ -167,18 +215,66 @@ def test_both_outcomes_train_the_rows_of_a_fit_without_workers_in_order(
 def test_an_epoch_read_in_process_ends_without_waiting_for_the_workers(
     uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """#51: an epoch the training process reads whole (here 12 batches: fewer than the race's
-    in-process window, so it never hands over) ends without starting the workers: before the race
-    it ended by waiting for the fork server and starting them (5.5 s for a 10^5-row scan read in
-    0.06 s). The next epochs read the same rows in the same order as without workers."""
+    """#51: an epoch the training process reads whole ends without waiting for the workers: before
+    the race it ended by waiting for the fork server and starting them (5.5 s for a 10^5-row scan
+    read in 0.06 s). Here a Python transform (20 ms a batch) opens the race's gate once 16 batches
+    are measured, in the second epoch of 12 batches, and that epoch ends a few batches later, long
+    before the server's imports are done (seconds): no epoch starts the workers, and each reads the same
+    rows in the same order as without workers."""
     monkeypatch.setenv(CHOICE_SWITCH, "race")  # the suite forces the workers (tests/conftest.py)
     reference = LanceDataModule(train=LanceSource(uri, columns=["id"]), batch_size=1000, num_workers=0)
     reference.setup("fit")
     planned = [batch["id"].tolist() for batch in reference.train_dataloader()]
-    dm = LanceDataModule(train=LanceSource(uri, columns=["id"]), batch_size=1000, num_workers=2)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id"]), batch_size=1000, num_workers=2, transform=RecordProcess(0.02)
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
+    loader.race = Race(2, None, forced="race", cores=2)
     for epoch in range(2):
         assert [batch["id"].tolist() for batch in loader] == planned, f"epoch {epoch}"
         assert loader._iterator is None, f"epoch {epoch} ended by starting the workers"
+    assert loader.worker_start is not None, "the gate never opened: the test checks nothing"
     assert "undecided" in loader.describe()["workers_choice"]
+
+
+def _read(loader: Any, epochs: int) -> list[list[int]]:
+    return [batch["id"].tolist() for _ in range(epochs) for batch in loader]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("transform", ["none", "python"])
+def test_the_loader_starts_the_fork_server_only_where_its_transform_could_pay(
+    uri: str, monkeypatch: pytest.MonkeyPatch, transform: str
+) -> None:
+    """#51: without a transform that may hold the GIL (a plain read: the reader threads already
+    use every core) the loader never starts the fork server: every epoch is read in process, and
+    the report says why. With a Python transform that takes most of the loop's time (here it
+    sleeps 20 ms a batch) it starts the workers after the measured window and their trial runs.
+    The same rows in the same order as without workers either way. (The race is given 2 cores,
+    so that the outcome does not depend on the machine's.)"""
+    monkeypatch.setenv(CHOICE_SWITCH, "race")
+    reference = LanceDataModule(train=LanceSource(uri, columns=["id"]), batch_size=BATCH, num_workers=0)
+    reference.setup("fit")
+    planned = _read(reference.train_dataloader(), 1)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x"]),
+        batch_size=BATCH,
+        num_workers=2,
+        transform=RecordProcess(0.02) if transform == "python" else None,
+    )
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    loader.race = Race(2, None, forced="race", cores=2)
+    started = []
+    for epoch in range(2):
+        assert _read(loader, 1) == planned, f"epoch {epoch}: rows lost, repeated or out of order"
+        started.append(loader.worker_start is not None or loader.race.rates.workers is not None)
+    described = loader.describe()["workers_choice"]
+    if transform == "none":
+        assert started == [False] * 2 and loader._iterator is None
+        assert "the workers never started (a transform that may hold the GIL took 0% of its time" in described
+    else:
+        assert started[0], "the workers never started though the transform took most of the time"
+        assert "never started" not in described
