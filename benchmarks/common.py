@@ -1,36 +1,26 @@
-"""Shared pieces of the benchmarks: cached datasets, paired timing, result tables and plots.
-
-`OtherLoad` measures the share of the CPUs other processes used during a block, and
-`quiet_reps` measures again a repetition during which it was `QUIET` or more.
+"""Shared pieces of the benchmarks: cached datasets, result tables and plots, machine facts.
 
 `steady_allocator` pins glibc malloc's thresholds so that both sides of a pair are measured under
-the same allocator state, whichever ran first.
-
-Every figure the benchmarks report is a *ratio* of two measurements taken back to back in the
-same run (the machines are shared and noisy). `paired` interleaves the candidate and its
-baseline, repeats the pair, and reports the median rows/s of each and the median of the
-per-repetition ratios.
+the same allocator state, whichever ran first. Paired timing (`paired`, `Paired`, `quiet_reps`,
+`iterate`) has its one home in `benchmarks.harness.timing`.
 
 The shared module of the harness's studies (``benchmarks.studies``) and the probes alike:
 
 - data: `vec_dataset`, `image_dataset` (`synthetic_jpegs`), `scale_dataset` (the scale
   benchmark's one-column tables, which the probes of ``probes/`` reuse), each written once under a
   cache folder;
-- timing: `timed`, `paired`, `quiet_reps`, `steady_allocator`, `iterate` (an epoch's rows),
-  `median_ms`, `interleaved_median_ms`; fresh processes: `run_child`;
+- timing: `steady_allocator`, `median_ms`, `interleaved_median_ms`; fresh processes: `run_child`;
   memory: `rss_mb`, `peak_rss_mb`;
-- the peer: `peer_loader` (pylance's ``lance.torch`` loader: the read and filter-scan studies);
 - result files: `command_line` (a probe's), `machine`, `stamp`, `load_average`, `Row`,
   `markdown_table`, `rows_report` (a ratio study's table, set-up notes and raw figures), `bar_plot`,
   `write_result`.
 
-A study imports it as ``benchmarks.common``; a probe puts ``benchmarks/`` and the repository root on
-``sys.path`` (the lines at its top) and then ``import common``.
+A study imports it as ``benchmarks.common``; so does a probe, after putting the repository root on
+``sys.path`` (the line at its top).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import resource
@@ -40,12 +30,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import pyarrow as pa
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -65,7 +54,7 @@ IMAGE_SIDE = 64
 
 
 # -- data ------------------------------------------------------------------------------------
-def _ready(path: Path, rows: int, index_column: str | None) -> bool:
+def table_ready(path: Path, rows: int, index_column: str | None) -> bool:
     """True when ``path`` holds a complete dataset of ``rows`` rows (and the index, if asked)."""
     import lance
 
@@ -91,7 +80,7 @@ def vec_dataset(cache_dir: Path, rows: int, log: Callable[[str], None] = print) 
     import lance
 
     path = cache_dir / f"vec_{_short(rows)}.lance"
-    if _ready(path, rows, "label"):
+    if table_ready(path, rows, "label"):
         log(f"[data] reusing {path}")
         return str(path)
     log(f"[data] writing {rows:,} rows to {path} ...")
@@ -144,7 +133,7 @@ def image_dataset(cache_dir: Path, rows: int, log: Callable[[str], None] = print
     import torch
 
     path = cache_dir / f"images_{_short(rows)}.lance"
-    if _ready(path, rows, None):
+    if table_ready(path, rows, None):
         log(f"[data] reusing {path}")
         return str(path)
     log(f"[data] encoding {rows:,} JPEGs into {path} ...")
@@ -175,7 +164,7 @@ def scale_dataset(cache: Path, rows: int, log: Callable[[str], None] | None = No
     import lance
 
     path = Path(cache) / f"x_{rows}.lance"
-    if _ready(path, rows, None):
+    if table_ready(path, rows, None):
         return str(path)
     schema = pa.schema([("x", pa.int64())])
 
@@ -243,77 +232,6 @@ def steady_allocator() -> str:
     return "allocator thresholds not pinned (not glibc)"
 
 
-#: A measurement repeats its function until it has run at least this long (short reads are noise).
-MIN_SECONDS = 0.5
-
-
-def timed(fn: Callable[[], int], min_seconds: float = MIN_SECONDS) -> tuple[int, float]:
-    """Run ``fn`` (which returns the number of rows it read) until ``min_seconds`` have passed.
-
-    Returns (rows, seconds) summed over the calls.
-    """
-    rows = 0
-    started = time.perf_counter()
-    while True:
-        rows += fn()
-        elapsed = time.perf_counter() - started
-        if elapsed >= min_seconds:
-            return rows, elapsed
-
-
-@dataclass
-class Paired:
-    """Medians of a candidate and its baseline measured back to back ``reps`` times."""
-
-    rows_per_s: float
-    base_rows_per_s: float
-    ratio: float
-    raw: list[tuple[float, float]] = field(default_factory=list)  # (candidate, baseline) rows/s
-
-
-def paired(
-    candidate: Callable[[], int], baseline: Callable[[], int], reps: int, min_seconds: float = MIN_SECONDS
-) -> Paired:
-    """Interleave ``candidate`` and ``baseline`` ``reps`` times (alternating which goes first).
-
-    Each measurement runs its function whole (an epoch, or a fixed number of batches) until at
-    least ``min_seconds`` have passed.
-
-    Returns median rows/s of each and the median of the per-repetition ratios, which cancels
-    slow drifts in machine load better than a ratio of medians.
-    """
-    raw: list[tuple[float, float]] = []
-    for rep in range(reps):
-        order = (candidate, baseline) if rep % 2 == 0 else (baseline, candidate)
-        results = {}
-        for fn in order:
-            rows, secs = timed(fn, min_seconds)
-            results[fn] = rows / secs
-        raw.append((results[candidate], results[baseline]))
-    return Paired(
-        rows_per_s=statistics.median(c for c, _ in raw),
-        base_rows_per_s=statistics.median(b for _, b in raw),
-        ratio=statistics.median(c / b for c, b in raw),
-        raw=raw,
-    )
-
-
-def iterate(loader: Any, batches: int | None = None) -> Callable[[], int]:
-    """A function that reads one whole epoch (or its first ``batches`` batches) of ``loader`` and
-    returns the rows it read (the length of each batch's first column)."""
-
-    def run() -> int:
-        rows = 0
-        it = iter(loader)
-        for batch in itertools.islice(it, batches):
-            rows += len(next(iter(batch.values())))
-        if hasattr(it, "close"):
-            it.close()  # stops the read-ahead threads when only the first batches were read
-        return rows
-
-    return run
-
-
 def median_ms(fn: Callable[[], object], calls: int = 30) -> float:
     """Median milliseconds of ``calls`` calls of ``fn`` (after one warm-up call)."""
     fn()
@@ -338,23 +256,12 @@ def interleaved_median_ms(fns: dict, rounds: int = 60) -> dict:
     return {key: 1e3 * statistics.median(values) for key, values in times.items()}
 
 
-# -- the peer ----------------------------------------------------------------------------------
-def peer_loader(uri: str, columns: Iterable[str], batch_size: int, filter: str | None = None) -> Any:
-    """pylance's own ``lance.torch.data.LanceDataset`` (with ``filter`` when given) in a plain
-    ``DataLoader(batch_size=None, num_workers=0)``: the peer the read benchmarks compare with."""
-    from lance.torch.data import LanceDataset
-    from torch.utils.data import DataLoader
-
-    extra = {} if filter is None else {"filter": filter}
-    dataset = LanceDataset(uri, batch_size=batch_size, columns=list(columns), **extra)
-    return DataLoader(dataset, batch_size=None, num_workers=0)
-
-
 # -- child processes -------------------------------------------------------------------------
-def run_child(args: list[str], **kwargs: Any) -> dict[str, Any]:
-    """Run ``python ARGS`` (one measurement in a fresh process) and return the JSON object printed on
-    its last line of stdout; a child that fails raises with the end of its stderr."""
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, check=False, **kwargs)
+def run_child(args: list[str], python: str | Path = sys.executable, **kwargs: Any) -> dict[str, Any]:
+    """Run ``python ARGS`` (one measurement in a fresh process; this environment's interpreter unless
+    ``python`` names another) and return the JSON object printed on its last line of stdout; a child
+    that fails raises with the end of its stderr."""
+    done = subprocess.run([str(python), *args], capture_output=True, text=True, check=False, **kwargs)
     if done.returncode != 0:
         raise RuntimeError(f"{shlex.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -369,66 +276,6 @@ def rss_mb() -> float:
 def peak_rss_mb() -> float:
     """This process's highest resident memory so far, in MB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-# -- machine load ----------------------------------------------------------------------------
-class OtherLoad:
-    """Context manager: the share of the machine's CPUs others used while the block ran.
-
-    Others are every other process and the hypervisor (steal time): the busy time of all CPUs
-    (``/proc/stat``) minus the CPU time of this process and its children (DataLoader workers).
-    ``share`` is 0 where ``/proc`` is missing.
-    """
-
-    share = 0.0
-
-    @staticmethod
-    def _sample() -> tuple[float, float, float]:
-        try:
-            with open("/proc/stat") as stat:
-                ticks = [int(v) for v in stat.readline().split()[1:]]
-        except OSError:
-            ticks = [0, 0, 0, 0, 0]
-        busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
-        me = psutil.Process()
-        own = 0.0
-        for process in (me, *me.children(recursive=True)):
-            try:
-                times = process.cpu_times()
-            except psutil.Error:  # a child that just exited
-                continue
-            own += times.user + times.system
-        return time.perf_counter(), busy, own
-
-    def __enter__(self) -> OtherLoad:
-        self._start = self._sample()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        (w0, b0, o0), (w1, b1, o1) = self._start, self._sample()
-        self.share = max(0.0, ((b1 - b0) - (o1 - o0)) / ((w1 - w0) * (os.cpu_count() or 1)))
-
-
-#: A measurement counts as quiet when others used less than this share of the CPUs during it.
-QUIET = 0.05
-
-
-def quiet_reps(measure: Callable[[int], Any], reps: int, tries: int = 2) -> tuple[list[Any], list[float]]:
-    """``measure(rep)`` for ``reps`` repetitions measured while other processes used < `QUIET` of the CPUs.
-
-    A repetition during which they used more is measured again, until ``tries * reps``
-    measurements in all; after that every repetition is kept. Returns the results and the
-    others' CPU share of each.
-    """
-    kept: list[tuple[Any, float]] = []
-    tried = 0
-    while len(kept) < reps:
-        with OtherLoad() as load:
-            result = measure(len(kept))  # a repetition measured again keeps its order of the two sides
-        tried += 1
-        if load.share < QUIET or tried >= tries * reps:
-            kept.append((result, load.share))
-    return [result for result, _ in kept], [share for _, share in kept]
 
 
 # -- results ---------------------------------------------------------------------------------

@@ -40,18 +40,27 @@ def entropy_bits(classes: Any) -> float:
 
 
 def vec_table(cache: Path, rows: int) -> str:
+    return plain_vec_table(cache / "lancedb" / f"vec_{rows}.lance", rows)
+
+
+def plain_vec_table(path: Path, rows: int, seed: int = 0, index: str | None = None) -> str:
+    """``rows`` rows of ``id``, ``label`` (uniform 0..99) and ``vec`` (128 float32) drawn from ``seed``,
+    in one plain ``lance.write_dataset``, with a scalar ``index`` on ``label`` if given; written once."""
     import lance
     import numpy as np
     import pyarrow as pa
 
-    path = cache / "lancedb" / f"vec_{rows}.lance"
-    if path.exists() and lance.dataset(str(path)).count_rows() == rows:
+    from benchmarks import common
+
+    if common.table_ready(path, rows, "label" if index else None):
         return str(path)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     vec = pa.FixedSizeListArray.from_arrays(pa.array(rng.random(rows * 128, dtype=np.float32)), 128)
     ids = pa.array(np.arange(rows, dtype=np.int64))
     table = pa.table({"id": ids, "label": pa.array(rng.integers(0, 100, rows, dtype=np.int32)), "vec": vec})
-    lance.write_dataset(table, str(path), mode="overwrite")
+    ds = lance.write_dataset(table, str(path), mode="overwrite")
+    if index is not None:
+        ds.create_scalar_index("label", index)
     return str(path)
 
 

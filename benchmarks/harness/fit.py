@@ -1,7 +1,11 @@
 """The studies' training runs: one quiet CPU `Trainer` and the tiny models whose steps cost next to
-nothing, so that a fit measures the data path (resume, memory, metrics, materialize).
+nothing, so that a fit measures the data path (resume, memory, metrics, materialize); and the train
+loader the read studies time.
 
 Guarantees:
+- `train_loader` is the package's train loader as a user builds it (``LanceDataModule``,
+  ``setup("fit")``, ``train_dataloader()``), with ``num_workers=0`` unless asked otherwise, built
+  outside any timing.
 - `trainer` is a real ``lightning.pytorch.Trainer`` on CPU without logger, progress bar, model
   summary, checkpointing, validation or sanity steps unless a keyword asks for them.
 - `VecModel` trains on the vector table (``vec``, ``label``), `ImageModel` on decoded images
@@ -17,6 +21,27 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+
+from lance_lightning import LanceDataModule, LanceSource, NoShuffle
+
+
+def train_loader(
+    uri: str,
+    batch_size: int = 256,
+    shuffle: Any = None,
+    filter: str | None = None,
+    columns: Any = ("id", "label", "vec"),
+    **settings: Any,
+) -> tuple[LanceDataModule, Any]:
+    """The data module (set up for ``fit``) and its train loader, with data-module ``settings``."""
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=list(columns), filter=filter),
+        batch_size=batch_size,
+        shuffle=shuffle or NoShuffle(),
+        **{"num_workers": 0, **settings},
+    )
+    dm.setup("fit")
+    return dm, dm.train_dataloader()
 
 
 def trainer(root: Path, callbacks: list | None = None, **overrides: Any) -> pl.Trainer:

@@ -113,17 +113,27 @@ def _mp(workers: int) -> dict:
 
 
 def _lance_torch(workload: Workload, workers: int, data: dict) -> Any:
-    from lance.torch.data import LanceDataset, SafeLanceDataset
-    from torch.utils.data import DataLoader
-
     if workload.shuffled:  # the map-style dataset: one `take` of the batch's rows, then `to_pylist`
+        from lance.torch.data import SafeLanceDataset
+        from torch.utils.data import DataLoader
+
         tensors = partial(_tensors, workload.decode)
         dataset = SafeLanceDataset(data["uri"])
         return DataLoader(
             dataset, batch_size=BATCH, shuffle=True, num_workers=workers, collate_fn=tensors, **_mp(workers)
         )
-    extra = {} if workload.filter is None else {"filter": workload.filter}
-    ds = LanceDataset(data["uri"], batch_size=BATCH, columns=list(workload.columns), **extra)
+    return lance_torch(data["uri"], workload.columns, BATCH, workload.filter, workers)
+
+
+def lance_torch(uri: str, columns: Any, batch_size: int, filter: str | None = None, workers: int = 0) -> Any:
+    """pylance's own ``lance.torch.data.LanceDataset`` (with ``filter`` when given) in a plain
+    ``DataLoader(batch_size=None)``, each worker reading its share of batches: the ``lance.torch``
+    peer of the cells, and of the read and filter-scan studies (0 workers)."""
+    from lance.torch.data import LanceDataset
+    from torch.utils.data import DataLoader
+
+    extra = {} if filter is None else {"filter": filter}
+    ds = LanceDataset(uri, batch_size=batch_size, columns=list(columns), **extra)
     return DataLoader(
         ds, batch_size=None, num_workers=workers, worker_init_fn=_shard if workers else None, **_mp(workers)
     )

@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import subprocess
 import sys
 import time
 import warnings
@@ -147,16 +146,8 @@ def run(name: str, args: Any, command: str) -> Path:
 def child(function: str, timeout: float | None = None, **kwargs: Any) -> dict:
     """``module:function(**kwargs)`` (a module of ``benchmarks.studies``) in a fresh interpreter; its
     JSON result. A child that fails raises with the end of its stderr."""
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.harness.study", function, json.dumps(kwargs)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{function} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    args = ["-m", "benchmarks.harness.study", function, json.dumps(kwargs)]
+    return common.run_child(args, cwd=ROOT, timeout=timeout)
 
 
 if __name__ == "__main__":  # a child: python -m benchmarks.harness.study MODULE:FUNCTION JSON

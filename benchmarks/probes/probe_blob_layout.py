@@ -25,12 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1]  # benchmarks/: the shared harness `common`
-for path in (BENCH, BENCH.parent):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks, lance_lightning
 
-import common  # noqa: E402
+from benchmarks import common
 
 #: (label, bytes per row, rows in the dataset, rows taken per call)
 SIZES = [

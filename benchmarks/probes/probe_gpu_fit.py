@@ -26,10 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parents[1]  # benchmarks/: the shared harness `common` and the bench_* scripts
-for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightning, tests)
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks, lance_lightning
 
 import lightning.pytorch as pl  # noqa: E402
 import pyarrow as pa  # noqa: E402

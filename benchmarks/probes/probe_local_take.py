@@ -16,16 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1]  # benchmarks/: the shared harness `common` and the bench_* scripts
-for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightning, tests)
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks, lance_lightning
 
-import common  # noqa: E402
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
+from benchmarks import common
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle  # noqa: E402
 
 SCHEMA = pa.schema([("id", pa.int64()), ("label", pa.int32()), ("payload", pa.list_(pa.uint8(), 512))])

@@ -24,14 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1]  # benchmarks/: the shared harness `common` and the bench_* scripts
-for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightning, tests)
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks, lance_lightning
 
-import common  # noqa: E402
-
-from benchmarks.studies.metrics import epoch, warm_loader  # noqa: E402
+from benchmarks import common
+from benchmarks.harness.timing import iterate
+from benchmarks.studies.metrics import warm_loader
 
 #: Setting name -> (training thread's meter on, reader threads' clock on).
 SETTINGS = {"on": (True, True), "off": (False, False), "meter only": (True, False), "clock only": (False, True)}
@@ -64,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"meter alone: {meter_us_per_batch():.2f} us per batch (best of 3 loops of 1,000,000)")
     uri = common.vec_dataset(Path(args.cache_dir), 1_000_000)
     loader = warm_loader(uri, ["id", "label", "vec"])
-    dataset, meter, read_epoch = loader.dataset, loader.meter, epoch(loader)
+    dataset, meter, read_epoch = loader.dataset, loader.meter, iterate(loader)
 
     def rate(setting: str) -> float:
         meter_on, clock_on = SETTINGS[setting]

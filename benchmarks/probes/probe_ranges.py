@@ -19,15 +19,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1]  # benchmarks/: the shared harness `common` and the bench_* scripts
-for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightning, tests)
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks, lance_lightning
 
-import common  # noqa: E402
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import common
 from lance_lightning import LanceSource  # noqa: E402
 from lance_lightning.read.lance_io import read_positions, read_ranges  # noqa: E402
 from lance_lightning.read.reader import read_batch_rows  # noqa: E402

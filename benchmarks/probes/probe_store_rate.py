@@ -24,17 +24,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1]  # benchmarks/: the shared harness `common` and the bench_* scripts
-for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightning, tests)
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks, lance_lightning
 
 import boto3  # noqa: E402
-import common  # noqa: E402
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
+from benchmarks import common
 from tests.fault_proxy import FaultProxy  # noqa: E402
 from tests.s3_server import S3Server  # noqa: E402
 

@@ -20,13 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1]  # benchmarks/: the shared harness `common` and the bench_* scripts
-for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightning, tests)
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks, lance_lightning
 
-import common  # noqa: E402
-from common import rss_mb, run_child  # noqa: E402
+from benchmarks import common
+from benchmarks.common import rss_mb, run_child
 
 BATCH = 256
 

@@ -24,14 +24,10 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-BENCH = Path(__file__).resolve().parents[1]  # benchmarks/: the shared harness `common` and the bench_* scripts
-for path in (BENCH, BENCH.parent):  # ... and the repository root (lance_lightning, tests)
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks, lance_lightning
 
-import common  # noqa: E402
-from common import RESULTS_DIR, command_line, machine  # noqa: E402
-
+from benchmarks import common
+from benchmarks.common import RESULTS_DIR, command_line, machine
 from lance_lightning.read.lance_io import TAKE_CALL_ROWS  # noqa: E402
 
 DENSITIES = [2.0**-e for e in range(11, 0, -1)]

@@ -39,13 +39,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lance
-import numpy as np
-import pyarrow as pa
 from torch.utils.data import DataLoader
 
 from benchmarks import common
+from benchmarks.harness.data import plain_vec_table
+from benchmarks.harness.fit import train_loader
+from benchmarks.harness.loaders import lance_torch
 from benchmarks.harness.study import Params
-from lance_lightning import LanceDataModule, LanceSource, NoShuffle
+from benchmarks.harness.timing import iterate, paired
+from lance_lightning import LanceDataModule
 
 COLUMNS = ["id", "label", "vec"]
 BATCH = 256
@@ -55,52 +57,18 @@ EPOCH_TARGET = 1.3
 FIRST_TARGET = 2.0
 
 
-def peer_dataset(cache: Path, rows: int, index: str | None, log: Callable[[str], None] = print) -> str:
+def peer_dataset(cache: Path, rows: int, index: str | None) -> str:
     """The issue's table (plain ``lance.write_dataset``), with ``index`` on ``label`` if given; written once."""
     path = cache / f"filter_peer_{rows}_{(index or 'plain').lower()}.lance"
-    if path.exists():
-        try:
-            ds = lance.dataset(str(path))
-            if ds.count_rows() == rows and (index is None or ds.list_indices()):
-                return str(path)
-        except Exception:  # noqa: BLE001 - a half-written cache: rebuild it
-            pass
-    log(f"[data] writing {rows:,} rows to {path} ...")
-    rng = np.random.default_rng(39)
-    vec = pa.FixedSizeListArray.from_arrays(pa.array(rng.random(rows * 128, dtype=np.float32)), 128)
-    table = pa.table(
-        {
-            "id": pa.array(np.arange(rows, dtype=np.int64)),
-            "label": pa.array(rng.integers(0, 100, rows, dtype=np.int32)),
-            "vec": vec,
-        }
-    )
-    ds = lance.write_dataset(table, str(path), mode="overwrite")
-    if index is not None:
-        ds.create_scalar_index("label", index)
-    return str(path)
+    return plain_vec_table(path, rows, seed=39, index=index)
 
 
 def ours_fresh(uri: str, filter: str) -> tuple[LanceDataModule, object]:
-    dm = LanceDataModule(
-        train=LanceSource(uri, columns=list(COLUMNS), filter=filter),
-        batch_size=BATCH,
-        shuffle=NoShuffle(),
-        num_workers=0,
-    )
-    dm.setup("fit")
-    return dm, dm.train_dataloader()
+    return train_loader(uri, BATCH, filter=filter)
 
 
 def peer_fresh(uri: str, filter: str) -> DataLoader:
-    return common.peer_loader(uri, COLUMNS, BATCH, filter=filter)
-
-
-def epoch(loader) -> int:
-    rows = 0
-    for batch in loader:
-        rows += len(batch["id"])
-    return rows
+    return lance_torch(uri, COLUMNS, BATCH, filter)
 
 
 def first_batch(make: Callable[[], object]) -> float:
@@ -113,18 +81,6 @@ def first_batch(make: Callable[[], object]) -> float:
         it.close()
     del it
     return seconds
-
-
-@dataclass
-class Pair:
-    """Medians of the two sides' rows/s (wall clock and this process's CPU time, all threads) and
-    the medians of the per-repetition ratios ours/peer."""
-
-    ours: float
-    peer: float
-    ratio: float
-    cpu_ratio: float
-    raw: list[tuple[float, float]]
 
 
 def io_of(dataset: lance.LanceDataset, run: Callable[[], int]) -> tuple[int, float]:
@@ -140,37 +96,9 @@ def our_io(loader) -> tuple[int, float]:
     """The package loader's read requests and MB of one epoch, from its own metrics (its reader
     takes the handle's statistics)."""
     before = loader.metrics_snapshot().totals
-    epoch(loader)
+    iterate(loader)()
     after = loader.metrics_snapshot().totals
     return int(after["io_requests"] - before["io_requests"]), (after["io_bytes"] - before["io_bytes"]) / 1e6
-
-
-def measured(fn: Callable[[], int], min_seconds: float) -> tuple[float, float]:
-    """``fn`` (rows it read) repeated for at least ``min_seconds``: rows per wall second and per CPU second."""
-    rows, wall, cpu = 0, time.perf_counter(), time.process_time()
-    while True:
-        rows += fn()
-        elapsed = time.perf_counter() - wall
-        if elapsed >= min_seconds:
-            return rows / elapsed, rows / max(1e-9, time.process_time() - cpu)
-
-
-def paired_cpu(ours: Callable[[], int], peer: Callable[[], int], reps: int, min_seconds: float) -> Pair:
-    """``ours`` and ``peer`` measured back to back ``reps`` times, alternating which goes first."""
-    raw, cpu = [], []
-    for rep in range(reps):
-        first, second = (ours, peer) if rep % 2 == 0 else (peer, ours)
-        a, b = measured(first, min_seconds), measured(second, min_seconds)
-        (o, oc), (p, pc) = (a, b) if rep % 2 == 0 else (b, a)
-        raw.append((o, p))
-        cpu.append(oc / pc)
-    return Pair(
-        statistics.median(o for o, _ in raw),
-        statistics.median(p for _, p in raw),
-        statistics.median(o / p for o, p in raw),
-        statistics.median(cpu),
-        raw,
-    )
 
 
 @dataclass
@@ -191,17 +119,17 @@ def measure_cell(uri: str, filter: str, reps: int, min_seconds: float, first_rep
     dm, ours = ours_fresh(uri, filter)
     plan = dm.plans["train"]
     peer = peer_fresh(uri, filter)
-    epoch(ours), epoch(peer)  # warm both (page cache, Lance's caches, threads)
+    iterate(ours)(), iterate(peer)()  # warm both (page cache, Lance's caches, threads)
     cell = Cell("", filter, "", f"{plan.method}: {plan.reason}")
-    cell.io = (our_io(ours), io_of(peer.dataset.dataset, lambda: epoch(peer)))
-    result = paired_cpu(lambda: epoch(ours), lambda: epoch(peer), reps, min_seconds)
-    cell.epoch, cell.epoch_cpu = (result.ours, result.peer, result.ratio), result.cpu_ratio
-    cell.raw.append("epoch: " + ", ".join(f"{c:,.0f} / {b:,.0f}" for c, b in result.raw))
-    result = paired_cpu(
-        lambda: epoch(ours_fresh(uri, filter)[1]), lambda: epoch(peer_fresh(uri, filter)), reps, min_seconds
+    cell.io = (our_io(ours), io_of(peer.dataset.dataset, iterate(peer)))
+    result = paired(iterate(ours), iterate(peer), reps, min_seconds)
+    cell.epoch, cell.epoch_cpu = (result.rows_per_s, result.base_rows_per_s, result.ratio), result.cpu.ratio
+    cell.raw.append("epoch: " + result.raw_text())
+    result = paired(
+        lambda: iterate(ours_fresh(uri, filter)[1])(), lambda: iterate(peer_fresh(uri, filter))(), reps, min_seconds
     )
-    cell.setup_epoch = (result.ours, result.peer, result.ratio)
-    cell.raw.append("setup + epoch: " + ", ".join(f"{c:,.0f} / {b:,.0f}" for c, b in result.raw))
+    cell.setup_epoch = (result.rows_per_s, result.base_rows_per_s, result.ratio)
+    cell.raw.append("setup + epoch: " + result.raw_text())
     pairs = []
     for rep in range(first_reps):
         sides = [lambda: ours_fresh(uri, filter)[1], lambda: peer_fresh(uri, filter)]

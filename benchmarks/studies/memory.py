@@ -3,7 +3,7 @@
 A real ``Trainer`` trains a tiny model for ``epochs`` epochs on JPEG images stored in Lance
 (`common.image_dataset`: 64x64 RGB), read with ``RowShuffle`` and decoded by
 ``DecodeImage`` in the loader. A sampler thread reads the resident set size every
-``interval`` seconds (psutil, or ``/proc/self/status`` ``VmRSS`` without it), for the training
+``interval`` seconds (`benchmarks.harness.memory.RssSampler`: psutil), for the training
 process and, with ``num_workers > 0``, its DataLoader worker processes; each epoch's peak is the
 largest sample taken from its start to its end. One run per ``workers`` value (default 0
 and 2), one after the other. The process-lifetime peak (``VmHWM``) is reported too.
@@ -14,7 +14,6 @@ one-time allocations: imports, thread pools, first batches): flat means ``<= 1.0
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -23,6 +22,7 @@ from lightning.pytorch.callbacks import Callback
 
 from benchmarks import common
 from benchmarks.harness.fit import ImageModel, trainer
+from benchmarks.harness.memory import RssSampler
 from benchmarks.harness.study import Params
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle
 from lance_lightning.transforms import DecodeImage
@@ -41,58 +41,6 @@ def _status_kb(field: str, pid: int | str = "self") -> int:
     except OSError:
         pass
     return 0
-
-
-class RssSampler:
-    """Samples the RSS of this process (plus its children) on a thread; keeps the peak since `reset`."""
-
-    def __init__(self, interval: float, children: bool) -> None:
-        self.interval = interval
-        self.children = children
-        self.peak = 0
-        self.source = "psutil"
-        try:
-            import psutil
-
-            self._process: Any = psutil.Process()
-        except ImportError:  # pragma: no cover - psutil is a dev dependency
-            self._process = None
-            self.source = "/proc/self/status VmRSS"
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
-
-    def rss(self) -> int:
-        if self._process is None:
-            return _status_kb("VmRSS") * 1024
-        total = self._process.memory_info().rss
-        if self.children:
-            for child in self._process.children(recursive=True):
-                try:
-                    total += child.memory_info().rss
-                except Exception:  # noqa: BLE001 - a worker that just exited
-                    pass
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            value = self.rss()
-            with self._lock:
-                self.peak = max(self.peak, value)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def reset(self) -> int:
-        """The peak since the last reset (including one sample now); starts a new window."""
-        value = self.rss()
-        with self._lock:
-            peak, self.peak = max(self.peak, value), value
-        return peak
 
 
 class EpochPeaks(Callback):

@@ -4,7 +4,7 @@ The loader measures every batch (waits, stage times, Lance I/O statistics, a lat
 and `DataLoadingMonitor` logs the figures. The target: throughput with metrics on is at least
 0.97 x throughput with metrics off. Each loader row compares one loader with its metrics on
 (the default) and off (what ``LanceDataLoader(..., metrics=False)`` sets), measured back to back
-and interleaved as in `common.paired`; one loader, not two, because two loaders built one after
+and interleaved as in `benchmarks.harness.timing.paired`; one loader, not two, because two loaders built one after
 the other differ by several percent even with identical settings (see `loader_pair`).
 
 Scenarios:
@@ -24,17 +24,16 @@ the share of each repetition kept and the load average are written with the resu
 
 from __future__ import annotations
 
-import math
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import common
-from benchmarks.common import QUIET, Paired, Row, quiet_reps
+from benchmarks.common import Row
 from benchmarks.harness.fit import trainer
 from benchmarks.harness.study import Params
+from benchmarks.harness.timing import QUIET, Paired, iterate, paired, quiet_reps, summary
 from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle
 from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.loader import LanceDataLoader
@@ -53,7 +52,7 @@ def warm_loader(uri: str, columns: list[str], shuffle=None, transform=None) -> L
         dm.plans["train"], transform=transform, reader_threads=dm.reader_threads, prefetch_groups=dm.prefetch_groups
     )
     loader = LanceDataLoader(dataset, metrics=True)
-    epoch(loader)()
+    iterate(loader)()
     return loader
 
 
@@ -77,16 +76,11 @@ def loader_pair(
         def run() -> int:
             loader.meter, dataset.clock.enabled = (meter if metrics else None), metrics
             loader.set_epoch(next(epochs))
-            return epoch(loader)()
+            return iterate(loader)()
 
         return run
 
     return side(True), side(False), len(loader)
-
-
-def epoch(loader: LanceDataLoader) -> Callable[[], int]:
-    """One whole epoch of ``loader``, counting rows (`common.iterate`)."""
-    return common.iterate(loader)
 
 
 #: Rows of the table the takes read (takes are slow: a smaller table allows more repetitions).
@@ -174,48 +168,6 @@ def fit_runs(uri: str, columns: list[str], log_dir: Path) -> dict[str, Callable[
     return {kind: make(kind) for kind in FIT_KINDS}
 
 
-def paired_wall_and_cpu(
-    candidate: Callable[[], int], baseline: Callable[[], int], reps: int, min_seconds: float
-) -> tuple[Paired, Paired, list[float]]:
-    """`common.paired` on quiet repetitions, also recording rows per CPU-second of this process.
-
-    CPU time (all threads) is less sensitive than wall time to other processes sharing the
-    machine, so the second result cross-checks the first. The third is the others' CPU share
-    during each repetition kept.
-    """
-
-    def measure(rep: int) -> tuple[tuple[float, float], tuple[float, float]]:
-        order = (candidate, baseline) if rep % 2 == 0 else (baseline, candidate)
-        rates: dict[Callable[[], int], tuple[float, float]] = {}
-        for fn in order:
-            rows, started, cpu_started = 0, time.perf_counter(), time.process_time()
-            while True:
-                rows += fn()
-                elapsed = time.perf_counter() - started
-                if elapsed >= min_seconds:
-                    break
-            rates[fn] = (rows / elapsed, rows / max(time.process_time() - cpu_started, 1e-9))
-        return (rates[candidate][0], rates[baseline][0]), (rates[candidate][1], rates[baseline][1])
-
-    results, loads = quiet_reps(measure, reps)
-    return _summary([wall for wall, _ in results]), _summary([cpu for _, cpu in results]), loads
-
-
-def _summary(raw: list[tuple[float, float]]) -> Paired:
-    """Medians of each side, and the median over blocks of two repetitions of their ratios' geometric mean.
-
-    Repetition ``2k`` measures the candidate first and ``2k + 1`` the baseline first, so each
-    block cancels what the position in a pair costs: on this machine the second measurement of
-    a pair ran up to 4% slower whichever side it was, which split the per-repetition ratios
-    into two clusters and left their median between them.
-    """
-    ratios = [c / b for c, b in raw]
-    blocks = [math.sqrt(ratios[i] * ratios[i + 1]) for i in range(0, len(ratios) - 1, 2)] or ratios
-    return Paired(
-        statistics.median(c for c, _ in raw), statistics.median(b for _, b in raw), statistics.median(blocks), raw
-    )
-
-
 def fit_rates(runs: dict[str, Callable[[], float]], reps: int) -> tuple[dict[str, Paired], list[float]]:
     """Each kind of ``runs`` against its model's ``none``: fits in ``runs`` order, then reversed,
     alternately."""
@@ -225,10 +177,12 @@ def fit_rates(runs: dict[str, Callable[[], float]], reps: int) -> tuple[dict[str
         order = kinds if rep % 2 == 0 else kinds[::-1]
         return {kind: runs[kind]() for kind in order}
 
-    results, loads = quiet_reps(measure, reps)
+    results, loads, _ = quiet_reps(measure, reps)
     baseline = {kind: kind.split("/")[0] + "/none" for kind in kinds}
     return {
-        kind: _summary([(r[kind], r[baseline[kind]]) for r in results]) for kind in kinds if kind != baseline[kind]
+        kind: summary([(r[kind], r[baseline[kind]]) for r in results], blocks=True)
+        for kind in kinds
+        if kind != baseline[kind]
     }, loads
 
 
@@ -270,7 +224,7 @@ def measure(p: Params) -> str:
             f"{note}; {others}" if note else others,
         )
         results.append(row)
-        raw = ", ".join(f"{c:,.0f} / {b:,.0f}" for c, b in result.raw)
+        raw = result.raw_text()
         raw_lines.append(
             f"- {scenario}: {raw} (others' CPU share per repetition: "
             f"{', '.join(f'{100 * share:.1f}%' for share in loads)})"
@@ -284,9 +238,15 @@ def measure(p: Params) -> str:
     vec_columns = ["id", "label", "vec"]
 
     def loader_rows(scenario: str, on: Callable[[], int], off: Callable[[], int], note: str = "") -> None:
-        wall, cpu, loads = paired_wall_and_cpu(on, off, 3 * reps, min_seconds)
-        add(scenario, wall, loads, note)
-        add(f"{scenario}, rows per CPU-second", cpu, loads, target=None, baseline="metrics off, rows per CPU-second")
+        wall = paired(on, off, 3 * reps, min_seconds, quiet=2, blocks=True)
+        add(scenario, wall, wall.loads, note)
+        add(
+            f"{scenario}, rows per CPU-second",
+            wall.cpu,
+            wall.loads,
+            target=None,
+            baseline="metrics off, rows per CPU-second",
+        )
 
     print(f"\n[1/4] scan, NoShuffle, {rows:,} rows", flush=True)
     on, off, batches = loader_pair(vec_uri, vec_columns)

@@ -27,11 +27,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import common
 from benchmarks.harness import runner
 from benchmarks.harness.study import ROOT, Params, child
 
@@ -98,13 +98,10 @@ def run_side(side: str, folder: Path, out: Path, args: Params) -> dict:
     if side == "lance-lightning":
         result = child("prepare:ours", input_dir=str(folder), output=str(out), batch_size=args.batch_size)
     else:
-        cmd = [str(runner.PEER_PYTHON), "-m", "benchmarks.studies.prepare_peers", side, str(folder), str(out)]
+        cmd = ["-m", "benchmarks.studies.prepare_peers", side, str(folder), str(out)]
         cmd += ["--batch-size", str(args.batch_size), "--workers", "2"]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd="/tmp", env=env)
-        if done.returncode != 0:
-            raise RuntimeError(f"{side} exited {done.returncode}:\n{done.stderr[-3000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+        result = common.run_child(cmd, runner.PEER_PYTHON, cwd="/tmp", env=env)
     result["bytes"] = folder_bytes(out)
     shutil.rmtree(out, ignore_errors=True)
     return result

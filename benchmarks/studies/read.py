@@ -1,7 +1,7 @@
 """Read-planning benchmark: the plugin's train loader against raw Lance reads of the same rows.
 
 Every figure is a ratio of two measurements taken back to back in this run (see
-`common.paired`): the plugin (``LanceDataModule(...).train_dataloader()``, ``num_workers=0``,
+`benchmarks.harness.timing.paired`): the plugin (``LanceDataModule(...).train_dataloader()``, ``num_workers=0``,
 full conversion to tensors) against the plain Lance call a user would write by hand for the
 same rows, with the same zero-copy conversion (`lance_lightning.to_torch_batch`).
 
@@ -20,13 +20,14 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks import common
-from benchmarks.common import Paired, Row, iterate, paired
+from benchmarks.common import Row
+from benchmarks.harness.fit import train_loader
+from benchmarks.harness.loaders import lance_torch
 from benchmarks.harness.study import Params
+from benchmarks.harness.timing import Paired, iterate, paired, summary
 from lance_lightning import (
     BufferShuffle,
     LanceDataModule,
-    LanceSource,
-    NoShuffle,
     RowShuffle,
     ShardShuffle,
     to_torch_batch,
@@ -39,18 +40,6 @@ BATCH = 256
 
 
 # -- the two sides of each comparison ---------------------------------------------------------
-def train_loader(uri: str, batch_size: int, shuffle=None, filter: str | None = None, columns=COLUMNS):
-    """The plugin's train loader (set up once, outside the timings) and its data module."""
-    dm = LanceDataModule(
-        train=LanceSource(uri, columns=list(columns), filter=filter),
-        batch_size=batch_size,
-        shuffle=shuffle or NoShuffle(),
-        num_workers=0,
-    )
-    dm.setup("fit")
-    return dm, dm.train_dataloader()
-
-
 def raw_scan(
     ds: lance.LanceDataset, columns, batch_size: int, convert: bool = True, filter: str | None = None
 ) -> Callable[[], int]:
@@ -126,14 +115,8 @@ def planned_batches(dm: LanceDataModule, batches: int | None = None) -> list[np.
 
 def pylance_dataset(uri: str, columns, batch_size: int) -> tuple[Callable[[], int] | None, str]:
     """pylance's own ``lance.torch.data.LanceDataset`` in a DataLoader (the peer)."""
-    loader = common.peer_loader(uri, columns, batch_size)
-
-    def run() -> int:
-        rows = 0
-        for batch in loader:
-            rows += len(batch[columns[0]])
-        return rows
-
+    loader = lance_torch(uri, columns, batch_size)
+    run = iterate(loader)
     try:  # a short probe, so a failure is reported rather than crashing the run
         first = next(iter(loader))
         shapes = {k: tuple(v.shape) for k, v in first.items()}
@@ -167,7 +150,7 @@ class Bench:
     def add(self, scenario: str, result: Paired, baseline_name: str, target: float | None, note: str = "") -> Row:
         row = Row(scenario, result.rows_per_s, baseline_name, result.base_rows_per_s, result.ratio, target, note)
         self.rows.append(row)
-        raw = ", ".join(f"{c:,.0f} / {b:,.0f}" for c, b in result.raw)
+        raw = result.raw_text()
         self.raw.append(f"- {scenario} vs {baseline_name}: {raw}")
         print(
             f"  {scenario:<48} {row.rows_per_s:>12,.0f} rows/s  vs {baseline_name:<40} "
@@ -180,10 +163,7 @@ class Bench:
 
 def combine(a: Paired, b: Paired) -> Paired:
     """``a`` against ``b`` where both were measured in the same repetitions (per-rep ratios)."""
-    import statistics
-
-    raw = [(ca, cb) for (ca, _), (cb, _) in zip(a.raw, b.raw)]
-    return Paired(a.rows_per_s, b.rows_per_s, statistics.median(x / y for x, y in raw), raw)
+    return summary([(ca, cb) for (ca, _), (cb, _) in zip(a.raw, b.raw)])
 
 
 def measure(p: Params) -> str:

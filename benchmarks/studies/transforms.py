@@ -1,13 +1,13 @@
 """Batch-transform benchmark: decode scaling, the plugin against plain PyTorch, overlap, memory.
 
 All figures come from this one run; ratios are of measurements taken back to back (interleaved,
-`common.paired`). Data: ``common.image_dataset`` (64x64 RGB JPEGs, ~2.5 KB each) in Lance.
+`benchmarks.harness.timing.paired`). Data: ``common.image_dataset`` (64x64 RGB JPEGs, ~2.5 KB each) in Lance.
 
 1. Decode scaling: `DecodeImage` (normalised float32 output) on the same in-memory batches of
    JPEG bytes (converted as the loader converts them), on a pool of 2 threads vs 1 (``torch.set_num_threads(1)`` so only our threads
    parallelise). Target: 2 threads >= 1.7x 1 thread. Two threads can only be 2x faster on 2 cores
    that nothing else uses, so only pairs during which other processes used < 5% of the CPUs count
-   (`common.OtherLoad`; up to 4x the repetitions are tried); the table says how many were kept.
+   (`benchmarks.harness.timing.OtherLoad`; up to 4x the repetitions are tried); the table says how many were kept.
 2. Against plain PyTorch, one shuffled image epoch with decoding: ``LanceDataModule`` (RowShuffle,
    DecodeImage, default reader threads, no worker processes) vs a plain ``DataLoader`` over a
    ``Dataset`` whose ``__getitem__`` does ``ds.take([i])`` and a PIL decode (``shuffle=True``,
@@ -36,6 +36,7 @@ from typing import Any
 
 from benchmarks import common
 from benchmarks.harness.study import Params, child
+from benchmarks.harness.timing import QUIET
 from benchmarks.studies.transforms_workloads import (
     BATCH,
     DECODED_BATCH_BYTES,
@@ -153,7 +154,7 @@ def measure(p: Params) -> str:
             text,
             "",
             '"others\' CPU": the share of the 2 CPUs used by other processes during the measurement (the most '
-            f"of its repetitions); measurements retried while it was ≥ {100 * common.QUIET:.0f}%.",
+            f"of its repetitions); measurements retried while it was ≥ {100 * QUIET:.0f}%.",
             "",
             "Notes:",
             f"- Decode scaling: {len(range(0, BATCH * 16, BATCH))} batches of {BATCH} JPEGs already in memory "

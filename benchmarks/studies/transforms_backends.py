@@ -10,7 +10,6 @@ no file (the script does).
 
 from __future__ import annotations
 
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,6 +18,7 @@ import torch
 
 from benchmarks import common
 from benchmarks.harness.study import Params
+from benchmarks.harness.timing import QUIET, summary
 from benchmarks.studies.transforms_workloads import BATCH, decode, quiet_paired
 from lance_lightning import to_torch_batch
 from lance_lightning.transforms import DecodeImage
@@ -59,7 +59,7 @@ def decode_backends(reps: int) -> list[dict[str, Any]]:
 
         results.append(thread_cpu_rates(transforms, batches, side, 4 * reps))
         for threads in (1, 2):
-            paired, others, tried = quiet_paired(run("torchcodec", threads), run("torchvision", threads), reps, 0.3)
+            paired = quiet_paired(run("torchcodec", threads), run("torchvision", threads), reps, 0.3)
             results.append(
                 {
                     "side": side,
@@ -67,9 +67,9 @@ def decode_backends(reps: int) -> list[dict[str, Any]]:
                     "torchcodec": paired.rows_per_s,
                     "torchvision": paired.base_rows_per_s,
                     "ratio": paired.ratio,
-                    "quiet": sum(load < common.QUIET for load in others),
-                    "tried": tried,
-                    "others": max(others),
+                    "quiet": sum(load < QUIET for load in paired.loads),
+                    "tried": paired.tried,
+                    "others": max(paired.loads),
                 }
             )
     for pool in pools.values():
@@ -94,12 +94,13 @@ def thread_cpu_rates(
                 transforms[backend](batch)
             rates[backend] = images / (time.thread_time() - started)
         pairs.append((rates["torchcodec"], rates["torchvision"]))
+    result = summary(pairs)
     return {
         "side": side,
         "threads": "1, CPU time",
-        "torchcodec": statistics.median(c for c, _ in pairs),
-        "torchvision": statistics.median(b for _, b in pairs),
-        "ratio": statistics.median(c / b for c, b in pairs),
+        "torchcodec": result.rows_per_s,
+        "torchvision": result.base_rows_per_s,
+        "ratio": result.ratio,
         "quiet": None,
         "tried": reps,
         "others": None,
@@ -141,7 +142,7 @@ def measure(p: Params) -> str:
             f"{', '.join(f'{n} batches at {s}x{s}' for s, n in BACKEND_SIDES.items())}), converted as the loader "
             "converts them (one uint8 `Ragged` per batch), on a pool of 1 or 2 threads with "
             "`torch.set_num_threads(1)`. Median of interleaved pairs (each side warmed up, then timed for at least "
-            "0.3 s); only quiet pairs (other processes used < 5% of the CPUs, `common.OtherLoad`) count, all pairs when "
+            "0.3 s); only quiet pairs (other processes used < 5% of the CPUs, `benchmarks.harness.timing.OtherLoad`) count, all pairs when "
             "none was quiet ('quiet pairs' 0/n: the ratio is then measured under load and less certain). The "
             "'1, CPU time' rows divide the images by the decoding thread's own CPU time (`time.thread_time`, the median "
             "of interleaved pairs on one thread), which other processes' load barely changes. Both backends "

@@ -1,8 +1,8 @@
 """Workloads of the batch-transform benchmark: each returns its measurements and never writes a file.
 
 Guarantees: every ratio comes from back-to-back measurements of this process (`quiet_paired`,
-`common.paired`), each side warmed up first, and only pairs taken while other processes used less
-than `common.QUIET` of the CPUs count (all pairs when none was quiet; the counts are returned).
+`benchmarks.harness.timing.paired`), each side warmed up first, and only pairs taken while other processes used less
+than `QUIET` of the CPUs count (all pairs when none was quiet; the counts are returned).
 The decode transform is always `DecodeImage` with ImageNet normalisation (`decode`).
 
 1. `decode_scaling`: `DecodeImage` on in-memory JPEG batches, a pool of 2 threads vs 1.
@@ -16,19 +16,17 @@ Used by the ``transforms`` study (and `quiet_paired` / `decode` by ``decode-back
 from __future__ import annotations
 
 import io
-import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import lance
 import numpy as np
-import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks import common
+from benchmarks.harness.memory import RssSampler
+from benchmarks.harness.timing import QUIET, OtherLoad, Paired, iterate, paired, rate
 from lance_lightning import LanceDataModule, LanceSource, NoShuffle, RowShuffle, to_torch_batch
 from lance_lightning.read.reader import group_rows
 from lance_lightning.transforms import DecodeImage
@@ -37,36 +35,9 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 BATCH = 256
 
 
-def quiet_paired(
-    candidate: Any, baseline: Any, reps: int, min_seconds: float, tries: int = 4
-) -> tuple[common.Paired, list[float], int]:
-    """Like `common.paired`, keeping only pairs measured while quiet; each side is warmed up first.
-
-    The order alternates from pair to pair. Before each timed side one untimed call wakes its
-    threads and warms the caches, so a side does not pay for the switch from the other. Tries up
-    to ``tries * reps`` pairs for ``reps`` quiet ones. Returns the medians of the quiet pairs (of
-    all pairs when none was quiet), the others' CPU share of each pair kept, and the number of
-    pairs measured.
-    """
-    pairs: list[tuple[float, float, float]] = []  # (candidate rows/s, baseline rows/s, others' share)
-    while sum(load < common.QUIET for *_, load in pairs) < reps and len(pairs) < tries * reps:
-        order = (candidate, baseline) if len(pairs) % 2 == 0 else (baseline, candidate)
-        rates = {}
-        with common.OtherLoad() as load:
-            for fn in order:
-                fn()
-                rows, seconds = common.timed(fn, min_seconds)
-                rates[fn] = rows / seconds
-        pairs.append((rates[candidate], rates[baseline], load.share))
-    kept = [p for p in pairs if p[2] < common.QUIET] or pairs
-    raw = [(c, b) for c, b, _ in kept]
-    result = common.Paired(
-        statistics.median(c for c, _ in raw),
-        statistics.median(b for _, b in raw),
-        statistics.median(c / b for c, b in raw),
-        raw,
-    )
-    return result, [load for *_, load in kept], len(pairs)
+def quiet_paired(candidate: Any, baseline: Any, reps: int, min_seconds: float) -> Paired:
+    """`paired` keeping only pairs measured while quiet (up to 4x ``reps`` tried), each side warmed up first."""
+    return paired(candidate, baseline, reps, min_seconds, warm=True, quiet=4, only_quiet=True)
 
 
 def decode(backend: str = "auto") -> DecodeImage:
@@ -93,8 +64,8 @@ def decode_scaling(uri: str, reps: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     try:
         for threads in (2, 1, 2, 1):  # warm up: allocator arenas, caches, TorchScript's first runs
-            common.timed(run(threads), 0.25)
-        result, loads, tried = quiet_paired(run(2), run(1), reps, min_seconds=0.2)
+            rate(run(threads), 0.25)
+        result = quiet_paired(run(2), run(1), reps, min_seconds=0.2)
     finally:
         torch.set_num_threads(before)
         for pool in pools.values():
@@ -103,9 +74,9 @@ def decode_scaling(uri: str, reps: int) -> dict[str, Any]:
         "two": result.rows_per_s,
         "one": result.base_rows_per_s,
         "ratio": result.ratio,
-        "kept": len(loads),
-        "tried": tried,
-        "others": max(loads),
+        "kept": len(result.loads),
+        "tried": result.tried,
+        "others": max(result.loads),
         "raw": result.raw,
     }
 
@@ -135,16 +106,6 @@ class PlainImages(Dataset):
         return (x - self.mean) / self.std, int(row.column("label")[0].as_py())
 
 
-def epoch_fn(loader: Any):
-    def epoch() -> int:
-        rows = 0
-        for batch in loader:
-            rows += len(batch["label"]) if isinstance(batch, dict) else len(batch[1])
-        return rows
-
-    return epoch
-
-
 def against_plain(uri: str, reps: int) -> dict[str, Any]:
     dm = LanceDataModule(
         train=LanceSource(uri, columns=["image", "label"]),
@@ -152,8 +113,8 @@ def against_plain(uri: str, reps: int) -> dict[str, Any]:
         shuffle=RowShuffle(seed=0),
         transform=decode(),
     )
-    ours = epoch_fn(dm.train_dataloader())
-    plain0 = epoch_fn(DataLoader(PlainImages(uri), batch_size=BATCH, shuffle=True, num_workers=0))
+    ours = iterate(dm.train_dataloader())
+    plain0 = iterate(DataLoader(PlainImages(uri), batch_size=BATCH, shuffle=True, num_workers=0))
     workers = DataLoader(
         PlainImages(uri),
         batch_size=BATCH,
@@ -162,12 +123,12 @@ def against_plain(uri: str, reps: int) -> dict[str, Any]:
         multiprocessing_context="forkserver",
         persistent_workers=True,
     )
-    plain2 = epoch_fn(workers)
+    plain2 = iterate(workers)
     plain2()  # start the persistent workers outside the timings
     out = {"threads": dm.reader_threads}
     for name, baseline in (("workers0", plain0), ("workers2", plain2)):
-        with common.OtherLoad() as load:
-            result = common.paired(ours, baseline, reps, min_seconds=0.1)
+        with OtherLoad() as load:
+            result = paired(ours, baseline, reps, min_seconds=0.1)
         out[name] = {
             "ours": result.rows_per_s,
             "plain": result.base_rows_per_s,
@@ -217,11 +178,11 @@ def prepare_seconds(uri: str, batch_size: int) -> float:
 
 
 def quiet_waited(uri: str, batch_size: int, threads: int, step: Any, tries: int = 3) -> dict[str, float]:
-    """`waited` on a fresh loader, retried while other processes used >= `common.QUIET` of the CPUs."""
+    """`waited` on a fresh loader, retried while other processes used >= `QUIET` of the CPUs."""
     for _ in range(tries):
-        with common.OtherLoad() as load:
+        with OtherLoad() as load:
             result = waited(overlap_loader(uri, batch_size, threads), step)
-        if load.share < common.QUIET:
+        if load.share < QUIET:
             break
     return {**result, "others": load.share}
 
@@ -268,7 +229,6 @@ MEMORY_STEP_S = 0.02
 
 
 def memory_child(uri: str, depth: int, epochs: int) -> dict[str, Any]:
-    process = psutil.Process()
     dm = LanceDataModule(
         train=LanceSource(uri, columns=["image", "label"]),
         batch_size=BATCH,
@@ -277,25 +237,16 @@ def memory_child(uri: str, depth: int, epochs: int) -> dict[str, Any]:
         prefetch_batches=depth,
     )
     loader = dm.train_dataloader()
-    idle = process.memory_info().rss
-    peak = [idle]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], process.memory_info().rss)
-            time.sleep(0.005)
-
-    sampler = threading.Thread(target=sample, daemon=True)
+    sampler = RssSampler(0.005, children=False)
+    idle = sampler.reset()
     sampler.start()
     peaks = []
     for _ in range(epochs):
-        peak[0] = process.memory_info().rss
+        sampler.reset()
         for _batch in loader:
             time.sleep(MEMORY_STEP_S)  # a model step: the read-ahead queue fills up to its depth
-        peaks.append(peak[0])
-    stop.set()
-    sampler.join()
+        peaks.append(sampler.reset())
+    sampler.stop()
     plan = dm.plans["train"]
     raw_row = lance.dataset(uri).to_table(columns=["image", "label"], limit=1000).nbytes / 1000
     bound = depth * DECODED_BATCH_BYTES + dm.prefetch_groups * group_rows(plan, dm.take_group_bytes) * raw_row

@@ -1,7 +1,7 @@
 """Tuning benchmark: the figures behind the recommendations in docs/performance.md and
 docs/choosing-a-plan.md that no other benchmark measures.
 
-Every rate is a ratio of two measurements taken back to back in this run (`common.paired`:
+Every rate is a ratio of two measurements taken back to back in this run (`benchmarks.harness.timing.paired`:
 interleaved, alternating order, median of the per-repetition ratios); a ratio above 1 means the
 scenario is faster than its baseline. Shuffle quality and wait fractions are not rates: they are
 reported as measured (the medians of the repetitions for the wait fractions).

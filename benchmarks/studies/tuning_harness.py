@@ -1,5 +1,5 @@
 """Tuning benchmark, the harness: every figure of the ``tuning`` study is measured here as a
-`common.paired` ratio (or recorded as measured) and lands, formatted, in one `Figure` row of the table.
+`benchmarks.harness.timing.paired` ratio (or recorded as measured) and lands, formatted, in one `Figure` row of the table.
 
 `Tuning` holds the run's figures, raw per-repetition values and notes; `Tuning.rate` pairs two
 loaders (rows/s), `Tuning.duration` two calls (ms per call). `loader` builds the plugin's train
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import lance
 import torch
 
-from benchmarks import common
-from lance_lightning import LanceDataModule, LanceSource, NoShuffle
+from benchmarks.harness.fit import train_loader
+from benchmarks.harness.timing import Paired, paired
 
 COLUMNS = ["id", "label", "vec"]
 IMAGE_COLUMNS = ["image", "label"]
@@ -62,16 +62,9 @@ class PythonLoop:
         return batch
 
 
-def loader(uri: str, batch_size: int = BATCH, shuffle=None, filter: str | None = None, columns=COLUMNS, **settings):
-    """The plugin's train loader (set up outside the timings) with data-module ``settings``."""
-    dm = LanceDataModule(
-        train=LanceSource(uri, columns=list(columns), filter=filter),
-        batch_size=batch_size,
-        shuffle=shuffle or NoShuffle(),
-        **{"num_workers": 0, **settings},
-    )
-    dm.setup("fit")
-    return dm.train_dataloader()
+def loader(uri: str, **kwargs):
+    """The plugin's train loader (set up outside the timings): `benchmarks.harness.fit.train_loader`'s."""
+    return train_loader(uri, **kwargs)[1]
 
 
 def count(ds: lance.LanceDataset, filter: str, use_index: bool) -> int:
@@ -80,7 +73,7 @@ def count(ds: lance.LanceDataset, filter: str, use_index: bool) -> int:
 
 
 def calls(fn: Callable[[], object]) -> Callable[[], int]:
-    """``fn`` counted as one unit per call (so `common.paired` yields calls/s)."""
+    """``fn`` counted as one unit per call (so `benchmarks.harness.timing.paired` yields calls/s)."""
 
     def run() -> int:
         fn()
@@ -104,12 +97,10 @@ class Tuning:
             flush=True,
         )
 
-    def rate(self, item: int, scenario: str, candidate, baseline_name: str, baseline) -> common.Paired:
+    def rate(self, item: int, scenario: str, candidate, baseline_name: str, baseline) -> Paired:
         """Rows/s of two loaders or reads, paired; ratio = candidate / baseline."""
-        result = common.paired(candidate, baseline, self.reps, self.min_seconds)
-        self.raw.append(
-            f"- [{item}] {scenario} vs {baseline_name}: " + ", ".join(f"{c:,.0f} / {b:,.0f}" for c, b in result.raw)
-        )
+        result = paired(candidate, baseline, self.reps, self.min_seconds)
+        self.raw.append(f"- [{item}] {scenario} vs {baseline_name}: " + result.raw_text())
         self.add(
             Figure(
                 item,
@@ -122,9 +113,9 @@ class Tuning:
         )
         return result
 
-    def duration(self, item: int, scenario: str, candidate, baseline_name: str, baseline) -> common.Paired:
+    def duration(self, item: int, scenario: str, candidate, baseline_name: str, baseline) -> Paired:
         """Time per call of two functions, paired; ratio = baseline time / candidate time."""
-        result = common.paired(calls(candidate), calls(baseline), self.reps, self.min_seconds)
+        result = paired(calls(candidate), calls(baseline), self.reps, self.min_seconds)
         self.raw.append(
             f"- [{item}] {scenario} vs {baseline_name} (ms per call): "
             + ", ".join(f"{1e3 / c:.2f} / {1e3 / b:.2f}" for c, b in result.raw)

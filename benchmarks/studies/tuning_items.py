@@ -16,7 +16,7 @@ from pathlib import Path
 import lance
 import numpy as np
 
-from benchmarks.common import iterate
+from benchmarks.harness.timing import iterate
 from benchmarks.studies.metrics import FIT_STEPS, fit_rates, fit_runs
 from benchmarks.studies.transforms_workloads import decode
 from benchmarks.studies.tuning_harness import (

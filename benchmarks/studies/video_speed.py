@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.harness import memory
 from benchmarks.studies.video_data import ARGS, KIB, Data, log
 from benchmarks.studies.video_readers import (
     ClipItems,
@@ -156,20 +157,6 @@ def speed_section(sets: list[Data], files_kind: str) -> Speed:
 
 
 # -- section 4: memory --------------------------------------------------------------------------
-def rss_total() -> float:
-    """Resident memory of this process and every descendant (DataLoader workers, forkserver), MiB."""
-    import psutil
-
-    process = psutil.Process()
-    total = process.memory_info().rss
-    for child in process.children(recursive=True):
-        try:
-            total += child.memory_info().rss
-        except psutil.Error:
-            pass
-    return total / 2**20
-
-
 @dataclass
 class MemoryRun:
     name: str
@@ -189,7 +176,7 @@ def memory_section(sets: list[Data]) -> list[MemoryRun]:
         try:
             for _ in range(ARGS.memory_epochs):
                 epoch(reader.loader)
-                rss.append(rss_total())
+                rss.append(memory.rss() / 2**20)
             pool = len(clip_decoder(sampler(ARGS.open_files)).pool) if workers == 0 else None
         finally:
             reader.close()
