@@ -25,8 +25,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from tests.harness import keep_bytecode  # noqa: E402
 from tests.helpers import write_dataset  # noqa: E402
 from tests.s3_server import S3Server  # noqa: E402
+
+# Every subprocess a test starts (CLI calls, DDP ranks, workers) reuses compiled bytecode.
+keep_bytecode(os.environ)
 
 #: Parametrizations of the soak run: (test file name, test id) -> why the default run still checks
 #: that guarantee. Cross products are cut to a pairwise subset: every pair of parameter values

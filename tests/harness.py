@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -315,9 +315,18 @@ def subprocess_env() -> dict[str, str]:
     env.update(
         PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     )
-    if env.pop("PYTHONDONTWRITEBYTECODE", None):  # see tests/scenarios/test_ddp.py
-        env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "lance_lightning_test_pycache"))
+    keep_bytecode(env)
     return env
+
+
+def keep_bytecode(env: MutableMapping[str, str]) -> None:
+    """Where bytecode writing is off (``PYTHONDONTWRITEBYTECODE``), let the processes started with
+    ``env`` keep compiled modules in a cache outside the repository and the virtualenv: otherwise
+    every CLI call, DDP rank and worker compiles the package and jsonargparse again (0.3-0.5 s of
+    CPU each on a loaded 2-core machine; see also tests/scenarios/test_ddp.py). tests/conftest.py
+    applies it to the test processes' own environment, so every subprocess inherits it."""
+    if env.pop("PYTHONDONTWRITEBYTECODE", None):
+        env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "lance_lightning_test_pycache"))
 
 
 def _launch_ddp(root: Path, jobs: list[Job]) -> dict[str, Trained]:
