@@ -196,6 +196,14 @@ def test_a_file_size_limit_ends_in_a_few_lines_and_the_rerun_completes(tmp_path:
     _rerun_equals(args, out, expected, resumed=False)
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """Give the prepare SIGINT's default action, as a shell gives a command it runs in the
+    foreground: a test run started in the background (``pytest ... &``, ``nohup``, some CI runners)
+    ignores SIGINT, a child inherits that, and Python then installs no KeyboardInterrupt handler,
+    so the Ctrl-C below would never arrive (the test then waited 240 s and left the prepare running)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("pool", ["threads", "processes"])
 def test_ctrl_c_after_a_commit_ends_in_a_few_lines_and_the_rerun_completes(tmp_path: Path, pool: str) -> None:
     """SIGINT to the whole process group (as a terminal's Ctrl-C sends it) once the first unit is
@@ -205,14 +213,24 @@ def test_ctrl_c_after_a_commit_ends_in_a_few_lines_and_the_rerun_completes(tmp_p
     out, paused = tmp_path / "out.lance", tmp_path / "paused"
     command = [sys.executable, str(KILLER), "pause:1", "cli", *args, "--output", str(out), "--quiet"]
     proc = subprocess.Popen(
-        command, env=_env(PREPARE_PAUSED=str(paused)), stderr=subprocess.PIPE, text=True, start_new_session=True
+        command,
+        env=_env(PREPARE_PAUSED=str(paused)),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_sigint_as_at_a_terminal,
     )
-    deadline = time.monotonic() + 240
-    while not paused.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert paused.exists(), proc.communicate(timeout=60)[1][-3000:]
-    os.killpg(proc.pid, signal.SIGINT)
-    stderr = proc.communicate(timeout=240)[1]
+    try:
+        deadline = time.monotonic() + 240
+        while not paused.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert paused.exists(), proc.communicate(timeout=60)[1][-3000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        stderr = proc.communicate(timeout=240)[1]
+    finally:  # a prepare that did not stop is not left running (holding the output's lock)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     _one_screen(subprocess.CompletedProcess(command, proc.returncode, "", stderr), 130, "stopped: interrupted (Ctrl-C)")
     _rerun_equals(args, out, expected)
 
