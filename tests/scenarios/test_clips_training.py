@@ -222,8 +222,7 @@ data:
 def test_videos_of_two_sizes_without_size_end_on_one_screen(tmp_path: Path) -> None:
     """Regression (#50): ``size: null`` over videos of two sizes ended ``lance-lightning fit`` in 106
     lines of numpy's "all input arrays must have the same shape"; now one screen naming
-    ``VideoClips.size``, both sizes and the fix. (``fps: .inf`` is refused when the sampler is
-    made: tests/unit/plan/test_clips.py.)"""
+    ``VideoClips.size``, both sizes and the fix."""
     write_corpus_media(tmp_path / "two_sizes.lance", "video", names=("h264.mp4", "h264_60.mp4"))
     config = _fit_config(tmp_path, str(tmp_path / "two_sizes.lance"), "{frames: 2, size: null}")
     code, output = run_command(["fit", "--config", str(config)])
@@ -232,3 +231,19 @@ def test_videos_of_two_sizes_without_size_end_on_one_screen(tmp_path: Path) -> N
     assert len(screen) <= ONE_SCREEN_LINES, "\n".join(screen)
     for fragment in ["VideoClips.size", "48x64", "32x48", "set size: ["]:
         assert fragment in "\n".join(screen), output[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fps", [".inf", ".nan"])
+def test_a_non_finite_fps_in_the_config_ends_on_one_screen(tmp_path: Path, fps: str) -> None:
+    """Regression (#50): ``fps: .inf`` in a config ended ``lance-lightning fit`` in "need frames >= 1
+    and step > 0", naming neither ``fps`` nor a fix; now one screen naming the parameter, the value
+    and the fix (the sampler refuses it when made: tests/unit/plan/test_clips.py)."""
+    write_corpus_media(tmp_path / "videos.lance", "video", names=("h264.mp4", "h264_2997.mp4"))
+    config = _fit_config(tmp_path, str(tmp_path / "videos.lance"), f"{{frames: 2, fps: {fps}}}")
+    code, output = run_command(["fit", "--config", str(config)])
+    screen = "\n".join(error_screen(output))
+    assert code == 1 and "Traceback" not in output, output[-3000:]
+    assert len(screen.splitlines()) <= ONE_SCREEN_LINES, screen
+    for fragment in ["parameter: VideoClips.fps", f"value:     {fps[1:]}", "must be a finite number > 0", "fix:"]:
+        assert fragment in screen, output[-3000:]
