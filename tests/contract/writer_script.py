@@ -6,7 +6,8 @@ spec names the dataset, ``run_dir``, ranks, workers, batch size, ``flush_rows``,
 random transform, the bad-row policy, the model's ``scale``, a SIGKILL (``kill_rank`` after
 ``kill_batch`` batches: the rank writes ``<out>.killed`` first, so the runner can end the others)
 and a ``second`` predict of the same trainer after the first returns. Each rank that returns
-writes ``<out>.rank<r>.json``: the error it raised (type and message), if any.
+writes ``<out>.rank<r>.json`` (whole or not at all: renamed into place): the error it raised (type and
+message), if any.
 """
 
 from __future__ import annotations
@@ -122,4 +123,9 @@ if __name__ == "__main__":
 
     spec = json.loads(Path(sys.argv[1]).read_text())  # a rerun in a test's process is the same model
     rank, record = writer_script.predict(spec)
-    Path(f"{spec['out']}.rank{rank}.json").write_text(json.dumps(record))
+    # Whole or not at all: the runner SIGKILLs the session as soon as rank 0 ends (at once when rank 0
+    # is the one killed), which can fall inside rank 1's write (an empty rank1.json failed seed 8's
+    # JSON read). A rank killed before its rename leaves no record, as one killed before it got here.
+    done = Path(f"{spec['out']}.rank{rank}.json")
+    done.with_suffix(".json.partial").write_text(json.dumps(record))
+    os.replace(done.with_suffix(".json.partial"), done)
