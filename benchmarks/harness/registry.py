@@ -5,7 +5,7 @@ parameters.
 
 Guarantees:
 - A cell is one point of the grid ``workload/loader/size/workers/storage``, named by exactly that
-  string (``scan/ours/400k/2/local``); `cell_name` and `parse_cell` are inverses.
+  string (``scan/ours/400k/2/local``); `select` of a cell's name is that one cell.
 - A selector is a suite's name (``peers``, ``worker-start``) or a cell name whose parts may be
   comma lists or ``*`` (``scan,filter/ours,lance.torch/40k/0,2``); parts left off take the
   defaults of `DEFAULTS`. `select` expands it to cells in grid order, dropping the pairs a loader
@@ -166,13 +166,6 @@ class Cell:
 
 def cell_name(cell: Cell) -> str:
     return "/".join((cell.workload, cell.loader, cell.size, cell.workers, cell.storage))
-
-
-def parse_cell(name: str) -> Cell:
-    cells = select(name)
-    if len(cells) != 1:
-        raise SelectError(f"{name!r} names {len(cells)} cells, not one")
-    return cells[0]
 
 
 @dataclass(frozen=True)
