@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -572,3 +573,12 @@ def stop_prepare_after(
         patch.setattr(DatasetWriter, "commit", commit)
         with pytest.raises(_PrepareStopped):
             prepare(spec, out, storage_options=storage_options, progress=False)
+
+
+def sigint_as_at_a_terminal() -> None:
+    """Give a child process SIGINT's default action, as a shell gives a command it runs in the
+    foreground: a test run started in the background (``pytest ... &``, ``nohup``, some CI runners)
+    ignores SIGINT, a child inherits that, and Python then installs no KeyboardInterrupt handler,
+    so a test's Ctrl-C would never arrive (a prepare test waited 240 s and left the prepare
+    running). Pass as ``preexec_fn``."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

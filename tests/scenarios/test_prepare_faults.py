@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.helpers import sigint_as_at_a_terminal
 from tests.reliability.helpers import ONE_SCREEN_LINES
 from tests.unit.write.inputs import image_bytes
 from tests.unit.write.test_prepare_blobs import class_folder
@@ -196,14 +197,6 @@ def test_a_file_size_limit_ends_in_a_few_lines_and_the_rerun_completes(tmp_path:
     _rerun_equals(args, out, expected, resumed=False)
 
 
-def _sigint_as_at_a_terminal() -> None:
-    """Give the prepare SIGINT's default action, as a shell gives a command it runs in the
-    foreground: a test run started in the background (``pytest ... &``, ``nohup``, some CI runners)
-    ignores SIGINT, a child inherits that, and Python then installs no KeyboardInterrupt handler,
-    so the Ctrl-C below would never arrive (the test then waited 240 s and left the prepare running)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize("pool", ["threads", "processes"])
 def test_ctrl_c_after_a_commit_ends_in_a_few_lines_and_the_rerun_completes(tmp_path: Path, pool: str) -> None:
     """SIGINT to the whole process group (as a terminal's Ctrl-C sends it) once the first unit is
@@ -218,7 +211,7 @@ def test_ctrl_c_after_a_commit_ends_in_a_few_lines_and_the_rerun_completes(tmp_p
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        preexec_fn=_sigint_as_at_a_terminal,
+        preexec_fn=sigint_as_at_a_terminal,
     )
     try:
         deadline = time.monotonic() + 240

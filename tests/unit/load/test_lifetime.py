@@ -24,7 +24,13 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lance_lightning import exit_on_sigterm
-from tests.helpers import RecordingModel, forkserver_processes, wait_session_gone, write_dataset
+from tests.helpers import (
+    RecordingModel,
+    forkserver_processes,
+    sigint_as_at_a_terminal,
+    wait_session_gone,
+    write_dataset,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 GONE_WITHIN_S = 10.0
@@ -77,6 +83,7 @@ data:
             start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=stderr_file,
+            preexec_fn=sigint_as_at_a_terminal,
         )
     sid = trainer.pid  # the session leader's pid is the session id
     try:
