@@ -24,7 +24,7 @@ workers (``LANCE_LIGHTNING_WORKER_HANDOFF=off``); and the limits a workload meet
 
 Usage::
 
-    python benchmarks/probes/probe_worker_race.py [--epochs 3] [--reps 1] [--where]   # writes results/worker_race.md
+    python benchmarks/probes/probe_worker_race.py [--epochs 3] [--reps 1] [--alternating 10] [--where]   # writes results/worker_race.md
 """
 
 from __future__ import annotations
@@ -131,6 +131,29 @@ def _run(code: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def alternating(workload: str, data: dict[str, str], epochs: int) -> dict[str, Any]:
+    """In this fresh process, a loader with ``num_workers=0`` and one with ``num_workers=2`` (as
+    shipped: the race), epochs read in turn (which goes first alternates): each one's median rows/s.
+    The same machine state falls on both, so the ratio shows what ``num_workers=2`` costs once both
+    run, apart from the noise between fresh processes."""
+    import statistics
+
+    import lightning.pytorch  # noqa: F401  (a training script imports it at its top)
+
+    loaders = {}
+    for workers in (0, 2):
+        dm = _module(workload, data, workers)
+        dm.setup("fit")
+        loaders[workers] = dm.train_dataloader()
+    rates: dict[int, list[float]] = {0: [], 2: []}
+    for epoch in range(epochs):
+        for workers in (0, 2) if epoch % 2 else (2, 0):
+            started = time.perf_counter()
+            rows = sum(len(batch["id"]) for batch in loaders[workers])
+            rates[workers].append(rows / (time.perf_counter() - started))
+    return {"rates": {w: statistics.median(r) for w, r in rates.items()}, "race": loaders[2].race.describe(done=True)}
+
+
 def cell(workload: str, data: dict[str, str], num_workers: int, choice: str, epochs: int) -> dict[str, Any]:
     code = (
         "import json, probe_worker_race as b\n"
@@ -223,6 +246,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1, help="runs of each cell, interleaved: the median per epoch")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS + S3_WORKLOADS)
     ap.add_argument("--where", action="store_true", help="also measure where the time goes, and the limits")
+    ap.add_argument(
+        "--alternating",
+        type=int,
+        default=0,
+        metavar="EPOCHS",
+        help="also read EPOCHS epochs of num_workers=0 and 2 in turn in one process per workload (`alternating`)",
+    )
     ap.add_argument("--cache-dir", type=Path, default=common.DEFAULT_CACHE)
     ap.add_argument("--out", type=Path, default=RESULT)
     args = ap.parse_args()
@@ -235,14 +265,14 @@ def main() -> None:
 
 
 def _s3_copy(stack: contextlib.ExitStack, local: str) -> dict[str, str]:
-    """The first `S3_ROWS` rows of ``local`` on an S3 server on loopback, read through a proxy
+    """The first `S3_ROWS` rows of ``local`` on an S3 server on loopback (moto, the tests' server), read through a proxy
     adding `S3_LATENCY_S` per request: the dataset's URI and storage options (JSON)."""
     import lance
-    from ministack_server import MiniStackServer
 
     from tests.fault_proxy import FaultProxy
+    from tests.s3_server import S3Server
 
-    s3 = stack.enter_context(MiniStackServer.serving("bench"))
+    s3 = stack.enter_context(S3Server.serving("bench"))
     proxy = stack.enter_context(FaultProxy.serving(s3.endpoint, S3_LATENCY_S))
     uri = "s3://bench/vec.lance"
     lance.write_dataset(lance.dataset(local).to_table(limit=S3_ROWS), uri, storage_options=s3.storage_options())
@@ -281,6 +311,23 @@ def _measure(args: argparse.Namespace, data: dict[str, str]) -> None:
             print(lines[-1], flush=True)
         decisions.append(f"- {workload}: {got['race']['race']}")
     lines += ["", "What the race did (its own figures: the training loop's rows/s, whole cycles):", "", *decisions]
+    if args.alternating:
+        lines += [
+            "",
+            f"## num_workers=2 against 0 in one process, {args.alternating} epochs each in turn (median rows/s)",
+            "",
+            "| workload | 0 workers | 2 workers (race) | ratio |",
+            "|---|---:|---:|---:|",
+        ]
+        for workload in args.workloads:
+            code = (
+                "import json, probe_worker_race as b\n"
+                f"print(json.dumps(b.alternating({workload!r}, {data!r}, {args.alternating})))"
+            )
+            got = _run(code, {"LANCE_LIGHTNING_WORKER_CHOICE": "race"})
+            zero, two = got["rates"]["0"], got["rates"]["2"]
+            lines.append(f"| {workload} | {zero:,.0f} | {two:,.0f} | {two / zero:.2f}x |")
+            print(lines[-1], flush=True)
     if args.where:
         found = where(data)
         lim = found.pop("limits")
