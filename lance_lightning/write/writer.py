@@ -195,7 +195,10 @@ class DatasetWriter:
             executor = _RayExecutor(local=is_local(self.staging))
         else:  # Lance is not fork-safe: spawned processes only
             executor = ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker
+                workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(os.getpid(),),
             )
         with executor:
             pending: deque[tuple[Unit, Future]] = deque()
@@ -343,17 +346,15 @@ class DatasetWriter:
             shutil.rmtree(staging)
 
 
-def _init_worker() -> None:
-    """A spawned worker ignores Ctrl-C (SIGINT reaches the whole process group): the calling process
-    stops the prepare, and the workers finish or drop their units without a traceback of their own.
-    It exits once the process that started it is gone (a SIGKILLed prepare): its call queue would
-    otherwise block it forever, holding the prepare's stdout and stderr open."""
+def _init_worker(parent: int) -> None:
+    """A spawned worker ignores Ctrl-C (the calling process stops the prepare) and exits once
+    ``parent`` is gone (a SIGKILLed prepare), whose call queue would block it forever. ``parent``
+    comes from the parent: one whose prepare died while it started has another parent already."""
     import signal
     import threading
     import time
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -217,22 +217,25 @@ def test_an_epoch_read_in_process_ends_without_waiting_for_the_workers(
 ) -> None:
     """#51: an epoch the training process reads whole ends without waiting for the workers: before
     the race it ended by waiting for the fork server and starting them (5.5 s for a 10^5-row scan
-    read in 0.06 s). Here a Python transform (20 ms a batch) opens the race's gate once 16 batches
-    are measured, in the second epoch of 12 batches, and that epoch ends a few batches later, long
-    before the server's imports are done (seconds): no epoch starts the workers, and each reads the same
-    rows in the same order as without workers."""
+    read in 0.06 s). Epochs of 9 batches (the first of each only starts the clock): a Python
+    transform (20 ms a batch) opens the race's gate at the 16th measured batch, the last of the
+    second epoch, which then ends without starting the workers, even where the fork server runs
+    already (a warm server forks at once: an earlier test in the same process may have started
+    it). Each epoch reads the same rows in the same order as without workers."""
     monkeypatch.setenv(CHOICE_SWITCH, "race")  # the suite forces the workers (tests/conftest.py)
-    reference = LanceDataModule(train=LanceSource(uri, columns=["id"]), batch_size=1000, num_workers=0)
+    batch = ROWS // 9
+    reference = LanceDataModule(train=LanceSource(uri, columns=["id"]), batch_size=batch, num_workers=0)
     reference.setup("fit")
-    planned = [batch["id"].tolist() for batch in reference.train_dataloader()]
+    planned = [b["id"].tolist() for b in reference.train_dataloader()]
+    assert len(planned) == 9
     dm = LanceDataModule(
-        train=LanceSource(uri, columns=["id"]), batch_size=1000, num_workers=2, transform=RecordProcess(0.02)
+        train=LanceSource(uri, columns=["id"]), batch_size=batch, num_workers=2, transform=RecordProcess(0.02)
     )
     dm.setup("fit")
     loader = dm.train_dataloader()
     loader.race = Race(2, None, forced="race", cores=2)
     for epoch in range(2):
-        assert [batch["id"].tolist() for batch in loader] == planned, f"epoch {epoch}"
+        assert [b["id"].tolist() for b in loader] == planned, f"epoch {epoch}"
         assert loader._iterator is None, f"epoch {epoch} ended by starting the workers"
     assert loader.worker_start is not None, "the gate never opened: the test checks nothing"
     assert "undecided" in loader.describe()["workers_choice"]

@@ -96,3 +96,17 @@ def test_a_run_killed_before_its_first_commit_starts_over(tmp_path: Path, monkey
     assert Path(f"{out}.partial", "data").is_dir()  # fragment files, but no version
     assert prepare(spec, str(out), progress=False).status == "prepared"
     assert lance.dataset(str(out)).to_table()["id"].to_pylist() == list(range(6))
+
+
+def test_a_process_worker_whose_prepare_died_while_it_started_exits() -> None:
+    """A ``--pool processes`` worker is spawned (seconds of imports under load); if its prepare is
+    SIGKILLed meanwhile, the worker's parent is another process by the time its initializer runs.
+    It watched whatever parent it found then and lived on (CI: "a spawned worker outlived the
+    SIGKILLed prepare"); it now watches the pid its prepare passed and exits. Here the pid passed
+    is not the child's parent: the child must exit (status 1, no traceback) instead of sleeping 60 s."""
+    import subprocess
+    import sys
+
+    code = "import time; from lance_lightning.write.writer import _init_worker; _init_worker(1); time.sleep(60)"
+    child = subprocess.run([sys.executable, "-c", code], timeout=50, check=False, capture_output=True, text=True)
+    assert child.returncode == 1 and not child.stderr, child.stderr[-2000:]
