@@ -281,3 +281,21 @@ def test_the_loader_starts_the_fork_server_only_where_its_transform_could_pay(
     else:
         assert started[0], "the workers never started though the transform took most of the time"
         assert "never started" not in described
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_fit_with_a_light_transform_and_two_workers_never_starts_them_and_says_why(
+    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#51 through `Trainer.fit`, as shipped (the race, not a forced outcome): a transform that
+    takes a sliver of the loop's time (it adds one tensor a batch) cannot gain 1.5x on any number
+    of cores, so a fit with ``num_workers=2`` reads every batch of its 4 epochs in the training
+    process, the rows of a fit without workers in their order, and the end-of-fit report says why."""
+    reference, _, _ = _fit(uri, tmp_path / "reference", 0)
+    monkeypatch.setenv(CHOICE_SWITCH, "race")
+    model, trainer, monitor = _fit(uri, tmp_path / "race", 2)
+    assert model.seen == reference.seen, "rows lost, repeated or out of order"
+    assert set(model.pids) == {os.getpid()}, "a worker read a batch"
+    report = monitor.report()
+    assert "the training process read, the workers never started (a transform that may hold the GIL took" in report

@@ -3,6 +3,8 @@ a rerun on a complete output writes nothing. (SIGKILL itself: tests/scenarios/te
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import lance
@@ -11,25 +13,9 @@ import pytest
 from lance_lightning.errors import ConfigError
 from lance_lightning.source import Prepare
 from lance_lightning.write import prepare
-from lance_lightning.write.writer import DONE_KEY, DatasetWriter
+from lance_lightning.write.writer import DONE_KEY
+from tests.helpers import stop_prepare_after
 from tests.unit.write.inputs import image_folder
-
-
-class Stop(Exception):
-    pass
-
-
-def _stop_after(monkeypatch: pytest.MonkeyPatch, commits: int) -> None:
-    """Make the writer raise `Stop` instead of its ``commits + 1``-th unit commit."""
-    real, done = DatasetWriter.commit, []
-
-    def commit(self: DatasetWriter, *args: object) -> None:
-        if len(done) == commits:
-            raise Stop
-        real(self, *args)
-        done.append(1)
-
-    monkeypatch.setattr(DatasetWriter, "commit", commit)
 
 
 def test_interrupted_prepare_is_partial_then_resumes_to_the_same_rows(
@@ -39,10 +25,7 @@ def test_interrupted_prepare_is_partial_then_resumes_to_the_same_rows(
     spec = Prepare("imagefolder", str(root), unit_files=2, workers=3)
     prepare(spec, str(tmp_path / "whole.lance"), progress=False)
     out = tmp_path / "out.lance"
-    with monkeypatch.context() as patch:
-        _stop_after(patch, 3)
-        with pytest.raises(Stop):
-            prepare(spec, str(out), progress=False)
+    stop_prepare_after(monkeypatch, spec, str(out), 3)
     assert not out.exists()  # nothing at the output until complete
     partial = lance.dataset(f"{out}.partial")
     assert partial.count_rows() == 6 and DONE_KEY not in partial.config()
@@ -76,10 +59,7 @@ def test_completed_but_not_yet_moved_in_place_is_moved_by_the_rerun(tmp_path: Pa
 def test_a_partial_of_other_input_is_refused_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = image_folder(tmp_path / "in", per_class=3)
     out = tmp_path / "out.lance"
-    with monkeypatch.context() as patch:
-        _stop_after(patch, 1)
-        with pytest.raises(Stop):
-            prepare(Prepare("imagefolder", str(root), unit_files=2), str(out), progress=False)
+    stop_prepare_after(monkeypatch, Prepare("imagefolder", str(root), unit_files=2), str(out), 1)
     (root / "cat" / "new.png").write_bytes((root / "cat" / "000.png").read_bytes())
     with pytest.raises(ConfigError, match="interrupted prepare of other input") as error:
         prepare(Prepare("imagefolder", str(root), unit_files=2), str(out), progress=False)
@@ -89,10 +69,7 @@ def test_a_partial_of_other_input_is_refused_naming_it(tmp_path: Path, monkeypat
 def test_a_run_killed_before_its_first_commit_starts_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = Prepare("imagefolder", str(image_folder(tmp_path / "in", per_class=2)), unit_files=1)
     out = tmp_path / "out.lance"
-    with monkeypatch.context() as patch:
-        _stop_after(patch, 0)
-        with pytest.raises(Stop):
-            prepare(spec, str(out), progress=False)
+    stop_prepare_after(monkeypatch, spec, str(out), 0)
     assert Path(f"{out}.partial", "data").is_dir()  # fragment files, but no version
     assert prepare(spec, str(out), progress=False).status == "prepared"
     assert lance.dataset(str(out)).to_table()["id"].to_pylist() == list(range(6))
@@ -104,9 +81,6 @@ def test_a_process_worker_whose_prepare_died_while_it_started_exits() -> None:
     It watched whatever parent it found then and lived on (CI: "a spawned worker outlived the
     SIGKILLed prepare"); it now watches the pid its prepare passed and exits. Here the pid passed
     is not the child's parent: the child must exit (status 1, no traceback) instead of sleeping 60 s."""
-    import subprocess
-    import sys
-
     code = "import time; from lance_lightning.write.writer import _init_worker; _init_worker(1); time.sleep(60)"
     child = subprocess.run([sys.executable, "-c", code], timeout=50, check=False, capture_output=True, text=True)
     assert child.returncode == 1 and not child.stderr, child.stderr[-2000:]
