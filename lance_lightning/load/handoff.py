@@ -6,9 +6,10 @@ Guarantees:
   epoch's batches in its own process, as with ``num_workers=0``, measuring its rate and the time
   its transform may hold the GIL (`lance_lightning.load.race`). Only once the race finds that
   workers could pay (`Race.may_start_workers`: at once when its outcome is forced) does
-  `WorkerStart` start the fork server and wait on a background thread for its imports (4.3 s on a
-  2-core VM: longer than a 10^5-row epoch read in process); a read without such a transform
-  never starts it.
+  `WorkerStart` wait on a background thread for the fork server's imports (4.3 s on a 2-core VM:
+  longer than a 10^5-row epoch read in process), starting the server unless `start_server_early`
+  did at ``setup`` (it does where the transform may hold the GIL); a read without such a
+  transform never starts it.
 - Once the server is ready (and a window of batches was measured in process), the loader
   starts the workers itself (a fork each) with the sequence row of the first batch it will not
   read (`handover_step`: after the batches it has read ahead, and with a buffer shuffle at the
@@ -60,10 +61,12 @@ def handoff_enabled() -> bool:
 
 
 def start_server_early(num_workers: int, method: str, transform: Any) -> None:
-    """At the data module's set-up, start the fork server (its imports overlap planning) only where
-    the workers are sure to start: an outcome forced by ``LANCE_LIGHTNING_WORKER_CHOICE`` or the
-    hand-over off; a race starts it once it finds room for them (`Race.may_start_workers`)."""
-    if forced_choice() != "race" or not handoff_enabled():
+    """At the data module's set-up, start the fork server (its imports, seconds, overlap planning,
+    the model's set-up and the first batches) where workers are sure to start (an outcome forced by
+    ``LANCE_LIGHTNING_WORKER_CHOICE``, the hand-over off) or may pay (a transform that may hold the
+    GIL: the race then finds the server ready when its measured share opens the gate). A read
+    without such a transform never starts it."""
+    if forced_choice() != "race" or not handoff_enabled() or may_hold_gil(transform):
         start_worker_server(num_workers, method, transform)
 
 

@@ -12,8 +12,9 @@ Guarantees:
 - Only on the Python versions whose forkserver launch this mirrors (`LEAN_PYTHONS`), and unless
   ``LANCE_LIGHTNING_LEAN_WORKERS=off`` (for a script whose import sets up what workers need besides
   the objects sent to them); otherwise `worker_context` returns the stock context.
-- `start_worker_server` starts the server ahead of the first loader (the data module's ``setup``),
-  so its imports (torch, Arrow, Lance: seconds) overlap with planning and the model's set-up. The
+- `start_worker_server` starts the server ahead of the first loader (the data module's
+  ``setup``, where `lance_lightning.load.handoff.start_server_early` decides), so its imports
+  (torch, Arrow, Lance: seconds) overlap with planning and the model's set-up. The
   server's socket folder (``pymp-*``) gets its janitor first (`lance_lightning.lifetime.shared_temp_dir`):
   a training process SIGKILLed before its first worker starts leaves no folder behind.
 """

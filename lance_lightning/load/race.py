@@ -12,10 +12,12 @@ Guarantees:
   add over this process's reader threads is running, in parallel, Python code that holds the GIL.
   So the time the training process spends in a transform that may hold it (`may_hold_gil`: any
   callable but the package's transforms that declare ``releases_gil``) is measured while it reads
-  (`Rates.gil_share`: that time over the loop's), and the fork server is started only when
-  `amdahl_gain` of that share over the workers' cores reaches `START_GAIN`. A read without such a
-  transform (a scan, a filter, a shuffle, a JPEG decode) never starts it: its imports would take
-  a core from a read that uses them all. The share is a ratio of the same thread's times, so a
+  (`Rates.gil_share`: that time over the loop's), and the workers are started only when
+  `amdahl_gain` of that share over the workers' cores reaches `START_GAIN` (the fork server is
+  started ahead, at ``setup``, only where such a transform is configured:
+  `lance_lightning.load.handoff.start_server_early`). A read without such a transform (a scan, a
+  filter, a shuffle, a JPEG decode) never starts a process: its imports would take a core from a
+  read that uses them all. The share is a ratio of the same thread's times, so a
   loaded machine changes it little.
 - `choose` is the decision, a pure function of the two rates: the workers only when they deliver at
   least `MARGIN` times the in-process rate; ``in_process`` otherwise (the copies between processes

@@ -4,7 +4,10 @@ in the same order as without workers, the switch where the trial ended, the repo
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +302,37 @@ def test_a_fit_with_a_light_transform_and_two_workers_never_starts_them_and_says
     assert set(model.pids) == {os.getpid()}, "a worker read a batch"
     report = monitor.report()
     assert "the training process read, the workers never started (a transform that may hold the GIL took" in report
+
+
+_SERVER_AT_SETUP = """
+import functools, json, sys
+from multiprocessing import forkserver
+from lance_lightning import LanceDataModule, LanceSource
+from lance_lightning.transforms import RandomFlip
+
+started = {}
+for name, transform in (("none", None), ("declared", RandomFlip(column="x")), ("python", functools.partial(dict))):
+    source = LanceSource(sys.argv[1], columns=["id", "x"])
+    dm = LanceDataModule(train=source, batch_size=8, num_workers=2, transform=transform)
+    dm.setup("fit")
+    started[name] = forkserver._forkserver._forkserver_pid
+print(json.dumps(started))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_setup_starts_the_fork_server_only_where_the_transform_may_hold_the_gil(uri: str) -> None:
+    """#51: the fork server's imports take seconds, so where the race may start workers (a
+    transform that may hold the GIL) the data module starts it at ``setup``, and the gate finds it
+    ready; without such a transform (none, or one that declares ``releases_gil``) nothing starts.
+    In a fresh process (the race as shipped), since a server once started serves the whole process."""
+    env = {key: value for key, value in os.environ.items() if key != CHOICE_SWITCH}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
+    done = subprocess.run(
+        [sys.executable, "-c", _SERVER_AT_SETUP, uri], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    started = json.loads(done.stdout.strip().splitlines()[-1])
+    assert started["none"] is None and started["declared"] is None, started
+    assert started["python"] is not None, started
