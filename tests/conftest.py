@@ -132,6 +132,12 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("LANCE_LIGHTNING_WORKER_CHOICE", "workers")
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # The CLI tests' zygote (tests/zygote.py), if this process started one.
+    if "tests.zygote" in sys.modules:
+        sys.modules["tests.zygote"].stop()
+
+
 @pytest.fixture
 def dataset_uri(tmp_path: Path) -> str:
     """A 1000-row id/label/x/vec Lance dataset (see `tests.helpers.write_dataset`)."""

@@ -1,0 +1,243 @@
+"""Start CLI test subprocesses from a pre-imported zygote: `run` is ``subprocess.run(command,
+capture_output=True, ...)`` whose child, where it can be, is forked from a helper process that
+imported ``lightning.pytorch`` and ``lance_lightning.cli`` once (``tests/zygote_server.py``)
+instead of paying those seconds of imports again (10 s of CPU on a loaded 2-core machine).
+
+Guarantees:
+- The child is the command's own process, as a fresh one would be: its pid and (if asked) its
+  own session, the exit status the interpreter gives (``SystemExit``, an uncaught exception's
+  traceback and 1, death by SIGINT after an uncaught ``KeyboardInterrupt``, death by a signal as
+  a negative status), stdout and stderr as the bytes it wrote, stdin inherited as
+  ``subprocess.run`` does, the environment, cwd, ``sys.argv``/``sys.path``, ``__main__`` and the
+  signal mask and dispositions a fresh interpreter started from this process has (details:
+  `tests.zygote_server`). A timeout kills it (SIGKILL) and raises ``subprocess.TimeoutExpired``.
+- A fresh ``subprocess.run`` is taken instead (the same result type) when the zygote cannot
+  mirror the command: a command that is not ``[sys.executable, SCRIPT|-m MODULE, ...]`` or a
+  script whose shebang is ``sys.executable``; an environment that differs from the zygote's in a
+  variable that may be read at import (`IMPORT_TIME`: ``PYTHON*`` including ``PYTHONPATH``,
+  ``CUDA*``, ``OMP_*``, ``TORCH*``, ``PL_*``, the rank variables Lightning reads at import,
+  locale, ``TMPDIR``, ...); a missing cwd; another thread of this process using the zygote; the
+  zygote off (``LANCE_LIGHTNING_TEST_ZYGOTE=off``, or it reported threads, import output or
+  ``lance`` imported: one warning, then fresh processes for the rest of the session).
+- What it does not mirror: the modules the zygote imported are already in ``sys.modules`` (a test
+  of what a command imports, or of its start-up time, must use ``subprocess`` itself); the child's
+  parent is the zygote, not this process; the hash seed is the zygote's. The zygote dies with this
+  process and leaves no file behind; `stop` (tests/conftest.py, at session end) ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import locale
+import os
+import secrets
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SWITCH = "LANCE_LIGHTNING_TEST_ZYGOTE"
+#: Prefixes (and names) of variables a module may read when it is imported: a request whose value
+#: differs from the zygote's for any of them runs in a fresh process.
+IMPORT_TIME = (
+    "PYTHON", "CUDA", "NVIDIA", "OMP_", "MKL", "OPENBLAS", "GOTO", "KMP_", "NUMEXPR", "NUMPY", "TORCH", "PYTORCH",
+    "PL_", "LIGHTNING", "LD_", "HF_", "TRANSFORMERS", "LC_", "LANG", "TZ", "TMPDIR", "TEMP", "TMP", "MALLOC",
+    "RANK", "LOCAL_RANK", "GLOBAL_RANK", "NODE_RANK", "WORLD_SIZE", "SLURM_", "JSM_", "MASTER_", "JSONARGPARSE",
+)  # fmt: skip
+
+_lock = threading.Lock()
+_server: dict[str, Any] = {}
+
+
+def zygote_env() -> dict[str, str]:
+    """The environment the zygote imports under: this one, the repository first on PYTHONPATH."""
+    entries = [str(REPO_ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    path = os.pathsep.join(p for p in dict.fromkeys(entries) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def _import_time(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that may be read at import; PYTHONPATH as the path it gives (the
+    interpreter drops repeated entries)."""
+    found = {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)}
+    if "PYTHONPATH" in found:
+        found["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(found["PYTHONPATH"].split(os.pathsep)))
+    return found
+
+
+def _entry(command: Sequence[str]) -> dict[str, Any] | None:
+    """What the fresh interpreter would run (``kind``, ``target``, ``args``), or None."""
+    command = [os.fspath(c) for c in command]
+    if len(command) >= 3 and command[0] == sys.executable and command[1] == "-m":
+        return {"kind": "module", "target": command[2], "args": command[3:]}
+    if len(command) >= 2 and command[0] == sys.executable and not command[1].startswith("-"):
+        script = command[1]
+        return {"kind": "script", "target": script, "args": command[2:]} if os.path.isfile(script) else None
+    if command and os.path.isabs(command[0]) and os.access(command[0], os.X_OK) and os.path.isfile(command[0]):
+        with open(command[0], "rb") as file:
+            if file.readline().rstrip(b"\n") == b"#!" + os.fsencode(sys.executable):
+                return {"kind": "script", "target": command[0], "args": command[1:]}
+    return None
+
+
+def _start() -> None:
+    """Start the zygote (once per process); on failure or ``off``, warn once and turn it off."""
+    if _server:
+        return
+    if os.environ.get(SWITCH, "on").strip().lower() in ("off", "0", "false", "no"):
+        _server["off"] = f"{SWITCH}=off"
+        return
+    name = f"lance-lightning-test-zygote-{os.getpid()}-{secrets.token_hex(6)}"
+    env = zygote_env()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.zygote_server", name, str(os.getpid())],
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    proc.stdout.close()
+    answer = json.loads(line) if line.strip() else {"off": f"the zygote exited ({proc.poll()})"}
+    _server.update(proc=proc, name=name, env=_import_time(env))
+    if "ready" not in answer:
+        _server["off"] = answer["off"]
+        warnings.warn(f"test zygote off, CLI tests start fresh processes: {answer['off']}", stacklevel=3)
+        stop()
+
+
+def stop() -> None:
+    """End the zygote (a later `run` starts fresh processes, as the zygote is off)."""
+    proc = _server.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    _server.setdefault("off", "stopped")
+
+
+def mirrored(command: Sequence[str], cwd: Any = None, env: Mapping[str, str] | None = None) -> bool:
+    """Whether `run` would fork this command from the zygote (starts the zygote if need be)."""
+    _start()
+    variables = os.environ if env is None else env
+    return (
+        "off" not in _server
+        and _entry(command) is not None
+        and _import_time(variables) == _server["env"]
+        and os.path.isdir(os.getcwd() if cwd is None else cwd)
+    )
+
+
+def run(
+    command: Sequence[str],
+    *,
+    cwd: Any = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    text: bool = False,
+    start_new_session: bool = False,
+) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, ...)``, forked from the zygote where it can be."""
+    if not _lock.acquire(blocking=False):
+        return subprocess.run(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            text=text,
+            capture_output=True,
+            start_new_session=start_new_session,
+        )
+    try:
+        if not mirrored(command, cwd, env):
+            return subprocess.run(
+                command, cwd=cwd, env=env, timeout=timeout, text=text, capture_output=True,
+                start_new_session=start_new_session,
+            )  # fmt: skip
+        done = _fork(command, cwd, env, timeout, start_new_session)
+    finally:
+        _lock.release()
+    if done.returncode is None:  # the zygote turned itself off before forking
+        return run(command, cwd=cwd, env=env, timeout=timeout, text=text, start_new_session=start_new_session)
+    if text:
+        done.stdout, done.stderr = (_decode(b) for b in (done.stdout, done.stderr))
+    return done
+
+
+def _decode(data: bytes) -> str:
+    """As ``subprocess.run(text=True)``: the locale's encoding, universal newlines."""
+    return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _fork(
+    command: Sequence[str], cwd: Any, env: Mapping[str, str] | None, timeout: float | None, new_session: bool
+) -> subprocess.CompletedProcess:
+    request = {
+        **_entry(command),  # type: ignore[dict-item]
+        "cwd": os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd)),
+        "env": dict(os.environ if env is None else env),
+        "new_session": new_session,
+        "ignored": [int(s) for s in signal.valid_signals() if _ignored(s)],
+        "mask": [int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])],
+    }
+    body = json.dumps(request).encode()
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect("\0" + _server["name"])
+            socket.send_fds(conn, [struct.pack("!Q", len(body)) + body], [0, out_w, err_w])
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        answers = conn.makefile("rb")
+        first = json.loads(answers.readline() or b'{"off": "the zygote died"}')
+        if "pid" not in first:
+            os.close(out_r)
+            os.close(err_r)
+            _server["off"] = first["off"]
+            warnings.warn(f"test zygote off, CLI tests start fresh processes: {first['off']}", stacklevel=4)
+            return subprocess.CompletedProcess(list(command), None)  # type: ignore[arg-type]
+        pid, deadline, timed_out = first["pid"], None if timeout is None else time.monotonic() + timeout, False
+        with selectors.DefaultSelector() as selector:
+            for fd in chunks:
+                selector.register(fd, selectors.EVENT_READ)
+            while selector.get_map():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    timed_out = True
+                    os.kill(pid, signal.SIGKILL)
+                    break
+                for key, _ in selector.select(left):
+                    data = os.read(key.fd, 65536)
+                    if data:
+                        chunks[key.fd].append(data)
+                    else:
+                        selector.unregister(key.fd)
+        os.close(out_r)
+        os.close(err_r)
+        line = answers.readline()
+    if not line:
+        raise RuntimeError(f"the test zygote died while running {command!r}")
+    code = os.waitstatus_to_exitcode(json.loads(line)["status"])
+    stdout, stderr = (b"".join(chunks[fd]) for fd in (out_r, err_r))
+    if timed_out:
+        raise subprocess.TimeoutExpired(list(command), timeout, output=stdout, stderr=stderr)  # type: ignore[arg-type]
+    return subprocess.CompletedProcess(list(command), code, stdout, stderr)
+
+
+def _ignored(sig: signal.Signals) -> bool:
+    try:
+        return signal.getsignal(sig) == signal.SIG_IGN
+    except (OSError, ValueError):
+        return False

@@ -1,0 +1,254 @@
+"""The test harness's zygote: a process that has imported ``lightning.pytorch`` and
+``lance_lightning.cli`` once and forks a child per request that runs a Python entry point as a
+fresh interpreter would (the client, and what it mirrors or leaves to a fresh process:
+`tests.zygote`).
+
+Guarantees:
+- It forks only while it is the one thread of its process (``/proc/self/task``; the BLAS thread
+  pools that numpy/scipy start at import are shut down by their own fork handlers, so a trial fork
+  after the imports leaves one thread) and while ``lance`` is not imported (Lance is not
+  fork-safe once a dataset is opened; the zygote never imports it). Otherwise it reports ``off``
+  and forks nothing.
+- Its imports printed nothing (else ``off``: a fresh process would have shown it).
+- It dies with the pytest worker that started it (``PR_SET_PDEATHSIG``, and a poll of the parent
+  pid) and binds only an abstract Unix socket: nothing is left on disk.
+- A child: a new session if asked; stdin/stdout/stderr dup2'ed from the fds the client sent;
+  the signal mask and dispositions of a fresh interpreter started by the client (the signals the
+  client ignores stay ignored, the rest SIG_DFL, then as CPython's start-up: SIGPIPE and SIGXFSZ
+  ignored, SIGINT -> ``default_int_handler`` unless ignored); ``os.environ`` replaced by the
+  request's; ``cwd``; ``sys.argv``, ``sys.orig_argv`` and ``sys.path[0]`` as the interpreter sets
+  them; a fresh ``__main__`` module; numpy's global generator and torch's CPU one reseeded at
+  random, as a fresh process seeds them (Python's ``random`` is reseeded at fork by CPython).
+  It then runs the script or module as the interpreter does and leaves through the
+  interpreter's own exit: ``SystemExit`` as CPython handles it; an uncaught exception printed
+  by ``sys.excepthook`` with the zygote's frames cut, then exit 1; an uncaught
+  ``KeyboardInterrupt`` printed, then after finalization (threads joined, atexit run, stdio
+  flushed) death by SIGINT, as CPython 3.11's ``exit_sigint``.
+- Requests are served one at a time; the zygote reaps each child and sends its wait status.
+
+Protocol (``tests.zygote`` is the only client): a request is 8 bytes of length then JSON, with three
+fds (stdin, stdout, stderr) as SCM_RIGHTS; the answers are JSON lines ``{"pid": N}`` then
+``{"status": S}`` (``os.waitpid``'s status), or ``{"off": reason}``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import tempfile
+import types
+from typing import Any
+
+_INTERRUPTED: list[bool] = []
+
+
+def _exit_by_sigint() -> None:
+    """Registered first, so it runs last of the atexit handlers: CPython's ``exit_sigint``."""
+    if _INTERRUPTED:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        os._exit(130)
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _why_not_fork() -> str | None:
+    if _threads() != 1:
+        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        return f"the zygote holds {len(names)} threads ({', '.join(names)})"
+    if "lance" in sys.modules:
+        return "the zygote imported lance, which is not fork-safe"
+    return None
+
+
+def _prepare() -> str | None:
+    """Import what a ``fit`` imports before it reads data (not ``lance`` nor ``pyarrow``: each
+    starts a jemalloc thread); the reason the zygote cannot serve, or None."""
+    capture = tempfile.TemporaryFile()
+    saved = os.dup(1), os.dup(2)
+    os.dup2(capture.fileno(), 1)
+    os.dup2(capture.fileno(), 2)
+    try:
+        import lightning.pytorch  # noqa: F401
+
+        import docstring_parser  # noqa: F401
+        import jsonargparse  # noqa: F401
+        import lightning.pytorch.cli  # noqa: F401
+        import psutil  # noqa: F401
+        import torchvision  # noqa: F401
+        import typeshed_client  # noqa: F401
+
+        import lance_lightning.cli  # noqa: F401
+        import lance_lightning.cli.main  # noqa: F401
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()  # a trial fork: the BLAS pools' fork handlers stop their threads
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+    if capture.seek(0, os.SEEK_END):
+        capture.seek(0)
+        return "the imports printed: " + capture.read(300).decode(errors="replace").strip()
+    return _why_not_fork()
+
+
+def _recv(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    head, fds, _, _ = socket.recv_fds(conn, 8, 3)
+    while len(head) < 8:
+        head += conn.recv(8 - len(head))
+    (size,) = struct.unpack("!Q", head)
+    body = b""
+    while len(body) < size:
+        body += conn.recv(size - len(body))
+    return json.loads(body), fds
+
+
+def _send(conn: socket.socket, message: dict[str, Any]) -> None:
+    conn.sendall(json.dumps(message).encode() + b"\n")
+
+
+def serve(name: str, parent: int) -> tuple[dict[str, Any], list[int]]:
+    """Serve requests until the parent dies; returns only in a forked child, with its request."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(8)
+    off = _prepare()
+    print(json.dumps({"off": off} if off else {"ready": os.getpid()}), flush=True)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    while os.getppid() == parent:
+        if not select.select([listener], [], [], 1.0)[0]:
+            continue
+        conn, _ = listener.accept()
+        try:
+            request, fds = _recv(conn)
+            off = _why_not_fork()
+            if off:
+                _send(conn, {"off": off})
+                continue
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                conn.close()
+                return request, fds
+            for fd in fds:
+                os.close(fd)
+            _send(conn, {"pid": pid})
+            _, status = os.waitpid(pid, 0)
+            _send(conn, {"status": status})
+        except OSError:
+            pass  # the client went away; its child was reaped or will be by the next waitpid
+        finally:
+            conn.close()
+    os._exit(0)
+
+
+def _become(request: dict[str, Any], fds: list[int]) -> None:
+    """Turn this forked child into the fresh process the request describes."""
+    if request["new_session"]:
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in set(fds) - {0, 1, 2}:
+        os.close(fd)
+    ignored = set(request["ignored"])
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if signal.SIGINT not in ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, request["mask"])
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.stdout.reconfigure(line_buffering=os.isatty(1))
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+    if "torch" in sys.modules:  # a fresh process seeds torch's CPU generator at random
+        sys.modules["torch"].default_generator.seed()
+
+
+def _run(request: dict[str, Any]) -> None:
+    """Run the entry point as the interpreter would (see the module docstring)."""
+    main = types.ModuleType("__main__")
+    main.__annotations__ = {}
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    target, args = request["target"], request["args"]
+    if request["kind"] == "module":
+        sys.path[0] = os.getcwd()
+        sys.argv = ["-m", *args]  # runpy sets argv[0] to the module's file
+        sys.orig_argv = [sys.executable, "-m", target, *args]
+        import runpy
+
+        first = runpy._run_module_as_main.__code__  # type: ignore[attr-defined]
+        call = lambda: runpy._run_module_as_main(target)  # type: ignore[attr-defined]  # noqa: E731
+    else:
+        real = target
+        while os.path.islink(real):
+            real = os.path.join(os.path.dirname(real), os.readlink(real))
+        sys.path[0] = os.path.dirname(real)
+        sys.argv = [target, *args]
+        sys.orig_argv = [sys.executable, target, *args]
+        from importlib.machinery import SourceFileLoader
+
+        main.__file__, main.__cached__ = target, None
+        main.__loader__ = SourceFileLoader("__main__", target)
+        with open(target, "rb") as source:
+            first = compile(source.read(), target, "exec")
+        call = lambda: exec(first, main.__dict__)  # noqa: E731
+    try:
+        call()
+    except SystemExit:
+        raise
+    except BaseException as error:
+        tb = error.__traceback__
+        while tb is not None and tb.tb_frame.f_code is not first:
+            tb = tb.tb_next
+        error.__traceback__ = tb
+        sys.last_type, sys.last_value, sys.last_traceback = type(error), error, tb
+        sys.excepthook(type(error), error, tb)
+        if isinstance(error, KeyboardInterrupt):
+            _INTERRUPTED.append(True)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    atexit.register(_exit_by_sigint)
+    _request, _fds = serve(sys.argv[1], int(sys.argv[2]))
+    _become(_request, _fds)
+    del _fds
+    _run(_request)
