@@ -12,8 +12,8 @@ The shared module of the harness's studies (``benchmarks.studies``) and the prob
 - timing: `steady_allocator`, `median_ms`, `interleaved_median_ms`; fresh processes: `run_child`;
   memory: `rss_mb`, `peak_rss_mb`;
 - result files: `command_line` (a probe's), `machine`, `stamp`, `load_average`, `Row`,
-  `markdown_table`, `rows_report` (a ratio study's table, set-up notes and raw figures), `bar_plot`,
-  `write_result`.
+  `markdown_table` (through `benchmarks.harness.tables`, which writes every result table),
+  `rows_report` (a ratio study's table, set-up notes and raw figures), `bar_plot`, `write_result`.
 
 A study imports it as ``benchmarks.common``; so does a probe, after putting the repository root on
 ``sys.path`` (the line at its top).
@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from benchmarks.harness.tables import table
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -348,17 +350,12 @@ def write_result(path: Path | str, text: str) -> Path:
 
 
 def markdown_table(rows: list[Row]) -> str:
-    lines = [
-        "| scenario | rows/s | baseline | baseline rows/s | ratio | target | result |",
-        "|---|---:|---|---:|---:|---:|:---:|",
+    heads = "scenario | rows/s | baseline | baseline rows/s | ratio | target | result"
+    targets = [None if r.target is None else f"≥ {r.target:g}" for r in rows]
+    body = [
+        (r.scenario, r.rows_per_s, r.baseline, r.base_rows_per_s, r.ratio, t, r.status) for r, t in zip(rows, targets)
     ]
-    for r in rows:
-        target = f"≥ {r.target:g}" if r.target is not None else "—"
-        lines.append(
-            f"| {r.scenario} | {r.rows_per_s:,.0f} | {r.baseline} | {r.base_rows_per_s:,.0f} | "
-            f"{r.ratio:.2f} | {target} | {r.status} |"
-        )
-    return "\n".join(lines)
+    return "\n".join(table(heads, "< >,.0f < >,.0f >.2f > ^", body))
 
 
 def rows_report(rows: list[Row], intro: str, notes: list[str], raw: list[str], plot: Path, title: str) -> str:

@@ -14,15 +14,20 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from functools import partial
 from pathlib import Path
 
 from benchmarks import common
+from benchmarks.harness import tables
 from benchmarks.harness.registry import LOADERS, PEERS, SUITES, WORKLOADS, Cell
 
-COLUMNS = (
-    "| cell | workload | loader | rows/s | vs best peer | first batch s | again s | build s | shuffle quality "
-    "| MiB read / 1k rows | reads / 1k rows | RSS MiB | epochs | first epoch |"
+HEADS = (
+    "cell | workload | loader | rows/s | vs best peer | first batch s | again s | build s | shuffle quality "
+    "| MiB read / 1k rows | reads / 1k rows | RSS MiB | epochs | first epoch"
 )
+SPECS = "< < < >,.0f > >.3f >.3f >.3f >.2f >.2f >.1f >,.0f > <"
+RESUME_HEADS = " | resume 10% s | resume 90% s | 90%/10% | RSS over unfiltered NoShuffle MiB"
+RESUME_SPECS = " >.4f >.4f >.2f >.0f"
 
 
 def _ok(results: dict, cell: Cell) -> list[dict]:
@@ -36,7 +41,7 @@ def _median(values: list) -> float:
 
 def _best_peer(results: dict, cell: Cell, cells: list[Cell]) -> Cell | None:
     peers = [c for c in cells if c.loader in PEERS and (c.workload, c.size, c.workers, c.storage) == _key(cell)]
-    speeds = {c: _median([r.get("rows_per_s") for r in _ok(results, c)]) for c in peers}
+    speeds = {c: _med(results, c, "rows_per_s") for c in peers}
     speeds = {c: s for c, s in speeds.items() if not math.isnan(s)}
     return max(speeds, key=speeds.get) if speeds else None
 
@@ -57,13 +62,6 @@ def ratio_to_best_peer(results: dict, cell: Cell, cells: list[Cell]) -> float:
     return _median(pairs)
 
 
-def _fmt(value: float, spec: str) -> str:
-    return "" if value is None or math.isnan(value) else format(value, spec)
-
-
-RESUME_COLUMNS = " resume 10% s | resume 90% s | 90%/10% | RSS over unfiltered NoShuffle MiB |"
-
-
 def _med(results: dict, cell: Cell, key: str) -> float:
     return _median([r.get(key) for r in _ok(results, cell)])
 
@@ -78,37 +76,34 @@ def _over_scan(results: dict, cell: Cell) -> float:
 
 def table(results: dict, cells: list[Cell]) -> tuple[list[str], list[str]]:
     resumes = any("resume10_s" in r for rs in results.values() for r in rs)
-    header = COLUMNS + (RESUME_COLUMNS if resumes else "")
-    lines, failures = [header, "|---|---|---|" + "---:|" * 10 + "---|" + ("---:|" * 4 if resumes else "")], []
+    heads, specs = (HEADS + RESUME_HEADS, SPECS + RESUME_SPECS) if resumes else (HEADS, SPECS)
+    rows, failures = [], []
     for c in cells:
         got = _ok(results, c)
         wl, lo = WORKLOADS[c.workload].label, LOADERS[c.loader].label
         if not got:
             errors = {r.get("error", "?") for r in results.get(c.name, [])}
             failures.append(f"`{c.name}`: {'; '.join(errors) or 'not run'}")
-            lines.append(f"| `{c.name}` | {wl} | {lo} | did not run |" + " |" * (14 if resumes else 10))
+            rows.append([f"`{c.name}`", wl, lo, "did not run", *[""] * (len(specs.split()) - 4)])
             continue
-        rows = max(1, got[0]["rows"]) / 1000
-
-        def med(key: str, got: list[dict] = got) -> float:
-            return _median([r.get(key) for r in got])
-
-        best = _best_peer(results, c, cells)
-        x = _fmt(ratio_to_best_peer(results, c, cells), ".2f") + (" (best peer)" if best == c else "")
-        lines.append(
-            f"| `{c.name}` | {wl} | {lo} | {_fmt(med('rows_per_s'), ',.0f')} | {x} | {med('first_batch_s'):.3f} "
-            f"| {_fmt(med('again_s'), '.3f')} | {med('build_s'):.3f} | {_fmt(med('quality'), '.2f')} "
-            f"| {_fmt(med('read_bytes') / 2**20 / rows, '.2f') if got[0]['rows'] else ''} "
-            f"| {_fmt(med('read_calls') / rows, '.1f') if got[0]['rows'] else ''} | {med('rss_mb'):,.0f} "
-            f"| {got[0]['epochs']} | {got[0]['check'] if got[0]['rows'] else '—'} |"
-        )
+        per_1k = got[0]["rows"] / 1000 or None  # a cell that read no rows has no per-row figures
+        med = partial(_med, results, c)
+        x = tables.cell(ratio_to_best_peer(results, c, cells), ".2f", "")
+        row = [
+            f"`{c.name}`",
+            wl,
+            lo,
+            med("rows_per_s"),
+            x + (" (best peer)" if _best_peer(results, c, cells) == c else ""),
+        ]
+        row += [med(key) for key in ("first_batch_s", "again_s", "build_s", "quality")]
+        reads = [med("read_bytes") / 2**20 / per_1k, med("read_calls") / per_1k] if per_1k else ["", ""]
+        row += [*reads, med("rss_mb"), got[0]["epochs"], got[0]["check"] if per_1k else "—"]
         if resumes:
             r10, r90 = med("resume10_s"), med("resume90_s")
-            lines[-1] += (
-                f" {_fmt(r10, '.4f')} | {_fmt(r90, '.4f')} | {_fmt(r90 / r10, '.2f')} "
-                f"| {_fmt(_over_scan(results, c), '.0f')} |"
-            )
-    return lines, failures
+            row += [r10, r90, r90 / r10, _over_scan(results, c)]
+        rows.append(row)
+    return tables.table(heads, specs, rows, missing=""), failures
 
 
 def verdicts(suite: str | None, results: dict, cells: list[Cell]) -> list[str]:
@@ -126,9 +121,7 @@ def verdicts(suite: str | None, results: dict, cells: list[Cell]) -> list[str]:
         for c in cells:
             if c.workers == "2":
                 zero = Cell(c.workload, c.loader, c.size, "0", c.storage)
-                extra = _median([r.get("first_batch_s") for r in _ok(results, c)]) - _median(
-                    [r.get("first_batch_s") for r in _ok(results, zero)]
-                )
+                extra = _med(results, c, "first_batch_s") - _med(results, zero, "first_batch_s")
                 mark = f"**{'pass' if extra <= 2.0 else 'FAIL'}**" if c.loader == "ours" else "(info)"
                 out.append(f"- `{c.name}`: first batch {extra:.3f} s later than with 0 workers {mark}")
     return [*out, ""]

@@ -42,6 +42,7 @@ import lance
 from torch.utils.data import DataLoader
 
 from benchmarks import common
+from benchmarks.harness import tables
 from benchmarks.harness.data import plain_vec_table
 from benchmarks.harness.fit import train_loader
 from benchmarks.harness.loaders import lance_torch
@@ -170,23 +171,30 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
+HEADS = (
+    "index | filter | ours epoch rows/s | lance.torch rows/s | ratio (≥ 1.3) | per CPU second | "
+    "setup + epoch: ours / lance.torch rows/s | ratio | first batch: ours / lance.torch ms | "
+    "ratio (≤ 2) | result | read requests (MB) an epoch: ours / lance.torch"
+)
+
+
 def table(cells: list[Cell]) -> str:
-    lines = [
-        "| index | filter | ours epoch rows/s | lance.torch rows/s | ratio (≥ 1.3) | per CPU second | "
-        "setup + epoch: ours / lance.torch rows/s | ratio | first batch: ours / lance.torch ms | "
-        "ratio (≤ 2) | result | read requests (MB) an epoch: ours / lance.torch |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|",
-    ]
-    for c in cells:
-        ok = c.epoch[2] >= EPOCH_TARGET and c.first[2] <= FIRST_TARGET
-        lines.append(
-            f"| {c.index} | `{c.filter}` ({c.share}) | {c.epoch[0]:,.0f} | {c.epoch[1]:,.0f} | {c.epoch[2]:.2f} | "
-            f"{c.epoch_cpu:.2f} | "
-            f"{c.setup_epoch[0]:,.0f} / {c.setup_epoch[1]:,.0f} | {c.setup_epoch[2]:.2f} | "
-            f"{c.first[0] * 1e3:.1f} / {c.first[1] * 1e3:.1f} | {c.first[2]:.2f} | {verdict(ok)} | "
-            f"{c.io[0][0]:,} ({c.io[0][1]:.0f}) / {c.io[1][0]:,} ({c.io[1][1]:.0f}) |"
+    rows = [
+        (
+            c.index,
+            f"`{c.filter}` ({c.share})",
+            *c.epoch,
+            c.epoch_cpu,
+            f"{c.setup_epoch[0]:,.0f} / {c.setup_epoch[1]:,.0f}",
+            c.setup_epoch[2],
+            f"{c.first[0] * 1e3:.1f} / {c.first[1] * 1e3:.1f}",
+            c.first[2],
+            verdict(c.epoch[2] >= EPOCH_TARGET and c.first[2] <= FIRST_TARGET),
+            f"{c.io[0][0]:,} ({c.io[0][1]:.0f}) / {c.io[1][0]:,} ({c.io[1][1]:.0f})",
         )
-    return "\n".join(lines)
+        for c in cells
+    ]
+    return "\n".join(tables.table(HEADS, "< < >,.0f >,.0f >.2f >.2f > >.2f > >.2f ^ >", rows))
 
 
 def report(cells: list[Cell], p: Params, load_start: float) -> str:

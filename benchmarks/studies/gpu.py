@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import common
+from benchmarks.harness import tables
 from benchmarks.harness.registry import SelectError
 from benchmarks.harness.study import Params
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, to_torch_batch
@@ -76,7 +77,7 @@ def image_dataset(root: Path, rows: int, side: int) -> str:
     """A Lance dataset of ``rows`` ``side`` x ``side`` JPEGs (``image``) and labels, written once
     (the JPEGs are made in chunks of 1,024 on a thread per core)."""
     path = root / f"gpu_images_{rows}_{side}.lance"
-    if path.exists() and lance.dataset(str(path)).count_rows() == rows:
+    if common.table_ready(path, rows, None):
         return str(path)
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         chunks = pool.map(lambda first: jpegs(min(1024, rows - first), side, seed=first), range(0, rows, 1024))
@@ -453,17 +454,9 @@ def report(
         "",
         "## Decode (images/s)",
         "",
-        "| JPEG side | CPU, one thread per core | device, TorchCodec | device, torchvision | device / CPU (best) |",
-        "|---:|---:|---:|---:|---:|",
+        *decode_table(decode),
+        *fit_section(fit),
     ]
-    for r in decode:
-        rates = {b: r[b] for b in BACKENDS if r[b] is not None}
-        cells = " | ".join(f"{r[b]:,.0f}" if r[b] is not None else "— (does not import)" for b in BACKENDS)
-        lines.append(
-            f"| {r['side']}x{r['side']} | {r['cpu']:,.0f} ({r['cores']} threads) | {cells} | "
-            f"{max(rates.values()) / r['cpu']:.2f}x |"
-        )
-    lines += fit_section(fit)
     if fit2 is not None:
         lines += fit_section(fit2)
     if copies is not None and lap is not None:
@@ -493,39 +486,43 @@ def report(
     return "\n".join(lines)
 
 
+def decode_table(decode: list[dict[str, Any]]) -> list[str]:
+    """Images/s decoded on the CPU and by each device backend (None: the backend does not import)."""
+    heads = "JPEG side | CPU, one thread per core | device, TorchCodec | device, torchvision | device / CPU (best)"
+    rows = []
+    for r in decode:
+        best = max(r[b] for b in BACKENDS if r[b] is not None) / r["cpu"]
+        cpu = f"{r['cpu']:,.0f} ({r['cores']} threads)"
+        rows.append((f"{r['side']}x{r['side']}", cpu, *(r[b] for b in BACKENDS), f"{best:.2f}x"))
+    return tables.table(heads, "> > >,.0f >,.0f >", rows, missing="— (does not import)")
+
+
 def fit_section(fit: dict[str, Any]) -> list[str]:
     """The table of one fit: the Lance rows against the on-device baseline, each with its two targets."""
     ready = fit["ready"]
 
-    def row(label: str, result: dict[str, float]) -> str:
-        ratio = result["step_ms"] / ready["step_ms"]
-        wait = result["wait_share"]
-        return (
-            f"| {label} | {result['step_ms']:.1f} ms | {ratio:.3f}x ({'PASS' if ratio <= 1.05 else 'FAIL'}) | "
-            f"{100 * wait:.2f}% ({'PASS' if wait < 0.02 else 'FAIL'}) | {result['steps']} |"
-        )
+    def row(label: str, result: dict[str, float]) -> tuple:
+        ratio, wait = result["step_ms"] / ready["step_ms"], result["wait_share"]
+        ratio_text = f"{ratio:.3f}x ({'PASS' if ratio <= 1.05 else 'FAIL'})"
+        wait_text = f"{100 * wait:.2f}% ({'PASS' if wait < 0.02 else 'FAIL'})"
+        return label, f"{result['step_ms']:.1f} ms", ratio_text, wait_text, result["steps"]
 
-    lines = [
+    rows = [row("Lance (RowShuffle, decode on the device, `device_ahead=2`)", fit["lance"])]
+    if "in_hooks" in fit:
+        rows.append(row("Lance, copy and decode in the loop's hooks (`device_ahead=0`)", fit["in_hooks"]))
+    rows += [row(variant_label(variant), variant) for variant in fit["variants"]]
+    ready_wait = f"{100 * ready['wait_share']:.2f}%"
+    rows.append(("batches already on the device", f"{ready['step_ms']:.1f} ms", "1x", ready_wait, ready["steps"]))
+    heads = "fed from | step time | / on-device (target ≤ 1.05x) | between steps, waiting for data (target < 2%)"
+    return [
         "",
         f"## ResNet-18 fit, bf16 mixed precision, batch {fit['batch']}, {fit['size']}x{fit['size']}",
         "",
-        "| fed from | step time | / on-device (target ≤ 1.05x) | between steps, waiting for data (target < 2%) "
-        "| steps timed |",
-        "|---|---:|---:|---:|---:|",
-        row("Lance (RowShuffle, decode on the device, `device_ahead=2`)", fit["lance"]),
-    ]
-    if "in_hooks" in fit:
-        lines.append(row("Lance, copy and decode in the loop's hooks (`device_ahead=0`)", fit["in_hooks"]))
-    for variant in fit["variants"]:
-        lines.append(row(variant_label(variant), variant))
-    lines += [
-        f"| batches already on the device | {ready['step_ms']:.1f} ms | 1x | {100 * ready['wait_share']:.2f}% | "
-        f"{ready['steps']} |",
+        *tables.table(heads + " | steps timed", "< > > > >", rows),
         "",
         f"The train loader alone (read, convert, pin; no GPU work) delivers {fit['read']:,.0f} images/s; the "
         f"on-device fit consumes {1e3 * fit['batch'] / ready['step_ms']:,.0f} images/s.",
     ]
-    return lines
 
 
 def measure(args: Params) -> str:

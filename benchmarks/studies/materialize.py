@@ -33,6 +33,7 @@ import pyarrow as pa
 from lightning.pytorch.callbacks import Callback
 
 from benchmarks import common
+from benchmarks.harness import tables
 from benchmarks.harness.fit import VecModel, trainer
 from benchmarks.harness.study import Params
 from lance_lightning import LanceDataModule, LanceSource, MaterializedView, NoShuffle, RemoteCache, RowShuffle
@@ -74,6 +75,10 @@ class Run:
         measured = self.epochs_s[:epochs]
         extra = (epochs - len(measured)) * statistics.median(self.epochs_s)
         return self.setup_s + self.other_s + sum(measured) + extra
+
+    def figures(self, epochs: int) -> tuple[float, float, float]:
+        """The table's figures: setup, the median epoch, the total of ``epochs`` epochs (seconds)."""
+        return self.setup_s, statistics.median(self.epochs_s), self.total(epochs)
 
 
 @dataclass
@@ -148,18 +153,15 @@ def report(patterns: list[Pattern], args: Params, rows: int) -> str:
         "pairs. The view side includes the copy: its `setup` pins the source, copies it into a fresh "
         "`cache_dir` and plans the view.",
         "",
-        f"| read pattern | S3: setup (s) | S3: epoch (s) | S3: {e} epochs (s) | view: setup + copy (s) "
-        f"| view: epoch (s) | view: {e} epochs (s) | ratio S3/view, {e} epochs | break-even epochs |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    heads = f"read pattern | S3: setup (s) | S3: epoch (s) | S3: {e} epochs (s) | view: setup + copy (s) "
+    heads += f"| view: epoch (s) | view: {e} epochs (s) | ratio S3/view, {e} epochs | break-even epochs"
+    body = []
     for pat in patterns:
         s3, view = median_run(pat.s3), median_run(pat.view)
         ratio = statistics.median(a.total(e) / b.total(e) for a, b in zip(pat.s3, pat.view))
-        lines.append(
-            f"| {pat.name} | {s3.setup_s:.2f} | {statistics.median(s3.epochs_s):.2f} | {s3.total(e):.1f} | "
-            f"{view.setup_s:.2f} | {statistics.median(view.epochs_s):.2f} | {view.total(e):.1f} | "
-            f"{ratio:.2f} | {break_even(s3, view)} |"
-        )
+        body.append((pat.name, *s3.figures(e), *view.figures(e), ratio, break_even(s3, view)))
+    lines += tables.table(heads, "< >.2f >.2f >.1f >.2f >.2f >.1f >.2f >", body)
     lines += [
         "",
         f"Totals: wall time of the whole run, from `dm.setup` to the end of `Trainer.fit` (setup, {e} epochs "

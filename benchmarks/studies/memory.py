@@ -21,6 +21,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
 from benchmarks import common
+from benchmarks.harness import tables
 from benchmarks.harness.fit import ImageModel, trainer
 from benchmarks.harness.memory import RssSampler
 from benchmarks.harness.study import Params
@@ -29,18 +30,6 @@ from lance_lightning.transforms import DecodeImage
 
 TARGET = 1.05
 MB = 1024 * 1024
-
-
-def _status_kb(field: str, pid: int | str = "self") -> int:
-    """A ``kB`` field of ``/proc/<pid>/status`` (0 if the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 class EpochPeaks(Callback):
@@ -90,7 +79,7 @@ def ratio(peaks: EpochPeaks) -> float:
     return by_epoch[max(by_epoch)] / by_epoch[2]
 
 
-def report(runs: dict[int, EpochPeaks], p: Params, uri: str, source: str, hwm_kb: int) -> str:
+def report(runs: dict[int, EpochPeaks], p: Params, uri: str, source: str, hwm_mib: float) -> str:
     last = p.epochs
     lines = [
         f"Data: `{uri}`, {p.rows:,} rows (id, 64x64 RGB JPEG, label). Real `Trainer`, "
@@ -99,33 +88,27 @@ def report(runs: dict[int, EpochPeaks], p: Params, uri: str, source: str, hwm_kb
         "after the other in this process: with 0 the reader threads run in the training process; with more, "
         "RSS is summed over the training process and its (forkserver, persistent) workers. RSS sampled every "
         f"{p.interval:g} s with {source}; an epoch's peak is the largest sample from its start to its end "
-        f"(both included). Process VmHWM (lifetime peak of the training process, all runs): {hwm_kb / 1024:.1f} MiB.",
+        f"(both included). Process VmHWM (lifetime peak of the training process, all runs): {hwm_mib:.1f} MiB.",
         "",
-        f"| num_workers | peak RSS epoch {last} / epoch 2 | target | result | epoch 2 peak (MiB) "
-        f"| epoch {last} peak (MiB) | growth (MiB) | max over epochs 2..{last} (MiB) |",
-        "|---:|---:|---:|:---:|---:|---:|---:|---:|",
     ]
+    heads = f"num_workers | peak RSS epoch {last} / epoch 2 | target | result | epoch 2 peak (MiB) "
+    heads += f"| epoch {last} peak (MiB) | growth (MiB) | max over epochs 2..{last} (MiB)"
+    rows = []
     for workers, peaks in runs.items():
-        by_epoch = {epoch: peak for epoch, peak, _, _ in peaks.rows}
+        by_epoch = {epoch: peak / MB for epoch, peak, _, _ in peaks.rows}
         r = ratio(peaks)
-        growth = (by_epoch[last] - by_epoch[2]) / MB
-        lines.append(
-            f"| {workers} | {r:.3f} | ≤ {TARGET} | {'PASS' if r <= TARGET else 'FAIL'} | "
-            f"{by_epoch[2] / MB:.1f} | {by_epoch[last] / MB:.1f} | {growth:+.1f} | "
-            f"{max(p for e, p in by_epoch.items() if e >= 2) / MB:.1f} |"
+        verdict = "PASS" if r <= TARGET else "FAIL"
+        top = max(v for e, v in by_epoch.items() if e >= 2)
+        rows.append(
+            (workers, r, f"≤ {TARGET}", verdict, by_epoch[2], by_epoch[last], by_epoch[last] - by_epoch[2], top)
         )
+    lines += tables.table(heads, "> >.3f > ^ >.1f >.1f >+.1f >.1f", rows)
+    per_epoch = "epoch | peak RSS (MiB) | RSS at epoch end (MiB) | seconds"
     for workers, peaks in runs.items():
-        lines += [
-            "",
-            f"## Per epoch, num_workers {workers}",
-            "",
-            "| epoch | peak RSS (MiB) | RSS at epoch end (MiB) | seconds |",
-            "|---:|---:|---:|---:|",
-            *[
-                f"| {epoch} | {peak / MB:.1f} | {end / MB:.1f} | {seconds:.1f} |"
-                for epoch, peak, end, seconds in peaks.rows
-            ],
-        ]
+        lines += ["", f"## Per epoch, num_workers {workers}", ""]
+        lines += tables.table(
+            per_epoch, "> >.1f >.1f >.1f", [(e, top / MB, end / MB, s) for e, top, end, s in peaks.rows]
+        )
     return "\n".join(lines)
 
 
@@ -136,4 +119,4 @@ def measure(p: Params) -> str:
     runs: dict[int, EpochPeaks] = {}
     for workers in p.workers:
         runs[workers], source = run(uri, p, workers)
-    return report(runs, p, uri, source, _status_kb("VmHWM"))
+    return report(runs, p, uri, source, common.peak_rss_mb())  # VmHWM: getrusage's ru_maxrss

@@ -18,7 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import vec_dataset
+from benchmarks.harness import tables
 from benchmarks.harness.study import Params
+from benchmarks.harness.timing import iterate
 from lance_lightning import LanceDataModule, LanceMixture, LanceSource, RowShuffle
 from lance_lightning.plan.blocks import block_counts, epoch_positions
 from lance_lightning.plan.mixture_plan import MixturePlan
@@ -41,7 +43,7 @@ def _pure_plan(rows: int) -> MixturePlan:
 
 
 def bench_map(batch: int, repeats: int) -> list[str]:
-    lines = [f"| rows per source | epoch position | positions/s (median of {repeats}) |", "|---:|---:|---:|"]
+    body = []
     for rows in (10**6, 10**9):
         plan = _pure_plan(rows)
         for fraction in (0.1, 0.9):
@@ -53,16 +55,14 @@ def bench_map(batch: int, repeats: int) -> list[str]:
                 started = time.perf_counter()
                 plan.units(0, positions)
                 times.append(time.perf_counter() - started)
-            lines.append(f"| {rows:,} | {fraction:.0%} | {batch / statistics.median(times):,.0f} |")
-    return lines
+            body.append((rows, fraction, batch / statistics.median(times)))
+    return tables.table(f"rows per source | epoch position | positions/s (median of {repeats})", ">, >.0% >,.0f", body)
 
 
 def _rows_per_s(dm: LanceDataModule, batches: int) -> float:
     loader = dm.train_dataloader()
-    started, rows = time.perf_counter(), 0
-    for _, batch in zip(range(batches), loader):
-        rows += len(batch["id"])
-    return rows / (time.perf_counter() - started)
+    started = time.perf_counter()
+    return iterate(loader, batches)() / (time.perf_counter() - started)
 
 
 def bench_read(cache: Path, rows: int, batches: int, batch_size: int, repeats: int) -> list[str]:
@@ -78,10 +78,11 @@ def bench_read(cache: Path, rows: int, batches: int, batch_size: int, repeats: i
         results["row shuffle"].append(_rows_per_s(dm, batches))
     mix, plain = (statistics.median(results[k]) for k in ("mixture", "row shuffle"))
     return [
-        f"| reader | rows/s (median of {repeats}) |",
-        "|---|---:|",
-        f"| mixture of 2 sources (0.7/0.3), RowShuffle | {mix:,.0f} |",
-        f"| one source, RowShuffle | {plain:,.0f} |",
+        *tables.table(
+            f"reader | rows/s (median of {repeats})",
+            "< >,.0f",
+            [("mixture of 2 sources (0.7/0.3), RowShuffle", mix), ("one source, RowShuffle", plain)],
+        ),
         "",
         f"Ratio mixture / one source: {mix / plain:.2f}.",
     ]

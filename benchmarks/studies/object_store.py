@@ -33,6 +33,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
+from benchmarks.harness import tables
 from benchmarks.harness.study import Params
 from benchmarks.ministack_server import MiniStackServer
 from lance_lightning import (
@@ -51,6 +52,11 @@ SERVERS = {"moto": S3Server, "ministack": MiniStackServer}
 
 BATCH = 256
 COLUMNS = ["id", "label", "payload"]
+HEADS = (
+    "pattern | workers | cache | read | cold rows/s | cold requests | cold MiB | cold amplification "
+    "| warm rows/s | warm requests | warm MiB | x NoShuffle rows/s (cold)"
+)
+SPECS = "< > < < > >, >,.1f >.2f > >, >,.1f >.2f"
 #: Read patterns: the name a run selects (``--set patterns=scan,row``) -> the table's label and the reading.
 PATTERNS: dict[str, tuple[str, dict[str, Any]]] = {
     "scan": ("NoShuffle", {"shuffle": lambda: NoShuffle()}),
@@ -72,6 +78,10 @@ class Phase:
 
     def rate(self) -> float:
         return self.rows / self.seconds if self.seconds else 0.0
+
+    def figures(self) -> tuple[str, int, float]:
+        """The table's rows/s (marked when the epoch was capped), requests and MiB."""
+        return f"{self.rate():,.0f}{' (capped)' if self.capped else ''}", self.requests, self.bytes / 2**20
 
 
 def write_table(uri: str, rows: int, options: dict[str, str], rows_per_file: int) -> int:
@@ -135,10 +145,8 @@ def measure(p: Params) -> str:
         "cold = setup (plan, and the copy when the cache applies) + epoch 0; warm = epoch 1. "
         "amplification = bytes sent by the store / bytes of the rows delivered.",
         "",
-        "| pattern | workers | cache | read | cold rows/s | cold requests | cold MiB | cold amplification "
-        "| warm rows/s | warm requests | warm MiB | x NoShuffle rows/s (cold) |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    rows: list[tuple] = []
     with SERVERS[p.server].serving("bench") as s3, FaultProxy.serving(s3.endpoint, p.latency_ms / 1e3) as proxy:
         options = {**s3.storage_options(), "aws_endpoint": proxy.endpoint}
         uri = "s3://bench/table.lance"
@@ -154,13 +162,9 @@ def measure(p: Params) -> str:
                         if name == "NoShuffle" and workers not in baseline:  # a scan: the cache never applies
                             baseline[workers] = cold.rate()
                         amplification = cold.bytes / max(1, cold.rows * row_bytes)
-                        capped = " (capped)" if cold.capped else ""
-                        lines.append(
-                            f"| {name} | {workers} | {'on' if cached else 'off'} | {method} "
-                            f"| {cold.rate():,.0f}{capped} | {cold.requests:,} | {cold.bytes / 2**20:,.1f} "
-                            f"| {amplification:.2f} | {warm.rate():,.0f}{' (capped)' if warm.capped else ''} "
-                            f"| {warm.requests:,} | {warm.bytes / 2**20:,.1f} "
-                            f"| {cold.rate() / baseline.get(workers, cold.rate()):.2f} |"
-                        )
-                        print(lines[-1], flush=True)
+                        against_scan = cold.rate() / baseline.get(workers, cold.rate())
+                        cells = (*cold.figures(), amplification, *warm.figures(), against_scan)
+                        rows.append((name, workers, "on" if cached else "off", method, *cells))
+                        print(tables.table(HEADS, SPECS, rows[-1:])[-1], flush=True)
+    lines += tables.table(HEADS, SPECS, rows)
     return "\n".join(lines)

@@ -23,8 +23,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from benchmarks.common import peak_rss_mb
+from benchmarks.common import peak_rss_mb, table_ready
+from benchmarks.harness import tables
 from benchmarks.harness.study import Params, child
+
+HEADS = (
+    "documents | token counts from | shuffle | tokens | windows | setup s | index B/document | setup peak MB "
+    "| peak RSS MB | windows/s | tokens/s"
+)
 
 
 def dataset(cache: Path, documents: int, max_len: int) -> str:
@@ -34,12 +40,8 @@ def dataset(cache: Path, documents: int, max_len: int) -> str:
     import pyarrow as pa
 
     path = cache / f"tokens_{documents}_{max_len}.lance"
-    if path.exists():
-        try:
-            if lance.dataset(str(path)).count_rows() == documents:
-                return str(path)
-        except Exception:  # noqa: BLE001 - half written: write again
-            pass
+    if table_ready(path, documents, None):
+        return str(path)
     schema = pa.schema([("tokens", pa.list_(pa.int32())), ("n_tokens", pa.int32())])
     rng = np.random.default_rng(0)
 
@@ -144,25 +146,23 @@ def report(rows: list[dict], shares: dict[str, float], p: Params) -> str:
         "peak RSS (imports included). Windows/s: the first batches of an epoch read through "
         f"`LanceIterableDataset` (2 reader threads, at most {p.batches} batches, timed from the iteration's start).",
         "",
-        "| documents | token counts from | shuffle | tokens | windows | setup s | index B/document | setup peak MB "
-        "| peak RSS MB | windows/s | tokens/s |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        source = "`lengths_column`" if r["lengths"] else "token lists (no lengths_column)"
-        rate = f"{r['windows_per_s']:,.0f} | {r['tokens_per_s']:,.0f}" if "windows_per_s" in r else "— | —"
-        lines.append(
-            f"| {r['documents']:,} | {source} | {r['shuffle']} | {r['tokens']:,} | {r['windows']:,} | "
-            f"{r['setup_s']:.2f} | {r['index_bytes_per_doc']:.1f} | {r['setup_peak_numpy_mb']:.0f} | "
-            f"{r['peak_rss_mb']:.0f} | {rate} |"
+    body = [
+        (
+            r["documents"],
+            "`lengths_column`" if r["lengths"] else "token lists (no lengths_column)",
+            r["shuffle"],
+            *(r[k] for k in ("tokens", "windows", "setup_s", "index_bytes_per_doc", "setup_peak_numpy_mb")),
+            *(r.get(k) for k in ("peak_rss_mb", "windows_per_s", "tokens_per_s")),
         )
+        for r in rows
+    ]
+    lines += tables.table(HEADS, ">, < < >, >, >.2f >.1f >.0f >.0f >,.0f >,.0f", body)
     lines += [
         "",
         f"Mixing: share of neighbouring windows of a batch (batch {p.batch_size}) that are neighbours in the "
         f"stream, over the {rows[0]['windows']:,} windows of the first dataset (pure: the epoch order only).",
         "",
-        "| strategy | neighbours in the stream |",
-        "|---|---:|",
-        *(f"| `{name}` | {share:.3f} |" for name, share in shares.items()),
+        *tables.table("strategy | neighbours in the stream", "< >.3f", [(f"`{n}`", v) for n, v in shares.items()]),
     ]
     return "\n".join(lines)

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common
+from benchmarks.harness import tables
 from benchmarks.harness.study import ROOT, Params
 
 FILTER = "label < 10"
@@ -125,7 +126,7 @@ def _write_table(path: Path, rows: int) -> str:
     import numpy as np
     import pyarrow as pa
 
-    if path.exists() and lance.dataset(str(path)).count_rows() == rows:
+    if common.table_ready(path, rows, None):
         return str(path)
     labels = np.random.default_rng(0).integers(0, 100, rows, dtype=np.int32)
     table = pa.table({"id": np.arange(rows, dtype=np.int64), "label": labels})
@@ -177,30 +178,25 @@ def _report(p: Params, rows: int, runs: dict, loads: list[str]) -> str:
         "  `on` (an empty cache directory: one process scans, the others wait and load its entry;",
         "  pinning plans the filter's scan, `explain_plan`, without reading)",
         "",
-        "| survey cache | processes | surveys computed | planning MB (total) | planning CPU s (total) "
-        "| setup s (slowest) | first batch s (slowest) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     summary = {key: _summary(value) for key, value in runs.items()}
+    heads = "survey cache | processes | surveys computed | planning MB (total) | planning CPU s (total) "
+    heads += "| setup s (slowest) | first batch s (slowest)"
+    body = []
     for mode in MODES:
         for count in (1, n):
             s = summary[(mode, count)]
-            lines.append(
-                f"| {mode} | {count} | {s['computed']:.0f} | {s['bytes'] / 1e6:.2f} | {s['cpu']:.2f} "
-                f"| {s['setup']:.2f} | {s['first']:.2f} |"
-            )
-    lines += [
-        "",
-        f"Ratios ({n} processes over 1, same mode; target: at most {TARGET:g}):",
-        "",
-        "| survey cache | planning bytes | planning CPU | first batch (slowest) | result |",
-        "|---|---:|---:|---:|:---:|",
-    ]
+            body.append((mode, count, s["computed"], s["bytes"] / 1e6, s["cpu"], s["setup"], s["first"]))
+    lines += tables.table(heads, "< > >.0f >.2f >.2f >.2f >.2f", body)
+    lines += ["", f"Ratios ({n} processes over 1, same mode; target: at most {TARGET:g}):", ""]
+    ratio_rows = []
     for mode in MODES:
         one, many = summary[(mode, 1)], summary[(mode, n)]
         ratios = [many[key] / max(one[key], 1e-9) for key in ("bytes", "cpu", "first")]
         verdict = ("PASS" if max(ratios) <= TARGET else "FAIL") if mode != "off" else "(before)"
-        lines.append(f"| {mode} | {ratios[0]:.2f} | {ratios[1]:.2f} | {ratios[2]:.2f} | {verdict} |")
+        ratio_rows.append((mode, *ratios, verdict))
+    heads = "survey cache | planning bytes | planning CPU | first batch (slowest) | result"
+    lines += tables.table(heads, "< >.2f >.2f >.2f ^", ratio_rows)
     lines += ["", "Per process, every repetition (setup s, first batch s, planning CPU s, planning MB, outcome):", ""]
     for (mode, count), value in runs.items():
         for rep, run in enumerate(value, 1):

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from benchmarks.harness import runner
+from benchmarks.harness import runner, tables
 from benchmarks.harness.study import ROOT, Params, child
 
 SIDES = ["lance-lightning", "litdata", "mds", "mds-parallel"]
@@ -155,27 +155,30 @@ def render(raw: dict) -> str:
         return statistics.median(a[key] / b[key] for a, b in zip(results[side], results["lance-lightning"]))
 
     versions = results["litdata"][0]["versions"]
-    lines = [
-        "| converter | rows/s | vs ours | seconds | bytes on disk | vs input | first batch (ms) | vs ours |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for side in SIDES:
-        ours = side == "lance-lightning"
-        speed = "—" if ours else f"{ratio(side, 'rows_per_s'):.2f}"
-        first = "—" if ours else f"{ratio(side, 'first_batch_s'):.2f}"
-        lines.append(
-            f"| {LABELS[side]} | {med(side, 'rows_per_s'):,.0f} | {speed} | {med(side, 'seconds'):.2f} | "
-            f"{med(side, 'bytes'):,.0f} | {med(side, 'bytes') / input_bytes:.3f} | "
-            f"{med(side, 'first_batch_s') * 1e3:.0f} | {first} |"
-        )
+    lines = tables.table(
+        "converter | rows/s | vs ours | seconds | bytes on disk | vs input | first batch (ms) | vs ours",
+        "< >,.0f >.2f >.2f >,.0f >.3f >.0f >.2f",
+        [
+            (
+                LABELS[side],
+                med(side, "rows_per_s"),
+                None if side == "lance-lightning" else ratio(side, "rows_per_s"),  # "—": ours against ours
+                med(side, "seconds"),
+                med(side, "bytes"),
+                med(side, "bytes") / input_bytes,
+                med(side, "first_batch_s") * 1e3,
+                None if side == "lance-lightning" else ratio(side, "first_batch_s"),
+            )
+            for side in SIDES
+        ],
+    )
     reps = len(results["lance-lightning"])
-    per_rep = ["| rep | " + " | ".join(SIDES) + " |", "|---|" + "---:|" * len(SIDES)]
-    for rep in range(reps):
-        cells = [
-            f"{results[s][rep]['rows_per_s']:,.0f} rows/s, {results[s][rep]['first_batch_s'] * 1e3:.0f} ms"
-            for s in SIDES
-        ]
-        per_rep.append(f"| {rep + 1} | " + " | ".join(cells) + " |")
+
+    def one(r: dict) -> str:
+        return f"{r['rows_per_s']:,.0f} rows/s, {r['first_batch_s'] * 1e3:.0f} ms"
+
+    runs = [(rep + 1, *(one(results[side][rep]) for side in SIDES)) for rep in range(reps)]
+    per_rep = tables.table("rep | " + " | ".join(SIDES), "<" + " >" * len(SIDES), runs)
     return "\n".join(
         [
             f"Peers (their own environment, `{raw['peer_env']}`): LitData "

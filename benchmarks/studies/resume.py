@@ -33,6 +33,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from benchmarks import common
+from benchmarks.harness import tables
 from benchmarks.harness.fit import VecModel, trainer
 from benchmarks.harness.study import Params
 from lance_lightning import (
@@ -160,37 +161,32 @@ def report(p: Params, uri: str, results: list[dict[str, Any]]) -> str:
         "model's `on_train_batch_start` of the first batch; checkpoints are real Lightning checkpoint files "
         "written during one uninterrupted epoch",
         "",
-        "| strategy | position | step | rows consumed | time to first batch (ms, median) | min–max (ms) |",
-        "|---|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     for r in results:
-        fresh = r["timings"]["fresh"]
-        lines.append(
-            f"| {r['shuffle']!r} | fresh fit | 0 | 0 | {statistics.median(fresh) * 1000:.0f} | "
-            f"{min(fresh) * 1000:.0f}–{max(fresh) * 1000:.0f} |"
-        )
+        positions = [("fresh fit", "0", 0, r["timings"]["fresh"])]
         for f, steps in r["targets"].items():
-            t = r["timings"][f]
-            lines.append(
-                f"| {r['shuffle']!r} | {int(f * 100)}% | {steps[0]}–{steps[-1]} | {steps[0] * p.batch_size:,} | "
-                f"{statistics.median(t) * 1000:.0f} | {min(t) * 1000:.0f}–{max(t) * 1000:.0f} |"
-            )
+            positions.append((f"{int(f * 100)}%", f"{steps[0]}–{steps[-1]}", steps[0] * p.batch_size, r["timings"][f]))
+        for position, step, consumed, t in positions:
+            spread = f"{min(t) * 1000:.0f}–{max(t) * 1000:.0f}"
+            rows.append((repr(r["shuffle"]), position, step, consumed, statistics.median(t) * 1000, spread))
+    heads = "strategy | position | step | rows consumed | time to first batch (ms, median) | min–max (ms)"
+    lines += tables.table(heads, "< > > >, >.0f >", rows)
     hi, lo = int(p.positions[-1] * 100), int(p.positions[0] * 100)
     lines += [
         "",
         f"t{hi}/t{lo} is the ratio of the medians; the paired ratio is the median over repeats of "
         f"t{hi}/t{lo} measured back to back (less sensitive to load drifts).",
         "",
-        f"| strategy | t{hi}/t{lo} | paired t{hi}/t{lo} | target | result | cursor state (bytes, pickled) | "
-        "epoch with checkpoints (s) |",
-        "|---|---:|---:|---:|:---:|---:|---:|",
     ]
-    for r in results:
-        ratio = r["ratio"]
-        lines.append(
-            f"| {r['shuffle']!r} | {ratio:.3f} | {r['paired']:.3f} | ≤ {TARGET_RATIO} | "
-            f"{'PASS' if ratio <= TARGET_RATIO else 'FAIL'} | {r['state_bytes']} | {r['epoch_s']:.1f} |"
-        )
+    heads = f"strategy | t{hi}/t{lo} | paired t{hi}/t{lo} | target | result | cursor state (bytes, pickled) | "
+    heads += "epoch with checkpoints (s)"
+    verdicts = ["PASS" if r["ratio"] <= TARGET_RATIO else "FAIL" for r in results]
+    ratios = [
+        (repr(r["shuffle"]), r["ratio"], r["paired"], f"≤ {TARGET_RATIO}", verdict, r["state_bytes"], r["epoch_s"])
+        for r, verdict in zip(results, verdicts)
+    ]
+    lines += tables.table(heads, "< >.3f >.3f > ^ > >.1f", ratios)
     lines += [
         "",
         "Cursor state saved at the last position (`ckpt['LanceDataModule']['train_cursor']`, "

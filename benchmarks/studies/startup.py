@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.harness import tables
 from benchmarks.harness.study import ROOT, Params
 from tests.helpers import write_dataset
 
@@ -55,6 +56,18 @@ def commands(script: str, uri: str, views: Path) -> dict[str, list[str]]:
     return found
 
 
+def table(times: dict[str, list[float]], ratios: dict[str, list[float]]) -> list[str]:
+    """Each command's median seconds and median ratio to the baseline (the one without ratios), with
+    the verdict where the target applies."""
+    rows = []
+    for name, values in times.items():
+        ratio = statistics.median(ratios[name]) if name in ratios else 1.0
+        measured = name in ratios and "fit" not in name and not name.startswith("uv")
+        verdict = ("pass" if ratio <= TARGET else "MISS") if measured else ""
+        rows.append((name, statistics.median(values), ratio, verdict))
+    return tables.table("command | median wall time (s) | ratio to `import lance` | target", "< >.2f >.2f <", rows)
+
+
 def measure(p: Params) -> str:
     script = str(Path(sys.executable).with_name("lance-lightning"))
     work = Path(tempfile.mkdtemp(prefix="bench_startup_"))
@@ -74,20 +87,12 @@ def measure(p: Params) -> str:
                 ratios[name].append(times[name][-1] / base)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = []
-    for name, values in times.items():
-        ratio = statistics.median(ratios[name]) if name in ratios else 1.0
-        measured = name in ratios and "fit" not in name and not name.startswith("uv")
-        verdict = ("pass" if ratio <= TARGET else "MISS") if measured else ""
-        rows.append(f"| {name} | {statistics.median(values):.2f} | {ratio:.2f} | {verdict} |")
     raw = "\n".join(f"- {name}: {', '.join(f'{v:.2f}' for v in values)}" for name, values in times.items())
     return f"""{p.reps} repetitions. Each repetition runs the baseline and each command once, back to back, in fresh
 interpreters; the ratio is the median of the per-repetition ratios command / baseline. Target: <= {TARGET}
 for `--help`, `materialize` and `profile --help`.
 
-| command | median wall time (s) | ratio to `import lance` | target |
-|---|---:|---:|---|
-{chr(10).join(rows)}
+{chr(10).join(table(times, ratios))}
 
 `profile --help` lists the profiler's own options and says that the data module's are those of
 `fit --help`: listing them from `LanceDataModule`'s signature would import Lightning

@@ -35,6 +35,7 @@ import statistics
 from typing import Any
 
 from benchmarks import common
+from benchmarks.harness import tables
 from benchmarks.harness.study import Params, child
 from benchmarks.harness.timing import QUIET
 from benchmarks.studies.transforms_workloads import (
@@ -68,8 +69,7 @@ def table(scaling: dict, plain: dict, lap: dict, mem: dict) -> tuple[str, bool]:
         nonlocal ok
         ok = ok and passed is not False
         result = "info" if passed is None else ("PASS" if passed else "FAIL")
-        load = "—" if others is None else f"{100 * others:.1f}%"
-        rows.append(f"| {scenario} | {measured} | {baseline} | {ratio} | {target} | {result} | {load} |")
+        rows.append((scenario, measured, baseline, ratio, target, result, others))
 
     line(
         f"decode, 2 threads ({scaling['kept']} of {scaling['tried']} pairs quiet)",
@@ -128,11 +128,8 @@ def table(scaling: dict, plain: dict, lap: dict, mem: dict) -> tuple[str, bool]:
         "≤ 2 batches",
         per_batch <= 2,
     )
-    head = [
-        "| scenario | measured | baseline | ratio | target | result | others' CPU |",
-        "|---|---|---|---:|---|:---:|---:|",
-    ]
-    return "\n".join(head + rows), ok
+    heads = "scenario | measured | baseline | ratio | target | result | others' CPU"
+    return "\n".join(tables.table(heads, "< < < > < ^ >.1%", rows)), ok
 
 
 def measure(p: Params) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from benchmarks import common
+from benchmarks.harness import tables
 from benchmarks.harness.study import Params
 from benchmarks.harness.timing import QUIET, summary
 from benchmarks.studies.transforms_workloads import BATCH, decode, quiet_paired
@@ -113,29 +114,11 @@ def measure(p: Params) -> str:
     import torchcodec
     import torchvision
 
-    rows = [
-        "| JPEG side | threads | TorchCodec img/s | torchvision img/s | ratio | target | result | quiet pairs "
-        "| others' CPU |",
-        "|---:|---:|---:|---:|---:|---|:---:|---:|---:|",
-    ]
-    ok = True
-    for r in results:
-        passed = r["ratio"] >= 0.97
-        ok &= passed
-        rows.append(
-            f"| {r['side']}x{r['side']} | {r['threads']} | {r['torchcodec']:,.0f} | {r['torchvision']:,.0f} | "
-            f"{r['ratio']:.3f} | ≥ 0.97 | {'PASS' if passed else 'FAIL'} | "
-            + (
-                f"{r['quiet']}/{r['tried']} | {100 * r['others']:.0f}% |"
-                if r["quiet"] is not None
-                else f"— ({r['tried']} pairs) | — |"
-            )
-        )
     return "\n".join(
         [
             f"torchcodec {torchcodec.__version__}, torchvision {torchvision.__version__}.",
             "",
-            *rows,
+            *table(results),
             "",
             f"Each row: `DecodeImage(mean, std, backend=...)` (normalised float32 output, as in training) on the same "
             f"in-memory batches of {BATCH} JPEGs (smooth random colour fields plus noise, quality 90; "
@@ -150,4 +133,26 @@ def measure(p: Params) -> str:
             "torchvision row is the decoder `DecodeImage` used before TorchCodec, so ratio ≥ 0.97 means no regression.",
             "",
         ]
+    )
+
+
+def table(results: list[dict[str, Any]]) -> list[str]:
+    """One row a JPEG side and thread count: img/s of each backend, their ratio and its target."""
+    return tables.table(
+        "JPEG side | threads | TorchCodec img/s | torchvision img/s | ratio | target | result | quiet pairs | others' CPU",
+        "> > >,.0f >,.0f >.3f < ^ > >.0%",
+        [
+            (
+                f"{r['side']}x{r['side']}",
+                r["threads"],
+                r["torchcodec"],
+                r["torchvision"],
+                r["ratio"],
+                "≥ 0.97",
+                "PASS" if r["ratio"] >= 0.97 else "FAIL",
+                f"— ({r['tried']} pairs)" if r["quiet"] is None else f"{r['quiet']}/{r['tried']}",
+                r["others"],
+            )
+            for r in results
+        ],
     )

@@ -31,6 +31,7 @@ from pathlib import Path
 import lance
 
 from benchmarks import common
+from benchmarks.harness import tables
 from benchmarks.harness.study import Params
 from benchmarks.studies.read import raw_scan
 from benchmarks.studies.tuning_harness import BATCH, COLUMNS, IMAGE_COLUMNS, Tuning
@@ -82,9 +83,9 @@ def run(args: Params) -> Tuning:
 
 
 def markdown(t: Tuning) -> str:
-    lines = ["| # | scenario | measured | baseline | baseline measured | ratio |", "|---:|---|---:|---|---:|---:|"]
-    lines += [f"| {f.item} | {f.scenario} | {f.value} | {f.baseline} | {f.base_value} | {f.ratio} |" for f in t.figures]
-    return "\n".join(lines)
+    heads = "# | scenario | measured | baseline | baseline measured | ratio"
+    rows = [(f.item, f.scenario, f.value, f.baseline, f.base_value, f.ratio) for f in t.figures]
+    return "\n".join(tables.table(heads, "> < > < > >", rows))
 
 
 def measure(p: Params) -> str:

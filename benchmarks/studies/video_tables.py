@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from benchmarks.harness import tables
 from benchmarks.studies.video_bytes import ClipCost, DecodeSplit, S3Rows, s3_workers
 from benchmarks.studies.video_data import ARGS, KIB, LANCE_READ_AHEAD, Data, loader_read_ahead
 from benchmarks.studies.video_readers import Phase
@@ -47,28 +48,23 @@ def code_state() -> str:
 
 
 def kib(value: float) -> str:
-    return "—" if value != value else f"{value / KIB:,.1f}"
+    return tables.cell(value / KIB, ",.1f")
 
 
-def num(value: float, digits: int = 1) -> str:
-    return "—" if value != value else f"{value:,.{digits}f}"
+BYTES = (
+    "videos | where | reader | workers | clips/s | KiB per clip | requests per clip | × whole video | × clip's share",
+    "< < < > >,.1f >,.1f >,.1f >,.2f >,.1f",
+)
 
 
 def bytes_table(sets: list[Data], speed: Speed, s3: S3Rows) -> list[str]:
-    lines = [
-        "| videos | where | reader | workers | clips/s | KiB per clip | requests per clip | × whole video "
-        "| × clip's share |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for data in sets:
         name = data.spec.name
         whole, share = data.whole, data.share(ARGS.frames)
 
-        def row(where: str, reader: str, workers: int, phase: Phase, bytes_per_clip: float, requests: float) -> None:
-            lines.append(
-                f"| {name} | {where} | {reader} | {workers} | {num(phase.rate)} | {kib(bytes_per_clip)} "
-                f"| {num(requests)} | {num(bytes_per_clip / whole, 2)} | {num(bytes_per_clip / share, 1)} |"
-            )
+        def row(where: str, reader: str, workers: int, phase: Phase, per: float, requests: float) -> None:
+            rows.append((name, where, reader, workers, phase.rate, per / KIB, requests, per / whole, per / share))
 
         for workers in ARGS.workers:
             first = speed.first[(name, workers, "lance")]
@@ -97,44 +93,53 @@ def bytes_table(sets: list[Data], speed: Speed, s3: S3Rows) -> list[str]:
             row("S3 +20 ms", "this loader, epoch 1", workers, warm, *warm.per_clip())
         (whole_s3,) = s3.whole[(name, 0)]
         row("S3 +20 ms", "whole blob per clip (`read_blobs`)", 0, whole_s3, *whole_s3.per_clip())
-    return lines
+    return tables.table(*BYTES, rows)
+
+
+COSTS = (
+    "videos | where | BlobFile read-ahead | `take_blobs`: requests / ms | `open_video`: KiB / requests "
+    "| cold clip: KiB / requests / ms (I/O ms) | warm clip: KiB / requests / ms (I/O ms) "
+    "| PyAV asked, cold + warm (KiB)",
+    "< < > > > > > >",
+)
 
 
 def costs_table(sets: list[Data], local: dict[str, list[tuple[int, ClipCost]]], s3: S3Rows) -> list[str]:
-    lines = [
-        "| videos | where | BlobFile read-ahead | `take_blobs`: requests / ms | `open_video`: KiB / requests "
-        "| cold clip: KiB / requests / ms (I/O ms) | warm clip: KiB / requests / ms (I/O ms) "
-        "| PyAV asked, cold + warm (KiB) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for data in sets:
         for where, costs in (("local", local[data.spec.name]), ("S3 +20 ms", s3.costs[data.spec.name])):
             for size, c in costs:
                 label = f"{size // KIB} KiB" + (" (the loader's)" if size == loader_read_ahead() else "")
                 label += " (Lance's default)" if size == LANCE_READ_AHEAD else ""
-                lines.append(
-                    f"| {data.spec.name} | {where} | {label} | {c.take_requests:.1f} / {c.take_ms:.1f} "
-                    f"| {kib(c.open_bytes)} / {c.open_requests:.1f} "
-                    f"| {kib(c.cold_bytes)} / {c.cold_requests:.1f} / {c.cold_ms:.1f} ({c.cold_io_ms:.1f}) "
-                    f"| {kib(c.warm_bytes)} / {c.warm_requests:.1f} / {c.warm_ms:.1f} ({c.warm_io_ms:.1f}) "
-                    f"| {kib(c.asked_cold)} + {kib(c.asked_warm)} |"
+                rows.append(
+                    (
+                        data.spec.name,
+                        where,
+                        label,
+                        f"{c.take_requests:.1f} / {c.take_ms:.1f}",
+                        f"{kib(c.open_bytes)} / {c.open_requests:.1f}",
+                        f"{kib(c.cold_bytes)} / {c.cold_requests:.1f} / {c.cold_ms:.1f} ({c.cold_io_ms:.1f})",
+                        f"{kib(c.warm_bytes)} / {c.warm_requests:.1f} / {c.warm_ms:.1f} ({c.warm_io_ms:.1f})",
+                        f"{kib(c.asked_cold)} + {kib(c.asked_warm)}",
+                    )
                 )
-    return lines
+    return tables.table(*COSTS, rows)
+
+
+SPLIT = (
+    "videos | clip (`decode_video_clip`) ms | decoding its frames only ms | conversion, resize, copy ms "
+    "(the difference) | frames + the clip's converted with `threads=1` ms | frames + the clip's converted "
+    "by one reused `VideoReformatter` ms | frames decoded per clip",
+    "< >.1f >.1f >.1f >.1f >.1f >.0f",
+)
 
 
 def split_table(splits: dict[str, DecodeSplit]) -> list[str]:
-    lines = [
-        "| videos | clip (`decode_video_clip`) ms | decoding its frames only ms | conversion, resize, copy ms "
-        "(the difference) | frames + the clip's converted with `threads=1` ms | frames + the clip's converted "
-        "by one reused `VideoReformatter` ms | frames decoded per clip |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+    rows = [
+        (name, x.clip_ms, x.frames_ms, x.clip_ms - x.frames_ms, x.one_thread_ms, x.shared_ms, x.decoded)
+        for name, x in splits.items()
     ]
-    for name, split in splits.items():
-        lines.append(
-            f"| {name} | {split.clip_ms:.1f} | {split.frames_ms:.1f} | {split.clip_ms - split.frames_ms:.1f} "
-            f"| {split.one_thread_ms:.1f} | {split.shared_ms:.1f} | {split.decoded:.0f} |"
-        )
-    return lines
+    return tables.table(*SPLIT, rows)
 
 
 READERS = {
@@ -148,24 +153,27 @@ READERS = {
 }
 
 
+SPEED = (
+    "videos | workers | reader | clips/s (median) | × this loader (median of rounds) | KiB per clip | "
+    "first epoch clips/s | read / decode ms per clip (the loader's metrics)",
+    "< > < >,.1f >.2f >,.1f >,.1f >",
+)
+
+
 def speed_table(sets: list[Data], speed: Speed, files_kind: str) -> list[str]:
-    lines = [
-        "| videos | workers | reader | clips/s (median) | × this loader (median of rounds) | KiB per clip | "
-        "first epoch clips/s | read / decode ms per clip (the loader's metrics) |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for data in sets:
         for workers in ARGS.workers:
             for kind in ["lance", "lance-t0", "lance-fix", "whole", files_kind]:
                 key = (data.spec.name, workers, kind)
                 if key not in speed.rates:
                     continue
-                lines.append(
-                    f"| {data.spec.name} | {workers} | {READERS[kind]} | {statistics.median(speed.rates[key]):,.1f} "
-                    f"| {statistics.median(speed.ratios[key]):.2f} | {kib(speed.per_clip[key][0])} "
-                    f"| {speed.first[key].rate:,.1f} | {stage_ms(speed, key)} |"
+                rate, ratio = statistics.median(speed.rates[key]), statistics.median(speed.ratios[key])
+                per_clip, first = speed.per_clip[key][0] / KIB, speed.first[key].rate
+                rows.append(
+                    (data.spec.name, workers, READERS[kind], rate, ratio, per_clip, first, stage_ms(speed, key))
                 )
-    return lines
+    return tables.table(*SPEED, rows)
 
 
 def stage_ms(speed: Speed, key: tuple[str, int, str]) -> str:
@@ -175,20 +183,23 @@ def stage_ms(speed: Speed, key: tuple[str, int, str]) -> str:
     return f"{statistics.median(r for r, _ in values):.1f} / {statistics.median(d for _, d in values):.1f}"
 
 
+MEMORY = (
+    "videos | workers | epochs | RSS after epoch 1 / 2 / last (MiB) | max after epoch ≥ 2 (MiB) "
+    "| last / epoch 2 | containers open at the end (main process) | seconds",
+    "< > > > >.0f >.3f > >.0f",
+)
+
+
 def memory_table(runs: list[MemoryRun]) -> list[str]:
-    lines = [
-        "| videos | workers | epochs | RSS after epoch 1 / 2 / last (MiB) | max after epoch ≥ 2 (MiB) "
-        "| last / epoch 2 | containers open at the end (main process) | seconds |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for run in runs:
         second = run.rss[1] if len(run.rss) > 1 else run.rss[0]
-        lines.append(
-            f"| {run.name} ({run.videos}) | {run.workers} | {len(run.rss)} | {run.rss[0]:.0f} / {second:.0f} / "
-            f"{run.rss[-1]:.0f} | {max(run.rss[1:] or run.rss):.0f} | {run.rss[-1] / second:.3f} "
-            f"| {'—' if run.open_after is None else run.open_after} | {run.seconds:.0f} |"
+        rss = f"{run.rss[0]:.0f} / {second:.0f} / {run.rss[-1]:.0f}"
+        top, growth = max(run.rss[1:] or run.rss), run.rss[-1] / second
+        rows.append(
+            (f"{run.name} ({run.videos})", run.workers, len(run.rss), rss, top, growth, run.open_after, run.seconds)
         )
-    return lines
+    return tables.table(*MEMORY, rows)
 
 
 def summary(
