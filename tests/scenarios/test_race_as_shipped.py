@@ -1,0 +1,335 @@
+"""#51: who reads with ``num_workers: 2``, as users get it: ``lance-lightning fit`` in a subprocess
+with the race as shipped (``LANCE_LIGHTNING_WORKER_CHOICE`` removed from the environment; the
+suite forces ``workers`` elsewhere, tests/conftest.py), on one process and on 2 DDP ranks (gloo).
+
+Each fit writes, per rank, one JSON line per training step (`RowLog`): its epoch, the rows' ids,
+what the transform left in the batch, and the processes the training process had started by then.
+The oracle is the same config with ``num_workers: 0``, uninterrupted; every fit with workers is
+stopped mid-epoch by ``max_steps`` and resumed from that step's checkpoint with ``--ckpt_path``.
+
+- A read without a transform that may hold the GIL (here `RandomFlip`, which declares
+  ``releases_gil``) never starts a worker process: no child process at any step of either run,
+  the report says why, and each epoch trains the oracle's rows in its order, flips included.
+- On 2 DDP ranks, the same: every rank trains as many batches, each epoch's rows across ranks are
+  each row once, each rank's rows are the oracle's, across a mid-epoch resume.
+- A pure-Python transform (`PythonRows`) lets the race start the workers: whatever it decides on
+  this machine (never asserted: it is timed), the rows and their order are the oracle's, the run
+  exits 0, and the report's statement (decision and rates) agrees with the processes that made the
+  batches (the transform records its pid).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+
+from tests.helpers import RecordingModel, write_dataset
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ROWS, BATCH = 320, 8  # 40 batches an epoch on one process, 20 a rank on two
+#: Epochs of the fit without a Python transform (stopped and resumed in the second).
+EPOCHS = 4
+#: Epochs of the one-process fit with `PythonRows` (uninterrupted): long enough that its workers
+#: usually take over on this machine, whatever is asserted (the fork server imports torch while
+#: the training process runs the transform: 11 s under the suite's load, 30 batches a second).
+PYTHON_EPOCHS = 12
+TIMEOUT_S = 300
+
+NEVER_STARTED = "the training process read, the workers never started (a transform that may hold the GIL took 0% of"
+
+
+class RowLog(RecordingModel):
+    """`RecordingModel` that appends each training step to ``<log>.rank<R>`` (a flushed JSON line):
+    its epoch, global step, ids, which rows' ``vec`` is flipped, and the processes that made the
+    batch (``pid`` column, when the transform adds one). At each epoch's end and at the end of
+    training (``"end": true``, with this process's pid) a line lists the command lines of every
+    process this one has started, its descendants: a fork server, once started, lives until this
+    process exits (its workers are its children), so a worker start at any step shows in every
+    later look."""
+
+    def __init__(self, log: str) -> None:
+        super().__init__()
+        self.log = log
+
+    def _write(self, record: dict[str, Any]) -> None:
+        with open(f"{self.log}.rank{self.global_rank}", "a", encoding="utf-8") as out:
+            out.write(json.dumps(record) + "\n")
+
+    def _look(self, **record: Any) -> None:
+        children = [_cmdline(child) for child in psutil.Process().children(recursive=True)]
+        self._write({"look": True, "children": children, **record})
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        ids = batch["id"]
+        record: dict[str, Any] = {"epoch": int(self.current_epoch), "step": int(self.global_step), "ids": self.seen[-1]}
+        record["flipped"] = (batch["vec"][:, 0] != ids * 8).tolist()
+        if "pid" in batch:
+            record["pids"] = sorted({int(p) for p in batch["pid"].tolist()})
+        self._write(record)
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        self._look()
+
+    def on_train_end(self) -> None:
+        self._look(end=True, pid=os.getpid())
+
+
+def _cmdline(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())[:200]
+    except psutil.Error:
+        return f"{process.pid} (gone)"
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_dataset(tmp_path_factory.mktemp("race_cli") / "ds.lance", ROWS, fragment_rows=100)
+
+
+def _config(root: Path, uri: str, *, workers: int, transform: str, devices: int, epochs: int, stop: int) -> Path:
+    """A fit config: a row shuffle, ``epochs`` epochs, a checkpoint every ``stop`` steps, `RowLog`
+    writing under ``root``, the report printed at the end of fit."""
+    strategy = "ddp" if devices > 1 else "auto"
+    path = root / "config.yaml"
+    path.write_text(f"""\
+seed_everything: 0
+trainer:
+  accelerator: cpu
+  devices: {devices}
+  strategy: {strategy}
+  max_epochs: {epochs}
+  logger: false
+  enable_progress_bar: false
+  enable_model_summary: false
+  num_sanity_val_steps: 0
+  default_root_dir: {root / "root"}
+  callbacks:
+    - class_path: lance_lightning.DataCursorCheckpoint
+    - class_path: lance_lightning.DataLoadingMonitor
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args: {{dirpath: {root / "ckpt"}, filename: "{{step}}", every_n_train_steps: {stop}, save_top_k: -1}}
+model:
+  class_path: tests.scenarios.test_race_as_shipped.RowLog
+  init_args: {{log: {root / "rows"}}}
+data:
+  train: {{uri: {uri}, columns: [id, x, vec]}}
+  batch_size: {BATCH}
+  shuffle: {{class_path: lance_lightning.RowShuffle, init_args: {{seed: 3}}}}
+  num_workers: {workers}
+  persistent_workers: true
+  transform: {transform}
+  row_identity: {str(transform == FLIP).lower()}
+""")
+    return path
+
+
+def _stop_step(devices: int, epoch: int) -> int:
+    """The step in the middle of ``epoch`` (from 0)."""
+    per_epoch = ROWS // BATCH // devices
+    return epoch * per_epoch + per_epoch // 2
+
+
+def _fit(config: Path, *args: str) -> str:
+    """``lance-lightning fit --config CONFIG ARGS`` in its own session with the race as shipped (the
+    switch removed from the environment); the output; fails the test on a non-zero exit or a hang."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LANCE_LIGHTNING_WORKER_CHOICE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config), *args]
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: every rank and worker
+        output, _ = proc.communicate()
+        pytest.fail(f"the fit hung\n{output[-4000:]}")
+    assert proc.returncode == 0, output[-6000:]
+    return output
+
+
+def _records(root: Path, rank: int = 0) -> list[dict[str, Any]]:
+    path = root / f"rows.rank{rank}"
+    assert path.exists(), f"rank {rank} trained nothing under {root}"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _by_epoch(records: list[dict[str, Any]], *keys: str) -> dict[int, list[Any]]:
+    """Each epoch's steps in order, as tuples of ``keys``."""
+    epochs: dict[int, list[Any]] = defaultdict(list)
+    for record in records:
+        if "ids" in record:
+            epochs[record["epoch"]].append(tuple(json.dumps(record[key]) for key in keys))
+    return dict(epochs)
+
+
+def _resumed(
+    tmp_path: Path, uri: str, *, transform: str, devices: int, epochs: int, stop_epoch: int
+) -> tuple[Path, str, str]:
+    """A fit of ``epochs`` epochs with 2 workers stopped in the middle of ``stop_epoch``
+    (``max_steps``) and resumed from its checkpoint there to the end: (its folder, the first run's
+    output, the resumed run's output)."""
+    root = tmp_path / "workers"
+    root.mkdir()
+    stop = _stop_step(devices, stop_epoch)
+    config = _config(root, uri, workers=2, transform=transform, devices=devices, epochs=epochs, stop=stop)
+    first = _fit(config, f"--trainer.max_steps={stop}")
+    ckpt = root / "ckpt" / f"step={stop}.ckpt"
+    assert ckpt.is_file(), sorted(p.name for p in (root / "ckpt").iterdir())
+    for rank in range(devices):  # the resumed run appends to the same logs
+        assert [r["step"] for r in _records(root, rank) if "ids" in r] == list(range(stop))
+    rest = _fit(config, f"--ckpt_path={ckpt}")
+    return root, first, rest
+
+
+def _oracle(tmp_path: Path, uri: str, *, transform: str, devices: int, epochs: int) -> Path:
+    """The same fit with ``num_workers: 0``, uninterrupted: its folder."""
+    root = tmp_path / "oracle"
+    root.mkdir()
+    _fit(_config(root, uri, workers=0, transform=transform, devices=devices, epochs=epochs, stop=10**6))
+    return root
+
+
+def _report_lines(output: str) -> list[str]:
+    """The end-of-fit report's statement of who read (`Race.describe(done=True)`: with the rates),
+    one per report (the plan printed at the start states only what the loader will do)."""
+    lines = (line.strip() for line in output.splitlines())
+    return [line for line in lines if line.startswith("workers: 2, ") and "(in process " in line]
+
+
+FLIP = "{class_path: lance_lightning.transforms.RandomFlip, init_args: {column: vec, seed: 7}}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_cli_fit_with_a_transform_that_releases_the_gil_never_starts_a_worker(tmp_path: Path, uri: str) -> None:
+    """``num_workers: 2``, persistent workers, `RandomFlip` (it declares ``releases_gil``): the race
+    never opens its gate, so no process is started in either run (a fork server lives until its
+    process exits, so one started at any step shows at every later step and at the end), the
+    report of each run says why, and every epoch trains the rows of a 0-worker fit in its order,
+    each row flipped as there, across a resume from the middle of the second epoch."""
+    oracle = _records(_oracle(tmp_path, uri, transform=FLIP, devices=1, epochs=EPOCHS))
+    root, first, rest = _resumed(tmp_path, uri, transform=FLIP, devices=1, epochs=EPOCHS, stop_epoch=1)
+    records = _records(root)
+    expected = _by_epoch(oracle, "ids", "flipped")
+    assert sorted(expected) == list(range(EPOCHS)) and all(len(steps) == ROWS // BATCH for steps in expected.values())
+    for epoch, steps in expected.items():  # each epoch is every row once (counted without the package)
+        assert sorted(i for (ids, _) in steps for i in json.loads(ids)) == list(range(ROWS)), epoch
+    assert _by_epoch(records, "ids", "flipped") == expected, "rows lost, repeated, reordered or transformed otherwise"
+    looks = [record for record in records if record.get("look")]
+    assert [record.get("end", False) for record in looks].count(True) == 2, "a run ended without its last look"
+    assert len(looks) >= EPOCHS + 2, "not a look at every epoch's end"
+    started = {child for record in looks for child in record["children"]}
+    assert not started, f"the training process started processes: {started}"
+    for output in (first, rest):
+        lines = _report_lines(output)
+        assert len(lines) == 1 and NEVER_STARTED in lines[0], output[-3000:]
+
+
+PYTHON = "{class_path: tests.worker_probe.PythonRows}"
+RATES = re.compile(r"\(in process ([\d,]+) rows/s, workers ([\d,]+|not measured)( rows/s)?\)$")
+
+
+def _runs(records: list[dict[str, Any]], count: int) -> list[list[dict[str, Any]]]:
+    """The steps of each of ``count`` runs, and its last line (``end``)."""
+    runs: list[list[dict[str, Any]]] = [[]]
+    for record in records:
+        if "ids" in record or record.get("end"):
+            runs[-1].append(record)
+        if record.get("end"):
+            runs.append([])
+    assert runs[-1] == [] and len(runs) == count + 1, f"not {count} run(s) that each reached their end"
+    return runs[:count]
+
+
+def _check_statement(line: str, run: list[dict[str, Any]]) -> str:
+    """The report's statement ``line`` of a run agrees with the processes that made its batches
+    (each step's ``pids``; the run's own pid on its last line): the outcome it names, and its rates."""
+    main = run[-1]["pid"]
+    pids = [set(record["pids"]) for record in run[:-1]]
+    assert all(len(p) == 1 for p in pids), "a batch made by more than one process"
+    by_worker = [p != {main} for p in pids]
+    rates = RATES.search(line)
+    assert rates is not None, f"no rates in the statement: {line}"
+    measured = rates.group(2) != "not measured"
+    assert int(rates.group(1).replace(",", "")) > 0, line
+    if "the workers never started" in line:
+        assert not any(by_worker) and not measured, f"{line}: yet a worker made a batch"
+        return "never started"
+    if ": the workers read (" in line:
+        assert measured and by_worker[-1], f"{line}: yet this process made the last batch"
+        return "workers"
+    if ": the training process read (" in line:
+        assert measured and any(by_worker) and not by_worker[-1], (
+            f"{line}: yet no trial, or a worker made the last batch"
+        )
+        return "in process"
+    assert ": undecided (" in line and not measured, f"no decision stated: {line}"
+    return "undecided"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_cli_fit_with_a_python_transform_trains_the_rows_of_a_fit_without_workers(tmp_path: Path, uri: str) -> None:
+    """``num_workers: 2`` and `PythonRows` (pure Python per row: it holds the GIL, so the race may
+    start the workers and hand over to them mid-epoch, then keep them or stop them after their
+    trial): whatever it decides on this machine, every epoch trains the rows of a 0-worker fit in
+    their order, the run exits 0, and the report states its decision with its rates, as the
+    batches' processes show it (which made the last batch, whether a worker made any)."""
+    shape: dict[str, Any] = dict(transform=PYTHON, devices=1, epochs=PYTHON_EPOCHS)
+    oracle = _by_epoch(_records(_oracle(tmp_path, uri, **shape)), "ids")
+    assert sorted(oracle) == list(range(PYTHON_EPOCHS))
+    root = tmp_path / "workers"
+    root.mkdir()
+    output = _fit(_config(root, uri, workers=2, **shape, stop=10**6))
+    records = _records(root)
+    assert _by_epoch(records, "ids") == oracle, "rows lost, repeated or out of order"
+    ((line,), (run,)) = _report_lines(output), _runs(records, 1)
+    print(f"the race's outcome on this machine: {_check_statement(line, run)}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_two_rank_ddp_cli_fit_with_the_race_trains_each_row_once_an_epoch(tmp_path: Path, uri: str) -> None:
+    """2 DDP ranks (gloo), ``num_workers: 2``, `PythonRows`, the race as shipped: each rank decides
+    for itself when (and whether) its workers take over, yet every rank trains as many batches in
+    each epoch, each epoch's rows across the ranks are each row once, and each rank trains the
+    rows of a 0-worker DDP fit in their order, across a resume from the middle of the second
+    epoch. Rank 0's report states its decision as its batches' processes show it."""
+    devices = 2
+    shape: dict[str, Any] = dict(transform=PYTHON, devices=devices, epochs=EPOCHS)
+    oracle_root = _oracle(tmp_path, uri, **shape)
+    root, first, rest = _resumed(tmp_path, uri, **shape, stop_epoch=1)
+    per_rank = [_by_epoch(_records(root, rank), "ids") for rank in range(devices)]
+    for rank in range(devices):
+        assert per_rank[rank] == _by_epoch(_records(oracle_root, rank), "ids"), f"rank {rank}: not the oracle's rows"
+    assert sorted(per_rank[0]) == list(range(EPOCHS))
+    for epoch in range(EPOCHS):
+        counts = [len(ranks[epoch]) for ranks in per_rank]
+        assert counts == [ROWS // BATCH // devices] * devices, f"epoch {epoch}: batches per rank {counts}"
+        rows = sorted(i for ranks in per_rank for ids in ranks[epoch] for i in json.loads(ids[0]))
+        assert rows == list(range(ROWS)), f"epoch {epoch}: rows lost or repeated across ranks"
+    stated = []
+    for output, run in zip((first, rest), _runs(_records(root, 0), 2)):
+        (line,) = _report_lines(output)  # rank 0 prints the report
+        stated.append(_check_statement(line, run))
+    print(f"rank 0's race outcomes on this machine: {stated}")
