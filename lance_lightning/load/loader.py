@@ -257,6 +257,9 @@ class LanceDataLoader(DataLoader):
         self.race = Race(num_workers, prefetch_factor) if num_workers > 0 else None
         #: The dataset this process reads with when it has workers (`in_process`).
         self._own_reader: LanceIterableDataset | None = None
+        #: Whether worker processes were ever started (`start_workers`): the race may keep every
+        #: batch in this process, and the report then shows no worker figures.
+        self.workers_started = False
         if slabs is not None:  # the slabs are this loader's: forgotten with it
             weakref.finalize(self, slabs.close)
         self.cursor = cursor or CursorTracker(dataset.plan)
@@ -368,6 +371,7 @@ class LanceDataLoader(DataLoader):
     def start_workers(self) -> Iterator[Any]:
         """torch's multi-process iterator (it starts the workers, or resets persistent ones)."""
         shared_temp_dir()  # before torch builds the workers' Process objects, which copy it
+        self.workers_started = True
         try:
             return super().__iter__()
         except (ConnectionError, EOFError) as error:  # a worker died while starting (BrokenPipeError, ...)
@@ -412,6 +416,7 @@ class LanceDataLoader(DataLoader):
             "world_size": dataset.world_size,
             "rank": dataset.rank,
             "workers_choice": self.race.describe(done=True) if self.race is not None else None,
+            "workers_started": self.workers_started,
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,6 +10,10 @@ Guarantees:
   threads and the step). A loader-only profile has no model, so it never names ``model``.
 - Loader time is wall-equivalent: a stage's thread-seconds divided by the threads that run it
   (``reader_threads`` x processes), so the shares compare with the step's wait.
+- A loader with ``num_workers`` whose workers never started (``workers_started`` false in its
+  config: the race kept every batch in the training process, `lance_lightning.load.race`) is
+  reported as reading in one process, with all the workers' reader threads: no worker transfer,
+  read-ahead per worker or worker output, and no advice about worker processes it never ran.
 - Under DDP the report shows the mean over ranks with the range, and diagnoses the rank that
   waited most (in DDP every rank ends up waiting for the slowest).
 - Given a replay probe's figures (`lance_lightning.metrics.figures.REPLAY_FIGURES`), `format_report`
@@ -54,6 +58,12 @@ class Diagnosis:
     rank: int = 0
 
 
+def worker_processes(config: Mapping[str, Any]) -> int:
+    """The worker processes that read: ``num_workers``, or 0 where they never started."""
+    workers = int(config.get("num_workers", 0) or 0)
+    return workers if config.get("workers_started", True) else 0
+
+
 def parallelism(config: Mapping[str, Any]) -> int:
     """Threads running the loader stages: reader threads (at least the iterating one) x processes."""
     return max(int(config.get("num_workers", 0)), 1) * max(int(config.get("reader_threads", 1)), 1)
@@ -93,7 +103,7 @@ def diagnose(
             )
         return Diagnosis("model", headline, advice, shares, seconds, rank)
     name = max(shares, key=shares.__getitem__)
-    if name == "workers" and not config.get("num_workers"):
+    if name == "workers" and not worker_processes(config):
         what = "outside the measured stages (hand-off between reader threads and the step)"
     elif name == "workers":
         what = "moving batches from worker processes (not reading, decoding or converting)"
@@ -120,7 +130,7 @@ def diagnose(
 
 def _advice(name: str, config: Mapping[str, Any]) -> str:
     threads, workers = config.get("reader_threads"), config.get("num_workers", 0)
-    groups = config.get("prefetch_groups")
+    groups, processes = config.get("prefetch_groups"), worker_processes(config)
     if name == "storage":
         shuffle = config.get("shuffle") or {}
         clump = shuffle.get("clump_rows")
@@ -139,13 +149,18 @@ def _advice(name: str, config: Mapping[str, Any]) -> str:
                 f"raise `reader_threads` ({threads} now; decoding runs on them); if the transform is pure "
                 "Python (holds the GIL), use `num_workers` processes instead"
             )
+        if not processes:
+            return (
+                f"raise `reader_threads` ({threads} per worker now; the training process read with every "
+                "worker's threads, and decoding runs on them)"
+            )
         return f"raise `num_workers` ({workers} now) or `reader_threads` ({threads} per worker now)"
     if name == "convert":
         return (
             f"read fewer columns (`columns`), or raise `reader_threads` ({threads} now); columns with nulls, "
             "bools or several chunks are copied"
         )
-    if name == "workers" and workers:
+    if name == "workers" and processes:
         return (
             f"use `num_workers=0` with `reader_threads` (Lance reads and torchvision decoding release the "
             f"GIL, so threads skip the copy between processes), or fewer, larger batches "
@@ -179,7 +194,9 @@ def format_report(
             text += f" [{format(low, fmt)} .. {format(high, fmt)}]"
         return text
 
-    workers, threads = config.get("num_workers", 0), config.get("reader_threads")
+    workers, threads = worker_processes(config), config.get("reader_threads")
+    if config.get("num_workers") and not workers:  # one process read, with every worker's reader threads
+        threads = max(int(threads or 1), 1) * int(config["num_workers"])
     if ranks > 1:
         title += f" ({ranks} ranks, mean [min .. max])"
     elif config.get("world_size", 1) > 1:

@@ -243,6 +243,9 @@ def test_a_cli_fit_with_a_transform_that_releases_the_gil_never_starts_a_worker(
     for output in (first, rest):
         lines = _report_lines(output)
         assert len(lines) == 1 and NEVER_STARTED in lines[0], output[-3000:]
+        # Nor does the rest of the report speak of workers (it did: "workers (transfer)", #51).
+        for said in ("workers (transfer)", "(per worker)", "worker output", "x 2 process(es)"):
+            assert said not in output, f"the report speaks of workers that never started: {said!r}"
 
 
 PYTHON = "{class_path: tests.worker_probe.PythonRows}"

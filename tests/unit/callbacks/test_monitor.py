@@ -428,6 +428,32 @@ def test_diagnosis_names_the_largest_part(values, config, bottleneck, advice):
         assert math.isclose(sum(diagnosis.shares.values()), 1.0)
 
 
+@pytest.mark.parametrize(
+    ("values", "bottleneck", "advice"),
+    [
+        (dict(wait_s=6, step_s=4, io_wait_s=1, convert_s=1), "workers", "raise `prefetch_groups`"),
+        (dict(wait_s=6, step_s=4, decode_s=40), "decode", "raise `reader_threads` (2 per worker now; the training"),
+    ],
+)
+def test_a_loader_whose_workers_never_started_is_reported_as_one_process(values, bottleneck, advice):
+    """#51: with ``num_workers: 2`` the race may keep every batch in the training process (the
+    workers never start). The report said "workers (transfer)", read-ahead "per worker", "worker
+    output" and "1 reader thread(s) x 2 process(es)", and a wait no stage explains was blamed on
+    "moving batches from worker processes" with the advice to use ``num_workers=0``: all about
+    processes that never ran. It now reads as one process with every worker's reader threads."""
+    config = {**CONFIG, "num_workers": 2, "workers_started": False}
+    diagnosis = diagnose(_figures(**values), config)
+    assert diagnosis.bottleneck == bottleneck and advice in diagnosis.advice, diagnosis
+    assert "worker process" not in diagnosis.headline + diagnosis.advice
+    text = format_report([_figures(**values)], config)
+    assert "4 threads = 4 reader thread(s) x 1 process(es)" in text, text
+    for said in ("workers (transfer)", "(per worker)", "worker output"):
+        assert said not in text, (said, text)
+    assert "hand-off (unmeasured)" in text
+    started = format_report([_figures(**values)], {**config, "workers_started": True})
+    assert "workers (transfer)" in started and "2 reader thread(s) x 2 process(es)" in started
+
+
 def test_loader_only_profile_never_blames_the_model_and_ddp_report_names_the_straggler():
     fast = _figures(wait_s=0.1, step_s=9.9, io_wait_s=1.0)
     assert diagnose(fast, CONFIG, loader_only=True).bottleneck == "storage"
