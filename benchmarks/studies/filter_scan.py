@@ -171,30 +171,21 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-HEADS = (
-    "index | filter | ours epoch rows/s | lance.torch rows/s | ratio (≥ 1.3) | per CPU second | "
-    "setup + epoch: ours / lance.torch rows/s | ratio | first batch: ours / lance.torch ms | "
-    "ratio (≤ 2) | result | read requests (MB) an epoch: ours / lance.torch"
-)
-
-
 def table(cells: list[Cell]) -> str:
-    rows = [
-        (
-            c.index,
-            f"`{c.filter}` ({c.share})",
-            *c.epoch,
-            c.epoch_cpu,
-            f"{c.setup_epoch[0]:,.0f} / {c.setup_epoch[1]:,.0f}",
-            c.setup_epoch[2],
-            f"{c.first[0] * 1e3:.1f} / {c.first[1] * 1e3:.1f}",
-            c.first[2],
-            verdict(c.epoch[2] >= EPOCH_TARGET and c.first[2] <= FIRST_TARGET),
-            f"{c.io[0][0]:,} ({c.io[0][1]:.0f}) / {c.io[1][0]:,} ({c.io[1][1]:.0f})",
-        )
-        for c in cells
-    ]
-    return "\n".join(tables.table(HEADS, "< < >,.0f >,.0f >.2f >.2f > >.2f > >.2f ^ >", rows))
+    rows = []
+    for c in cells:
+        ok = c.epoch[2] >= EPOCH_TARGET and c.first[2] <= FIRST_TARGET
+        setup = f"{c.setup_epoch[0]:,.0f} / {c.setup_epoch[1]:,.0f}"
+        first = f"{c.first[0] * 1e3:.1f} / {c.first[1] * 1e3:.1f}"
+        io = f"{c.io[0][0]:,} ({c.io[0][1]:.0f}) / {c.io[1][0]:,} ({c.io[1][1]:.0f})"
+        epoch = (c.index, f"`{c.filter}` ({c.share})", *c.epoch, c.epoch_cpu)
+        rows.append((*epoch, setup, c.setup_epoch[2], first, c.first[2], verdict(ok), io))
+    heads = (
+        "index | filter | ours epoch rows/s | lance.torch rows/s | ratio (≥ 1.3) | per CPU second | "
+        "setup + epoch: ours / lance.torch rows/s | ratio | first batch: ours / lance.torch ms | "
+        "ratio (≤ 2) | result | read requests (MB) an epoch: ours / lance.torch"
+    )
+    return "\n".join(tables.table(heads, "< < >,.0f >,.0f >.2f >.2f > >.2f > >.2f ^ >", rows))
 
 
 def report(cells: list[Cell], p: Params, load_start: float) -> str:

@@ -51,12 +51,6 @@ def kib(value: float) -> str:
     return tables.cell(value / KIB, ",.1f")
 
 
-BYTES = (
-    "videos | where | reader | workers | clips/s | KiB per clip | requests per clip | × whole video | × clip's share",
-    "< < < > >,.1f >,.1f >,.1f >,.2f >,.1f",
-)
-
-
 def bytes_table(sets: list[Data], speed: Speed, s3: S3Rows) -> list[str]:
     rows = []
     for data in sets:
@@ -93,15 +87,11 @@ def bytes_table(sets: list[Data], speed: Speed, s3: S3Rows) -> list[str]:
             row("S3 +20 ms", "this loader, epoch 1", workers, warm, *warm.per_clip())
         (whole_s3,) = s3.whole[(name, 0)]
         row("S3 +20 ms", "whole blob per clip (`read_blobs`)", 0, whole_s3, *whole_s3.per_clip())
-    return tables.table(*BYTES, rows)
-
-
-COSTS = (
-    "videos | where | BlobFile read-ahead | `take_blobs`: requests / ms | `open_video`: KiB / requests "
-    "| cold clip: KiB / requests / ms (I/O ms) | warm clip: KiB / requests / ms (I/O ms) "
-    "| PyAV asked, cold + warm (KiB)",
-    "< < > > > > > >",
-)
+    return tables.table(
+        "videos | where | reader | workers | clips/s | KiB per clip | requests per clip | × whole video | × clip's share",
+        "< < < > >,.1f >,.1f >,.1f >,.2f >,.1f",
+        rows,
+    )
 
 
 def costs_table(sets: list[Data], local: dict[str, list[tuple[int, ClipCost]]], s3: S3Rows) -> list[str]:
@@ -111,27 +101,19 @@ def costs_table(sets: list[Data], local: dict[str, list[tuple[int, ClipCost]]], 
             for size, c in costs:
                 label = f"{size // KIB} KiB" + (" (the loader's)" if size == loader_read_ahead() else "")
                 label += " (Lance's default)" if size == LANCE_READ_AHEAD else ""
-                rows.append(
-                    (
-                        data.spec.name,
-                        where,
-                        label,
-                        f"{c.take_requests:.1f} / {c.take_ms:.1f}",
-                        f"{kib(c.open_bytes)} / {c.open_requests:.1f}",
-                        f"{kib(c.cold_bytes)} / {c.cold_requests:.1f} / {c.cold_ms:.1f} ({c.cold_io_ms:.1f})",
-                        f"{kib(c.warm_bytes)} / {c.warm_requests:.1f} / {c.warm_ms:.1f} ({c.warm_io_ms:.1f})",
-                        f"{kib(c.asked_cold)} + {kib(c.asked_warm)}",
-                    )
-                )
-    return tables.table(*COSTS, rows)
-
-
-SPLIT = (
-    "videos | clip (`decode_video_clip`) ms | decoding its frames only ms | conversion, resize, copy ms "
-    "(the difference) | frames + the clip's converted with `threads=1` ms | frames + the clip's converted "
-    "by one reused `VideoReformatter` ms | frames decoded per clip",
-    "< >.1f >.1f >.1f >.1f >.1f >.0f",
-)
+                take = f"{c.take_requests:.1f} / {c.take_ms:.1f}"
+                opened = f"{kib(c.open_bytes)} / {c.open_requests:.1f}"
+                cold = f"{kib(c.cold_bytes)} / {c.cold_requests:.1f} / {c.cold_ms:.1f} ({c.cold_io_ms:.1f})"
+                warm = f"{kib(c.warm_bytes)} / {c.warm_requests:.1f} / {c.warm_ms:.1f} ({c.warm_io_ms:.1f})"
+                asked = f"{kib(c.asked_cold)} + {kib(c.asked_warm)}"
+                rows.append((data.spec.name, where, label, take, opened, cold, warm, asked))
+    return tables.table(
+        "videos | where | BlobFile read-ahead | `take_blobs`: requests / ms | `open_video`: KiB / requests "
+        "| cold clip: KiB / requests / ms (I/O ms) | warm clip: KiB / requests / ms (I/O ms) "
+        "| PyAV asked, cold + warm (KiB)",
+        "< < > > > > > >",
+        rows,
+    )
 
 
 def split_table(splits: dict[str, DecodeSplit]) -> list[str]:
@@ -139,7 +121,13 @@ def split_table(splits: dict[str, DecodeSplit]) -> list[str]:
         (name, x.clip_ms, x.frames_ms, x.clip_ms - x.frames_ms, x.one_thread_ms, x.shared_ms, x.decoded)
         for name, x in splits.items()
     ]
-    return tables.table(*SPLIT, rows)
+    return tables.table(
+        "videos | clip (`decode_video_clip`) ms | decoding its frames only ms | conversion, resize, copy ms "
+        "(the difference) | frames + the clip's converted with `threads=1` ms | frames + the clip's converted "
+        "by one reused `VideoReformatter` ms | frames decoded per clip",
+        "< >.1f >.1f >.1f >.1f >.1f >.0f",
+        rows,
+    )
 
 
 READERS = {
@@ -151,13 +139,6 @@ READERS = {
     "files": "plain DataLoader: MP4 files on disk + PyAV (TorchCodec cannot run here, see below)",
     "torchcodec": "plain DataLoader: MP4 files on disk + TorchCodec `VideoDecoder`",
 }
-
-
-SPEED = (
-    "videos | workers | reader | clips/s (median) | × this loader (median of rounds) | KiB per clip | "
-    "first epoch clips/s | read / decode ms per clip (the loader's metrics)",
-    "< > < >,.1f >.2f >,.1f >,.1f >",
-)
 
 
 def speed_table(sets: list[Data], speed: Speed, files_kind: str) -> list[str]:
@@ -173,7 +154,12 @@ def speed_table(sets: list[Data], speed: Speed, files_kind: str) -> list[str]:
                 rows.append(
                     (data.spec.name, workers, READERS[kind], rate, ratio, per_clip, first, stage_ms(speed, key))
                 )
-    return tables.table(*SPEED, rows)
+    return tables.table(
+        "videos | workers | reader | clips/s (median) | × this loader (median of rounds) | KiB per clip | "
+        "first epoch clips/s | read / decode ms per clip (the loader's metrics)",
+        "< > < >,.1f >.2f >,.1f >,.1f >",
+        rows,
+    )
 
 
 def stage_ms(speed: Speed, key: tuple[str, int, str]) -> str:
@@ -181,13 +167,6 @@ def stage_ms(speed: Speed, key: tuple[str, int, str]) -> str:
     if not values:
         return "—"
     return f"{statistics.median(r for r, _ in values):.1f} / {statistics.median(d for _, d in values):.1f}"
-
-
-MEMORY = (
-    "videos | workers | epochs | RSS after epoch 1 / 2 / last (MiB) | max after epoch ≥ 2 (MiB) "
-    "| last / epoch 2 | containers open at the end (main process) | seconds",
-    "< > > > >.0f >.3f > >.0f",
-)
 
 
 def memory_table(runs: list[MemoryRun]) -> list[str]:
@@ -199,7 +178,12 @@ def memory_table(runs: list[MemoryRun]) -> list[str]:
         rows.append(
             (f"{run.name} ({run.videos})", run.workers, len(run.rss), rss, top, growth, run.open_after, run.seconds)
         )
-    return tables.table(*MEMORY, rows)
+    return tables.table(
+        "videos | workers | epochs | RSS after epoch 1 / 2 / last (MiB) | max after epoch ≥ 2 (MiB) "
+        "| last / epoch 2 | containers open at the end (main process) | seconds",
+        "< > > > >.0f >.3f > >.0f",
+        rows,
+    )
 
 
 def summary(
