@@ -3,19 +3,20 @@ with the race as shipped (``LANCE_LIGHTNING_WORKER_CHOICE`` removed from the env
 suite forces ``workers`` elsewhere, tests/conftest.py), on one process and on 2 DDP ranks (gloo).
 
 Each fit writes, per rank, one JSON line per training step (`RowLog`): its epoch, the rows' ids,
-what the transform left in the batch, and the processes the training process had started by then.
-The oracle is the same config with ``num_workers: 0``, uninterrupted; every fit with workers is
-stopped mid-epoch by ``max_steps`` and resumed from that step's checkpoint with ``--ckpt_path``.
+which rows the transform flipped and the pid that made the batch; at each epoch end and at the end
+of training, the processes the training process had started. The oracle is the same config with
+``num_workers: 0``, uninterrupted. No assertion depends on timing: the race's decision is never
+asserted, only that what the report states agrees with the pids that made the batches.
 
-- A read without a transform that may hold the GIL (here `RandomFlip`, which declares
-  ``releases_gil``) never starts a worker process: no child process at any step of either run,
-  the report says why, and each epoch trains the oracle's rows in its order, flips included.
-- On 2 DDP ranks, the same: every rank trains as many batches, each epoch's rows across ranks are
-  each row once, each rank's rows are the oracle's, across a mid-epoch resume.
-- A pure-Python transform (`PythonRows`) lets the race start the workers: whatever it decides on
-  this machine (never asserted: it is timed), the rows and their order are the oracle's, the run
-  exits 0, and the report's statement (decision and rates) agrees with the processes that made the
-  batches (the transform records its pid).
+- `RandomFlip` (it declares ``releases_gil``), stopped mid-epoch by ``max_steps`` and resumed from
+  that step's checkpoint with ``--ckpt_path``: no process is ever started (a fork server lives
+  until its process exits), the report says why and speaks of no worker, and each epoch trains
+  the oracle's rows in its order, flips included.
+- A pure-Python transform (`tests.worker_probe.PythonRows`) lets the race start the workers and
+  hand over mid-epoch (on this machine it usually does: the test prints the outcome): the rows and
+  their order are the oracle's, the run exits 0, and the report states the decision with its rates.
+- On 2 DDP ranks with `RandomFlip`, stopped mid-epoch and resumed: every rank trains as many
+  batches, each epoch's rows across ranks are each row once, each rank's rows are the oracle's.
 """
 
 from __future__ import annotations
@@ -313,26 +314,25 @@ def test_a_cli_fit_with_a_python_transform_trains_the_rows_of_a_fit_without_work
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_two_rank_ddp_cli_fit_with_the_race_trains_each_row_once_an_epoch(tmp_path: Path, uri: str) -> None:
-    """2 DDP ranks (gloo), ``num_workers: 2``, `PythonRows`, the race as shipped: each rank decides
-    for itself when (and whether) its workers take over, yet every rank trains as many batches in
-    each epoch, each epoch's rows across the ranks are each row once, and each rank trains the
-    rows of a 0-worker DDP fit in their order, across a resume from the middle of the second
-    epoch. Rank 0's report states its decision as its batches' processes show it."""
+    """2 DDP ranks (gloo), ``num_workers: 2``, `RandomFlip`, the race as shipped (each rank's own):
+    every rank trains as many batches in each epoch, each epoch's rows across the ranks are each
+    row once, and each rank trains the rows (and flips) of a 0-worker DDP fit in their order,
+    across a resume from the middle of the second epoch; rank 0's report says its workers never
+    started, and why."""
     devices = 2
-    shape: dict[str, Any] = dict(transform=PYTHON, devices=devices, epochs=EPOCHS)
+    shape: dict[str, Any] = dict(transform=FLIP, devices=devices, epochs=EPOCHS)
     oracle_root = _oracle(tmp_path, uri, **shape)
     root, first, rest = _resumed(tmp_path, uri, **shape, stop_epoch=1)
-    per_rank = [_by_epoch(_records(root, rank), "ids") for rank in range(devices)]
+    per_rank = [_by_epoch(_records(root, rank), "ids", "flipped") for rank in range(devices)]
     for rank in range(devices):
-        assert per_rank[rank] == _by_epoch(_records(oracle_root, rank), "ids"), f"rank {rank}: not the oracle's rows"
+        expected = _by_epoch(_records(oracle_root, rank), "ids", "flipped")
+        assert per_rank[rank] == expected, f"rank {rank}: not the oracle's rows"
     assert sorted(per_rank[0]) == list(range(EPOCHS))
     for epoch in range(EPOCHS):
         counts = [len(ranks[epoch]) for ranks in per_rank]
         assert counts == [ROWS // BATCH // devices] * devices, f"epoch {epoch}: batches per rank {counts}"
-        rows = sorted(i for ranks in per_rank for ids in ranks[epoch] for i in json.loads(ids[0]))
+        rows = sorted(i for ranks in per_rank for step in ranks[epoch] for i in json.loads(step[0]))
         assert rows == list(range(ROWS)), f"epoch {epoch}: rows lost or repeated across ranks"
-    stated = []
-    for output, run in zip((first, rest), _runs(_records(root, 0), 2)):
-        (line,) = _report_lines(output)  # rank 0 prints the report
-        stated.append(_check_statement(line, run))
-    print(f"rank 0's race outcomes on this machine: {stated}")
+    for output in (first, rest):
+        lines = _report_lines(output)  # rank 0 prints the report
+        assert len(lines) == 1 and NEVER_STARTED in lines[0], output[-3000:]
