@@ -74,12 +74,14 @@ def test_profile_runs_only_the_data_pipeline_for_n_batches(tmp_path, uri):
 
 
 def test_profile_names_decoding_for_a_slow_transform(tmp_path, uri):
+    # 50 ms a batch: many times a 16-row take even on a loaded machine (at 10 ms a loaded run was
+    # once found storage-bound).
     cfg = _config(
         tmp_path,
         uri,
         data=(
             "  shuffle: {class_path: lance_lightning.RowShuffle, init_args: {seed: 1}}\n"
-            "  transform: {class_path: tests.scenarios.test_profile_cli.SlowTransform, init_args: {seconds: 0.01}}\n"
+            "  transform: {class_path: tests.scenarios.test_profile_cli.SlowTransform, init_args: {seconds: 0.05}}\n"
         ),
     )
     code, out, err = run_cli(["profile", "--config", cfg, "--batches", "30", "--progress", "false"])
