@@ -254,7 +254,8 @@ def format_report(
             f"by the store), {show('retry_wait_s', ',.2f')} s waiting between them"
         )
     if config.get("workers_choice"):
-        lines.append(f"  {config['workers_choice']}")
+        whose = f"rank {config.get('rank', 0)} (each rank decides for itself): " if ranks > 1 else ""
+        lines.append(f"  {whose}{config['workers_choice']}")
     if workers:
         lines.append(
             f"  worker output            {show('workers_ready', '.2f')} finished batches not yet received when asked"

@@ -466,6 +466,17 @@ def test_loader_only_profile_never_blames_the_model_and_ddp_report_names_the_str
     assert "step waited for data     30.5% [1.0% .. 60.0%]" in text
 
 
+def test_a_ddp_report_says_whose_worker_decision_it_shows():
+    """#51: under DDP each rank's race decides for itself; the report shows the reporting rank's
+    decision and says so (it read as the decision of every rank)."""
+    choice = "workers: 2, chosen by a measured race: the training process read"
+    figures = _figures(wait_s=0.1, step_s=9.9)
+    text = format_report([figures, figures], {**CONFIG, "world_size": 2, "rank": 0, "workers_choice": choice})
+    assert f"  rank 0 (each rank decides for itself): {choice}" in text.splitlines(), text
+    alone = format_report([figures], {**CONFIG, "workers_choice": choice})
+    assert f"  {choice}" in alone.splitlines(), alone
+
+
 # -- real DDP ------------------------------------------------------------------------------------------
 DDP_TIMEOUT_S = 420
 #: Rank 1's decode time per batch, with one reader thread: far above a step of this tiny model, even
