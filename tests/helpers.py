@@ -284,20 +284,17 @@ def run_cli(args: list[str]) -> tuple[int, str, str]:
 
 def run_cli_process(args: list[str], cwd: Any, env: Mapping[str, str] | None = None) -> tuple[int, str]:
     """``lance-lightning ARGS`` in a subprocess run from ``cwd``, without this environment's ``AWS_*``
-    variables but with ``env``: (exit status, stdout + stderr)."""
-    import subprocess
+    variables but with ``env``: (exit status, stdout + stderr). The process is forked from the test
+    zygote where it can be (`tests.zygote`: the same process a fresh start gives, less the imports)."""
     from pathlib import Path
+
+    from tests import zygote
 
     variables = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     variables.update(env or {})
     variables["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    result = subprocess.run(
-        [sys.executable, "-m", "lance_lightning.cli", *args],
-        cwd=cwd,
-        env=variables,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = zygote.run(
+        [sys.executable, "-m", "lance_lightning.cli", *args], cwd=cwd, env=variables, text=True, timeout=600
     )
     return result.returncode, result.stdout + result.stderr
 

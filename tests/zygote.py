@@ -21,7 +21,9 @@ Guarantees:
   ``lance`` imported: one warning, then fresh processes for the rest of the session).
 - What it does not mirror: the modules the zygote imported are already in ``sys.modules`` (a test
   of what a command imports, or of its start-up time, must use ``subprocess`` itself); the child's
-  parent is the zygote, not this process; the hash seed is the zygote's. The zygote dies with this
+  parent is the zygote, not this process; its ``/proc/PID/cmdline`` and ``/proc/PID/environ``
+  (what ``ps`` and ``psutil`` show) are the zygote's; the hash seed is the zygote's; tests that
+  find a command's processes that way drive ``subprocess.Popen`` themselves. The zygote dies with this
   process and leaves no file behind; `stop` (tests/conftest.py, at session end) ends it.
 """
 
@@ -79,7 +81,7 @@ def _entry(command: Sequence[str]) -> dict[str, Any] | None:
     command = [os.fspath(c) for c in command]
     if len(command) >= 3 and command[0] == sys.executable and command[1] == "-m":
         return {"kind": "module", "target": command[2], "args": command[3:]}
-    if len(command) >= 2 and command[0] == sys.executable and not command[1].startswith("-"):
+    if len(command) >= 2 and command[0] == sys.executable and os.path.isabs(command[1]):
         script = command[1]
         return {"kind": "script", "target": script, "args": command[2:]} if os.path.isfile(script) else None
     if command and os.path.isabs(command[0]) and os.access(command[0], os.X_OK) and os.path.isfile(command[0]):
@@ -191,11 +193,14 @@ def _fork(
         "mask": [int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])],
     }
     body = json.dumps(request).encode()
-    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
-    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         try:
             conn.connect("\0" + _server["name"])
+        except OSError as error:
+            return _off(command, f"the zygote does not answer ({error})")
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+        try:
             socket.send_fds(conn, [struct.pack("!Q", len(body)) + body], [0, out_w, err_w])
         finally:
             os.close(out_w)
@@ -205,9 +210,7 @@ def _fork(
         if "pid" not in first:
             os.close(out_r)
             os.close(err_r)
-            _server["off"] = first["off"]
-            warnings.warn(f"test zygote off, CLI tests start fresh processes: {first['off']}", stacklevel=4)
-            return subprocess.CompletedProcess(list(command), None)  # type: ignore[arg-type]
+            return _off(command, first["off"])
         pid, deadline, timed_out = first["pid"], None if timeout is None else time.monotonic() + timeout, False
         with selectors.DefaultSelector() as selector:
             for fd in chunks:
@@ -234,6 +237,14 @@ def _fork(
     if timed_out:
         raise subprocess.TimeoutExpired(list(command), timeout, output=stdout, stderr=stderr)  # type: ignore[arg-type]
     return subprocess.CompletedProcess(list(command), code, stdout, stderr)
+
+
+def _off(command: Sequence[str], why: str) -> subprocess.CompletedProcess:
+    """Turn the zygote off for the rest of the session; `run` then runs ``command`` fresh."""
+    _server["off"] = why
+    warnings.warn(f"test zygote off, CLI tests start fresh processes: {why}", stacklevel=4)
+    stop()
+    return subprocess.CompletedProcess(list(command), None)  # type: ignore[arg-type]
 
 
 def _ignored(sig: signal.Signals) -> bool:

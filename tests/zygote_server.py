@@ -10,8 +10,9 @@ Guarantees:
   fork-safe once a dataset is opened; the zygote never imports it). Otherwise it reports ``off``
   and forks nothing.
 - Its imports printed nothing (else ``off``: a fresh process would have shown it).
-- It dies with the pytest worker that started it (``PR_SET_PDEATHSIG``, and a poll of the parent
-  pid) and binds only an abstract Unix socket: nothing is left on disk.
+- It dies with the pytest worker that started it (it polls its parent pid each second between
+  requests) and binds only an abstract Unix socket, whose connections it serves only from that
+  worker's pid (``SO_PEERCRED``): nothing is left on disk, and no other process can use it.
 - A child: a new session if asked; stdin/stdout/stderr dup2'ed from the fds the client sent;
   the signal mask and dispositions of a fresh interpreter started by the client (the signals the
   client ignores stay ignored, the rest SIG_DFL, then as CPython's start-up: SIGPIPE and SIGXFSZ
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import atexit
 import builtins
-import ctypes
 import json
 import os
 import select
@@ -84,10 +84,9 @@ def _prepare() -> str | None:
     os.dup2(capture.fileno(), 1)
     os.dup2(capture.fileno(), 2)
     try:
-        import lightning.pytorch  # noqa: F401
-
         import docstring_parser  # noqa: F401
         import jsonargparse  # noqa: F401
+        import lightning.pytorch  # noqa: F401
         import lightning.pytorch.cli  # noqa: F401
         import psutil  # noqa: F401
         import torchvision  # noqa: F401
@@ -130,8 +129,7 @@ def _send(conn: socket.socket, message: dict[str, Any]) -> None:
 
 def serve(name: str, parent: int) -> tuple[dict[str, Any], list[int]]:
     """Serve requests until the parent dies; returns only in a forked child, with its request."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    # Not PR_SET_PDEATHSIG: it fires when the *thread* that started the zygote ends.
     if os.getppid() != parent:
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -149,6 +147,9 @@ def serve(name: str, parent: int) -> tuple[dict[str, Any], list[int]]:
             continue
         conn, _ = listener.accept()
         try:
+            peer, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if peer != parent:  # an abstract socket has no permissions: only the pytest worker is served
+                continue
             request, fds = _recv(conn)
             off = _why_not_fork()
             if off:

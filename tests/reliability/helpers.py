@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+
+from tests import zygote
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Lines a one-screen error may take (what, parameter, value, fix, the traceback hint, a seed line).
@@ -39,11 +40,13 @@ data:
 
 
 def run_command(args: list[str], *, cwd: Path = REPO_ROOT, timeout: float = 240) -> tuple[int, str]:
-    """``lance-lightning ARGS`` in a subprocess of its own: (exit status, stdout + stderr)."""
+    """``lance-lightning ARGS`` in a subprocess of its own: (exit status, stdout + stderr). The
+    process is forked from the test zygote where it can be (`tests.zygote`: the same process a
+    fresh start gives, less the imports)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     env.pop("LANCE_LIGHTNING_TRACEBACK", None)
     command = [str(Path(sys.executable).with_name("lance-lightning")), *args]
-    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = zygote.run(command, cwd=cwd, env=env, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
 
 
