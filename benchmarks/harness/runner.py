@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,27 +53,38 @@ def run_cell(cell: Cell, data: dict, seconds: float, cell_timeout: float, peer_p
     spec |= {"data": data, **options}
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path, **dict(loader.env)}
-    process = subprocess.Popen(
-        [python, "-m", "benchmarks.harness.cell", json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
+    returncode, stdout, stderr = run_in_session(
+        [python, "-m", "benchmarks.harness.cell", json.dumps(spec)], env, cell_timeout
     )
-    try:
-        stdout, stderr = process.communicate(timeout=cell_timeout)
-    except subprocess.TimeoutExpired:
+    if returncode is None:
         return {"error": f"no result within {cell_timeout:g} s"}
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-    if process.returncode != 0:
+    if returncode != 0:
         last = [line for line in stderr.strip().splitlines() if line.strip()][-1:] or ["?"]
-        return {"error": f"exit {process.returncode}: {last[0][:300]}", "stderr": stderr[-3000:]}
+        return {"error": f"exit {returncode}: {last[0][:300]}", "stderr": stderr[-3000:]}
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+def run_in_session(command: list[str], env: dict, timeout: float) -> tuple[int | None, str, str]:
+    """``command`` in a new session from the repository root: (its exit status, or None past
+    ``timeout``; stdout; stderr). It ends with its process: the output goes to files, read once that
+    process has exited, and then its whole group is killed (a peer's workers that outlive it, as its
+    `os._exit` skips their shutdown, held pipes open: waiting for their end of file turned every
+    LitData cell into "no result")."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=err, text=True, cwd=ROOT, env=env, start_new_session=True
+        )
+        try:
+            returncode: int | None = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        out.seek(0)
+        err.seek(0)
+        return returncode, out.read(), err.read()
 
 
 def run(

@@ -10,6 +10,7 @@ them stay true. No measurement runs: each study's table function gets its figure
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -488,3 +489,32 @@ def test_a_table_aligns_formats_and_marks_what_is_missing() -> None:
 def test_a_table_refuses_what_would_shift_its_columns(heads: str, specs: str, rows: list, said: str) -> None:
     with pytest.raises(ValueError, match=said):
         tables.table(heads, specs, rows)
+
+
+def test_a_cell_ends_with_its_process_though_a_child_holds_its_output() -> None:
+    """A cell's result is read once its own process exits, and then its group is killed: a LitData
+    cell's workers outlived the cell's `os._exit` holding its output pipes, and waiting for their
+    end of file gave "no result within 90 s" for every LitData cell. Here the command leaves a
+    child that sleeps past the timeout with its stdout: the result still comes (not None, which
+    the timeout gives), and the child is gone."""
+    import sys
+
+    import psutil
+
+    from benchmarks.harness.runner import run_in_session
+
+    command = [
+        sys.executable,
+        "-c",
+        "import os, subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+        "print(p.pid, flush=True); print('{\"ok\": 1}', flush=True); os._exit(0)",
+    ]
+    returncode, stdout, stderr = run_in_session(command, dict(os.environ), timeout=200)
+    assert returncode == 0, (returncode, stdout, stderr)
+    pid, result = stdout.splitlines()
+    assert result == '{"ok": 1}'
+    try:
+        psutil.Process(int(pid)).wait(timeout=60)  # killed with the session
+    except psutil.NoSuchProcess:
+        pass
+    assert run_in_session([sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ), timeout=1)[0] is None
