@@ -47,6 +47,8 @@ EPOCHS = 4
 PYTHON_EPOCHS = 12
 TIMEOUT_S = 300
 
+#: How a DDP report's workers line begins (each rank decides for itself; rank 0 reports).
+DDP_PREFIX = "rank 0 (each rank decides for itself): "
 NEVER_STARTED = "the training process read, the workers never started (a transform that may hold the GIL took 0% of"
 
 
@@ -212,8 +214,9 @@ def _oracle(tmp_path: Path, uri: str, *, transform: str, devices: int, epochs: i
 
 def _report_lines(output: str) -> list[str]:
     """The end-of-fit report's statement of who read (`Race.describe(done=True)`: with the rates),
-    one per report (the plan printed at the start states only what the loader will do)."""
-    lines = (line.strip() for line in output.splitlines())
+    one per report (the plan printed at the start states only what the loader will do); under DDP
+    the report names its rank first (`DDP_PREFIX`), left out here."""
+    lines = (line.strip().removeprefix(DDP_PREFIX) for line in output.splitlines())
     return [line for line in lines if line.startswith("workers: 2, ") and "(in process " in line]
 
 
@@ -336,3 +339,4 @@ def test_a_two_rank_ddp_cli_fit_with_the_race_trains_each_row_once_an_epoch(tmp_
     for output in (first, rest):
         lines = _report_lines(output)  # rank 0 prints the report
         assert len(lines) == 1 and NEVER_STARTED in lines[0], output[-3000:]
+        assert DDP_PREFIX + lines[0] in output, "the report does not say whose decision it shows"
