@@ -372,16 +372,22 @@ def plan_of(
 
 def run_ddp_script(script: str, args: list[str], timeout: float) -> str:
     """Run ``python script args`` from the repository root in its own session (Lightning starts
-    the other DDP ranks from it); kill every rank and fail the test when it outlives ``timeout``.
-    Returns the output (stdout and stderr); fails the test on a non-zero exit."""
+    the other DDP ranks from it); see `run_in_own_session`."""
+    return run_in_own_session([sys.executable, script, *args], timeout)
+
+
+def run_in_own_session(command: list[str], timeout: float, drop: tuple[str, ...] = ()) -> str:
+    """Run ``command`` from the repository root in its own session, without ``LOCAL_RANK`` and the
+    variables in ``drop``; kill the session (every rank and worker) and fail the test when it
+    outlives ``timeout``. Returns the output (stdout and stderr); fails the test on a non-zero exit."""
     import signal
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
-    env.pop("LOCAL_RANK", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", *drop)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(
-        [sys.executable, script, *args],
+        command,
         cwd=root,
         env=env,
         text=True,
@@ -392,9 +398,9 @@ def run_ddp_script(script: str, args: list[str], timeout: float) -> str:
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # our own session: every rank
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: every rank and worker
         output, _ = proc.communicate()
-        pytest.fail(f"DDP run hung\n{output[-4000:]}")
+        pytest.fail(f"hung: {' '.join(command)[:300]}\n{output[-4000:]}")
     assert proc.returncode == 0, output[-6000:]
     return output
 

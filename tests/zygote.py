@@ -150,7 +150,8 @@ def run(
     start_new_session: bool = False,
 ) -> subprocess.CompletedProcess:
     """``subprocess.run(command, capture_output=True, ...)``, forked from the zygote where it can be."""
-    if not _lock.acquire(blocking=False):
+
+    def fresh() -> subprocess.CompletedProcess:
         return subprocess.run(
             command,
             cwd=cwd,
@@ -160,12 +161,12 @@ def run(
             capture_output=True,
             start_new_session=start_new_session,
         )
+
+    if not _lock.acquire(blocking=False):
+        return fresh()
     try:
         if not mirrored(command, cwd, env):
-            return subprocess.run(
-                command, cwd=cwd, env=env, timeout=timeout, text=text, capture_output=True,
-                start_new_session=start_new_session,
-            )  # fmt: skip
+            return fresh()
         done = _fork(command, cwd, env, timeout, start_new_session)
     finally:
         _lock.release()

@@ -24,8 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -35,7 +33,7 @@ import psutil
 import pytest
 import torch
 
-from tests.helpers import RecordingModel, write_dataset
+from tests.helpers import RecordingModel, run_in_own_session, write_dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ROWS, BATCH = 320, 8  # 40 batches an epoch on one process, 20 a rank on two
@@ -148,26 +146,8 @@ def _stop_step(devices: int, epoch: int) -> int:
 def _fit(config: Path, *args: str) -> str:
     """``lance-lightning fit --config CONFIG ARGS`` in its own session with the race as shipped (the
     switch removed from the environment); the output; fails the test on a non-zero exit or a hang."""
-    env = {k: v for k, v in os.environ.items() if k not in ("LANCE_LIGHTNING_WORKER_CHOICE", "LOCAL_RANK")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config), *args]
-    proc = subprocess.Popen(
-        command,
-        cwd=REPO_ROOT,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own session: every rank and worker
-        output, _ = proc.communicate()
-        pytest.fail(f"the fit hung\n{output[-4000:]}")
-    assert proc.returncode == 0, output[-6000:]
-    return output
+    return run_in_own_session(command, TIMEOUT_S, drop=("LANCE_LIGHTNING_WORKER_CHOICE",))
 
 
 def _records(root: Path, rank: int = 0) -> list[dict[str, Any]]:
