@@ -34,7 +34,8 @@ import torch  # noqa: E402
 import torchvision.transforms.v2.functional as F  # noqa: E402
 
 import lance_lightning.device.ahead as ahead  # noqa: E402
-from benchmarks.studies import gpu as B  # noqa: E402
+from benchmarks.studies import gpu_decode as D  # noqa: E402
+from benchmarks.studies import gpu_fit as B  # noqa: E402
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, to_torch_batch  # noqa: E402
 from lance_lightning.produce.producer import pin_batch  # noqa: E402
 from lance_lightning.transforms import DecodeImage  # noqa: E402
@@ -123,7 +124,7 @@ class NvDecode:
         images = self.decoder.decode(streams, cuda_stream=torch.cuda.current_stream().cuda_stream)
         x = torch.stack([torch.as_tensor(image, device="cuda") for image in images]).permute(0, 3, 1, 2)
         x = F.resize(x, [224, 224], antialias=True)
-        return {**batch, "image": F.normalize(x.float().div_(255), B.MEAN, B.STD)}
+        return {**batch, "image": F.normalize(x.float().div_(255), D.MEAN, D.STD)}
 
 
 def nvimgcodec_rates(blobs: list[bytes]) -> None:
@@ -160,22 +161,22 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("probe_gpu_fit: needs a CUDA device", file=sys.stderr)
         return 2
-    blobs = B.jpegs(256, 256)
+    blobs = D.jpegs(256, 256)
     batch = pin_batch(to_torch_batch(pa.table({"image": pa.array(blobs, pa.binary())})))
-    decode = DecodeImage(size=224, mean=B.MEAN, std=B.STD, device="cuda")
+    decode = DecodeImage(size=224, mean=D.MEAN, std=D.STD, device="cuda")
     for _ in range(3):
         decode(batch)
     torch.cuda.synchronize()
     decode_spans(decode, batch)
     gil(decode, batch)
     args.data_dir.mkdir(parents=True, exist_ok=True)
-    uri = B.image_dataset(args.data_dir, 256 * 64, 256)
+    uri = D.image_dataset(args.data_dir, 256 * 64, 256)
     for priority in (0, -1, -5) if args.priorities else (0,):
         with_priority(priority)
         for depth in (2, 4):
             fit(uri, f"ahead={depth} priority {priority}", device_transform=decode, device_ahead=depth)
     if args.cpu_decode:
-        cpu = DecodeImage(size=224, mean=B.MEAN, std=B.STD)
+        cpu = DecodeImage(size=224, mean=D.MEAN, std=D.STD)
         for threads in (8, 14):
             fit(
                 uri,

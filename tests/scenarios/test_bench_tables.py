@@ -81,7 +81,7 @@ def filter_scan() -> list[str]:
 def gpu() -> list[str]:
     import torch
 
-    from benchmarks.studies import gpu
+    from benchmarks.studies import gpu_report
 
     decode = [
         {"side": 64, "cpu": 12345.6, "cores": 2, "torchcodec": 23456.7, "torchvision": None},
@@ -92,7 +92,7 @@ def gpu() -> list[str]:
     fit = {"ready": {"step_ms": 48.0, "wait_share": 0.0, "steps": 40}, "batch": 256, "size": 224, "read": 5000.0}
     fit |= {"lance": step, "in_hooks": step | {"step_ms": 52.9}, "variants": [variant]}
     args = _params(reps=1)
-    return gpu.report(args, torch.device("cpu"), decode, fit, None, None, 1.0).splitlines()
+    return gpu_report.report(args, torch.device("cpu"), decode, fit, None, None, 1.0).splitlines()
 
 
 def materialize() -> list[str]:
