@@ -10,7 +10,9 @@ Guarantees:
   quality, and whether it delivered every expected row exactly once), ``read_bytes`` and
   ``read_calls`` (the process tree's bytes read through system calls and their count over the
   timed window, workers included while they live: Linux ``/proc/<pid>/io`` ``rchar`` and
-  ``syscr``), ``rss_mb`` (the
+  ``syscr``), ``cpu_s`` (the process tree's user and system CPU seconds over the timed window,
+  workers included while they live: how much of the machine the rows cost, a figure that CPU
+  contention from other programs changes far less than rows/s), ``rss_mb`` (the
   tree's resident memory at the end of the timed window) and ``peak_rss_mb`` (this process's); for
   ours, when asked, ``resume10_s`` and ``resume90_s`` (the first batch after a resume at that
   share of the epoch, the median of ``resume`` alternated resumes).
@@ -38,22 +40,24 @@ if __name__ == "__main__" and json.loads(sys.argv[1])["loader"].startswith("ours
     import lightning.pytorch  # noqa: F401  (a training script imports it at its top)
 
 
-def _tree() -> tuple[int, int, float]:
-    """Bytes read, read calls and resident MB of this process and its children (as psutil sees them)."""
+def _tree() -> tuple[int, int, float, float]:
+    """Bytes read, read calls, resident MB and CPU seconds (user and system) of this process and
+    its children (as psutil sees them)."""
     import psutil
 
     me = psutil.Process()
     read_bytes = calls = 0
-    rss = 0.0
+    rss = cpu = 0.0
     for process in (me, *me.children(recursive=True)):
         try:
-            io, mem = process.io_counters(), process.memory_info()
+            io, mem, times = process.io_counters(), process.memory_info(), process.cpu_times()
         except (psutil.Error, AttributeError):  # a worker that just ended; io_counters is Linux's
             continue
         read_bytes += getattr(io, "read_chars", io.read_bytes)
         calls += io.read_count
         rss += mem.rss / 2**20
-    return read_bytes, calls, rss
+        cpu += times.user + times.system
+    return read_bytes, calls, rss, cpu
 
 
 def _first(build: Any) -> tuple[Any, Any, float, float]:
@@ -110,6 +114,7 @@ def measure(spec: dict) -> dict:
         "epochs": epochs,
         "read_bytes": io1[0] - io0[0],
         "read_calls": io1[1] - io0[1],
+        "cpu_s": io1[3] - io0[3],
         "rss_mb": io1[2],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }

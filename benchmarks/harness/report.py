@@ -23,9 +23,9 @@ from benchmarks.harness.registry import LOADERS, PEERS, SUITES, WORKLOADS, Cell
 
 HEADS = (
     "cell | workload | loader | rows/s | vs best peer | first batch s | again s | build s | shuffle quality "
-    "| MiB read / 1k rows | reads / 1k rows | RSS MiB | epochs | first epoch"
+    "| CPU ms / 1k rows | MiB read / 1k rows | reads / 1k rows | RSS MiB | epochs | first epoch"
 )
-SPECS = "< < < >,.0f > >.3f >.3f >.3f >.2f >.2f >.1f >,.0f > <"
+SPECS = "< < < >,.0f > >.3f >.3f >.3f >.2f >,.0f >.2f >.1f >,.0f > <"
 RESUME_HEADS = " | resume 10% s | resume 90% s | 90%/10% | RSS over unfiltered NoShuffle MiB"
 RESUME_SPECS = " >.4f >.4f >.2f >.0f"
 
@@ -66,6 +66,11 @@ def _med(results: dict, cell: Cell, key: str) -> float:
     return _median([r.get(key) for r in _ok(results, cell)])
 
 
+def _per_1k_rows(got: list[dict], key: str, scale: float = 1.0) -> float:
+    """The median over repetitions of ``key`` (times ``scale``) per 1,000 rows read in the window."""
+    return _median([r[key] * scale * 1000 / r["rows"] for r in got if r.get(key) is not None and r.get("rows")])
+
+
 def _over_scan(results: dict, cell: Cell) -> float:
     """The cell's RSS minus that of the unfiltered storage-order read of the same table (ours)."""
     base = Cell(
@@ -97,7 +102,8 @@ def table(results: dict, cells: list[Cell]) -> tuple[list[str], list[str]]:
             x + (" (best peer)" if _best_peer(results, c, cells) == c else ""),
         ]
         row += [med(key) for key in ("first_batch_s", "again_s", "build_s", "quality")]
-        reads = [med("read_bytes") / 2**20 / per_1k, med("read_calls") / per_1k] if per_1k else ["", ""]
+        per_row = partial(_per_1k_rows, got)
+        reads = [per_row("cpu_s", 1000), per_row("read_bytes", 2**-20), per_row("read_calls")] if per_1k else [""] * 3
         row += [*reads, med("rss_mb"), got[0]["epochs"], got[0]["check"] if per_1k else "—"]
         if resumes:
             r10, r90 = med("resume10_s"), med("resume90_s")

@@ -45,7 +45,7 @@ def harness_report() -> list[str]:
     resumed = {"resume10_s": 0.0123, "resume90_s": 0.0135}
     results = {
         "scan/ours/3k/2/local": [rep(123456.7, **resumed), rep(120000.2, **resumed)],
-        "scan/lance.torch/3k/2/local": [rep(50000.0), rep(60000.0)],
+        "scan/lance.torch/3k/2/local": [rep(50000.0, cpu_s=0.6), rep(60000.0, cpu_s=0.9, rows=6000)],
         "scan/litdata/3k/2/local": [{"error": "no litdata"}],
         "shuffle/ours/3k/0/local": [rep(9876.5, rows=0, check="—")],
     }
@@ -281,15 +281,17 @@ CASES = {
 }
 
 EXPECTED: dict[str, str] = {
-    # The one change from the old code: a row that did not run writes its empty cells `|  |`, as
-    # every other empty cell (it wrote `| |` there); markdown reads both the same.
+    # Changes from the old code: a row that did not run writes its empty cells `|  |`, as every
+    # other empty cell (it wrote `| |` there); markdown reads both the same. The per-1k-rows
+    # figures are medians of each repetition's own ratio (they divided the median by the first
+    # repetition's rows), and CPU ms / 1k rows is new (blank for results recorded without it).
     "harness_report": """
-| cell | workload | loader | rows/s | vs best peer | first batch s | again s | build s | shuffle quality | MiB read / 1k rows | reads / 1k rows | RSS MiB | epochs | first epoch | resume 10% s | resume 90% s | 90%/10% | RSS over unfiltered NoShuffle MiB |
-|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|
-| `scan/ours/3k/2/local` | (1) sequential scan | lance-lightning `LanceDataModule` | 121,728 | 2.23 | 0.012 |  | 0.500 | 0.99 | 1.00 | 15.0 | 1,234 | 2 | exact | 0.0123 | 0.0135 | 1.10 | 0 |
-| `scan/lance.torch/3k/2/local` | (1) sequential scan | pylance `lance.torch` | 55,000 | 1.00 (best peer) | 0.012 |  | 0.500 | 0.99 | 1.00 | 15.0 | 1,234 | 2 | exact |  |  |  | 0 |
-| `scan/litdata/3k/2/local` | (1) sequential scan | LitData `StreamingDataset` | did not run |  |  |  |  |  |  |  |  |  |  |  |  |  |  |
-| `shuffle/ours/3k/0/local` | (2) row shuffle | lance-lightning `LanceDataModule` | 9,876 |  | 0.012 |  | 0.500 | 0.99 |  |  | 1,234 | 2 | — |  |  |  |  |
+| cell | workload | loader | rows/s | vs best peer | first batch s | again s | build s | shuffle quality | CPU ms / 1k rows | MiB read / 1k rows | reads / 1k rows | RSS MiB | epochs | first epoch | resume 10% s | resume 90% s | 90%/10% | RSS over unfiltered NoShuffle MiB |
+|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|
+| `scan/ours/3k/2/local` | (1) sequential scan | lance-lightning `LanceDataModule` | 121,728 | 2.23 | 0.012 |  | 0.500 | 0.99 |  | 1.00 | 15.0 | 1,234 | 2 | exact | 0.0123 | 0.0135 | 1.10 | 0 |
+| `scan/lance.torch/3k/2/local` | (1) sequential scan | pylance `lance.torch` | 55,000 | 1.00 (best peer) | 0.012 |  | 0.500 | 0.99 | 175 | 0.75 | 11.2 | 1,234 | 2 | exact |  |  |  | 0 |
+| `scan/litdata/3k/2/local` | (1) sequential scan | LitData `StreamingDataset` | did not run |  |  |  |  |  |  |  |  |  |  |  |  |  |  |  |
+| `shuffle/ours/3k/0/local` | (2) row shuffle | lance-lightning `LanceDataModule` | 9,876 |  | 0.012 |  | 0.500 | 0.99 |  |  |  | 1,234 | 2 | — |  |  |  |  |
 """,
     "common_rows": """
 | scenario | rows/s | baseline | baseline rows/s | ratio | target | result |
