@@ -98,3 +98,18 @@ class PythonRows:
         batch["checksum"] = torch.tensor(sums)
         batch["pid"] = torch.full((len(sums),), os.getpid())
         return batch
+
+
+class RecordImports:
+    """Adds ``imported``: per row, one flag per module of ``names`` (1 if the process has imported
+    it), and ``pid``: the process that made the batch."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        rows = len(batch["id"])
+        flags = [int(name in sys.modules) for name in self.names]
+        batch["imported"] = torch.tensor(flags, dtype=torch.int64).expand(rows, -1).clone()
+        batch["pid"] = torch.full((rows,), os.getpid())
+        return batch

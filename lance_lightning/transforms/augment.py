@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torchvision.transforms import v2
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.transforms.random import RowRandom
+from lance_lightning.transforms.vision import v2
 
 __all__ = ["DeviceAugment"]
 
@@ -67,7 +67,7 @@ class DeviceAugment:
         self.column = column
         self.random = None if seed is None else RowRandom(seed)
         self.per_sample = bool(per_sample) or self.random is not None
-        self.pipeline = v2.Compose(self.transforms)
+        self.pipeline = v2().Compose(self.transforms)
 
     def __repr__(self) -> str:
         seed = None if self.random is None else self.random.seed

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.transforms import vision
 
 BACKENDS = ("auto", "torchcodec", "torchvision")
 #: Formats told apart by their first bytes; everything else is "other".
@@ -139,6 +140,8 @@ def compiled_loop(backend: str) -> Callable[..., Any]:
     if loop is None:
         if backend == "torchcodec":
             _torchcodec()  # registers torch.ops.torchcodec_ns before compiling
+        else:
+            vision.image_ops()  # registers torch.ops.image before compiling
         loop = _compiled(_torchcodec_rows if backend == "torchcodec" else _torchvision_rows)
         _COMPILED[backend] = loop
     return loop

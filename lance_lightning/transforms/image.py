@@ -32,13 +32,13 @@ from typing import Any, Literal
 
 import pyarrow as pa
 import torch
-from torchvision.transforms.v2 import functional as F
 
 from lance_lightning.errors import ConfigError, ImageDecodeError
 from lance_lightning.produce.convert import Ragged
 from lance_lightning.transforms import decoders
 from lance_lightning.transforms.host_share import HostShare
 from lance_lightning.transforms.sizes import check_size, fit_batch
+from lance_lightning.transforms.vision import functional
 
 __all__ = ["DecodeImage", "ImageDecodeError"]
 
@@ -300,7 +300,7 @@ class DecodeImage:
             if self.normalize and out.dtype == torch.uint8:
                 return {**batch, self.column: self._scale_uint8(out)}
             if self.normalize:
-                out = F.to_dtype(out, torch.float32, scale=True)
+                out = functional().to_dtype(out, torch.float32, scale=True)
         else:
             c = _MODE_CHANNELS.get(self.mode, 0)
             h, w = self.size if self.size is not None else (0, 0)
@@ -319,7 +319,7 @@ class DecodeImage:
                     f"{len(self.mean)} values; pass {channels} values or set mode='gray'/'rgb'"
                 )
             if out.shape[0] > 0:
-                out = F.normalize(out, mean=mean, std=std)
+                out = functional().normalize(out, mean=mean, std=std)
 
         return {**batch, self.column: out}
 

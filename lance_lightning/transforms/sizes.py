@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torchvision.transforms.v2 import functional as F
 
 from lance_lightning.errors import ConfigError
+from lance_lightning.transforms.vision import functional
 
 
 def check_size(size: int | tuple[int, int] | Sequence[int] | None, param: str) -> tuple[int, int] | None:
@@ -67,6 +67,7 @@ def _fit(stack: torch.Tensor, size: tuple[int, int] | None, fit: str) -> torch.T
     """Fit an (n, C, H, W) stack of same-shaped images to ``size`` with one resize call."""
     if size is None or tuple(stack.shape[-2:]) == size:
         return stack
+    F = functional()
     if fit == "stretch":
         return F.resize(stack, list(size), antialias=True)
     h, w = stack.shape[-2:]
