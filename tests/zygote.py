@@ -1,7 +1,10 @@
 """Start CLI test subprocesses from a pre-imported zygote: `run` is ``subprocess.run(command,
-capture_output=True, ...)`` whose child, where it can be, is forked from a helper process that
-imported ``lightning.pytorch`` and ``lance_lightning.cli`` once (``tests/zygote_server.py``)
-instead of paying those seconds of imports again (10 s of CPU on a loaded 2-core machine).
+capture_output=True, ...)`` and `run_in_session` is ``Popen(command, stdout=PIPE, stderr=STDOUT,
+text=True, start_new_session=True)`` whose process group is SIGKILLed past the timeout and after the
+end (the contract checker's phases, a DDP script's ranks): the child, where it can be, is forked
+from a helper process that imported ``lightning.pytorch`` and ``lance_lightning.cli`` once
+(``tests/zygote_server.py``) instead of paying those seconds of imports again (10 s of CPU on a
+loaded 2-core machine).
 
 Guarantees:
 - The child is the command's own process, as a fresh one would be: its pid and (if asked) its
@@ -10,11 +13,20 @@ Guarantees:
   a negative status), stdout and stderr as the bytes it wrote, stdin inherited as
   ``subprocess.run`` does, the environment, cwd, ``sys.argv``/``sys.path``, ``__main__`` and the
   signal mask and dispositions a fresh interpreter started from this process has (details:
-  `tests.zygote_server`). A timeout kills it (SIGKILL) and raises ``subprocess.TimeoutExpired``.
-- A fresh ``subprocess.run`` is taken instead (the same result type) when the zygote cannot
-  mirror the command: a command that is not ``[sys.executable, SCRIPT|-m MODULE, ...]`` or a
-  script whose shebang is ``sys.executable``; an environment that differs from the zygote's in a
-  variable that may be read at import (`IMPORT_TIME`: ``PYTHON*`` including ``PYTHONPATH``,
+  `tests.zygote_server`). The start-up variables in `APPLIED` take effect in the child from the
+  command's environment as the interpreter would apply them: ``PYTHONUNBUFFERED`` (stdout and
+  stderr unbuffered, else buffered as a fresh process buffers them), ``PYTHONFAULTHANDLER``
+  (faulthandler on stderr for every thread: a crash prints "Fatal Python error" and the stacks),
+  ``PYTHONDONTWRITEBYTECODE``, ``PYTHONPYCACHEPREFIX``. `run`: a timeout kills the child (SIGKILL)
+  and raises ``subprocess.TimeoutExpired``. `run_in_session`: stdout and stderr are one pipe (one
+  open file, as ``stderr=STDOUT``: the order a fresh process gives), the child is in a new session,
+  a timeout SIGKILLs its process group (grandchildren included) and the output is read to its end;
+  the status is the child's own (negative: the signal that ended it).
+- A fresh process is taken instead (``subprocess.run``; `run_in_session`: its ``Popen``, the
+  same result type) when the zygote cannot mirror the command: a command that is not
+  ``[sys.executable, SCRIPT|-m MODULE, ...]`` or a script whose shebang is ``sys.executable``; an
+  environment that differs from the zygote's in a variable that may be read at import and is not in
+  `APPLIED` (`IMPORT_TIME`: ``PYTHON*`` including ``PYTHONPATH``,
   ``CUDA*``, ``OMP_*``, ``TORCH*``, ``PL_*``, the rank variables Lightning reads at import,
   locale, ``TMPDIR``, ...); a missing cwd; another thread of this process using the zygote; the
   zygote off (``LANCE_LIGHTNING_TEST_ZYGOTE=off``, or it reported threads, import output or
@@ -23,8 +35,11 @@ Guarantees:
   of what a command imports, or of its start-up time, must use ``subprocess`` itself); the child's
   parent is the zygote, not this process; its ``/proc/PID/cmdline`` and ``/proc/PID/environ``
   (what ``ps`` and ``psutil`` show) are the zygote's; the hash seed is the zygote's; tests that
-  find a command's processes that way drive ``subprocess.Popen`` themselves. The zygote dies with this
-  process and leaves no file behind; `stop` (tests/conftest.py, at session end) ends it.
+  find a command's processes that way drive ``subprocess.Popen`` themselves. With
+  ``PYTHONFAULTHANDLER``, ``signal.getsignal`` gives SIG_DFL for faulthandler's signals (a fresh
+  interpreter: None), and a crash's report goes on below the entry point with the zygote's own
+  frames and names the zygote's extension modules. ``sys.flags`` is the zygote's. The zygote dies
+  with this process and leaves no file behind; `stop` (tests/conftest.py, at session end) ends it.
 """
 
 from __future__ import annotations
@@ -44,7 +59,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SWITCH = "LANCE_LIGHTNING_TEST_ZYGOTE"
@@ -55,6 +70,11 @@ IMPORT_TIME = (
     "PL_", "LIGHTNING", "LD_", "HF_", "TRANSFORMERS", "LC_", "LANG", "TZ", "TMPDIR", "TEMP", "TMP", "MALLOC",
     "RANK", "LOCAL_RANK", "GLOBAL_RANK", "NODE_RANK", "WORLD_SIZE", "SLURM_", "JSM_", "MASTER_", "JSONARGPARSE",
 )  # fmt: skip
+
+#: Start-up variables whose whole effect the zygote sets up in each child from the request's value,
+#: as the interpreter would at start-up (`tests.zygote_server`): they never send a command to a fresh
+#: process.
+APPLIED = ("PYTHONFAULTHANDLER", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
 
 _lock = threading.Lock()
 _server: dict[str, Any] = {}
@@ -68,9 +88,9 @@ def zygote_env() -> dict[str, str]:
 
 
 def _import_time(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``env`` that may be read at import; PYTHONPATH as the path it gives (the
-    interpreter drops repeated entries)."""
-    found = {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)}
+    """The variables of ``env`` that may be read at import, less those the zygote applies in the
+    child (`APPLIED`); PYTHONPATH as the path it gives (the interpreter drops repeated entries)."""
+    found = {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in APPLIED}
     if "PYTHONPATH" in found:
         found["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(found["PYTHONPATH"].split(os.pathsep)))
     return found
@@ -167,14 +187,73 @@ def run(
     try:
         if not mirrored(command, cwd, env):
             return fresh()
-        done = _fork(command, cwd, env, timeout, start_new_session)
+        done = _fork(command, cwd, env, timeout, start_new_session, group=False)
     finally:
         _lock.release()
-    if done.returncode is None:  # the zygote turned itself off before forking
+    if done is None:  # the zygote turned itself off before forking
         return run(command, cwd=cwd, env=env, timeout=timeout, text=text, start_new_session=start_new_session)
+    code, (stdout, stderr), timed_out = done
+    if timed_out:
+        raise subprocess.TimeoutExpired(list(command), timeout, output=stdout, stderr=stderr)  # type: ignore[arg-type]
     if text:
-        done.stdout, done.stderr = (_decode(b) for b in (done.stdout, done.stderr))
-    return done
+        stdout, stderr = _decode(stdout), _decode(stderr)
+    return subprocess.CompletedProcess(list(command), code, stdout, stderr)
+
+
+class Grouped(NamedTuple):
+    """What `run_in_session` gives: the exit status (negative: the signal), stdout and stderr
+    together in the order they were written, and whether the timeout ended it."""
+
+    returncode: int
+    output: str
+    timed_out: bool
+
+
+def run_in_session(command: Sequence[str], *, cwd: Any, env: Mapping[str, str], timeout: float) -> Grouped:
+    """``Popen(command, stdout=PIPE, stderr=STDOUT, text=True, start_new_session=True)`` then
+    ``communicate(timeout)``: past the timeout its process group is SIGKILLed and the rest of its
+    output read; once it has ended the group is SIGKILLed again (a rank or worker it left behind).
+    Forked from the zygote where `mirrored`, else exactly that ``Popen``."""
+
+    def fresh() -> Grouped:
+        proc = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        timed_out = False
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc.pid)
+            output, _ = proc.communicate()
+        _kill_group(proc.pid)
+        return Grouped(proc.returncode, output, timed_out)
+
+    if not _lock.acquire(blocking=False):
+        return fresh()
+    try:
+        if not mirrored(command, cwd, env):
+            return fresh()
+        done = _fork(command, cwd, env, timeout, True, group=True)
+    finally:
+        _lock.release()
+    if done is None:
+        return run_in_session(command, cwd=cwd, env=env, timeout=timeout)
+    code, (output,), timed_out = done
+    return Grouped(code, _decode(output), timed_out)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _decode(data: bytes) -> str:
@@ -183,8 +262,18 @@ def _decode(data: bytes) -> str:
 
 
 def _fork(
-    command: Sequence[str], cwd: Any, env: Mapping[str, str] | None, timeout: float | None, new_session: bool
-) -> subprocess.CompletedProcess:
+    command: Sequence[str],
+    cwd: Any,
+    env: Mapping[str, str] | None,
+    timeout: float | None,
+    new_session: bool,
+    group: bool,
+) -> tuple[int, list[bytes], bool] | None:
+    """Fork ``command`` from the zygote: (exit status, [stdout, stderr] or ``group``'s [output],
+    timed out), or None when the zygote turned itself off. ``group``: stderr goes to stdout's pipe
+    (one open file, as ``stderr=STDOUT``), the timeout SIGKILLs the process group (the child's own
+    session) and reading goes on to the end of the output, and the group is SIGKILLed once the
+    child has ended; else the timeout SIGKILLs the child and reading stops, as ``subprocess.run``."""
     request = {
         **_entry(command),  # type: ignore[dict-item]
         "cwd": os.path.abspath(os.getcwd() if cwd is None else os.fspath(cwd)),
@@ -198,20 +287,21 @@ def _fork(
         try:
             conn.connect("\0" + _server["name"])
         except OSError as error:
-            return _off(command, f"the zygote does not answer ({error})")
-        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
-        chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+            return _off(f"the zygote does not answer ({error})")
+        pipes = [os.pipe()] if group else [os.pipe(), os.pipe()]
+        writers = [w for _, w in pipes] * (2 if group else 1)
+        chunks: dict[int, list[bytes]] = {r: [] for r, _ in pipes}
         try:
-            socket.send_fds(conn, [struct.pack("!Q", len(body)) + body], [0, out_w, err_w])
+            socket.send_fds(conn, [struct.pack("!Q", len(body)) + body], [0, *writers])
         finally:
-            os.close(out_w)
-            os.close(err_w)
+            for _, w in pipes:
+                os.close(w)
         answers = conn.makefile("rb")
         first = json.loads(answers.readline() or b'{"off": "the zygote died"}')
         if "pid" not in first:
-            os.close(out_r)
-            os.close(err_r)
-            return _off(command, first["off"])
+            for fd in chunks:
+                os.close(fd)
+            return _off(first["off"])
         pid, deadline, timed_out = first["pid"], None if timeout is None else time.monotonic() + timeout, False
         with selectors.DefaultSelector() as selector:
             for fd in chunks:
@@ -219,33 +309,34 @@ def _fork(
             while selector.get_map():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    timed_out = True
-                    os.kill(pid, signal.SIGKILL)
-                    break
+                    timed_out, deadline = True, None
+                    if not group:
+                        os.kill(pid, signal.SIGKILL)
+                        break
+                    _kill_group(pid)  # then read to the end, as communicate() after the kill
+                    continue
                 for key, _ in selector.select(left):
                     data = os.read(key.fd, 65536)
                     if data:
                         chunks[key.fd].append(data)
                     else:
                         selector.unregister(key.fd)
-        os.close(out_r)
-        os.close(err_r)
+        for fd in chunks:
+            os.close(fd)
         line = answers.readline()
     if not line:
         raise RuntimeError(f"the test zygote died while running {command!r}")
+    if group:
+        _kill_group(pid)  # a rank or worker the child left behind
     code = os.waitstatus_to_exitcode(json.loads(line)["status"])
-    stdout, stderr = (b"".join(chunks[fd]) for fd in (out_r, err_r))
-    if timed_out:
-        raise subprocess.TimeoutExpired(list(command), timeout, output=stdout, stderr=stderr)  # type: ignore[arg-type]
-    return subprocess.CompletedProcess(list(command), code, stdout, stderr)
+    return code, [b"".join(c) for c in chunks.values()], timed_out
 
 
-def _off(command: Sequence[str], why: str) -> subprocess.CompletedProcess:
-    """Turn the zygote off for the rest of the session; `run` then runs ``command`` fresh."""
+def _off(why: str) -> None:
+    """Turn the zygote off for the rest of the session; the caller then runs its command fresh."""
     _server["off"] = why
     warnings.warn(f"test zygote off, CLI tests start fresh processes: {why}", stacklevel=4)
     stop()
-    return subprocess.CompletedProcess(list(command), None)  # type: ignore[arg-type]
 
 
 def _ignored(sig: signal.Signals) -> bool:

@@ -1,13 +1,18 @@
 """What tests/unit/test_zygote.py asks of a process, as a script or ``-m tests.zygote_probe``:
 ``state`` prints (JSON) what a fresh interpreter sets up (argv, path head, cwd, a variable, signal
 dispositions and mask, ``__main__``, session, parent pid); ``raise``, ``interrupt``, ``exit CODE``,
-``exit-text``, ``kill`` end the process each way an interpreter can end; ``atexit`` prints at exit."""
+``exit-text``, ``kill``, ``term`` (SIGTERM), ``segv`` (a crash) end the process each way an interpreter
+can end; ``atexit`` prints at exit; ``interleave`` writes to stdout and stderr in turn; ``group``
+starts a grandchild in its process group that sleeps (``hold``: holding stdout; else with its
+output closed), prints its pid and exits (``hang``: sleeps too)."""
 
 import atexit
+import faulthandler
 import json
 import os
 import signal
 import sys
+import time
 
 
 def state() -> dict:
@@ -32,6 +37,14 @@ def state() -> dict:
         "own_session": os.getsid(0) == os.getpid(),
         "ppid": os.getppid(),
         "stdin": os.path.realpath("/proc/self/fd/0"),
+        "stdio": [
+            (type(f.buffer).__name__, f.line_buffering, f.write_through, f.encoding, f.errors, f.buffer.raw.name)
+            if hasattr(f.buffer, "raw")
+            else (type(f.buffer).__name__, f.line_buffering, f.write_through, f.encoding, f.errors, f.buffer.name)
+            for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+        ],
+        "faulthandler": faulthandler.is_enabled(),
+        "bytecode": [sys.dont_write_bytecode, sys.pycache_prefix],
     }
 
 
@@ -52,6 +65,29 @@ def main(what: str, *rest: str) -> None:
         sys.stdout.write("partial")
         sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+    elif what == "term":
+        sys.stdout.write("partial")
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGTERM)
+    elif what == "segv":
+        print("before the crash")
+        import ctypes
+
+        ctypes.string_at(0)
+    elif what == "interleave":
+        for i in range(3):
+            print(f"out {i}")
+            print(f"err {i}", file=sys.stderr)
+        sys.stdout.write("no newline")
+    elif what == "group":
+        import subprocess
+
+        code = "import sys, time; time.sleep(int(sys.argv[1])); print('grandchild done', flush=True)"
+        held = None if rest[0] == "hold" else subprocess.DEVNULL
+        child = subprocess.Popen([sys.executable, "-c", code, rest[1]], stdout=held, stderr=held)
+        print(child.pid, flush=True)
+        if rest[2:] == ("hang",):
+            time.sleep(600)
     elif what == "atexit":
         atexit.register(print, "atexit ran")
         sys.stdout.write("unflushed")

@@ -17,8 +17,13 @@ Guarantees:
   the signal mask and dispositions of a fresh interpreter started by the client (the signals the
   client ignores stay ignored, the rest SIG_DFL, then as CPython's start-up: SIGPIPE and SIGXFSZ
   ignored, SIGINT -> ``default_int_handler`` unless ignored); ``os.environ`` replaced by the
-  request's; ``cwd``; ``sys.argv``, ``sys.orig_argv`` and ``sys.path[0]`` as the interpreter sets
-  them; a fresh ``__main__`` module; numpy's global generator and torch's CPU one reseeded at
+  request's; ``cwd``; from the request's ``PYTHONUNBUFFERED``, ``PYTHONFAULTHANDLER``,
+  ``PYTHONDONTWRITEBYTECODE`` and ``PYTHONPYCACHEPREFIX`` (read as CPython reads them) new
+  ``sys.stdout``/``sys.stderr`` as the interpreter's ``create_stdio`` makes them (the logging
+  handlers the imports pointed at the zygote's streams moved to them), faulthandler enabled on
+  stderr for all threads or disabled, ``sys.dont_write_bytecode`` and ``sys.pycache_prefix``;
+  ``sys.argv``, ``sys.orig_argv`` and ``sys.path[0]`` as the interpreter sets them; a fresh
+  ``__main__`` module; numpy's global generator and torch's CPU one reseeded at
   random, as a fresh process seeds them (Python's ``random`` is reseeded at fork by CPython).
   It then runs the script or module as the interpreter does and leaves through the
   interpreter's own exit: ``SystemExit`` as CPython handles it; an uncaught exception printed
@@ -28,16 +33,19 @@ Guarantees:
 - Requests are served one at a time; the zygote reaps each child and sends its wait status.
 
 Protocol (``tests.zygote`` is the only client): a request is 8 bytes of length then JSON, with three
-fds (stdin, stdout, stderr) as SCM_RIGHTS; the answers are JSON lines ``{"pid": N}`` then
-``{"status": S}`` (``os.waitpid``'s status), or ``{"off": reason}``.
+fds (stdin, stdout, stderr; stdout and stderr the same pipe for ``stderr=STDOUT``) as SCM_RIGHTS;
+the answers are JSON lines ``{"pid": N}`` then ``{"status": S}`` (``os.waitpid``'s status), or
+``{"off": reason}``.
 """
 
 from __future__ import annotations
 
 import atexit
 import builtins
+import io
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -195,11 +203,55 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.stdout.reconfigure(line_buffering=os.isatty(1))
+    _start_up(os.environ)
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
     if "torch" in sys.modules:  # a fresh process seeds torch's CPU generator at random
         sys.modules["torch"].default_generator.seed()
+
+
+def _flag(name: str, env: Any) -> int:
+    """A start-up flag from the environment, as CPython's ``_Py_get_env_flag``: unset or empty 0, a
+    non-negative number itself, anything else 1."""
+    value = env.get(name, "")
+    if not value:
+        return 0
+    if not re.fullmatch(r"[ \t\n\v\f\r]*[+-]?[0-9]+", value) or not 0 <= int(value) < 2**31:
+        return 1  # not a number (strtol), negative or past an int
+    return int(value)
+
+
+def _start_up(env: Any) -> None:
+    """What the interpreter sets up at start-up from `tests.zygote.APPLIED`, from ``env`` (the
+    request's): stdout and stderr as ``create_stdio`` makes them (``PYTHONUNBUFFERED``: unbuffered
+    and written through; else buffered, line-buffered for stderr and a terminal), the logging
+    handlers the imports gave the zygote's streams moved to them; faulthandler on stderr for every
+    thread (``PYTHONFAULTHANDLER``); ``sys.dont_write_bytecode`` and ``sys.pycache_prefix``."""
+    import faulthandler
+    import logging
+
+    unbuffered = bool(_flag("PYTHONUNBUFFERED", env))
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        buffer = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
+        raw = buffer if unbuffered else buffer.raw
+        raw.name = f"<{name}>"
+        line_buffering = not unbuffered and (raw.isatty() or name == "stderr")
+        stream = io.TextIOWrapper(
+            buffer, old.encoding, old.errors, "\n", line_buffering=line_buffering, write_through=unbuffered
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+        loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+        for handler in (h for lg in loggers for h in getattr(lg, "handlers", ())):
+            if isinstance(handler, logging.StreamHandler) and handler.stream is old:
+                handler.stream = stream
+    if env.get("PYTHONFAULTHANDLER"):
+        faulthandler.enable(sys.stderr, all_threads=True)
+    else:
+        faulthandler.disable()
+    sys.dont_write_bytecode = bool(_flag("PYTHONDONTWRITEBYTECODE", env))
+    sys.pycache_prefix = env.get("PYTHONPYCACHEPREFIX") or None
 
 
 def _run(request: dict[str, Any]) -> None:

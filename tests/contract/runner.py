@@ -8,7 +8,9 @@ Guarantees:
   a new session, whose whole process group is killed when the phase ends (no rank or worker is
   left behind, also after the SIGKILL of rank 0) or after `PHASE_TIMEOUT_S` (reported as a hang).
   A ``cli`` scenario's stopped and resumed phases run the ``lance-lightning`` console script
-  itself, the same way.
+  itself, the same way. Such a process is forked from the test zygote where it can mirror it
+  (`tests.zygote.run_in_session`: the process, merged output, exit status, session and start-up
+  variables a fresh start gives, less the imports; ``LANCE_LIGHTNING_TEST_ZYGOTE=off``: fresh).
 - The checkpoint resumed from is the scenario's kind (`Checkpoint.kind`: periodic, ``last``,
   ``epoch``, ``exception``, ``saved``), at ``pick`` among that kind's (`choose`; all of them when
   the run wrote none of that kind). A SIGTERM stop runs as a script, as a SIGKILL does. A
@@ -39,7 +41,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +52,7 @@ from typing import Any
 import torch
 import yaml
 
+from tests import zygote
 from tests.contract import prepared, store, truth
 from tests.contract.parts import run_parts
 from tests.contract.phase import REFERENCE_BATCH, cli_config, run_phase, scenario_environment
@@ -335,34 +337,13 @@ def _run_command(
 def _run_process(
     command: list[str], role: str, topology: Topology, root: Path, started: float, scenario: Scenario
 ) -> Phase:
-    proc = subprocess.Popen(
-        command,
-        cwd=REPO_ROOT,
-        env={**_env(), **scenario_environment(scenario)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    timed_out = False
-    try:
-        output, _ = proc.communicate(timeout=PHASE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc.pid)
-        output, _ = proc.communicate()
-    _kill_group(proc.pid)  # a rank or worker orphaned by a SIGKILLed rank 0
+    env = {**_env(), **scenario_environment(scenario)}
+    done = zygote.run_in_session(command, cwd=REPO_ROOT, env=env, timeout=PHASE_TIMEOUT_S)
+    output = done.output
     ranks = _read(root, role, topology.world_size)
     crash = output.find("Fatal Python error")  # faulthandler's report: where every thread was
     kept = output[crash : crash + 6000] + "\n[...]\n" if crash >= 0 else ""
-    return Phase(role, ranks, proc.returncode, time.perf_counter() - started, kept + output[-6000:], timed_out)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    return Phase(role, ranks, done.returncode, time.perf_counter() - started, kept + output[-6000:], done.timed_out)
 
 
 def _read(root: Path, role: str, world_size: int) -> list[list[dict[str, Any]]]:

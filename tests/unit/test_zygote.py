@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests import zygote
@@ -93,11 +94,29 @@ def test_each_way_of_ending_gives_what_a_fresh_process_gives(tmp_path: Path, as_
     assert forked[0] == (int(what[1]) if what[0] == "exit" else expected[what[0]])
 
 
+#: The signals faulthandler handles: with it on, ``signal.getsignal`` gives None for them in a fresh
+#: interpreter and SIG_DFL in the zygote's child (not mirrored, `tests.zygote`).
+FAULTHANDLER_SIGNALS = [
+    str(int(s)) for s in (signal.SIGSEGV, signal.SIGFPE, signal.SIGABRT, signal.SIGBUS, signal.SIGILL)
+]
+
+
+@pytest.mark.parametrize("start_up", ["zygote's", "phase's"])
 @pytest.mark.parametrize("new_session", [False, True])
 @pytest.mark.parametrize("as_module", [True, False], ids=["module", "script"])
-def test_the_child_starts_as_a_fresh_interpreter(tmp_path: Path, as_module: bool, new_session: bool) -> None:
+def test_the_child_starts_as_a_fresh_interpreter(
+    tmp_path: Path, as_module: bool, new_session: bool, start_up: str
+) -> None:
+    # "phase's": the start-up variables of a contract phase, each but PYTHONFAULTHANDLER the other
+    # way from the zygote's own (PYTHONUNBUFFERED, PYTHONDONTWRITEBYTECODE, PYTHONPYCACHEPREFIX).
     entry = ["-m", "tests.zygote_probe"] if as_module else [PROBE]
-    command, env = [sys.executable, *entry, "state"], {**zygote.zygote_env(), "ZYGOTE_PROBE": "seen"}
+    env = {**zygote.zygote_env(), "ZYGOTE_PROBE": "seen"}
+    if start_up == "phase's":
+        env = {**_session_env(not env.get("PYTHONUNBUFFERED")), "ZYGOTE_PROBE": "seen"}
+        if not zygote.zygote_env().get("PYTHONDONTWRITEBYTECODE"):
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["PYTHONPYCACHEPREFIX"] = str(tmp_path / "pycache")
+    command = [sys.executable, *entry, "state"]
     assert zygote.mirrored(command, tmp_path, env)
     forked = json.loads(zygote.run(command, cwd=tmp_path, env=env, start_new_session=new_session).stdout)
     fresh = json.loads(
@@ -108,7 +127,11 @@ def test_the_child_starts_as_a_fresh_interpreter(tmp_path: Path, as_module: bool
     assert forked["own_session"] is new_session
     assert forked.pop("ppid") != os.getpid(), "not forked from the zygote"
     assert fresh.pop("ppid") == os.getpid()
+    if fresh["faulthandler"]:
+        for sig in FAULTHANDLER_SIGNALS:
+            assert (forked["signals"].pop(sig), fresh["signals"].pop(sig)) == ("0", "None")
     assert forked == fresh
+    assert fresh["faulthandler"] is (start_up == "phase's")
 
 
 def test_a_variable_read_at_import_sends_the_command_to_a_fresh_process(tmp_path: Path) -> None:
@@ -131,3 +154,122 @@ def test_a_timeout_kills_the_child_as_subprocess_does(tmp_path: Path) -> None:
     with pytest.raises(subprocess.TimeoutExpired) as raised:
         zygote.run(script, cwd=tmp_path, env=zygote.zygote_env(), timeout=30)
     assert raised.value.output == b"started\n"
+
+
+# -- run_in_session: the contract checker's phases (tests/contract/runner.py) ----------------------
+def _session_env(unbuffered: bool, faulthandler: bool = True) -> dict[str, str]:
+    """The zygote's environment with the start-up variables the zygote applies in the child
+    (`zygote.APPLIED`) set as given: a contract phase's (tests.contract.runner._env) or not."""
+    env = {k: v for k, v in zygote.zygote_env().items() if k not in zygote.APPLIED}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    if faulthandler:
+        env["PYTHONFAULTHANDLER"] = "1"
+    return env
+
+
+def _fresh_session(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> zygote.Grouped:
+    """The reference: ``Popen(stdout=PIPE, stderr=STDOUT, start_new_session=True)``, its process
+    group SIGKILLed past the timeout and after the end (the contract runner's code before the zygote)."""
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    timed_out = False
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return zygote.Grouped(proc.returncode, output, timed_out)
+
+
+def _sessions(what: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> list[zygote.Grouped]:
+    """`zygote.run_in_session` of the probe (the zygote must take it), then the fresh reference."""
+    command = [sys.executable, PROBE, *what]
+    assert zygote.mirrored(command, cwd, env), "the zygote would not take this command"
+    return [
+        zygote.run_in_session(command, cwd=cwd, env=env, timeout=timeout),
+        _fresh_session(command, cwd, env, timeout),
+    ]
+
+
+@pytest.mark.parametrize("unbuffered", [True, False], ids=["unbuffered", "buffered"])
+def test_merged_output_comes_in_the_order_a_fresh_process_gives(tmp_path: Path, unbuffered: bool) -> None:
+    # One pipe for both streams: the order is the order the child's streams reached it, which
+    # PYTHONUNBUFFERED decides (buffered: stderr by line, stdout at exit); one of the two values
+    # differs from the zygote's own.
+    forked, fresh = _sessions(["interleave"], tmp_path, _session_env(unbuffered))
+    assert forked == fresh
+    lines = fresh.output.splitlines()
+    assert lines == (
+        ["out 0", "err 0", "out 1", "err 1", "out 2", "err 2", "no newline"]
+        if unbuffered
+        else ["err 0", "err 1", "err 2", "out 0", "out 1", "out 2", "no newline"]
+    )
+
+
+@pytest.mark.parametrize("what", ["kill", "term"])
+def test_death_by_a_signal_gives_the_status_a_fresh_process_gives(tmp_path: Path, what: str) -> None:
+    forked, fresh = _sessions([what], tmp_path, _session_env(True))
+    assert forked == fresh
+    assert forked.returncode == -(signal.SIGKILL if what == "kill" else signal.SIGTERM)
+    assert forked.output == "partial"
+
+
+def _report(output: str) -> str:
+    """A faulthandler report less what is the zygote's own (`tests.zygote`): its frames below the
+    entry point, its extension modules; thread ids masked."""
+    lines = [
+        line
+        for line in output.splitlines()
+        if "zygote_server.py" not in line and "<frozen runpy>" not in line and not line.startswith("Extension modules:")
+    ]
+    return re.sub(r"0x[0-9a-f]+", "0x?", "\n".join(lines)).rstrip("\n")
+
+
+@pytest.mark.parametrize("faulthandler", [True, False], ids=["PYTHONFAULTHANDLER", "without"])
+def test_a_crash_prints_what_a_fresh_process_prints(tmp_path: Path, faulthandler: bool) -> None:
+    forked, fresh = _sessions(["segv"], tmp_path, _session_env(True, faulthandler))
+    assert (forked.returncode, forked.timed_out) == (fresh.returncode, fresh.timed_out) == (-signal.SIGSEGV, False)
+    assert _report(forked.output) == _report(fresh.output)
+    assert ("Fatal Python error: Segmentation fault" in forked.output) is faulthandler
+    if faulthandler:
+        assert re.search(r'File ".*zygote_probe.py", line \d+ in main', forked.output), forked.output
+
+
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` is gone (or a zombie) within a minute."""
+    try:
+        psutil.Process(pid).wait(60)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    return True
+
+
+def test_a_grandchild_left_behind_is_killed_with_the_group(tmp_path: Path) -> None:
+    # The child starts a grandchild in its group (its output closed, sleeping 10 minutes) and exits.
+    grandchildren = []
+    try:
+        for done in _sessions(["group", "closed", "600"], tmp_path, _session_env(True)):
+            assert (done.returncode, done.timed_out) == (0, False), done.output
+            grandchildren.append(int(done.output))
+            assert _ended(grandchildren[-1]), "the grandchild outlived its session"
+    finally:
+        for pid in grandchildren:
+            if not _ended(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_timeout_kills_the_whole_group_and_reads_to_the_end(tmp_path: Path) -> None:
+    # The child and a grandchild (as a DDP rank) hold the output past the timeout; the grandchild
+    # would print after 60 s: killing only the child would leave the output open until then.
+    for done in _sessions(["group", "hold", "60", "hang"], tmp_path, _session_env(True), timeout=10):
+        assert (done.returncode, done.timed_out) == (-signal.SIGKILL, True), done.output
+        assert "grandchild done" not in done.output
