@@ -2,6 +2,7 @@
 
     uv run python -m benchmarks list [SELECTOR]        # the registry, or the cells a selector names
     uv run python -m benchmarks run SELECTOR... [...]  # measure them; --record writes a suite's result file
+                                                        # --busy N: under N busy loops of other sessions
     uv run python -m benchmarks run STUDY [--quick] [--set KEY=VALUE]... [--record | --out FILE]
     uv run python -m benchmarks all [--quick]          # every suite and study of record, one after the other
 
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from benchmarks import common
 from benchmarks.harness import report, runner, study
+from benchmarks.harness.contention import BusyLoops
 from benchmarks.harness.registry import (
     DEFAULTS,
     LOADERS,
@@ -107,7 +109,11 @@ def _run(args: argparse.Namespace) -> None:
     began = time.perf_counter()
     options = {"again": args.again or bool(suite and SUITES[suite].again)}
     options["resume"] = args.resume if args.resume is not None else (SUITES[suite].resume if suite else 0)
-    results = runner.run(cells, reps, seconds, args.cache_dir, args.cell_timeout, args.peer_python, options)
+    if args.busy < 0:
+        raise SelectError(f"--busy {args.busy}: give a count of busy-loop processes, 0 or more")
+    busy = BusyLoops(args.busy)
+    with busy:
+        results = runner.run(cells, reps, seconds, args.cache_dir, args.cell_timeout, args.peer_python, options)
     raw = {
         "suite": suite,
         "selector": " ".join(args.selectors),
@@ -120,6 +126,7 @@ def _run(args: argparse.Namespace) -> None:
         "machine": common.machine(),
         "stamp": common.stamp(),
         "load_average": common.load_average(),
+        "contention": busy.describe(),
     }
     name = (suite or "cells") + ("-quick" if args.quick else "")
     out = args.out or (
@@ -179,6 +186,9 @@ def main() -> None:
     rn.add_argument("--out", type=Path, default=None, help="result file (default: under the cache folder)")
     rn.add_argument("--cache-dir", type=Path, default=CACHE)
     rn.add_argument("--cell-timeout", type=float, default=120.0)
+    rn.add_argument(
+        "--busy", type=int, default=0, help="N busy-loop processes, each in its own session, beside every cell"
+    )
     rn.add_argument("--peer-python", type=Path, default=runner.PEER_PYTHON)
     args = ap.parse_args()
     # a run stopped by SIGTERM (a timeout) unwinds, so the running cell's process group is killed too

@@ -155,6 +155,7 @@ def render(raw: dict) -> str:
         f"Load average at the end (1, 5, 15 min): {raw['load_average']}; 1-minute load after each cell "
         f"{min(loads):.2f}-{max(loads):.2f}.",
         "",
+        *([raw["contention"], ""] if raw.get("contention") else []),
         f"Cells are `workload/loader/size/workers/storage`; each ran in a fresh process, {raw['reps']} "
         f"repetition(s), {raw['seconds_per_cell']:g} s of timed reading after 2 warm-up batches, batch 256. "
         "rows/s, first batch (`iter(loader)` to its first batch), again (a second loader in the same "
@@ -162,7 +163,8 @@ def render(raw: dict) -> str:
         "per-repetition ratios to the fastest peer of the same workload, size and workers. Shuffle quality: "
         "the first epoch's mean per-batch entropy of `id * 100 // rows` over a perfect shuffle's (1.00 "
         "perfect, about 0.15 storage order). Reads: the process tree's read system calls and their bytes "
-        "(`/proc/<pid>/io`) over the run, per 1,000 rows timed. First epoch: every expected row exactly once.",
+        "(`/proc/<pid>/io`) over the run, per 1,000 rows timed; CPU: the tree's user and system CPU time over "
+        "the timed window, per 1,000 rows. First epoch: every expected row exactly once.",
         "",
         *lines,
         "",
