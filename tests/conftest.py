@@ -10,9 +10,11 @@ The default run (``uv run pytest``) deselects the tests marked ``soak`` (pyproje
   same user path. Whole tests carry ``@pytest.mark.soak`` in their files; the parametrizations are
   listed in `SOAK_PARAMS` below, each with why the default run still covers it.
 
-The CLI runs of `tests.helpers.run_cli_process` and `tests.reliability.helpers.run_command` are
-forked from a zygote per worker that imported Lightning once (tests/zygote.py: what it mirrors and
-when it starts a fresh process instead); ``LANCE_LIGHTNING_TEST_ZYGOTE=off`` starts every one fresh.
+The CLI runs of `tests.helpers.run_cli_process` and `tests.reliability.helpers.run_command`, the
+contract checker's subprocess phases (`tests.contract.runner`) and the scripts of
+`tests.helpers.run_in_own_session` (DDP rank 0; Lightning starts the other ranks fresh) are forked
+from a zygote per worker that imported Lightning once (tests/zygote.py: what it mirrors and when it
+starts a fresh process instead); ``LANCE_LIGHTNING_TEST_ZYGOTE=off`` starts every one fresh.
 """
 
 from __future__ import annotations

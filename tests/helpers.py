@@ -371,38 +371,27 @@ def plan_of(
 
 
 def run_ddp_script(script: str, args: list[str], timeout: float) -> str:
-    """Run ``python script args`` from the repository root in its own session (Lightning starts
-    the other DDP ranks from it); see `run_in_own_session`."""
-    return run_in_own_session([sys.executable, script, *args], timeout)
+    """Run ``python script args`` (``script`` from the repository root) in its own session (Lightning
+    starts the other DDP ranks from it); see `run_in_own_session`."""
+    return run_in_own_session([sys.executable, str(Path(__file__).resolve().parent.parent / script), *args], timeout)
 
 
 def run_in_own_session(command: list[str], timeout: float, drop: tuple[str, ...] = ()) -> str:
     """Run ``command`` from the repository root in its own session, without ``LOCAL_RANK`` and the
-    variables in ``drop``; kill the session (every rank and worker) and fail the test when it
-    outlives ``timeout``. Returns the output (stdout and stderr); fails the test on a non-zero exit."""
-    import signal
-    import subprocess
+    variables in ``drop``; kill the session (every rank and worker) when it ends, and fail the test
+    when it outlives ``timeout``. Returns the output (stdout and stderr); fails the test on a
+    non-zero exit. Forked from the test zygote where it can be (`tests.zygote.run_in_session`: the
+    process a fresh start gives, less the imports; the other DDP ranks start fresh)."""
+    from tests import zygote
 
     root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", *drop)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(
-        command,
-        cwd=root,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own session: every rank and worker
-        output, _ = proc.communicate()
-        pytest.fail(f"hung: {' '.join(command)[:300]}\n{output[-4000:]}")
-    assert proc.returncode == 0, output[-6000:]
-    return output
+    done = zygote.run_in_session(command, cwd=root, env=env, timeout=timeout)
+    if done.timed_out:
+        pytest.fail(f"hung: {' '.join(command)[:300]}\n{done.output[-4000:]}")
+    assert done.returncode == 0, done.output[-6000:]
+    return done.output
 
 
 def mixture_cli_config(tmp_path: Path, train: str, uri: str) -> Path:
