@@ -65,6 +65,26 @@ class WidenRows:
         return batch
 
 
+class SlowInWorkers:
+    """Adds ``pid`` like `RecordProcess`; holds the GIL for ``main_busy_s`` a batch outside
+    DataLoader workers (a Python-heavy transform: the race may start workers for it) and sleeps
+    ``worker_sleep_s`` a batch in them, so that the workers lose every trial whatever the load."""
+
+    def __init__(self, main_busy_s: float = 0.015, worker_sleep_s: float = 0.2) -> None:
+        self.main_busy_s = main_busy_s
+        self.worker_sleep_s = worker_sleep_s
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if get_worker_info() is None:
+            until = time.perf_counter() + self.main_busy_s
+            while time.perf_counter() < until:
+                pass
+        else:
+            time.sleep(self.worker_sleep_s)
+        batch["pid"] = torch.full((len(batch["id"]),), os.getpid())
+        return batch
+
+
 class RecordProcess:
     """Adds ``pid``: the process that made the batch; sleeps ``main_delay_s`` per batch outside
     DataLoader workers, so a training process reading while its workers start is slower than they are."""

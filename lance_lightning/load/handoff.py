@@ -16,7 +16,8 @@ Guarantees:
   start of a buffer, since workers that began inside one would read it again and every later
   buffer in two pieces), and takes the rest of the epoch from them. While racing it measures their
   delivered rate over a trial; if they are not faster by `lance_lightning.load.race.MARGIN` it
-  stops them and reads on in process from the first batch they did not deliver. Each batch is
+  stops them and reads on in process from the first batch they did not deliver (and tries them
+  again at a later epoch: `lance_lightning.load.race.Race.retrial_due`). Each batch is
   read once, in the plan's order, whichever side reads it: the same batches a restore from a
   cursor at that batch reads (`lance_lightning.cursor.tracker`).
 - The loader looks whether the server is ready after each batch it yields, never before the
@@ -174,7 +175,10 @@ def read_epoch(loader: Any, layout: Layout) -> Iterator[Any]:
     running = loader.workers_running
     if loader.worker_start is None and (not handoff_enabled() or (running and race.choice == "workers")):
         return loader.from_workers(loader.start_workers())  # torch starts them, or resets running ones
+    if race.retrial_due():
+        race.retry()
     if race.choice == "in_process":
+        race.epoch_read_in_process()  # counted here: a loop that stops at the last batch never ends the generator
         return _in_process_epoch(loader)
     if running and loader.worker_start is None:  # undecided, persistent workers up: their trial
         return _trial(loader, loader.start_workers(), layout, 0)

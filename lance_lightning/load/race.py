@@ -26,7 +26,13 @@ Guarantees:
   batch, as a restore from a cursor there would (`lance_lightning.cursor.tracker`).
 - The choice is kept for the loader's later epochs and re-checked cheaply at each epoch boundary
   while it reads in process (`Race.decide` with the rates measured so far, the in-process one
-  growing with every epoch read here): once it names the workers they start again. A worker
+  growing with every epoch read here): once it names the workers they start again. Workers that
+  lost a trial while the GIL share says they could gain `START_GAIN` are tried again
+  (`Race.retrial_due`), after `RETRY_EPOCHS` epochs read in process, then twice as many after each
+  further loss: one trial measures a few batches of workers just started, on a machine that may be
+  busy at that moment (a loaded run measured 7,126 rows/s from workers that read 18,781 once running), so
+  a single loss does not settle a loader's every later epoch; the doubling bounds what trials that
+  keep losing cost (at most one per doubling of the epochs read). A worker
   that cannot start is raised when the loader starts its workers: at the hand-over, or at the
   latest in the next epoch, never dropped; an epoch this process finishes before the fork server
   is ready does not wait for it.
@@ -51,6 +57,8 @@ from typing import Any
 MARGIN = 1.15
 #: Workers start only where parallel transforms could make the read this many times faster.
 START_GAIN = 1.5
+#: Epochs read in process after a lost trial before the workers are tried again (doubled after each loss).
+RETRY_EPOCHS = 1
 #: In-process batches per measured window.
 WINDOW_BATCHES = 16
 #: Forces the race's outcome: ``race`` (default), ``workers`` or ``in_process``.
@@ -142,6 +150,10 @@ class Race:
         #: Worker messages measured before deciding (each worker's first one is left out).
         self.trial_items = max(4, 2 * num_workers * (prefetch_factor or 2))
         self.switches = 0
+        #: Trials run again after a loss, and the in-process epochs to read before the next one.
+        self.retrials = 0
+        self._retry_after = RETRY_EPOCHS
+        self._epochs_since_loss = 0
 
     @property
     def racing(self) -> bool:
@@ -195,6 +207,30 @@ class Race:
         self.choice = chosen
         return chosen
 
+    def epoch_read_in_process(self) -> None:
+        """A whole epoch is read in process after the workers lost a trial (the rest of the epoch
+        of the lost trial does not count)."""
+        if self.choice == "in_process":
+            self._epochs_since_loss += 1
+
+    def retrial_due(self) -> bool:
+        """Whether the workers, having lost their trial, are to be tried again before this epoch
+        (racing, with a GIL share that lets them gain `START_GAIN`, after the epochs the backoff asks)."""
+        return (
+            self.racing
+            and self.choice == "in_process"
+            and self._epochs_since_loss >= self._retry_after
+            and self.may_start_workers()
+        )
+
+    def retry(self) -> None:
+        """Try the workers again: undecided until their new trial; the next wait is twice as long."""
+        self.choice = None
+        self.rates.workers = None
+        self.retrials += 1
+        self._retry_after *= 2
+        self._epochs_since_loss = 0
+
     def describe(self, done: bool = False) -> str:
         """What the loader will do (``done``: what it did), with the rates measured."""
         if self.forced != "race":
@@ -219,4 +255,5 @@ class Race:
                 f"(a transform that may hold the GIL took {share:.0%} of its time: workers could read at most "
                 f"{bound:.2f}x faster) ({shown})"
             )
-        return f"workers: {self.num_workers}, {how}: {outcome[self.choice]} ({shown})"
+        again = f"; the workers' trial run {self.retrials + 1} times" if self.retrials else ""
+        return f"workers: {self.num_workers}, {how}: {outcome[self.choice]} ({shown}{again})"

@@ -21,7 +21,7 @@ from lance_lightning.load.handoff import ENV_SWITCH
 from lance_lightning.load.race import CHOICE_SWITCH, MARGIN, START_GAIN, WINDOW_BATCHES, Race, choose, may_hold_gil
 from lance_lightning.transforms import Compose, DecodeImage, RandomFlip
 from tests.helpers import RecordingModel, write_dataset
-from tests.worker_probe import RecordProcess
+from tests.worker_probe import RecordProcess, SlowInWorkers
 
 ROWS, BATCH, EPOCHS = 12_000, 48, 4  # 250 batches an epoch
 
@@ -64,6 +64,63 @@ def test_a_race_decides_once_the_trial_is_measured(
     described = race.describe(done=True)
     assert ("measured race" in described) == (forced == "race")
     assert {"workers": "the workers read", "in_process": "the training process read"}[expected] in described
+
+
+def _lost_trial(race: Race, in_batch_s: float = 1e-3, worker_batch_s: float = 1e-2) -> str | None:
+    """A trial the workers lose (10x slower than the in-process window)."""
+    for _ in range(race.num_workers):
+        race.worker_item(256, 100.0)
+    return [race.worker_item(256, worker_batch_s) for _ in range(race.trial_items)][-1]
+
+
+@given(
+    share=st.floats(0.0, 1.0),
+    forced=st.sampled_from(["race", "workers", "in_process"]),
+    epochs=st.integers(1, 40),
+)
+def test_workers_that_lost_a_trial_are_tried_again_after_doubling_waits(share: float, forced: str, epochs: int) -> None:
+    """After a lost trial the workers are tried again after 1, 2, 4, ... epochs read in process, but
+    only while racing and only where the GIL share still lets them gain `START_GAIN`; each new
+    trial is undecided until measured, and the report counts the trials."""
+    race = Race(2, None, forced=forced, cores=2)
+    for _ in range(WINDOW_BATCHES):
+        race.in_process(1, 256, 1e-3)
+        race.rates.add_gil_seconds(share * 1e-3)
+    decided = _lost_trial(race)
+    assert decided == ("in_process" if forced == "race" else forced)
+    may_gain = forced == "race" and race.may_start_workers()
+    trials_at = []
+    for epoch in range(1, epochs + 1):  # as `read_epoch` does before each epoch
+        if race.retrial_due():
+            race.retry()
+            assert race.choice is None and race.rates.workers is None
+            trials_at.append(epoch)
+            assert _lost_trial(race) == "in_process"  # the rest of that epoch does not count
+        elif race.choice == "in_process":
+            race.epoch_read_in_process()
+    expected, trial, wait = [], 0, 1  # the first trial was lost in epoch 0
+    while may_gain and trial + wait + 1 <= epochs:
+        trial, wait = trial + wait + 1, wait * 2
+        expected.append(trial)
+    assert trials_at == expected
+    assert race.retrials == len(expected)
+    if expected:
+        assert f"the workers' trial run {len(expected) + 1} times" in race.describe(done=True)
+
+
+def test_a_retrial_the_workers_win_hands_them_the_reading() -> None:
+    race = Race(2, None, forced="race", cores=2)
+    for _ in range(WINDOW_BATCHES):
+        race.in_process(1, 256, 1e-2)
+        race.rates.add_gil_seconds(1e-2)
+    assert _lost_trial(race, worker_batch_s=1.0) == "in_process"
+    assert not race.retrial_due(), "tried again before a whole epoch was read in process"
+    race.epoch_read_in_process()
+    assert race.retrial_due()
+    race.retry()
+    assert _lost_trial(race, worker_batch_s=1e-3) == "workers"
+    race.epoch_read_in_process()  # the workers read: nothing to wait for
+    assert race.choice == "workers" and not race.retrial_due()
 
 
 def test_a_choice_stays_until_the_workers_are_measured() -> None:
@@ -129,13 +186,13 @@ def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     return write_dataset(tmp_path_factory.mktemp("race") / "ds.lance", rows=ROWS, fragment_rows=4096)
 
 
-def _module(uri: str, workers: int) -> LanceDataModule:
+def _module(uri: str, workers: int, transform: Any = None) -> LanceDataModule:
     return LanceDataModule(
         train=LanceSource(uri, columns=["id", "x"]),
         batch_size=BATCH,
         shuffle=RowShuffle(seed=5),
         num_workers=workers,
-        transform=RecordProcess(),
+        transform=transform or RecordProcess(),
     )
 
 
@@ -149,7 +206,9 @@ class PidRecorder(RecordingModel):
         return super().training_step(batch, batch_idx)
 
 
-def _fit(uri: str, tmp_path: Path, workers: int) -> tuple[PidRecorder, pl.Trainer, DataLoadingMonitor]:
+def _fit(
+    uri: str, tmp_path: Path, workers: int, transform: Any = None, epochs: int = EPOCHS
+) -> tuple[PidRecorder, pl.Trainer, DataLoadingMonitor]:
     model, monitor = PidRecorder(), DataLoadingMonitor(report=False)
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -159,10 +218,10 @@ def _fit(uri: str, tmp_path: Path, workers: int) -> tuple[PidRecorder, pl.Traine
         enable_checkpointing=False,
         num_sanity_val_steps=0,
         default_root_dir=tmp_path,
-        max_epochs=EPOCHS,
+        max_epochs=epochs,
         callbacks=[monitor],
     )
-    trainer.fit(model, datamodule=_module(uri, workers))
+    trainer.fit(model, datamodule=_module(uri, workers, transform))
     return model, trainer, monitor
 
 
@@ -336,3 +395,28 @@ def test_setup_starts_the_fork_server_only_where_the_transform_may_hold_the_gil(
     started = json.loads(done.stdout.strip().splitlines()[-1])
     assert started["none"] is None and started["declared"] is None, started
     assert started["python"] is not None, started
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_workers_that_lose_their_trial_are_tried_again_at_later_epochs_in_a_fit(
+    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A measured race (not forced) whose workers lose every trial (they sleep 0.2 s a batch; this
+    process holds the GIL 15 ms a batch, a share that lets workers start): trials in epochs 1, 3
+    and 6 (after 1 and then 2 whole epochs read in process), each ending back in this process,
+    every epoch the rows and order of a fit without workers, and the report counts the trials. On
+    the old race one lost trial settled every later epoch (one workers segment in 6 epochs)."""
+    epochs = 6
+    reference, _, _ = _fit(uri, tmp_path / "reference", 0, SlowInWorkers(), epochs)
+    _warm_fork_server(uri, monkeypatch)
+    monkeypatch.setenv(CHOICE_SWITCH, "race")
+    model, trainer, _ = _fit(uri, tmp_path / "race", 2, SlowInWorkers(), epochs)
+    assert model.seen == reference.seen, "rows lost, repeated or out of order"
+    race = trainer.train_dataloader.race
+    assert race.choice == "in_process" and race.retrials == 2, race.describe(done=True)
+    per_epoch = ROWS // BATCH
+    segments = [_segments(model.pids[e * per_epoch : (e + 1) * per_epoch]) for e in range(epochs)]
+    tried, main = ["main", "workers", "main"], ["main"]
+    assert segments == [tried, main, tried, main, main, tried], segments
+    assert "the workers' trial run 3 times" in race.describe(done=True)
