@@ -44,6 +44,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import locale
 import os
@@ -311,7 +312,8 @@ def _fork(
                 if left is not None and left <= 0:
                     timed_out, deadline = True, None
                     if not group:
-                        os.kill(pid, signal.SIGKILL)
+                        with contextlib.suppress(ProcessLookupError):  # ended already: Popen.kill ignores it too
+                            os.kill(pid, signal.SIGKILL)
                         break
                     _kill_group(pid)  # then read to the end, as communicate() after the kill
                     continue

@@ -156,6 +156,24 @@ def test_a_timeout_kills_the_child_as_subprocess_does(tmp_path: Path) -> None:
     assert raised.value.output == b"started\n"
 
 
+def test_a_timeout_after_the_child_ended_while_a_grandchild_holds_its_output(tmp_path: Path) -> None:
+    """The child exits at once, leaving a grandchild that holds its stdout: ``subprocess.run``
+    waits for the end of the output and raises ``TimeoutExpired``; so does the zygote (it raised
+    ``ProcessLookupError`` killing the child that had already ended)."""
+    (tmp_path / "leave.py").write_text(
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print('left', flush=True)\n"
+    )
+    script = [sys.executable, str(tmp_path / "leave.py")]
+    assert zygote.mirrored(script, tmp_path, zygote.zygote_env())
+    with pytest.raises(subprocess.TimeoutExpired) as fresh:
+        subprocess.run(script, cwd=tmp_path, env=zygote.zygote_env(), timeout=8, capture_output=True)
+    with pytest.raises(subprocess.TimeoutExpired) as forked:
+        zygote.run(script, cwd=tmp_path, env=zygote.zygote_env(), timeout=8)
+    assert forked.value.output == fresh.value.output == b"left\n"
+
+
 # -- run_in_session: the contract checker's phases (tests/contract/runner.py) ----------------------
 def _session_env(unbuffered: bool, faulthandler: bool = True) -> dict[str, str]:
     """The zygote's environment with the start-up variables the zygote applies in the child
