@@ -183,16 +183,9 @@ def run(
             start_new_session=start_new_session,
         )
 
-    if not _lock.acquire(blocking=False):
+    done = _forked(command, cwd, env, timeout, start_new_session, group=False)
+    if done is None:
         return fresh()
-    try:
-        if not mirrored(command, cwd, env):
-            return fresh()
-        done = _fork(command, cwd, env, timeout, start_new_session, group=False)
-    finally:
-        _lock.release()
-    if done is None:  # the zygote turned itself off before forking
-        return run(command, cwd=cwd, env=env, timeout=timeout, text=text, start_new_session=start_new_session)
     code, (stdout, stderr), timed_out = done
     if timed_out:
         raise subprocess.TimeoutExpired(list(command), timeout, output=stdout, stderr=stderr)  # type: ignore[arg-type]
@@ -236,18 +229,30 @@ def run_in_session(command: Sequence[str], *, cwd: Any, env: Mapping[str, str], 
         _kill_group(proc.pid)
         return Grouped(proc.returncode, output, timed_out)
 
-    if not _lock.acquire(blocking=False):
-        return fresh()
-    try:
-        if not mirrored(command, cwd, env):
-            return fresh()
-        done = _fork(command, cwd, env, timeout, True, group=True)
-    finally:
-        _lock.release()
+    done = _forked(command, cwd, env, timeout, True, group=True)
     if done is None:
-        return run_in_session(command, cwd=cwd, env=env, timeout=timeout)
+        return fresh()
     code, (output,), timed_out = done
     return Grouped(code, _decode(output), timed_out)
+
+
+def _forked(
+    command: Sequence[str],
+    cwd: Any,
+    env: Mapping[str, str] | None,
+    timeout: float | None,
+    new_session: bool,
+    group: bool,
+) -> tuple[int, list[bytes], bool] | None:
+    """`_fork`'s result, or None where the command runs fresh instead: another thread of this
+    process is using the zygote, the command is not `mirrored`, or the zygote turned itself off
+    before forking it."""
+    if not _lock.acquire(blocking=False):
+        return None
+    try:
+        return _fork(command, cwd, env, timeout, new_session, group) if mirrored(command, cwd, env) else None
+    finally:
+        _lock.release()
 
 
 def _kill_group(pgid: int) -> None:

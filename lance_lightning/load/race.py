@@ -30,7 +30,8 @@ Guarantees:
   lost a trial while the GIL share says they could gain `START_GAIN` are tried again
   (`Race.retrial_due`), after `RETRY_EPOCHS` epochs read in process, then twice as many after each
   further loss: one trial measures a few batches of workers just started, on a machine that may be
-  busy at that moment (a loaded run measured 7,126 rows/s from workers that read 18,781 once running), so
+  busy at that moment (a loaded run measured 7,126 rows/s from workers that read 18,781 once running:
+  benchmarks/results/worker_gate_gil.md, its command in benchmarks/results/INDEX.md), so
   a single loss does not settle a loader's every later epoch; the doubling bounds what trials that
   keep losing cost (at most one per doubling of the epochs read). A worker
   that cannot start is raised when the loader starts its workers: at the hand-over, or at the

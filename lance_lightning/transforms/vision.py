@@ -7,7 +7,8 @@ Guarantees:
   backend), and the calls are torchvision's own, so the results are the same as with an import at
   the top.
 - Why: importing torchvision imports all of it (its ``models`` and ``ops``, and through them
-  ``torch._dynamo`` and SymPy): 3.6 s of CPU on a loaded 2-core machine, as much as torch itself.
+  ``torch._dynamo`` and SymPy): about 1.1-1.9 s of the fork server's 4.75-5.41 s of CPU to start on a
+  loaded 2-core machine (`benchmarks/probes/probe_worker_cpu.py --warm 60`, forced workers).
   The fork server that starts DataLoader workers preloads the transform's module
   (`lance_lightning.load.lean_start.worker_context`) and the training process imports the package,
   so every job with worker processes paid it once more, though a JPEG decode to uint8 or to
