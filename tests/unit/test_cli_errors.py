@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 from lance_lightning import ConfigError, LanceDataModule, LanceSource
 from lance_lightning.open_errors import open_error
 from lance_lightning.transforms import Compose, DecodeImage
+from tests import zygote
 from tests.helpers import RecordingModel, make_table, run_cli, write_dataset
 from tests.s3_server import S3Server
 
@@ -282,7 +282,8 @@ def test_ddp_fit_from_the_cli_exits_zero(tmp_path: Path) -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     env.pop("LOCAL_RANK", None)
-    result = subprocess.run(
+    # subprocess.run's process, forked from the test zygote (rank 0's imports done; Lightning starts rank 1 fresh).
+    result = zygote.run(
         [
             sys.executable,
             "-m",
@@ -298,7 +299,6 @@ def test_ddp_fit_from_the_cli_exits_zero(tmp_path: Path) -> None:
         ],
         cwd=REPO_ROOT,
         env=env,
-        capture_output=True,
         text=True,
         timeout=480,
     )
