@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -66,21 +67,36 @@ class WidenRows:
 
 
 class SlowInWorkers:
-    """Adds ``pid`` like `RecordProcess`; holds the GIL for ``main_busy_s`` a batch outside
-    DataLoader workers (a Python-heavy transform: the race may start workers for it) and sleeps
-    ``worker_sleep_s`` a batch in them, so that the workers lose every trial whatever the load."""
+    """Adds ``pid`` like `RecordProcess`; sleeps ``main_s`` a batch outside DataLoader workers and
+    ``worker_s`` a batch in them, so that the workers lose every trial of the race whatever the
+    load: the race counts a transform's seconds as time that may hold the GIL (it cannot tell a
+    sleep from Python code), so with ``main_s`` above the training step's time the measured share
+    opens its gate (`lance_lightning.load.race.Race.may_start_workers`), while the workers, at
+    ``worker_s / num_workers`` a batch, deliver slower than this process by far more than
+    `lance_lightning.load.race.MARGIN`. Sleeping (not spinning) costs no core on a loaded machine,
+    and a sleep's seconds do not stretch with the load as a step's do: both sides' rates are
+    bounded by the same training loop, and two workers at 50 ms a batch never deliver 1.15x a
+    process at 20 ms. `worker_trials` and `check_retrial_schedule` read the trials off a fit's steps."""
 
-    def __init__(self, main_busy_s: float = 0.015, worker_sleep_s: float = 0.2) -> None:
-        self.main_busy_s = main_busy_s
-        self.worker_sleep_s = worker_sleep_s
+    def __init__(self, main_s: float = 0.02, worker_s: float = 0.1, wait_for_server: bool = False) -> None:
+        self.main_s = main_s
+        self.worker_s = worker_s
+        #: On its first call in the training process, wait for the fork server the data module
+        #: started at ``setup`` (seconds of imports), so that a short fit's race still runs its
+        #: trials (a test's model may wait at ``on_train_start`` instead).
+        self.wait_for_server = wait_for_server
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        if get_worker_info() is None:
-            until = time.perf_counter() + self.main_busy_s
-            while time.perf_counter() < until:
-                pass
+        if get_worker_info() is not None:
+            time.sleep(self.worker_s)
         else:
-            time.sleep(self.worker_sleep_s)
+            if self.wait_for_server:
+                from lance_lightning.load.handoff import WorkerStart  # in the training process only
+                from lance_lightning.load.lean_start import worker_context
+
+                WorkerStart(worker_context("forkserver", self)).start().wait()
+                self.wait_for_server = False
+            time.sleep(self.main_s)
         batch["pid"] = torch.full((len(batch["id"]),), os.getpid())
         return batch
 
@@ -133,3 +149,30 @@ class RecordImports:
         batch["imported"] = torch.tensor(flags, dtype=torch.int64).expand(rows, -1).clone()
         batch["pid"] = torch.full((rows,), os.getpid())
         return batch
+
+
+def worker_trials(steps: Iterable[tuple[int, bool]]) -> list[tuple[int, int]]:
+    """The workers' trials in a fit's steps, given in order as (epoch, made by a worker): each run
+    of consecutive steps made by workers, as (the epoch of its first step, the epoch of its last:
+    the one its trial was lost in, when this process made the steps after it)."""
+    trials: list[tuple[int, int]] = []
+    previous = False
+    for epoch, by_worker in steps:
+        if by_worker and not previous:
+            trials.append((epoch, epoch))
+        elif by_worker:
+            trials[-1] = (trials[-1][0], epoch)
+        previous = by_worker
+    assert not previous, "a worker made the fit's last batch: the workers won a trial made to be lost"
+    return trials
+
+
+def check_retrial_schedule(trials: list[tuple[int, int]], last_epoch: int) -> None:
+    """Each trial after the first begins ``2**i`` whole epochs after the epoch in which trial ``i``
+    (from 0) was lost (after 1, 2, 4, ... epochs read in process:
+    `lance_lightning.load.race.Race.retrial_due`), and none that was due by ``last_epoch`` is missing."""
+    assert trials, "the workers never had a trial"
+    for i, ((_, lost), (begun, _)) in enumerate(zip(trials, trials[1:])):
+        assert begun == lost + 1 + 2**i, f"trial {i + 2} began in epoch {begun}, not {lost + 1 + 2**i}: {trials}"
+    due = trials[-1][1] + 1 + 2 ** (len(trials) - 1)
+    assert due > last_epoch, f"a trial due in epoch {due} never ran: {trials}"
