@@ -23,7 +23,7 @@ Guarantees (checked by ``tests/scenarios/test_ray.py``: 2 local Ray Train worker
 
 Importing this module imports Ray, which only the ``ray`` extra installs
 (``uv sync --extra ray``); elsewhere in the package only ``prepare`` with ``pool="ray"``
-(`lance_lightning.write.writer`) imports it, when it runs.
+(`lance_lightning.write.pools`) imports it, when it runs.
 """
 
 from __future__ import annotations

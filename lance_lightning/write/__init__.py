@@ -12,9 +12,9 @@ skipped and listed, never opened or kept. `prepare` (``lance-lightning prepare``
 runs it for sources with a ``prepare`` spec in ``prepare_data`` (docs/getting-data-in.md).
 
 Prepare reads the input formats (`folders`, `shards`, `tables`), cuts them into work units
-(`units`), writes and commits them (`writer`) and reports (`report`); the data module and the
-command line call it. The prediction writer's modules (`predictions`, ``predict_*``) share this
-stage and document themselves.
+(`units`), writes and commits them (`writer`, on the `pools`; what an output holds: `ledger`) and
+reports (`report`); the data module and the command line call it. The prediction writer's modules
+(`predictions`, ``predict_*``) share this stage and document themselves.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Guarantees:
   completion record: a complete dataset always has its indexes. A rerun after a kill between the
   two builds the missing ones (an index already there, by its name ``<column>_idx``, is kept) and
   then writes the record. Index commits carry no unit properties: the writer's resume reads them as
-  part of the completion (`lance_lightning.write.writer`).
+  part of the completion (`lance_lightning.write.ledger`).
 - The index type is chosen by cardinality: BITMAP when the column has at most `BITMAP_MAX_VALUES`
   distinct values (labels, splits, languages: one bitmap per value), BTREE above (ids, paths,
   timestamps). Lance's documentation recommends BITMAP for low cardinality ("fewer than a few

@@ -40,11 +40,12 @@ from lance_lightning.source import LanceSource, Prepare
 from lance_lightning.write.folders import AUDIO_FOLDER, IMAGE_FOLDER, VIDEO_FOLDER
 from lance_lightning.write.indexes import check_index_columns
 from lance_lightning.write.input_fs import Input
+from lance_lightning.write.ledger import RECORDED_SKIPS, Progress, completion_record, is_local
 from lance_lightning.write.report import PrepareReport, output_bytes
 from lance_lightning.write.shards import WebDataset
 from lance_lightning.write.tables import HuggingFace, Parquet
 from lance_lightning.write.units import Survey, fingerprint, plan_units
-from lance_lightning.write.writer import RECORDED_SKIPS, DatasetWriter, Progress, _record, is_local
+from lance_lightning.write.writer import DatasetWriter
 
 #: Each format name (`lance_lightning.source.PREPARE_FORMATS`) -> its reader.
 FORMATS: dict[str, Any] = {
@@ -125,7 +126,7 @@ def prepare(
             notes=[
                 *survey.info.get("notes", []),
                 *storage_notes(dataset, survey),
-                *[f"index: {i}" for i in _record(dataset).get("indexes", [])],
+                *[f"index: {i}" for i in completion_record(dataset).get("indexes", [])],
             ],
         )
 

@@ -9,17 +9,16 @@ Where things are, for an output ``OUT``:
 
 Guarantees:
 - Every unit is one Lance commit, in unit order (units are written in parallel, on threads,
-  spawned processes or Ray tasks, and committed in order by the calling thread): the first an
-  ``Overwrite`` that creates the dataset, the others an ``Append`` (a unit whose files were all
-  skipped commits no fragment). Every unit's fragment files are written in Lance's append mode, so
-  each lists the field ids of the dataset's schema (blob columns included), whichever unit, pool
-  or rerun wrote it; before each commit the fragments are checked against the dataset (its schema,
-  its files' field ids) and a mismatch is refused (`IntegrityError`, nothing committed) rather
-  than committed as columns that read another column's data. A spawned worker exits when the
-  prepare that started it dies (SIGKILL): none is left running. Each commit's transaction
-  properties hold the plan's fingerprint, the unit's index, its files' hash and its skipped files:
-  the record of committed units is the dataset's own history, written in the same atomic commit
-  as the unit's rows.
+  spawned processes or Ray tasks (`lance_lightning.write.pools`), and committed in order by the
+  calling thread): the first an ``Overwrite`` that creates the dataset, the others an ``Append``
+  (a unit whose files were all skipped commits no fragment). Every unit's fragment files are
+  written in Lance's append mode, so each lists the field ids of the dataset's schema (blob
+  columns included), whichever unit, pool or rerun wrote it; before each commit the fragments are
+  checked against the dataset (its schema, its files' field ids) and a mismatch is refused
+  (`IntegrityError`, nothing committed) rather than committed as columns that read another
+  column's data. Each commit's transaction properties hold the plan's fingerprint, the unit's
+  index, its files' hash and its skipped files: the record of committed units is the dataset's own
+  history, written in the same atomic commit as the unit's rows (`lance_lightning.write.ledger`).
 - Complete only when the last commit, an ``UpdateConfig``, sets the ``lance_lightning.prepare``
   config key (fingerprint, rows, skipped files, the indexes built). The scalar indexes a prepare
   asks for (`lance_lightning.write.indexes`) are committed just before it: a complete dataset has
@@ -41,13 +40,11 @@ Guarantees:
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import shutil
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Future
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -58,44 +55,32 @@ from lance import LanceOperation, Transaction
 from lance.fragment import write_fragments
 
 from lance_lightning.errors import ConfigError
-from lance_lightning.source import PREPARE_DONE_KEY, PREPARE_PLAN_KEY
 from lance_lightning.write.indexes import build_indexes
+from lance_lightning.write.ledger import (
+    DONE_KEY,
+    FILES_KEY,
+    PLAN_KEY,
+    SKIPPED_KEY,
+    UNIT_KEY,
+    IntegrityError,
+    Progress,
+    Written,
+    check_numbering,
+    completion_record,
+    data_file_fields,
+    is_local,
+    open_output,
+    refusal,
+    same_schema,
+    unit_commits,
+)
+from lance_lightning.write.pools import unit_executor
 from lance_lightning.write.units import Skipped, Survey, Unit, check_unchanged, unit_files
 
-#: Dataset config key of a complete prepare (JSON: fingerprint, format, input, rows, skipped); a
-#: reader refuses a prepared dataset without it (`lance_lightning.source.pin_source`).
-DONE_KEY = PREPARE_DONE_KEY
-#: Transaction properties of a unit's commit.
-PLAN_KEY, UNIT_KEY, SKIPPED_KEY = PREPARE_PLAN_KEY, "lance_lightning.prepare.unit", "lance_lightning.prepare.skipped"
-#: Transaction property of a unit's commit: its files' hash (`lance_lightning.write.units.unit_files`).
-FILES_KEY = "lance_lightning.prepare.files"
-#: Skipped files kept in the completion record (the report counts them all).
-RECORDED_SKIPS = 1000
 #: Rows per fragment file at most: a unit normally fits one fragment.
 MAX_ROWS_PER_FILE = 1 << 20
-
-#: A unit's written fragments: an ``Overwrite`` when written before the staging dataset existed
-#: (holding the schema Lance numbered them by), else an ``Append``.
-Written = LanceOperation.Overwrite | LanceOperation.Append
 #: Reads one unit's rows: (survey, unit, skipped list to append to, on_bad_file) -> record batches.
 UnitReader = Callable[[Survey, Unit, list[Skipped], str], Any]
-
-
-def is_local(uri: str) -> bool:
-    return "://" not in uri
-
-
-@dataclass
-class Progress:
-    """What the output holds for this prepare: ``complete``, the units committed so far and the
-    files they skipped, and where the rows go (``staging``)."""
-
-    staging: str
-    complete: bool = False
-    committed: int = 0
-    rows: int = 0
-    skipped: list[Skipped] = field(default_factory=list)
-    record: dict[str, Any] = field(default_factory=dict)
 
 
 class DatasetWriter:
@@ -112,27 +97,27 @@ class DatasetWriter:
     def progress(self, units: list[Unit] | None = None) -> Progress:
         """What the output holds; `ConfigError` if it is not this prepare's, or if the files of a
         unit it committed changed since (another modification time: `check_unchanged`)."""
-        done = self._open(self.output, "output")
+        done = open_output(self.output, "output", self.storage_options)
         if done is not None:
-            record = _record(done)
+            record = completion_record(done)
             if record.get("fingerprint") == self.fingerprint:
                 return Progress(self.output, complete=True, record=record)
-            if is_local(self.output) or record or _unit_commits(done, self.fingerprint) is None:
-                raise self._refusal(done, record, self.output)
-        partial = self._open(self.staging, "output") if self.staging != self.output else done
+            if is_local(self.output) or record or unit_commits(done, self.fingerprint) is None:
+                raise refusal(done, record, self.output, self.survey.schema)
+        partial = open_output(self.staging, "output", self.storage_options) if self.staging != self.output else done
         if partial is None:
             return Progress(self.staging)
-        if not _same_schema(partial.schema, self.survey.schema):
-            raise self._refusal(partial, {}, self.staging)
+        if not same_schema(partial.schema, self.survey.schema):
+            raise refusal(partial, {}, self.staging, self.survey.schema)
         try:
             data_file_fields(partial)
         except IntegrityError as error:
             problem = str(error).removeprefix(f"{partial.uri} ")
             raise ConfigError("output", self.staging, problem, "delete it and prepare again") from None
-        record = _record(partial)
+        record = completion_record(partial)
         if record.get("fingerprint") == self.fingerprint:
             return Progress(self.staging, complete=True, record=record)
-        committed = _unit_commits(partial, self.fingerprint)
+        committed = unit_commits(partial, self.fingerprint)
         if committed is None:
             raise ConfigError(
                 "output",
@@ -144,31 +129,6 @@ class DatasetWriter:
         check_unchanged(recorded, units or [], self.survey.source.shown, self.staging)
         skipped = [Skipped(*pair) for props in committed for pair in json.loads(props.get(SKIPPED_KEY, "[]"))]
         return Progress(self.staging, committed=len(committed), rows=partial.count_rows(), skipped=skipped)
-
-    def _open(self, uri: str, param: str) -> lance.LanceDataset | None:
-        if is_local(uri) and not Path(uri).exists():
-            return None
-        try:
-            return lance.dataset(uri, storage_options=self.storage_options)
-        except (ValueError, OSError) as error:
-            if not is_local(uri) and "not found" in str(error).lower():
-                return None
-            raise ConfigError(
-                param, uri, f"exists and is not a Lance dataset ({str(error)[:200]})", "choose another --output"
-            ) from None
-
-    def _refusal(self, dataset: lance.LanceDataset, record: dict[str, Any], uri: str) -> ConfigError:
-        """Why the dataset at ``uri`` (the output or its staging location) is not this prepare's."""
-        if not _same_schema(dataset.schema, self.survey.schema):
-            problem = (
-                f"exists with another schema (columns {dataset.schema.names}; this prepare writes "
-                f"{self.survey.schema.names})"
-            )
-        elif record:
-            problem = f"was prepared from other input or options ({record.get('format')} {record.get('input')})"
-        else:
-            problem = "exists and was not written by lance-lightning prepare"
-        return ConfigError("output", uri, problem, "choose another --output, or delete it to prepare it again")
 
     # -- writing ------------------------------------------------------------------------------
     def write(
@@ -189,18 +149,7 @@ class DatasetWriter:
         todo = iter(units[progress.committed :])
         skipped: list[Skipped] = []
         threads = pool == "threads"
-        if threads:
-            executor: Executor = ThreadPoolExecutor(workers, thread_name_prefix="lance-prepare")
-        elif pool == "ray":  # Ray tasks: imported only here
-            executor = _RayExecutor(local=is_local(self.staging))
-        else:  # Lance is not fork-safe: spawned processes only
-            executor = ProcessPoolExecutor(
-                workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(os.getpid(),),
-            )
-        with executor:
+        with unit_executor(pool, workers, local=is_local(self.staging)) as executor:
             pending: deque[tuple[Unit, Future]] = deque()
 
             def submit() -> None:
@@ -313,7 +262,7 @@ class DatasetWriter:
             operation, version = written, 0
         else:
             dataset = self._latest()
-            _check_numbering(dataset, written, unit)
+            check_numbering(dataset, written, unit)
             operation, version = LanceOperation.Append(written.fragments), dataset.version
         lance.LanceDataset.commit(
             self.staging,
@@ -326,7 +275,7 @@ class DatasetWriter:
         unreferenced files and old versions, and (local output) move it in place; safe to repeat
         after a SIGKILL at any step (indexes are built before the record: a complete dataset has them)."""
         dataset = self._latest()
-        if _record(dataset).get("fingerprint") != self.fingerprint:
+        if completion_record(dataset).get("fingerprint") != self.fingerprint:
             record = {**record, "indexes": build_indexes(dataset, index)} if index else record
             dataset = self._latest()
             dataset.update_config({DONE_KEY: json.dumps(record)})
@@ -346,155 +295,9 @@ class DatasetWriter:
             shutil.rmtree(staging)
 
 
-def _init_worker(parent: int) -> None:
-    """A spawned worker ignores Ctrl-C (the calling process stops the prepare) and exits once
-    ``parent`` is gone (a SIGKILLed prepare), whose call queue would block it forever. ``parent``
-    comes from the parent: one whose prepare died while it started has another parent already."""
-    import signal
-    import threading
-    import time
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="lance-prepare-parent-watch", daemon=True).start()
-
-
-class _RayExecutor(Executor):
-    """Runs `DatasetWriter.write_unit` calls as Ray tasks (one CPU each) of the Ray instance the
-    caller started or joined (``ray.init``; else Ray starts a local one). Arguments and results
-    travel pickled, as to spawned processes: each task writes its unit's fragment files and returns
-    the ``Overwrite`` operation listing them; the driver commits it. Tasks writing a local output
-    are pinned to this machine (node); with an object-store output they run on any node."""
-
-    def __init__(self, *, local: bool) -> None:
-        try:
-            import ray
-        except ImportError as error:
-            raise ConfigError(
-                "prepare.pool",
-                "ray",
-                f"needs Ray, which the `ray` extra installs ({type(error).__name__}: {error})",
-                "uv sync --extra ray (or pip install 'lance-lightning[ray]'), or use pool threads or processes",
-            ) from None
-        self._ray = ray
-        options: dict[str, Any] = {"num_cpus": 1}
-        if local:
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            if not ray.is_initialized():
-                ray.init()
-            node = ray.get_runtime_context().get_node_id()
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-        self._task = ray.remote(_call).options(**options)
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
-        return _RayFuture(self._ray, self._task.remote(fn, *args, **kwargs))
-
-
-def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return fn(*args, **kwargs)
-
-
-class _RayFuture(Future):
-    """A Ray task's result as the write loop reads it: ``result()`` raises the task's own exception
-    (a `ConfigError` naming a bad file), ``cancel()`` cancels the task."""
-
-    def __init__(self, ray: Any, ref: Any) -> None:
-        super().__init__()
-        self._ray, self._ref = ray, ref
-
-    def result(self, timeout: float | None = None) -> Any:
-        try:
-            return self._ray.get(self._ref, timeout=timeout)
-        except self._ray.exceptions.RayTaskError as error:
-            cause = error.cause
-            raise (cause if isinstance(cause, Exception) else error) from None
-
-    def cancel(self) -> bool:
-        self._ray.cancel(self._ref)
-        return True
-
-
 class _AlreadyCreated(Exception):
     """A create-mode write found the staging dataset created meanwhile (after reading ``rows``)."""
 
     def __init__(self, rows: int) -> None:
         super().__init__(rows)
         self.rows = rows
-
-
-class IntegrityError(RuntimeError):
-    """A unit's fragment files are not numbered as the dataset they were to join: nothing of the
-    unit was committed (the output stays resumable); a defect of lance-lightning, to report."""
-
-
-def _check_numbering(dataset: lance.LanceDataset, written: Written, unit: Unit) -> None:
-    """Refuse (`IntegrityError`) fragments whose field ids are not the dataset's: written against
-    another schema than the dataset's, or whose data files list other fields than its files do."""
-    if isinstance(written, LanceOperation.Overwrite) and written.new_schema != dataset.lance_schema:
-        raise IntegrityError(
-            f"unit {unit.index} was written with another schema than the dataset's at {dataset.uri}: "
-            "not committed (rerun to retry; report this as a lance-lightning defect)"
-        )
-    expected = data_file_fields(dataset)
-    for fragment in written.fragments:
-        for data_file in fragment.files:
-            if expected is not None and list(data_file.fields) != expected:
-                raise IntegrityError(
-                    f"unit {unit.index}'s data file lists the field ids {list(data_file.fields)}, the dataset's "
-                    f"files at {dataset.uri} {expected}: not committed (rerun to retry; report this defect)"
-                )
-
-
-def data_file_fields(dataset: lance.LanceDataset) -> list[int] | None:
-    """The field ids the data files of a prepared dataset list (every file holds every column), or
-    None if it has no data file yet; `IntegrityError` if its files disagree (a corrupt dataset)."""
-    seen = {tuple(f.fields) for fragment in dataset.get_fragments() for f in fragment.metadata.files}
-    if len(seen) > 1:
-        raise IntegrityError(f"{dataset.uri} {MISNUMBERED} {sorted(seen)}")
-    return list(seen.pop()) if seen else None
-
-
-#: What a dataset whose data files list different field ids is.
-MISNUMBERED = (
-    "holds data files numbered two ways (some columns read another column's data: written by "
-    "lance-lightning before issue #50 was fixed); their field ids:"
-)
-
-
-def _record(dataset: lance.LanceDataset) -> dict[str, Any]:
-    """The completion record of a dataset, ``{}`` if it has none."""
-    text = dataset.config().get(DONE_KEY)
-    return json.loads(text) if text else {}
-
-
-def _unit_commits(dataset: lance.LanceDataset, fingerprint: str) -> list[dict[str, str]] | None:
-    """The transaction properties of the dataset's unit commits in unit order; None if any commit
-    is of another prepare (or not of a prepare)."""
-    found: dict[int, dict[str, str]] = {}
-    for transaction in dataset.get_transactions(recent_transactions=dataset.version):
-        if transaction is not None and type(transaction.operation).__name__ == "CreateIndex":
-            continue  # the completion's indexes (`build_indexes`), built before its record
-        props = (transaction.transaction_properties or {}) if transaction is not None else {}
-        if props.get(PLAN_KEY) != fingerprint:
-            return None
-        found[int(props[UNIT_KEY])] = props
-    if sorted(found) != list(range(len(found))):
-        return None
-    return [found[index] for index in range(len(found))]
-
-
-def _same_schema(existing: pa.Schema, planned: pa.Schema) -> bool:
-    """Same column names and types; a planned blob column matches Lance's blob type for it."""
-    if existing.names != planned.names:
-        return False
-    for have, want in zip(existing, planned):
-        blob = (want.metadata or {}).get(b"lance-encoding:blob") == b"true"
-        if not blob and have.type != want.type:
-            return False
-    return True

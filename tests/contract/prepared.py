@@ -89,7 +89,7 @@ def state(uri: str) -> dict[str, Any] | None:
     """The dataset's version, completion record and fragments' rows (None: there is none)."""
     import lance
 
-    from lance_lightning.write.writer import DONE_KEY
+    from lance_lightning.write.ledger import DONE_KEY
 
     if not Path(uri).exists():
         return None

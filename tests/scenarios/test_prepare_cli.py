@@ -13,7 +13,7 @@ from pathlib import Path
 import lance
 import pytest
 
-from lance_lightning.write.writer import DONE_KEY
+from lance_lightning.write.ledger import DONE_KEY
 from tests.helpers import run_cli_process
 from tests.unit.write.inputs import image_folder
 

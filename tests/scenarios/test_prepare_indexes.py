@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lance_lightning.write.writer import DONE_KEY
+from lance_lightning.write.ledger import DONE_KEY
 from tests.helpers import run_cli_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -243,8 +243,9 @@ def test_prepare_on_ray_tasks_writes_the_thread_pools_dataset_and_resumes(
 
     from lance_lightning.errors import ConfigError
     from lance_lightning.source import Prepare
+    from lance_lightning.write.ledger import DONE_KEY
     from lance_lightning.write.prepare import prepare
-    from lance_lightning.write.writer import DONE_KEY, DatasetWriter
+    from lance_lightning.write.writer import DatasetWriter
     from tests.unit.write.inputs import parquet_files
 
     root = parquet_files(tmp_path / "in", files=5, rows=7)

@@ -13,7 +13,7 @@ import pytest
 from lance_lightning.errors import ConfigError
 from lance_lightning.source import Prepare
 from lance_lightning.write import prepare
-from lance_lightning.write.writer import DONE_KEY
+from lance_lightning.write.ledger import DONE_KEY
 from tests.helpers import stop_prepare_after
 from tests.unit.write.inputs import image_folder
 
@@ -81,6 +81,6 @@ def test_a_process_worker_whose_prepare_died_while_it_started_exits() -> None:
     It watched whatever parent it found then and lived on (CI: "a spawned worker outlived the
     SIGKILLed prepare"); it now watches the pid its prepare passed and exits. Here the pid passed
     is not the child's parent: the child must exit (status 1, no traceback) instead of sleeping 60 s."""
-    code = "import time; from lance_lightning.write.writer import _init_worker; _init_worker(1); time.sleep(60)"
+    code = "import time; from lance_lightning.write.pools import _init_worker; _init_worker(1); time.sleep(60)"
     child = subprocess.run([sys.executable, "-c", code], timeout=50, check=False, capture_output=True, text=True)
     assert child.returncode == 1 and not child.stderr, child.stderr[-2000:]
