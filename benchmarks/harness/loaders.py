@@ -4,7 +4,9 @@ Guarantees:
 - `build` returns an iterable of batches, each a dict holding the table's key column (``id`` or
   ``x``) as a tensor; the peers decode
   JPEGs with TorchCodec's batched ``decode_jpeg`` (`decode_jpegs`), as ours does through
-  ``DecodeImage``, in their workers.
+  ``DecodeImage``, in their workers. Both give the same uint8 ``(N, 3, H, W)`` images: ours
+  decodes with ``normalize=False`` (its default also scales to float in [0, 1], work the peers'
+  cells do not do).
 - Imports nothing but the standard library at module level: it runs in the project's environment
   (ours) and in the peers' own, each loader's packages imported only by the cell that uses it.
 - The peers' workers start by forkserver, as ours do (forking a process that already runs Lance's
@@ -79,7 +81,7 @@ def _ours_module(workload: Workload, data: dict, workers: int = 0) -> Any:
         batch_size=BATCH,
         shuffle=getattr(ll, workload.strategy)(**dict(workload.strategy_args)),
         num_workers=workers,
-        transform=DecodeImage(column="image") if workload.decode else None,
+        transform=DecodeImage(column="image", normalize=False) if workload.decode else None,
     )
     dm.setup("fit")
     return dm
