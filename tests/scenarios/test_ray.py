@@ -21,6 +21,7 @@ with the reason, without the extra.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -33,7 +34,10 @@ import pytest
 # (a new environment per session); on one machine they must use this interpreter. Read at import.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 ray = pytest.importorskip("ray", reason="needs the ray extra: uv sync --extra ray")
-pytest.importorskip("lance_ray", reason="needs the ray extra: uv sync --extra ray")
+# Found, not imported: Ray Train's controller and workers import this module for `train_loop`, and
+# lance_ray's import (Ray Data's) cost each of them seconds; the tests that write with it import it.
+if importlib.util.find_spec("lance_ray") is None:
+    pytest.skip("needs the ray extra: uv sync --extra ray", allow_module_level=True)
 
 import lance
 import lightning.pytorch as pl
@@ -49,14 +53,23 @@ STEPS_PER_EPOCH = ROWS // (BATCH * WORKERS)  # 10
 STOP_STEP, REPORT_EVERY = 15, 5  # the first fit stops halfway through epoch 1, on a reported step
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    """A local Ray instance of 2 CPUs for one test, shut down after it."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    """A local Ray instance of 2 CPUs for this file's tests, shut down after them (a start costs
+    seconds; each test writes under its own ``tmp_path`` and names its own Ray Train runs there).
+
+    Ray Train's controller polls its workers every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` (2 s): a
+    worker's ``ray.train.report`` waits for the poll that takes the one before (a queue of one), so
+    with a report every 5 steps the training waited on the clock. Polled every 0.2 s instead; a
+    poll that a loaded machine answers late is only a missed health check (a worker counts as dead
+    after ``RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S``, 10 minutes)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # the driver hands it to the controller
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
 # -- (a) the GPT example's tokenize-and-write step on Ray Data --------------------------------------
