@@ -5,15 +5,14 @@ Guarantees:
   shows them; strategies and transforms are given by ``class_path``.
 - ``setup()`` pins each needed source to one dataset version and validates it in the main
   process, before any worker starts; bad input raises `ConfigError` naming parameter, value, fix.
+  Each split is planned from its source and one frozen `SplitSettings`, by `plan_split`
+  (`lance_lightning.split_plans`).
 - Rank and world size come from the trainer (rank 0 of 1 without one), read when a loader is
-  built: a loader built before the trainer attached (``train_dataloader()``, ``explain()`` or
-  ``setup()`` called before ``fit``) is rebuilt for the trainer's topology, and the plan's fit
-  to it is checked at every ``setup``. Plans do not depend on the topology, so planning before
-  ``fit`` costs nothing twice. Under a trainer, ``fit`` plans the train split once, after the
-  checkpoint (if any) is restored, at the version its cursor was read at: one survey per resume.
-  Every rank yields the same number of batches; the train order depends on (version, filter,
-  strategy, seed, epoch).
-- Each split is planned from its source and one frozen `SplitSettings`, by `plan_split`.
+  built: a loader built before the trainer attached is rebuilt for the trainer's topology
+  (`lance_lightning.split_loaders`), and the plan's fit to it is checked at every ``setup``.
+  Under a trainer, ``fit`` plans the train split once, after the checkpoint (if any) is restored,
+  at the version its cursor was read at: one survey per resume. Every rank yields the same number
+  of batches; the train order depends on (version, filter, strategy, seed, epoch).
 - The train cursor is saved in the data module's own checkpoint state, its one copy: resume is
   exact even when Lightning skips ``loader.load_state_dict`` (#20550). A checkpoint of another
   plan is refused with the field. Saving, restoring and validating it is `lance_lightning.cursor`'s;
@@ -22,12 +21,8 @@ Guarantees:
 - While fitting, rank zero holds the versions the train split reads with Lance tags, so a
   ``cleanup_old_versions`` cannot delete what the run's checkpoints need; they are removed when
   the fit ends normally, kept (and taken over on resume) when it is stopped (`lance_lightning.hold`).
-- Data loading does not make the step wait: batches are read, transformed (decoded) and pinned
-  ahead on ``reader_threads`` threads (and/or ``num_workers`` processes), at most
-  ``prefetch_batches`` finished batches per process, then copied to the device without blocking,
-  where ``device_transform`` runs: on CUDA ``device_ahead`` batches ahead of the step in a
-  background thread (`DeviceAhead`), elsewhere in ``on_after_batch_transfer``, decided once per
-  loader when it is built (`DevicePath`). A model's own ``transfer_batch_to_device`` or
+- Data loading does not make the step wait: batches are prepared ahead and copied to the device
+  without blocking (`lance_lightning.split_loaders`). A model's own ``transfer_batch_to_device`` or
   ``on_after_batch_transfer`` still runs (after ours; its transfer hook turns ahead off).
 - A row the transform cannot decode raises naming the dataset row and column (`RaiseOnBadRow`),
   or is replaced deterministically (`ReplaceBadRow`); either way it is counted as ``bad_rows``.
@@ -44,7 +39,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lance_lightning.arguments import check_arguments, check_fill_nulls, check_units, split_settings
+from lance_lightning.arguments import check_arguments, check_units, split_settings
 from lance_lightning.cursor.restore import FitLoop, plan_at_cursor
 from lance_lightning.cursor.tracker import CursorTracker
 from lance_lightning.device.hooks import DeviceStage
@@ -53,7 +48,6 @@ from lance_lightning.errors import ConfigError
 from lance_lightning.hold import VersionHold, describe_holds
 from lance_lightning.hparams import save_arguments
 from lance_lightning.lifetime import destroy_gloo_group_at_exit
-from lance_lightning.load.dataset import LanceIterableDataset
 from lance_lightning.load.handoff import start_server_early
 from lance_lightning.load.loader import LanceDataLoader
 from lance_lightning.load.race import Race
@@ -63,17 +57,16 @@ from lance_lightning.media.samplers import ClipSampler
 from lance_lightning.plan.contract import Plan, SplitSettings
 from lance_lightning.plan.mixture import LanceMixture
 from lance_lightning.plan.packing import TokenPacking
-from lance_lightning.plan.planner import check_fits
-from lance_lightning.plan.split import plan_split
 from lance_lightning.plan.strategies import FilterRead, NoShuffle, ShuffleStrategy
 from lance_lightning.preflight import note_checkpoint_error
 from lance_lightning.produce.badrows import BadRowPolicy, RaiseOnBadRow
 from lance_lightning.produce.identity import check_identity_settings, identity_problem
-from lance_lightning.produce.schema import check_read_schema
 from lance_lightning.read.reader import TAKE_GROUP_BYTES
 from lance_lightning.read.retry import RetryPolicy
 from lance_lightning.source import LanceSource
-from lance_lightning.vocabulary import SPLITS_OF_STAGE, STAGE_OF_SPLIT, BatchTransform, Split
+from lance_lightning.split_loaders import SplitLoaders
+from lance_lightning.split_plans import SplitPlans
+from lance_lightning.vocabulary import STAGE_OF_SPLIT, BatchTransform, Split
 
 _STATE_KEY = "train_cursor"
 #: The run name whose Lance tags hold the versions the fit reads (`lance_lightning.hold`).
@@ -243,21 +236,23 @@ class LanceDataModule(pl.LightningDataModule):
         #: How each split is planned besides its source: built once, here.
         settings = (self.shuffle, self.filter_read, self.batch_size, self.eval_batch_size, self.drop_last, packing)
         self.split_settings: dict[Split, SplitSettings] = {s: split_settings(s, *settings, clips) for s in self.sources}
-        self.plans: dict[Split, Plan] = {}
-        #: Per split planned with `plan_instead`: ``(start, offset)`` pairs kept on its ``_position``.
-        self.position_shifts: dict[Split, list[tuple[int, int]]] = {}
+        #: The arguments, their defaults resolved, as each split's plan and loader read them.
+        settled = {**arguments, "reader_threads": reader_threads, "fill_nulls": self.fill_nulls}
+        settled |= {"bad_rows": self.bad_rows, "retry": self.retry, "remote_cache": self.remote_cache}
+        #: Each split's plan, and the ``_position`` shifts of a split planned with `plan_instead`.
+        self.split_plans = SplitPlans(self.sources, self.split_settings, settled)
         self.train_cursor: CursorTracker | None = None
         self.version_hold = VersionHold(hold_versions)
         #: Output URI -> what `prepare_data` did to it (sources with a ``prepare`` spec; shown by `explain`).
         self.prepared: dict[str, str] = {}
         self.identity_splits = check_identity_settings(row_identity, packing, self.bad_rows, device_transform)
         self.identity_by_default = row_identity is None  # then a split identity cannot describe goes without
-        #: Each split's loader and the (trainer attached, world size, rank, pinned) it was built for.
-        self._loaders: dict[Split, tuple[tuple[Any, ...], LanceDataLoader]] = {}
+        #: Each split's loader, for the trainer and topology it was built for.
+        self.loaders = SplitLoaders(self.device_stage, settled)
         #: The loop side of each fit: its trainer, the restore's note, the length re-reads.
         self._fit = FitLoop()
 
-    # -- topology ---------------------------------------------------------------------------
+    # -- topology and plans -----------------------------------------------------------------
     @property
     def world_size(self) -> int:
         return self.trainer.world_size if self.trainer is not None else 1
@@ -265,6 +260,11 @@ class LanceDataModule(pl.LightningDataModule):
     @property
     def global_rank(self) -> int:
         return self.trainer.global_rank if self.trainer is not None else 0
+
+    @property
+    def plans(self) -> dict[Split, Plan]:
+        """Each planned split's plan."""
+        return self.split_plans.plans
 
     # -- setup ------------------------------------------------------------------------------
     def prepare_data(self) -> None:
@@ -283,30 +283,12 @@ class LanceDataModule(pl.LightningDataModule):
         if stage == "fit" and self._fit.starts(self.trainer) and "train" in self.plans:
             # a new trainer's fit reads from an empty cursor (a checkpoint is restored into it)
             self.train_cursor = CursorTracker(self.plans["train"], resume=self.resume_data)
-            self._drop_loader("train")
-        needed = SPLITS_OF_STAGE.get(stage or "", tuple(s for s, src in self.sources.items() if src))
-        required = {stage_: split for split, stage_ in STAGE_OF_SPLIT.items()}.get(stage or "")
-        if required and self.sources[required] is None:
-            raise ConfigError(
-                required,
-                None,
-                f"trainer stage '{stage}' reads the {required} split, which is not configured",
-                f"set `data.{required}` (LanceDataModule({required}=LanceSource(uri=...)))",
-            )
-        for split in needed:
-            if self.sources[split] is None or split in self.plans:
-                continue
+            self.loaders.drop("train")
+        for split in self.split_plans.needed(stage):  # raises naming a split the stage needs, not configured
             if split == "train" and stage == "fit" and self.trainer is not None:
                 continue  # Lightning restores a checkpoint after setup: planned once, at its version
             self._plan(split)
-        self._check_plans()
-
-    def _check_plans(self) -> None:
-        """Check that every planned split fits the topology and its columns convert."""
-        for plan in self.plans.values():
-            check_fits(plan, self.world_size)
-        check_fill_nulls(self.fill_nulls, self.plans)
-        check_read_schema(self.plans, self.fill_nulls, self.transform)
+        self.split_plans.check(self.world_size)
 
     def _ensure_planned(self, split: Split) -> None:
         """Plan and check ``split`` unless it is planned (a fit plans its train split here, once)."""
@@ -315,18 +297,14 @@ class LanceDataModule(pl.LightningDataModule):
         if self.sources[split] is None:
             self.setup(STAGE_OF_SPLIT[split])  # raises naming the split that is not configured
         self._plan(split)
-        self._check_plans()
+        self.split_plans.check(self.world_size)
 
-    def _plan(self, split: Split, source: LanceSource | None = None) -> None:
-        """Pin and plan ``split`` from its configured source (through the view, if materializing)."""
-        if source is None:
-            source = self.sources[split]
-            if self.materialize is not None and not isinstance(source, LanceMixture):
-                source = self.materialize.apply(source, split)
-        settings = self.split_settings[split]
-        self.position_shifts.pop(split, None)
-        self.plans[split] = self.remote_cache.apply(split, plan_split(split, source, settings), settings, self.retry)
-        self._drop_loader(split)
+    def _plan(
+        self, split: Split, source: LanceSource | None = None, position_shifts: list[tuple[int, int]] | None = None
+    ) -> None:
+        """Plan ``split`` (`SplitPlans.plan`), dropping its loader; a train split gets a new cursor."""
+        self.split_plans.plan(split, source, position_shifts)
+        self.loaders.drop(split)
         if split == "train":
             self.train_cursor = CursorTracker(self.plans["train"], resume=self.resume_data)
 
@@ -336,10 +314,8 @@ class LanceDataModule(pl.LightningDataModule):
         """Plan ``split`` from ``source`` for this run, in place of its configured source (a
         prediction writer's unfinished rows at its pinned version, `lance_lightning.write.predictions`);
         ``position_shifts`` keep the ``_position`` of the wider read (`RowIdentity`)."""
-        self._plan(split, source)
-        if position_shifts:
-            self.position_shifts[split] = list(position_shifts)
-        self._check_plans()
+        self._plan(split, source, position_shifts)
+        self.split_plans.check(self.world_size)
 
     def explain(self, split: Split = "train", world_size: int | None = None) -> str:
         """Which plan was chosen for ``split`` and why: rows, selectivity, strategy, batches per rank
@@ -362,7 +338,7 @@ class LanceDataModule(pl.LightningDataModule):
         """The train loader; under a Trainer, the plan it reads (and where it resumes) is printed
         when the loader is built, after a checkpoint re-pinned the version it was read at. While
         fitting, rank zero holds the versions it reads with a Lance tag (`lance_lightning.hold`)."""
-        built = self._loaders.get("train", (None,))[0] == self._loader_key()
+        built = self.loaders.built("train", self.loaders.key(self.trainer, self.world_size, self.global_rank))
         loader = self._loader("train")
         if self.trainer is not None:
             if not built and self.global_rank == 0 and loader.progress is not None:  # only rank 0 prints
@@ -383,69 +359,27 @@ class LanceDataModule(pl.LightningDataModule):
     def predict_dataloader(self) -> LanceDataLoader:
         return self._loader("predict")
 
-    def _loader_key(self) -> tuple[Any, ...]:
-        """What a loader is built for: the trainer (or none) whose loop it reads, the world size and
-        rank, pinning. A new trainer gets a new loader: nothing of an earlier trainer's loop is kept."""
-        return (self.trainer, self.world_size, self.global_rank, self._pin())
-
-    def _drop_loader(self, split: Split) -> None:
-        _, loader = self._loaders.pop(split, (None, None))
-        if loader is not None:
-            loader.dataset.pools.stop()
-
     def _loader(self, split: Split) -> LanceDataLoader:
         """The split's loader for the current trainer and topology (rebuilt when they changed)."""
         self._ensure_planned(split)
-        key = self._loader_key()
-        cached_key, loader = self._loaders.get(split, (None, None))
-        if cached_key != key or loader is None:  # (no loader when none is cached: the key differs)
-            check_fits(self.plans[split], self.world_size)  # also for a split `explain` planned
-            self._drop_loader(split)
-            pin = self._pin()
-            dataset = LanceIterableDataset(
-                self.plans[split],
-                world_size=self.world_size,
-                rank=self.global_rank,
-                transform=self.transform,
-                fill_nulls=self.fill_nulls,
-                reader_threads=self.reader_threads,
-                prefetch_groups=self.prefetch_groups,
-                prefetch_batches=self.prefetch_batches,
-                take_group_bytes=self.take_group_bytes,
-                bad_rows=self.bad_rows,
-                retry=self.retry,
-                row_identity=split in self.identity_splits
-                and not (self.identity_by_default and identity_problem(split, self.plans[split])),
-                position_shifts=self.position_shifts.get(split),
-            )
-            train, trainer = split == "train", self.trainer
-            device, model = (trainer.strategy.root_device, trainer.lightning_module) if trainer else (None, None)
-            loader = LanceDataLoader(
-                dataset,
-                cursor=self.train_cursor if train else None,
-                # Without a trainer the loader counts its own iterations (eval splits read epoch order 0).
-                trainer=self.trainer if train else None,
-                num_workers=self.num_workers,
-                persistent_workers=self.persistent_workers,
-                pin_memory=pin,
-                prefetch_factor=self.prefetch_factor,
-                multiprocessing_context=self.multiprocessing_context,
-                device_path=self.device_stage.path(self.plans[split], device, model),  # ahead or in the hooks
-            )
-            self._loaders[split] = (key, loader)
-        return loader
-
-    def _pin(self) -> bool:
-        if self.pin_memory is not None:
-            return self.pin_memory and torch.cuda.is_available()
-        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        plan = self.plans[split]
+        return self.loaders.get(
+            split,
+            plan,
+            self.trainer,
+            self.world_size,
+            self.global_rank,
+            cursor=self.train_cursor,
+            row_identity=split in self.identity_splits
+            and not (self.identity_by_default and identity_problem(split, plan)),
+            position_shifts=self.split_plans.position_shifts.get(split),
+        )
 
     def teardown(self, stage: str) -> None:
         """Release the side copy stream and the reader threads (restarted on the next iteration);
         after a fit that ended normally, the tags holding its versions."""
         self.device_transfer.stop()
-        for _, loader in self._loaders.values():
-            loader.dataset.pools.stop()
+        self.loaders.stop()
         if getattr(stage, "value", stage) == "fit":
             self.version_hold.finish_fit()
 

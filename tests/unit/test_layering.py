@@ -40,6 +40,7 @@ STAGES: list[tuple[str, ...]] = [
     ("cursor",),  # the loader advances the cursor; the data module restores it
     ("load",),
     ("hold", "arguments", "hparams"),
+    ("split_plans", "split_loaders"),  # the data module's splits: each one's plan, each one's loader
     ("datamodule",),
     ("callbacks",),
     ("cli",),
