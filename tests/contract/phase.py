@@ -308,6 +308,8 @@ def data_arguments(
         data["transform"] = {"class_path": "tests.worker_probe.WidenRows"}
         if scenario.wide_bytes is not None:
             data["transform"]["init_args"] = {"batch_bytes": scenario.wide_bytes, "min_width": 1}
+    if scenario.lose and not reference:  # the workers lose every trial of the race: it tries them again
+        data["transform"] = {"class_path": "tests.worker_probe.SlowInWorkers", "init_args": {"wait_for_server": True}}
     if scenario.clips is not None:
         data["clips"] = {"class_path": "lance_lightning.VideoClips", "init_args": truth.clip_arguments(scenario.clips)}
     if scenario.packing is not None:

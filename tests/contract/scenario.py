@@ -16,7 +16,10 @@ Guarantees:
   run's remote cache (on, off, changed on resume, a limit the split exceeds; `tests.contract.store`)
   the compute-floor replay probe (`tests.contract.replay`) and "prepare, then fit" (table 0 given
   as a Parquet folder that the first fit's ``prepare_data`` prepares, after a SIGKILLed prepare;
-  `_prepare`, `tests.contract.prepared`), each from its own random stream.
+  `_prepare`, `tests.contract.prepared`), each from its own random stream; with workers, whether
+  they start while this process reads, who reads (forced or raced: ``worker_choice``) and, raced
+  (without packing or clips), a transform whose workers lose every trial, so the race tries them
+  again after 1, 2, 4, ... epochs (``lose``, ``f"{seed}-lose"``).
 - Video clips (`Clips`, ``f"{seed}-clips"``: about 17% of scenarios, never with packing): small
   blob video tables (6-16 videos of 40-64 frames at 16x16, fragments, deleted rows), filters on
   ``id``/``label`` (one matching nothing: a clear error), a mixture of 2-3 sources over them
@@ -297,6 +300,11 @@ class Scenario:
     #: delivered), ``"race"`` (measured; either outcome); None: the suite's default, the workers
     #: (tests/conftest.py); absent from the JSON.
     worker_choice: str | None = None
+    #: With ``worker_choice="race"``: a transform the workers lose every trial with
+    #: (`tests.worker_probe.SlowInWorkers`), so the race tries them again after 1, 2, 4, ... epochs
+    #: read in process (`lance_lightning.load.race.Race.retrial_due`); None: no transform; absent
+    #: from the JSON.
+    lose: bool | None = None
 
     @property
     def sources(self) -> list[Source]:
@@ -347,7 +355,7 @@ SMALL_WIDE_BYTES = 96 * 1024
 #: Fields of `Scenario` left out of the JSON when None.
 _LATER_FIELDS = (
     "store", "replay", "prepare", "clips", "wide", "handoff", "wide_bytes", "ingest", "writing", "media", "fit",
-    "worker_choice",
+    "worker_choice", "lose",
 )  # fmt: skip
 #: Fields added to a part of `Scenario` later, left out of the JSON while at their default (so
 #: that every scenario written before them reads and writes the same line).
@@ -460,7 +468,21 @@ def generate(seed: int) -> Scenario:
         scenario = replace(scenario, handoff=False)
     elif workers and not scenario.wide and (draw := random.Random(f"{seed}-choice").random()) < 0.4:
         scenario = replace(scenario, worker_choice="in_process" if draw < 0.25 else "race")
+    if scenario.worker_choice == "race" and packing is None and clips is None:  # its own stream: added later
+        scenario = _lose(random.Random(f"{seed}-lose"), scenario)
     return draw_parts(seed, _prepare(random.Random(f"{seed}-prepare"), scenario))
+
+
+def _lose(rng: random.Random, scenario: Scenario) -> Scenario:
+    """Raced workers that lose every trial (``lose``), 6 in 10 times; a resumed run that would stop
+    at `Loop.epochs` then runs 3 epochs more, so that a trial lost in its first epochs is followed
+    by a whole epoch read in process and a second trial (`lance_lightning.load.race.Race.retrial_due`)."""
+    if rng.random() >= 0.6:
+        return scenario
+    resume = scenario.resume
+    if resume.max_epochs is None and resume.max_steps is None and resume.max_time is None:
+        resume = replace(resume, max_epochs=scenario.loop.epochs + 3)
+    return replace(scenario, lose=True, resume=resume)
 
 
 def _table(rng: random.Random, index: int, tokens: bool) -> Table:
