@@ -4,12 +4,9 @@ uninterrupted run without predicting its finished fragments again."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +14,7 @@ import lance
 import numpy as np
 import pytest
 
+from tests import zygote
 from tests.harness import REPO_ROOT, subprocess_env
 from tests.predict_writer_model import embedding_of, write_rows
 
@@ -25,23 +23,20 @@ WORKER = str(REPO_ROOT / "tests" / "predict_writer_model.py")
 
 
 def _run(uri: str, run_dir: Path, kill_after: int | None = None, scale: float = 1.0, check: bool = True) -> int:
-    """One launch of the worker on 2 ranks; with ``kill_after``, rank zero kills itself and the
-    surviving rank (left waiting at a barrier) is ended with the launch's session."""
+    """One launch of the worker on 2 ranks, rank zero forked from the test zygote (`tests.zygote`:
+    the process a fresh start gives, less the imports; Lightning starts rank one fresh) in its own
+    session; with ``kill_after``, rank zero kills itself and the surviving rank (left waiting at a
+    barrier) is ended with the launch's session."""
     command = [sys.executable, WORKER, uri, str(run_dir), "2", str(kill_after or 0), str(scale)]
     log = run_dir.parent / f"launch{kill_after or ''}-{scale}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            command, cwd=REPO_ROOT, env=subprocess_env(), start_new_session=True, stdout=out, stderr=subprocess.STDOUT
-        )
-        try:
-            proc.wait(timeout=300)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+    done = zygote.run_in_session(command, cwd=REPO_ROOT, env=subprocess_env(), timeout=300)
+    log.write_text(done.output)
+    if done.timed_out:
+        pytest.fail(f"hung: {' '.join(command)}\n{done.output[-4000:]}")
     if kill_after is None and check:
-        assert proc.returncode == 0, log.read_text()[-6000:]
-    return proc.returncode
+        assert done.returncode == 0, done.output[-6000:]
+    return done.returncode
 
 
 def _predicted(run_dir: Path) -> list[int]:
