@@ -3,7 +3,8 @@
 A view is a local Lance dataset holding exactly the rows a source selects (its filter), only its
 columns, optionally pre-shuffled with a seed, at one pinned source version. Training then reads
 local files at disk speed, every epoch and every later run, while the source version is unchanged.
-The copy itself is `lance_lightning.materialize.copy`, disk space `lance_lightning.materialize.space`
+Making one view (its key, the copy, its manifest) is `lance_lightning.materialize.build`, the
+copy itself `lance_lightning.materialize.copy`, disk space `lance_lightning.materialize.space`
 and the command line `lance_lightning.cli.materialize` (``lance-lightning materialize``).
 
 Layout of ``cache_dir``::
@@ -15,19 +16,15 @@ Layout of ``cache_dir``::
     <key>.lock             serialises processes materializing the same view
 
 Guarantees:
-- The key is a hash of (source URI, storage endpoint, pinned version and its timestamp, columns,
-  filter, shuffle seed): never of credentials. Storage options are used to read and are never
-  written, logged or hashed.
-- Atomic: rows are written under ``<key>.partial-<pid>/``; the finished dataset is renamed to
-  ``<key>.lance`` in one ``rename``, and only then is ``<key>.json`` written (atomically, via a
-  temporary file). A view counts as complete only when both exist, the manifest's source version
-  matches and the row count agrees, so an interrupted copy never looks complete.
-- Bound to its files: the manifest records every file of the view with its size and SHA-256,
-  taken right after the copy (`lance_lightning.materialize.copy.bind_files`; it adds about 0.6 s
-  per GB to a copy, whose files are still in the page cache). Every reuse checks, before any row
-  is read, the file set and each size (``stat`` only) and re-reads by SHA-256 each file that
-  changed on disk since its checksum was last confirmed (its inode, mtime or ctime differ: any
-  write, truncation, replacement or ``touch`` changes the ctime). ``verify="checksum"`` re-reads
+- The key is a hash of the view's identity, never of credentials; a view is written atomically,
+  bound to its files (size and SHA-256 in its manifest), resumably, and a full disk leaves
+  nothing behind (`lance_lightning.materialize.build`). A view counts as complete only when both
+  ``<key>.lance`` and ``<key>.json`` exist, the manifest's source version matches and the row
+  count agrees, so an interrupted copy never looks complete.
+- Checked before reuse: every reuse checks, before any row is read, the file set and each size
+  (``stat`` only) and re-reads by SHA-256 each file that changed on disk since its checksum was
+  last confirmed (its inode, mtime or ctime differ: any write, truncation, replacement or
+  ``touch`` changes the ctime). ``verify="checksum"`` re-reads
   every file once per process (0.6-0.9 s per GB from the page cache, 1.3-1.4 s per GB from disk,
   measured on a 2-core VM; another rank's full check of unchanged files made since this process
   started counts): it also catches damage below the file system (a disk's bit rot), which
@@ -39,10 +36,6 @@ Guarantees:
   cause and the option (``cache_param``: ``materialize.cache_dir``, ``remote_cache.directory``),
   without Lance's traceback; the damaged view is gone, so a rerun copies it once what stopped
   the copy (an unreachable source, a full disk) is fixed.
-- Resumable: rows are appended in commits of ``chunk_rows`` rows. A rerun after an interruption
-  (crash, SIGKILL, Ctrl-C, network failure) adopts the partial copy and continues after its last
-  committed chunk; the result is the same as an uninterrupted copy (``resumed_from_rows`` in the
-  manifest says how many rows were adopted).
 - Reuse: with a complete view for the key, ``materialize`` returns it without copying any rows
   (it only opens the source to pin its version). A new source version (or other columns, filter
   or seed) gives a new key and a new view; old views are kept (delete them from ``cache_dir``
@@ -52,10 +45,6 @@ Guarantees:
 - Pre-shuffle (``shuffle_seed``): same seed, same order; the rows are a permutation of the
   selected rows.
 - Transient read errors are retried per chunk; retries are counted in ``ViewResult.stats``.
-- Disk full: if the estimated size does not fit in the free space, or a write runs out of space
-  (ENOSPC, EDQUOT or the file size limit), `MaterializeError` says ``no space left while
-  materializing <uri> (version V) into <dir>: <what to do> (<the system's message>); no view was
-  left behind``, and the partial copy is deleted: no view, manifest or partial directory is left.
 - `MaterializedView.reopen` finds a complete view by its path (a checkpoint's cursor names the
   view it was read from), so a run can resume on it after the source moved on; it checks the view
   as a reuse does, and copies a damaged one again from the source version it recorded.
@@ -64,47 +53,23 @@ Guarantees:
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
-import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import lance
-
 from lance_lightning.checks import check_int
 from lance_lightning.errors import ConfigError
-from lance_lightning.materialize.copy import (
-    ViewCopier,
-    WriterLock,
-    adopt_partial,
-    bind_files,
-    tree_bytes,
-)
-from lance_lightning.materialize.integrity import (
-    FORMAT,
-    VERIFY_MODES,
-    cannot_copy_again,
-    check_verify,
-    check_view,
-    write_manifest,
-)
-from lance_lightning.materialize.space import (
-    MaterializeError,
-    check_space,
-    estimate_view_bytes,
-    out_of_space_errno,
-    space_error,
-)
+from lance_lightning.materialize.build import cache_root, make_view, view_identity, view_key
+from lance_lightning.materialize.copy import WriterLock
+from lance_lightning.materialize.integrity import VERIFY_MODES, check_verify, check_view
+from lance_lightning.materialize.space import MaterializeError
 from lance_lightning.plan.rowset import RowSet
 from lance_lightning.read.retry import DEFAULT_POLICY, RetryPolicy
-from lance_lightning.source import LanceSource, PinnedSource, pin_source
+from lance_lightning.source import LanceSource, pin_source
 from lance_lightning.vocabulary import SPLITS
 
 __all__ = [
@@ -119,8 +84,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The format hashed into a view's key: unchanged, so a view keeps its path (a checkpoint names it).
-_KEY_FORMAT = 1
 #: Rows per commit: the unit of resumption.
 DEFAULT_CHUNK_ROWS = 131_072
 
@@ -214,7 +177,7 @@ class MaterializedView:
         source at the version it recorded, or a `ConfigError` names it when that cannot be done.
         """
         view = Path(view_uri)
-        root = _cache_root(self.cache_dir, "materialize.cache_dir")
+        root = cache_root(self.cache_dir, "materialize.cache_dir")
         if view.suffix != ".lance" or view.parent != root:
             return None
         manifest_path = view.with_suffix(".json")
@@ -341,11 +304,11 @@ def materialize_view(
     )
     pinned = pin_source(wanted, param)
     dataset = pinned.open()
-    identity = _identity(pinned, dataset, shuffle_seed)
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
+    identity = view_identity(pinned, dataset, shuffle_seed)
+    key = view_key(identity)
     if cache_param is None:
         cache_param = "cache_dir" if param == "materialize" else "materialize.cache_dir"
-    root = _cache_root(config.cache_dir, cache_param)
+    root = cache_root(config.cache_dir, cache_param)
     view, manifest_path = root / f"{key}.lance", root / f"{key}.json"
     with WriterLock(root / f"{key}.lock"):
         found = check_view(view, manifest_path, pinned, verify)
@@ -364,73 +327,23 @@ def materialize_view(
                 pinned.version,
                 damaged,
             )
-        _remove_stale(view, manifest_path, root, key, quiet=damaged is not None)
-        try:
-            copier = ViewCopier(
-                pinned,
-                dataset,
-                shuffle_seed=shuffle_seed,
-                chunk_rows=chunk_rows,
-                retry=retry or DEFAULT_POLICY,
-                on_chunk=on_chunk,
-                filter_param=f"{param}.filter",
-                matched_rows=matched_rows,
-                matches=matches,
-            )
-            needed = estimate_view_bytes(pinned, dataset, copier.rows, staged=shuffle_seed is not None)
-            work = adopt_partial(root, key, owner=str(os.getpid()))
-        except ConfigError:
-            raise
-        except Exception as error:
-            if damaged is None:
-                raise
-            raise cannot_copy_again(view, pinned, damaged, error, cache_param, root) from None
-        try:
-            check_space(pinned, root, needed - tree_bytes(work))
-            view_rows, resumed = copier.run(work)
-            os.rename(work / "view.lance", view)  # complete, but not a view until its manifest exists
-            files, stamps = bind_files(view)
-            manifest = {
-                "format": FORMAT,
-                "key": key,
-                "view": str(view),
-                "source": {
-                    "uri": pinned.uri,
-                    "version": pinned.version,
-                    "version_timestamp": identity["version_timestamp"],
-                    "columns": list(pinned.columns),
-                    "filter": pinned.filter,
-                },
-                "columns": list(pinned.columns),
-                "filter": pinned.filter,
-                "shuffle_seed": shuffle_seed,
-                "rows": view_rows,
-                "bytes": tree_bytes(view),
-                "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds"),
-                "copy_seconds": round(time.perf_counter() - started, 3),
-                "resumed_from_rows": resumed,
-                "files": files,
-                "checked": {"at": time.time(), "full": True, "stamps": stamps},
-            }
-            write_manifest(manifest_path, manifest)  # the commit point of the view
-        except MaterializeError as error:
-            shutil.rmtree(work, ignore_errors=True)
-            if damaged is None:
-                raise
-            raise cannot_copy_again(view, pinned, damaged, error, cache_param, root) from None
-        except BaseException as error:  # noqa: BLE001 - out of space is turned into a clear error
-            code = out_of_space_errno(error)
-            if code is None:
-                if damaged is None or not isinstance(error, Exception):
-                    raise  # anything else keeps the partial copy: a rerun resumes it
-                raise cannot_copy_again(view, pinned, damaged, error, cache_param, root) from None
-            shutil.rmtree(work, ignore_errors=True)
-            _remove_stale(view, manifest_path, root, key)
-            failure = space_error(pinned, root, needed, error, code)
-            if damaged is None:
-                raise failure from error
-            raise cannot_copy_again(view, pinned, damaged, failure, cache_param, root) from None
-        shutil.rmtree(work, ignore_errors=True)
+        manifest, resumed, copier = make_view(
+            pinned,
+            dataset,
+            identity,
+            root,
+            key,
+            started=started,
+            damaged=damaged,
+            cache_param=cache_param,
+            param=param,
+            shuffle_seed=shuffle_seed,
+            chunk_rows=chunk_rows,
+            retry=retry or DEFAULT_POLICY,
+            on_chunk=on_chunk,
+            matched_rows=matched_rows,
+            matches=matches,
+        )
     return ViewResult(
         str(view),
         manifest,
@@ -440,58 +353,3 @@ def materialize_view(
         chunks=copier.chunks,
         stats=copier.stats,
     )
-
-
-# -- identity and completeness ----------------------------------------------------------------
-def _cache_root(cache_dir: str, param: str) -> Path:
-    """The resolved cache directory, created if missing; ``param`` names it in the error."""
-    local = cache_dir[len("file://") :] if cache_dir.startswith("file://") else cache_dir
-    root = Path(local).expanduser().resolve()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(
-            param,
-            str(root),
-            f"the directory cannot be created ({error.strerror or error})",
-            "choose a writable local directory",
-        ) from None
-    return root
-
-
-def _identity(pinned: PinnedSource, dataset: lance.LanceDataset, shuffle_seed: int | None) -> dict[str, Any]:
-    """Everything that determines a view's content. No credentials: only endpoint-like options."""
-    stamp: str | None
-    try:
-        timestamp = dataset.get_version()["timestamp"]
-        stamp = timestamp.isoformat() if isinstance(timestamp, dt.datetime) else str(timestamp)
-    except Exception:  # noqa: BLE001 - older Lance: the version number alone
-        stamp = None
-    options = pinned.storage_options or {}
-    endpoint = next((str(v) for k, v in sorted(options.items()) if "endpoint" in k.lower()), None)
-    if endpoint is None and "://" in pinned.uri:
-        endpoint = os.environ.get("AWS_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
-    return {
-        "format": _KEY_FORMAT,
-        "uri": pinned.uri,
-        "endpoint": endpoint,
-        "version": pinned.version,
-        "version_timestamp": stamp,
-        "columns": list(pinned.columns),
-        "filter": pinned.filter,
-        "shuffle_seed": shuffle_seed,
-    }
-
-
-def _remove_stale(view: Path, manifest_path: Path, root: Path, key: str, quiet: bool = False) -> None:
-    """Remove a view without a valid manifest (a crash between rename and manifest), or a damaged
-    one (``quiet``: the caller said why), and temp files. The manifest goes first: without it a
-    view is never read."""
-    if manifest_path.exists():
-        manifest_path.unlink()
-    if view.exists():
-        if not quiet:
-            log.warning("removing the incomplete view %s (no valid manifest)", view)
-        shutil.rmtree(view, ignore_errors=True)
-    for tmp in root.glob(f"{key}.json.tmp-*"):
-        tmp.unlink(missing_ok=True)
