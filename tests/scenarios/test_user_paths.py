@@ -33,6 +33,7 @@ from lance_lightning import (
     WorkerDiedError,
 )
 from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
+from tests import zygote
 from tests.helpers import RecordingModel, append_rows, flat, write_dataset
 from tests.worker_probe import KillOnRow, ToTuple
 
@@ -125,15 +126,11 @@ def _in_step_order(records: list[dict[str, Any]]) -> list[int]:
 @pytest.mark.slow
 def test_predict_on_two_ranks_writes_every_row_once(tmp_path: Path, predict_uri: str) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tests" / "predict_worker.py"), str(out), predict_uri, "50"],
-        cwd=REPO_ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    # Rank 0 forked from the test zygote (the process a fresh start gives, less the imports; Lightning
+    # starts rank 1 fresh) in its own session, ended with every rank after the run.
+    command = [sys.executable, str(REPO_ROOT / "tests" / "predict_worker.py"), str(out), predict_uri, "50"]
+    done = zygote.run_in_session(command, cwd=REPO_ROOT, env=_env(), timeout=300)
+    assert not done.timed_out and done.returncode == 0, done.output[-6000:]
     records = _rank_records(out)
     assert [r["world_size"] for r in records] == [2, 2]
     # 301 rows: 3 steps of 2 x 50, then row 300 on rank 0; rank 1 has one batch fewer, no padding.
@@ -161,11 +158,10 @@ data:
   predict: {{uri: {predict_uri}, columns: [id, x]}}
   batch_size: 64
 """)
-    proc = subprocess.run(
+    proc = zygote.run(  # forked from the test zygote: the process a fresh start gives, less the imports
         [sys.executable, "-m", "lance_lightning.cli", "predict", "--config", str(config)],
         cwd=REPO_ROOT,
         env=_env(),
-        capture_output=True,
         text=True,
         timeout=300,
     )
