@@ -32,6 +32,8 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 
+from tests import zygote
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = REPO_ROOT / "configs" / "gpt_mixture.yaml"
 IGNORE = -100
@@ -249,7 +251,8 @@ def _config(corpus: Path, tmp_path: Path, every: int, mixture: bool) -> Path:
     return path
 
 
-def _launch(config: Path, cwd: Path, record: Path, *args: str) -> subprocess.Popen:
+def _command(config: Path, cwd: Path, record: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    """``lance-lightning fit`` of ``config`` recording its windows in ``record``, and its environment."""
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     if env.pop("PYTHONDONTWRITEBYTECODE", None):  # see tests/scenarios/test_ddp.py
@@ -259,20 +262,25 @@ def _launch(config: Path, cwd: Path, record: Path, *args: str) -> subprocess.Pop
     command += ["--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false", *args]
     command += [f"--trainer.callbacks+={json.dumps(recorder)}"]
     cwd.mkdir(parents=True, exist_ok=True)
+    return command, env
+
+
+def _launch(config: Path, cwd: Path, record: Path, *args: str) -> subprocess.Popen:
+    """The fit in a fresh process of its own session (a test SIGKILLs it midway)."""
+    command, env = _command(config, cwd, record, *args)
     return subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
 
 
-def _finish(proc: subprocess.Popen) -> str:
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # our own session: every rank
-        output, _ = proc.communicate()
-        raise AssertionError(f"fit hung\n{output[-4000:]}") from None
-    assert proc.returncode == 0, output[-6000:]
-    return output
+def _fit_to_end(config: Path, cwd: Path, record: Path, *args: str) -> str:
+    """The fit run to its end in its own session, forked from the test zygote (`tests.zygote`: the
+    process a fresh start gives, less the imports); its output."""
+    command, env = _command(config, cwd, record, *args)
+    done = zygote.run_in_session(command, cwd=cwd, env=env, timeout=TIMEOUT_S)  # every rank killed after it
+    assert not done.timed_out, f"fit hung\n{done.output[-4000:]}"
+    assert done.returncode == 0, done.output[-6000:]
+    return done.output
 
 
 def _kill_and_resume(config: Path, tmp_path: Path, every: int) -> dict[str, Any]:
@@ -296,12 +304,12 @@ def _kill_and_resume(config: Path, tmp_path: Path, every: int) -> dict[str, Any]
     before = [r for r in _records(tmp_path / "rec_killed") if r["step"] < every]
     assert sorted({r["step"] for r in before}) == list(range(every)) and len(before) == 2 * every
 
-    _finish(_launch(config, tmp_path / "resumed", tmp_path / "rec_resumed", f"--ckpt_path={checkpoint}"))
+    _fit_to_end(config, tmp_path / "resumed", tmp_path / "rec_resumed", f"--ckpt_path={checkpoint}")
     after = _records(tmp_path / "rec_resumed")
     assert after and after[0]["step"] == every, "training did not continue at the checkpoint's step"
     assert [r["step"] for r in after] == list(range(every, every + len(after)))
 
-    _finish(_launch(config, tmp_path / "whole", tmp_path / "rec_whole"))
+    _fit_to_end(config, tmp_path / "whole", tmp_path / "rec_whole")
     whole = _records(tmp_path / "rec_whole")
     trained = Counter(w for r in before + after for w in r["windows"])
     expected = Counter(w for r in whole for w in r["windows"])
