@@ -70,15 +70,17 @@ class SlowInWorkers:
     """Adds ``pid`` like `RecordProcess`; sleeps ``main_s`` a batch outside DataLoader workers and
     ``worker_s`` a batch in them, so that the workers lose every trial of the race whatever the
     load: the race counts a transform's seconds as time that may hold the GIL (it cannot tell a
-    sleep from Python code), so with ``main_s`` above the training step's time the measured share
+    sleep from Python code), so with ``main_s`` well above the rest of the loop's cycle (the share
+    must stay above 2/3 for 2 workers: a 2-rank DDP fit at load 10 cycled at 34 ms a batch, which
+    with 20 ms left a share of 0.75 at a retrial and below 2/3 in another run) the measured share
     opens its gate (`lance_lightning.load.race.Race.may_start_workers`), while the workers, at
     ``worker_s / num_workers`` a batch, deliver slower than this process by far more than
     `lance_lightning.load.race.MARGIN`. Sleeping (not spinning) costs no core on a loaded machine,
     and a sleep's seconds do not stretch with the load as a step's do: both sides' rates are
-    bounded by the same training loop, and two workers at 50 ms a batch never deliver 1.15x a
-    process at 20 ms. `worker_trials` and `check_retrial_schedule` read the trials off a fit's steps."""
+    bounded by the same training loop, and two workers at 100 ms a batch never deliver 1.15x a
+    process at 40 ms. `worker_trials` and `check_retrial_schedule` read the trials off a fit's steps."""
 
-    def __init__(self, main_s: float = 0.02, worker_s: float = 0.1, wait_for_server: bool = False) -> None:
+    def __init__(self, main_s: float = 0.04, worker_s: float = 0.2, wait_for_server: bool = False) -> None:
         self.main_s = main_s
         self.worker_s = worker_s
         #: On its first call in the training process, wait for the fork server the data module

@@ -3,10 +3,10 @@ process (`lance_lightning.load.race.Race.retrial_due`), as users get it: ``lance
 in a subprocess with the race as shipped (``LANCE_LIGHTNING_WORKER_CHOICE`` removed from the
 environment), ``num_workers: 2``, persistent workers, on one process and on 2 DDP ranks (gloo).
 
-The transform (`tests.worker_probe.SlowInWorkers`) sleeps 20 ms a batch in the training process
-(a share of the loop's time that opens the race's gate) and 0.1 s a batch in a worker, so the
+The transform (`tests.worker_probe.SlowInWorkers`) sleeps 40 ms a batch in the training process
+(a share of the loop's time that opens the race's gate) and 0.2 s a batch in a worker, so the
 workers lose every trial whatever the machine's load: both sides' rates are bounded by the same
-loop, and two workers at 50 ms a batch never deliver 1.15x a process at 20 ms. The model
+loop, and two workers at 100 ms a batch never deliver 1.15x a process at 40 ms. The model
 (`RetrialLog`) waits at ``on_train_start`` for the fork server the data module started at
 ``setup`` (the package's own `WorkerStart`, as the loader waits for it), so the first trial
 comes in the first epoch rather than after seconds of imports; the race is otherwise as shipped.
@@ -36,7 +36,7 @@ from tests.worker_probe import check_retrial_schedule, worker_trials
 
 ROWS, BATCH = 448, 8  # 56 batches an epoch on one process; 28 a rank on two (batch 4 there: 56)
 EPOCHS = 7
-SLOW = "{class_path: tests.worker_probe.SlowInWorkers, init_args: {main_s: 0.02, worker_s: 0.1}}"
+SLOW = "{class_path: tests.worker_probe.SlowInWorkers, init_args: {main_s: 0.04, worker_s: 0.2}}"
 #: What the report says of a race whose workers lost every trial (`Race.describe(done=True)`).
 LOST = ": the training process read (in process "
 

@@ -417,8 +417,8 @@ class ServerWaiting(PidRecorder):
 def test_workers_that_lose_their_trial_are_tried_again_at_later_epochs_in_a_fit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A measured race (not forced) whose workers lose every trial (`SlowInWorkers`: 20 ms a batch
-    in this process, a share that lets workers start; 0.1 s a batch in a worker), 7 epochs of 56
+    """A measured race (not forced) whose workers lose every trial (`SlowInWorkers`: 40 ms a batch
+    in this process, a share that lets workers start; 0.2 s a batch in a worker), 7 epochs of 56
     batches: each trial after the first begins 1, then 2 whole epochs after the epoch the one before
     was lost in (the first is lost in epoch 0 on an idle machine: trials in epochs 0, 2 and 5), none
     due is missing, at least three trials run, each ends back in this process, every epoch trains
