@@ -6,7 +6,6 @@ in the CLI, and a checkpoint of another mixture refused naming the field."""
 from __future__ import annotations
 
 import csv
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from lance_lightning import (
     LanceSource,
     RowShuffle,
 )
+from tests import zygote
 from tests.harness import REPO_ROOT, Job, Setup, run_and_check_resume
 from tests.helpers import RecordingModel, make_table, mixture_cli_config
 
@@ -198,10 +198,9 @@ def test_cli_yaml_mixture_by_class_path_and_plain_mapping(tmp_path):
     plain = f"  train: {{uri: {a}, columns: [id, x]}}"
     for train, expect in ((mixture, "mixture of 2 sources"), (plain, f"split 'train': {a}")):
         config = mixture_cli_config(tmp_path, train, a)
-        proc = subprocess.run(
+        proc = zygote.run(  # forked from the test zygote: the process a fresh start gives, less the imports
             [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)],
             cwd=REPO_ROOT,
-            capture_output=True,
             text=True,
             timeout=300,
         )
