@@ -1,8 +1,9 @@
 """Where Lightning's loop meets the loader's length and position: every resume trains what the
 uninterrupted run trains, whatever checkpoint it resumes from (issue #37, items 1-3).
 
-Each test runs real ``Trainer.fit`` calls on a real Lance dataset: an uninterrupted run, then a
-stopped run resumed with ``ckpt_path``, and compares the ids of every training step, in order.
+Each test runs real ``Trainer.fit`` calls on a real Lance dataset: an uninterrupted run (fitted
+once per set of trainer options for the module's tests: `whole_run`), then a stopped run resumed
+with ``ckpt_path``, and compares the ids of every training step, in order.
 - A fractional (or count) ``limit_train_batches`` resumed from the last batch of a limited epoch,
   from a periodic, an epoch-end or a ``trainer.save_checkpoint`` checkpoint, with and without
   ``max_steps`` in the resumed run (Lightning carries the batch count into the next epoch then).
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from tests.harness import make_dm
 from tests.helpers import RecordingModel, run_cli_process, run_ddp_script, write_dataset
 
 ROWS, BATCH = 600, 10  # 60 batches per epoch
+CLI_ROWS = 200  # the CLI test's dataset: 20 batches per epoch
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +76,23 @@ def _fit(root: Path, uri: str, *, ckpt: Path | None = None, dm: Any = None, **kw
     return model.seen
 
 
+@pytest.fixture(scope="module")
+def whole_run(uri: str, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[list[int]]]:
+    """``whole_run(**trainer_options)``: the batches of an uninterrupted `_fit` with those options,
+    the oracle of a resume. Fitted once per set of options for the module's tests (a fit is
+    deterministic: the same dataset, shuffle seed and options train the same batches in the same
+    order); each call gets its own copy."""
+    root, runs = tmp_path_factory.mktemp("whole"), {}
+
+    def run(**kwargs: Any) -> list[list[int]]:
+        key = tuple(sorted(kwargs.items()))
+        if key not in runs:
+            runs[key] = _fit(root / f"run{len(runs)}", uri, **kwargs)
+        return [list(batch) for batch in runs[key]]
+
+    return run
+
+
 def _stopped(root: Path, uri: str, kind: str, **kwargs: Any) -> tuple[list[list[int]], Path]:
     """A stopped first run and the checkpoint of kind ``kind`` it wrote at its last step."""
     model, dm = RecordingModel(), make_dm(uri, "row:3", batch_size=BATCH)
@@ -91,11 +111,11 @@ def _stopped(root: Path, uri: str, kind: str, **kwargs: Any) -> tuple[list[list[
 @pytest.mark.parametrize("kind", ["periodic", "last", "saved"])
 @pytest.mark.parametrize("resume_max_steps", [-1, 1000], ids=["epochs", "with_max_steps"])
 def test_a_limited_epoch_resumed_at_its_last_batch_trains_every_later_epoch_whole(
-    tmp_path: Path, uri: str, limit: float, kind: str, resume_max_steps: int
+    tmp_path: Path, uri: str, whole_run: Callable[..., list[list[int]]], limit: float, kind: str, resume_max_steps: int
 ) -> None:
     """Issue #37.1: ``limit_train_batches=0.5`` resumed from the checkpoint of the limited epoch's last
     step trained 30 of the next epoch's 60 batches (the loader's length counted the carried index)."""
-    whole = _fit(tmp_path / "whole", uri, max_epochs=3, limit_train_batches=limit)
+    whole = whole_run(max_epochs=3, limit_train_batches=limit)
     per_epoch = len(whole) // 3
     first, ckpt = _stopped(tmp_path / "a", uri, kind, max_epochs=1, limit_train_batches=limit, every=per_epoch)
     assert len(first) == per_epoch
@@ -119,13 +139,19 @@ class StopAtStep(pl.Callback):
 @pytest.mark.parametrize("max_epochs", [1, 2])
 @pytest.mark.parametrize("stop", ["max_steps", "max_time"])
 def test_a_max_steps_stop_resumed_under_max_epochs_trains_the_rest_of_the_stopped_epoch(
-    tmp_path: Path, uri: str, kind: str, max_epochs: int, stop: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    uri: str,
+    whole_run: Callable[..., list[list[int]]],
+    kind: str,
+    max_epochs: int,
+    stop: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Issue #37.3: Lightning counts an epoch stopped by ``max_steps`` (or ``max_time``: the
     ``Timer`` sets ``should_stop``) as finished; resumed from ``last.ckpt`` under ``max_epochs: 2``
     the package read one data epoch and a fraction, under ``max_epochs: 1`` nothing while promising
     35 more steps."""
-    whole = _fit(tmp_path / "whole", uri, max_epochs=max_epochs)
+    whole = whole_run(max_epochs=max_epochs)
     limit: dict[str, Any] = dict(max_steps=25) if stop == "max_steps" else dict(callbacks=[StopAtStep(25)])
     first, ckpt = _stopped(tmp_path / "a", uri, kind, max_epochs=5, every=25, **limit)
     assert len(first) == 25
@@ -137,8 +163,10 @@ def test_a_max_steps_stop_resumed_under_max_epochs_trains_the_rest_of_the_stoppe
 
 
 @pytest.mark.parametrize("kind", ["last", "saved"])
-def test_a_max_steps_stop_resumed_under_max_steps_follows_on(tmp_path: Path, uri: str, kind: str) -> None:
-    whole = _fit(tmp_path / "whole", uri, max_steps=100, max_epochs=-1)
+def test_a_max_steps_stop_resumed_under_max_steps_follows_on(
+    tmp_path: Path, uri: str, whole_run: Callable[..., list[list[int]]], kind: str
+) -> None:
+    whole = whole_run(max_steps=100, max_epochs=-1)
     first, ckpt = _stopped(tmp_path / "a", uri, kind, max_steps=25, max_epochs=5)
     rest = _fit(tmp_path / "b", uri, ckpt=ckpt, max_steps=100, max_epochs=-1)
     assert first + rest == whole
@@ -159,7 +187,7 @@ def test_a_resume_that_trains_nothing_says_so_and_promises_no_step(
 
 @pytest.mark.parametrize("between", [(), ("validate", "test", "predict")], ids=["fit_only", "eval_calls"])
 def test_a_second_fit_of_one_data_module_trains_what_a_fresh_one_trains(
-    tmp_path: Path, uri: str, between: tuple[str, ...]
+    tmp_path: Path, uri: str, whole_run: Callable[..., list[list[int]]], between: tuple[str, ...]
 ) -> None:
     """Issue #37.2: the second fit reused the loader bound to the first trainer: 80 of 100 batches."""
     source = LanceSource(uri)
@@ -172,7 +200,7 @@ def test_a_second_fit_of_one_data_module_trains_what_a_fresh_one_trains(
     ckpt = tmp_path / "a" / "ckpt" / "step=20.ckpt"
     again = _fit(tmp_path / "b", uri, ckpt=ckpt, dm=dm, max_epochs=2)
     fresh = _fit(tmp_path / "c", uri, ckpt=ckpt, max_epochs=2)
-    whole = _fit(tmp_path / "whole", uri, max_epochs=2)
+    whole = whole_run(max_epochs=2)
     assert len(again) == 100
     assert again == fresh == whole[20:]
 
@@ -229,12 +257,13 @@ def _cli_fit(root: Path, config: Path, name: str, *args: str) -> tuple[list[Any]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("devices", [1, 2], ids=["one_process", "ddp"])
-def test_the_cli_resumes_a_max_steps_stop_from_last_ckpt_under_max_epochs(
-    tmp_path: Path, uri: str, devices: int
-) -> None:
+def test_the_cli_resumes_a_max_steps_stop_from_last_ckpt_under_max_epochs(tmp_path: Path, devices: int) -> None:
     """Issue #37.3 through ``lance-lightning fit`` in a subprocess (2-rank gloo DDP too): stopped by
     ``max_steps``, resumed from ``last.ckpt`` under ``max_epochs: 1`` it trains the rest of epoch 0
     (was: nothing, while promising the steps), under ``max_epochs: 3`` also epochs 1 and 2 whole."""
+    # 20 batches an epoch (10 per rank): each stop below is still mid-epoch 0, and each CLI fit
+    # trains a third of the steps the module's 600 rows would take.
+    uri = write_dataset(tmp_path / "cli.lance", CLI_ROWS, fragment_rows=50)
     config = _cli_config(tmp_path, uri, devices)
     whole, _ = _cli_fit(tmp_path, config, "whole", "--trainer.max_epochs=3")
     stop = 12 if devices == 1 else 7
@@ -350,13 +379,13 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("resume_max_steps", [-1, 1000], ids=["epochs", "with_max_steps"])
 @pytest.mark.parametrize("reload", [0, 2])
 def test_an_epoch_end_checkpoint_resumes_every_later_epoch_whole(
-    tmp_path: Path, uri: str, resume_max_steps: int, reload: int
+    tmp_path: Path, uri: str, whole_run: Callable[..., list[list[int]]], resume_max_steps: int, reload: int
 ) -> None:
     """``ModelCheckpoint``'s own epoch-end checkpoint (written in ``on_train_epoch_end``: the epoch
     processed, not yet completed), resumed with ``max_steps`` set: Lightning ran epoch 0 again and
     one data epoch was lost (found by the contract checker's soak, scenario 3726)."""
     loop = dict(reload_dataloaders_every_n_epochs=reload)
-    whole = _fit(tmp_path / "whole", uri, max_epochs=4, **loop)
+    whole = whole_run(max_epochs=4, **loop)
     model = RecordingModel()
     saving = ModelCheckpoint(dirpath=tmp_path / "a" / "ckpt", filename="{epoch}", save_top_k=-1)
     trainer = _trainer(
