@@ -5,7 +5,6 @@ configs/digits_embed.yaml`` writes a 32-float ``embedding`` into every row of ``
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,17 +12,15 @@ import lance
 import numpy as np
 import pytest
 
+from tests import zygote
 from tests.harness import REPO_ROOT, subprocess_env
 
 
 def _cli(cwd: Path, *args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "lance_lightning.cli", *args],
-        cwd=cwd,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=400,
+    """``lance-lightning ARGS`` in a subprocess, forked from the test zygote (`tests.zygote`: the
+    process a fresh start gives, less the imports)."""
+    proc = zygote.run(
+        [sys.executable, "-m", "lance_lightning.cli", *args], cwd=cwd, env=subprocess_env(), text=True, timeout=400
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc.stdout + proc.stderr
