@@ -23,6 +23,7 @@ from lance_lightning import ConfigError, LanceDataModule, LanceSource, NoShuffle
 from lance_lightning.materialize.copy import tree_bytes
 from lance_lightning.materialize.space import estimate_view_bytes
 from lance_lightning.source import pin_source
+from tests import zygote
 from tests.fault_proxy import FaultProxy
 from tests.harness import Job, Setup, assert_exact, ckpt_file, fit, run_and_check_resume, subprocess_env
 from tests.helpers import DAMAGE_KINDS, RecordingModel, damage_cached_copy, flat, make_table
@@ -216,10 +217,13 @@ def test_least_recently_used_copies_not_in_use_are_evicted(tmp_path: Path, s3: S
     directory = tmp_path / "cache"
     other = "s3://data/other.lance"
     lance.write_dataset(make_table(ROWS), other, storage_options=s3.storage_options(), max_rows_per_file=FILE_ROWS)
-    # A copy made by a process that has ended: nothing holds it.
-    subprocess.run(
-        [sys.executable, "-c", _MAKE_COPY, other, json.dumps(s3.storage_options()), str(directory)], check=True
-    )
+    # A copy made by a process that has ended: nothing holds it. The script runs in a process forked
+    # from the test zygote (`tests.zygote`: the process a fresh start gives, less the imports).
+    script = tmp_path / "make_copy.py"
+    script.write_text(_MAKE_COPY)
+    make_copy = [sys.executable, str(script), other, json.dumps(s3.storage_options()), str(directory)]
+    done = zygote.run(make_copy, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     (old,) = directory.glob("*.lance")
     pinned = pin_source(LanceSource(s3_uri, columns=["id"], storage_options=s3.storage_options()), "train")
     new = estimate_view_bytes(pinned, pinned.open(), pinned.total_rows, staged=False)
@@ -236,9 +240,8 @@ def test_least_recently_used_copies_not_in_use_are_evicted(tmp_path: Path, s3: S
     (kept,) = directory.glob("*.lance")
     assert kept != old and not old.with_suffix(".json").exists()
     # The copy this process reads is in use: a later copy does not evict it, even over the limit.
-    subprocess.run(
-        [sys.executable, "-c", _MAKE_COPY, other, json.dumps(s3.storage_options()), str(directory)], check=True
-    )
+    done = zygote.run(make_copy, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert kept.is_dir() and kept.with_suffix(".json").exists()
 
 
