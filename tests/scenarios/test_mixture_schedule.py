@@ -176,9 +176,9 @@ def test_on_schedule_change_continue_reads_on_with_the_new_schedule(tmp_path):
 
 @pytest.mark.slow
 def test_cli_yaml_schedule(tmp_path):
-    import subprocess
     import sys
 
+    from tests import zygote
     from tests.harness import REPO_ROOT
     from tests.helpers import mixture_cli_config
 
@@ -197,20 +197,18 @@ def test_cli_yaml_schedule(tmp_path):
         - {{until_step: 25, weights: [1, 0]}}
         - {{weights: [0.4, 0.6]}}
       interpolate: linear"""
-    proc = subprocess.run(
+    proc = zygote.run(  # forked from the test zygote: the process a fresh start gives, less the imports
         [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(mixture_cli_config(tmp_path, train, a))],
         cwd=REPO_ROOT,
-        capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "stage 0: samples [0, 250) = until step 25 at 10 samples/step" in proc.stdout + proc.stderr
     bad = train.replace("weights: [1, 0]}", "weights: [1, -1]}")
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(mixture_cli_config(tmp_path, bad, a))],
         cwd=REPO_ROOT,
-        capture_output=True,
         text=True,
         timeout=300,
     )
