@@ -46,7 +46,8 @@ from torch import nn
 
 from tests.helpers import write_dataset
 
-pytestmark = pytest.mark.slow
+# Ray starts worker processes that import torch and Lightning per stage: past 300 s at load 15-25.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROWS, BATCH, WORKERS = 320, 16, 2
 STEPS_PER_EPOCH = ROWS // (BATCH * WORKERS)  # 10
