@@ -17,8 +17,8 @@ average about 4 from other jobs): alone, the server was ready 5.39 and 3.61 s af
 while the race read ``gil`` in process (the transform held the GIL for 81-98% of the loop's time)
 it was not ready after 7 epochs (9.24 and 8.25 s) and the workers took over in the 8th (10.65 and
 9.54 s). The read in process takes the cores the server's imports need, so on 2 cores the
-workers' gain comes about twice as late as their import time alone says; on a machine with
-cores to spare the two do not compete.
+workers' gain comes about twice as late as their import time alone says. With cores to spare
+the two need not compete (not measured here: this VM has 2).
 
 Usage::
 
