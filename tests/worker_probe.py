@@ -66,8 +66,22 @@ class WidenRows:
         return batch
 
 
-class SlowInWorkers:
-    """Adds ``pid`` like `RecordProcess`; sleeps ``main_s`` a batch outside DataLoader workers and
+class RecordProcess:
+    """Adds ``pid``: the process that made the batch; sleeps ``main_delay_s`` per batch outside
+    DataLoader workers, so a training process reading while its workers start is slower than they are."""
+
+    def __init__(self, main_delay_s: float = 0.0) -> None:
+        self.main_delay_s = main_delay_s
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if self.main_delay_s and get_worker_info() is None:
+            time.sleep(self.main_delay_s)
+        batch["pid"] = torch.full((len(batch["id"]),), os.getpid())
+        return batch
+
+
+class SlowInWorkers(RecordProcess):
+    """`RecordProcess` sleeping ``main_s`` a batch outside DataLoader workers, and also
     ``worker_s`` a batch in them, so that the workers lose every trial of the race whatever the
     load: the race counts a transform's seconds as time that may hold the GIL (it cannot tell a
     sleep from Python code), so with ``main_s`` well above the rest of the loop's cycle (the share
@@ -81,7 +95,7 @@ class SlowInWorkers:
     process at 40 ms. `worker_trials` and `check_retrial_schedule` read the trials off a fit's steps."""
 
     def __init__(self, main_s: float = 0.04, worker_s: float = 0.2, wait_for_server: bool = False) -> None:
-        self.main_s = main_s
+        super().__init__(main_delay_s=main_s)
         self.worker_s = worker_s
         #: On its first call in the training process, wait for the fork server the data module
         #: started at ``setup`` (seconds of imports), so that a short fit's race still runs its
@@ -91,30 +105,13 @@ class SlowInWorkers:
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         if get_worker_info() is not None:
             time.sleep(self.worker_s)
-        else:
-            if self.wait_for_server:
-                from lance_lightning.load.handoff import WorkerStart  # in the training process only
-                from lance_lightning.load.lean_start import worker_context
+        elif self.wait_for_server:
+            from lance_lightning.load.handoff import WorkerStart  # in the training process only
+            from lance_lightning.load.lean_start import worker_context
 
-                WorkerStart(worker_context("forkserver", self)).start().wait()
-                self.wait_for_server = False
-            time.sleep(self.main_s)
-        batch["pid"] = torch.full((len(batch["id"]),), os.getpid())
-        return batch
-
-
-class RecordProcess:
-    """Adds ``pid``: the process that made the batch; sleeps ``main_delay_s`` per batch outside
-    DataLoader workers, so a training process reading while its workers start is slower than they are."""
-
-    def __init__(self, main_delay_s: float = 0.0) -> None:
-        self.main_delay_s = main_delay_s
-
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        if self.main_delay_s and get_worker_info() is None:
-            time.sleep(self.main_delay_s)
-        batch["pid"] = torch.full((len(batch["id"]),), os.getpid())
-        return batch
+            WorkerStart(worker_context("forkserver", self)).start().wait()
+            self.wait_for_server = False
+        return super().__call__(batch)
 
 
 class PythonRows:
