@@ -34,6 +34,7 @@ import pytest
 import torch
 
 from tests.helpers import RecordingModel, run_in_own_session, write_dataset
+from tests.race_cli import fit_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ROWS, BATCH = 320, 8  # 40 batches an epoch on one process, 20 a rank on two
@@ -101,40 +102,21 @@ def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _config(root: Path, uri: str, *, workers: int, transform: str, devices: int, epochs: int, stop: int) -> Path:
-    """A fit config: a row shuffle, ``epochs`` epochs, a checkpoint every ``stop`` steps, `RowLog`
-    writing under ``root``, the report printed at the end of fit."""
-    strategy = "ddp" if devices > 1 else "auto"
-    path = root / "config.yaml"
-    path.write_text(f"""\
-seed_everything: 0
-trainer:
-  accelerator: cpu
-  devices: {devices}
-  strategy: {strategy}
-  max_epochs: {epochs}
-  logger: false
-  enable_progress_bar: false
-  enable_model_summary: false
-  num_sanity_val_steps: 0
-  default_root_dir: {root / "root"}
-  callbacks:
-    - class_path: lance_lightning.DataCursorCheckpoint
-    - class_path: lance_lightning.DataLoadingMonitor
-    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
-      init_args: {{dirpath: {root / "ckpt"}, filename: "{{step}}", every_n_train_steps: {stop}, save_top_k: -1}}
-model:
-  class_path: tests.scenarios.test_race_as_shipped.RowLog
-  init_args: {{log: {root / "rows"}}}
-data:
-  train: {{uri: {uri}, columns: [id, x, vec]}}
-  batch_size: {BATCH}
-  shuffle: {{class_path: lance_lightning.RowShuffle, init_args: {{seed: 3}}}}
-  num_workers: {workers}
-  persistent_workers: true
-  transform: {transform}
-  row_identity: {str(transform == FLIP).lower()}
-""")
-    return path
+    """A fit config (`tests.race_cli.fit_config`): a row shuffle, ``epochs`` epochs, a checkpoint
+    every ``stop`` steps, `RowLog` writing under ``root``, the report printed at the end of fit."""
+    model = "tests.scenarios.test_race_as_shipped.RowLog"
+    return fit_config(
+        root,
+        uri,
+        model=model,
+        devices=devices,
+        epochs=epochs,
+        batch=BATCH,
+        workers=workers,
+        transform=transform,
+        every=stop,
+        row_identity=transform == FLIP,
+    )
 
 
 def _stop_step(devices: int, epoch: int) -> int:

@@ -31,6 +31,7 @@ import pytest
 
 from lance_lightning.load.handoff import WorkerStart
 from tests.helpers import write_dataset
+from tests.race_cli import fit_config
 from tests.scenarios.test_race_as_shipped import DDP_PREFIX, RowLog, _by_epoch, _fit, _records, _runs
 from tests.worker_probe import check_retrial_schedule, worker_trials
 
@@ -55,41 +56,22 @@ def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _config(root: Path, uri: str, *, workers: int, devices: int, every: int = 10**6) -> Path:
-    """A fit config under ``root``: a row shuffle, `EPOCHS` epochs, `RetrialLog`, a checkpoint every
-    ``every`` steps, the report printed at the end of fit; `SLOW` with workers, no transform without."""
+    """A fit config under ``root`` (`tests.race_cli.fit_config`): a row shuffle, `EPOCHS` epochs,
+    `RetrialLog`, a checkpoint every ``every`` steps, the report printed at the end of fit; `SLOW`
+    with workers, no transform without."""
     root.mkdir(parents=True, exist_ok=True)
-    batch = BATCH if devices == 1 else BATCH // 2
-    transform = SLOW if workers else "null"
-    path = root / "config.yaml"
-    path.write_text(f"""\
-seed_everything: 0
-trainer:
-  accelerator: cpu
-  devices: {devices}
-  strategy: {"ddp" if devices > 1 else "auto"}
-  max_epochs: {EPOCHS}
-  logger: false
-  enable_progress_bar: false
-  enable_model_summary: false
-  num_sanity_val_steps: 0
-  default_root_dir: {root / "root"}
-  callbacks:
-    - class_path: lance_lightning.DataCursorCheckpoint
-    - class_path: lance_lightning.DataLoadingMonitor
-    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
-      init_args: {{dirpath: {root / "ckpt"}, filename: "{{step}}", every_n_train_steps: {every}, save_top_k: -1}}
-model:
-  class_path: tests.scenarios.test_race_retrials.RetrialLog
-  init_args: {{log: {root / "rows"}}}
-data:
-  train: {{uri: {uri}, columns: [id, x, vec]}}
-  batch_size: {batch}
-  shuffle: {{class_path: lance_lightning.RowShuffle, init_args: {{seed: 3}}}}
-  num_workers: {workers}
-  persistent_workers: true
-  transform: {transform}
-""")
-    return path
+    model = "tests.scenarios.test_race_retrials.RetrialLog"
+    return fit_config(
+        root,
+        uri,
+        model=model,
+        devices=devices,
+        epochs=EPOCHS,
+        batch=BATCH if devices == 1 else BATCH // 2,
+        workers=workers,
+        transform=SLOW if workers else "null",
+        every=every,
+    )
 
 
 def _trials(run: list[dict[str, Any]]) -> list[tuple[int, int]]:
