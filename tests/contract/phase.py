@@ -10,7 +10,8 @@ data module, model, callbacks and trainer as the YAML a user would write.
 Guarantees:
 - Every rank appends, flushed, one JSON line per event to ``<root>/<role>.rank<r>.jsonl``: each
   trained batch (trainer epoch, batch index, global step, units; with clips also each clip's
-  frames' CRC-32, ``_clip_row`` and frame times: `clips_of`), each epoch's length as Lightning
+  frames' CRC-32, ``_clip_row`` and frame times: `clips_of`; in a ``lose`` scenario whether a
+  DataLoader worker made it, and when: `tests.contract.retrials`), each epoch's length as Lightning
   took it, the data module's cursor at each epoch end and in each checkpoint, every validation
   and predict run's units, the calls before fit, the fit's end (or its error) and the
   ``RuntimeWarning``s that mention the data cursor; the model's weight and global step at the
@@ -164,6 +165,10 @@ class ContractModel(pl.LightningModule):
         clips = clips_of(batch)
         if clips is not None:
             event["clips"] = clips
+        pid = batch.get("pid")  # `tests.worker_probe.SlowInWorkers` (``lose``): the process that made it
+        if pid is not None:
+            event["worker"] = int(pid[0]) != os.getpid()  # a DataLoader worker, not this (rank's) process
+            event["at"] = time.monotonic()  # seconds, for `tests.contract.retrials.READY_S`
         self.recorder.write(event)
         if self.sleep:
             time.sleep(self.sleep)

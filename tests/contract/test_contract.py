@@ -139,7 +139,7 @@ def test_sample_covers_the_options() -> None:
         "workers' trial lost: this process reads on": any(s.worker_choice == "in_process" for s in scenarios),
         "who reads decided by the measured race": any(s.worker_choice == "race" for s in scenarios),
         # 15151: raced workers that lose every trial (`Scenario.lose`) in a fit resumed after a SIGKILL
-        # from last.ckpt: trials in epochs 2 and 4, lost, this process reading on in between.
+        # from last.ckpt: trials in epochs 2 and 4 (or 3 and 5), lost, by the rule (`tests.contract.retrials`).
         "workers that lose the race, tried again": any(s.lose and truth.epoch_units(s) > 0 for s in scenarios),
         "first batches read while workers start": any(
             s.handoff is None and (s.topology.num_workers or s.resume.topology.num_workers) for s in scenarios
