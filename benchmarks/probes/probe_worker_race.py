@@ -24,7 +24,7 @@ workers (``LANCE_LIGHTNING_WORKER_HANDOFF=off``); and the limits a workload meet
 
 Usage::
 
-    python benchmarks/probes/probe_worker_race.py [--epochs 3] [--reps 1] [--alternating 10] [--where]   # writes results/worker_race.md
+    python benchmarks/probes/probe_worker_race.py [--epochs 3] [--reps 1] [--alternating 10] [--busy 2] [--where]   # writes results/worker_race.md
 """
 
 from __future__ import annotations
@@ -258,15 +258,21 @@ def main() -> None:
         metavar="EPOCHS",
         help="also read EPOCHS epochs of num_workers=0 and 2 in turn in one process per workload (`alternating`)",
     )
+    ap.add_argument(
+        "--busy", type=int, default=0, help="N busy-loop processes, each in its own session, beside every cell"
+    )
     ap.add_argument("--cache-dir", type=Path, default=common.DEFAULT_CACHE)
     ap.add_argument("--out", type=Path, default=RESULT)
     args = ap.parse_args()
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     data = {"vec": common.vec_dataset(args.cache_dir, ROWS), "images": common.image_dataset(args.cache_dir, IMAGES)}
+    from benchmarks.harness.contention import BusyLoops
+
     with contextlib.ExitStack() as stack:
         if set(args.workloads) & set(S3_WORKLOADS):
             data.update(_s3_copy(stack, data["vec"]))
-        _measure(args, data)
+        busy = stack.enter_context(BusyLoops(args.busy))
+        _measure(args, data, busy.describe())
 
 
 def _s3_copy(stack: contextlib.ExitStack, local: str) -> dict[str, str]:
@@ -284,7 +290,7 @@ def _s3_copy(stack: contextlib.ExitStack, local: str) -> dict[str, str]:
     return {"s3": uri, "s3_options": json.dumps({**s3.storage_options(), "aws_endpoint": proxy.endpoint})}
 
 
-def _measure(args: argparse.Namespace, data: dict[str, str]) -> None:
+def _measure(args: argparse.Namespace, data: dict[str, str], contention: str) -> None:
     import statistics
 
     import common
@@ -294,6 +300,7 @@ def _measure(args: argparse.Namespace, data: dict[str, str]) -> None:
         "",
         f"`{common.command_line()}` on {common.stamp()}; {common.machine(lightning=True)}; load average "
         f"{common.load_average()} at the start (2 cores shared with other jobs: single runs, noisy).",
+        *([contention] if contention else []),
         "",
         f"rows/s per epoch (each cell a fresh process, run {args.reps} time(s) interleaved with the others: the "
         "median; persistent workers; batch 256). ratio = race / max(0 workers, worker path); the GIL-holding "
