@@ -175,3 +175,11 @@ def check_retrial_schedule(trials: list[tuple[int, int]], last_epoch: int) -> No
         assert begun == lost + 1 + 2**i, f"trial {i + 2} began in epoch {begun}, not {lost + 1 + 2**i}: {trials}"
     due = trials[-1][1] + 1 + 2 ** (len(trials) - 1)
     assert due > last_epoch, f"a trial due in epoch {due} never ran: {trials}"
+
+
+def report_priority(connection: Any) -> None:
+    """Sends, from a process the fork server forked, its own nice value and the one the server's
+    imports ran at (`lance_lightning.load._forkserver.IMPORT_NICE`, inherited with its memory)."""
+    server = sys.modules.get("lance_lightning.load._forkserver")
+    connection.send({"nice": os.getpriority(os.PRIO_PROCESS, 0), "import_nice": getattr(server, "IMPORT_NICE", None)})
+    connection.close()

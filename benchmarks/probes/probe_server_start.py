@@ -20,6 +20,11 @@ it was not ready after 7 epochs (9.24 and 8.25 s) and the workers took over in t
 workers' gain comes about twice as late as their import time alone says. With cores to spare
 the two need not compete (not measured here: this VM has 2).
 
+After the server's imports moved to a thread at nice 19 where the race starts it (2026-11-30 00:31
+UTC, the same command, load average about 2): alone, ready 3.65 and 4.64 s after ``setup``; while
+the race read ``gil`` in process the workers took over in the 5th epoch (4.8 and 5.31 s), as in a
+run before the change that day (5th epoch, 5.86 s): the imports still take the idle core.
+
 Usage::
 
     uv run python benchmarks/probes/probe_server_start.py --workload gil --epochs 8 --runs 2

@@ -9,7 +9,8 @@ Guarantees:
   `WorkerStart` wait on a background thread for the fork server's imports (4.3 s on a 2-core VM:
   longer than a 10^5-row epoch read in process), starting the server unless `start_server_early`
   did at ``setup`` (it does where the transform may hold the GIL); a read without such a
-  transform never starts it.
+  transform never starts it. Started for the race, the server's imports yield the CPU to this
+  process (`server_yields`): they run on the CPU the read in process leaves idle, not on its share.
 - Once the server is ready (and a window of batches was measured in process), the loader
   starts the workers itself (a fork each) with the sequence row of the first batch it will not
   read (`handover_step`: after the batches it has read ahead, and with a buffer shuffle at the
@@ -68,7 +69,13 @@ def start_server_early(num_workers: int, method: str, transform: Any) -> None:
     GIL: the race then finds the server ready when its measured share opens the gate). A read
     without such a transform never starts it."""
     if forced_choice() != "race" or not handoff_enabled() or may_hold_gil(transform):
-        start_worker_server(num_workers, method, transform)
+        start_worker_server(num_workers, method, transform, yield_cpu=server_yields())
+
+
+def server_yields() -> bool:
+    """Whether the fork server's imports yield the CPU to this process: where the race reads in
+    process while the server starts (neither outcome forced, the hand-over on)."""
+    return forced_choice() == "race" and handoff_enabled()
 
 
 def handover_step(layout: Layout, least: int, window_rows: int | None) -> int:
@@ -95,7 +102,7 @@ class WorkerStart:
 
     def start(self) -> WorkerStart:
         if self._forkserver:
-            ensure_server()  # on this thread (see the module docstring)
+            ensure_server(server_yields())  # on this thread (see the module docstring)
         self._thread.start()
         return self
 

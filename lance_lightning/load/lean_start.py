@@ -14,7 +14,10 @@ Guarantees:
   the objects sent to them); otherwise `worker_context` returns the stock context.
 - `start_worker_server` starts the server ahead of the first loader (the data module's
   ``setup``, where `lance_lightning.load.handoff.start_server_early` decides), so its imports
-  (torch, Arrow, Lance: seconds) overlap with planning and the model's set-up. The
+  (torch, Arrow, Lance: seconds) overlap with planning and the model's set-up. Asked to
+  (``yield_cpu``: the race starts it, to read in process meanwhile), the server runs those imports
+  at the lowest priority, so they take only CPU this process leaves idle
+  (`lance_lightning.load._forkserver`). The
   server's socket folder (``pymp-*``) gets its janitor first (`lance_lightning.lifetime.shared_temp_dir`):
   a training process SIGKILLed before its first worker starts leaves no folder behind.
 """
@@ -37,6 +40,8 @@ LEAN_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
 ENV_SWITCH = "LANCE_LIGHTNING_LEAN_WORKERS"
 #: The pid of the process starting a fork server, for the server to die with (`lance_lightning.load._forkserver`).
 PARENT_ENV = "LANCE_LIGHTNING_FORKSERVER_PARENT"
+#: ``1``: the fork server runs its imports on a thread at the lowest priority (`lance_lightning.load._forkserver`).
+YIELD_ENV = "LANCE_LIGHTNING_FORKSERVER_YIELD"
 #: Preparation-data keys that make a child import the parent's main module.
 _MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
 
@@ -100,18 +105,21 @@ def worker_context(method: str, transform: Any) -> Any:
     return context
 
 
-def start_worker_server(num_workers: int, method: str, transform: Any) -> None:
+def start_worker_server(num_workers: int, method: str, transform: Any, yield_cpu: bool = False) -> None:
     """With ``forkserver`` workers, start the fork server now, so that its imports overlap with the
-    rest of the job's start-up (a no-op when it runs already; its preload list is fixed when it starts)."""
+    rest of the job's start-up (a no-op when it runs already; its preload list is fixed when it
+    starts); with ``yield_cpu`` its imports yield the CPU to this process (`ensure_server`)."""
     if num_workers <= 0 or method != "forkserver":
         return
     worker_context(method, transform)
-    ensure_server()
+    ensure_server(yield_cpu)
 
 
-def ensure_server() -> None:
+def ensure_server(yield_cpu: bool = False) -> None:
     """Start the fork server unless it runs: its socket's folder (``pymp-*``) with its janitor first
-    (`shared_temp_dir`), then the server told which process to die with (`PARENT_ENV`)."""
+    (`shared_temp_dir`), then the server told which process to die with (`PARENT_ENV`) and, with
+    ``yield_cpu``, to run its imports at the lowest priority (`YIELD_ENV`)."""
     shared_temp_dir()
     os.environ[PARENT_ENV] = str(os.getpid())
+    os.environ[YIELD_ENV] = "1" if yield_cpu else "0"
     forkserver.ensure_running()
