@@ -35,10 +35,10 @@ AS_RUN = (P, _epoch(3), _epoch(0, 1), P, _epoch(6), P, P)
     ("epochs", "expected"),
     [
         (AS_RUN, None),
-        ((P, _epoch(3), _epoch(0, 1), P, P, P, P, P, P), "trial 2, due from epoch 4, had not begun by epoch 6"),
+        ((P, _epoch(3), _epoch(0, 1), P, P, P, P), "trial 2, due from epoch 4, had not begun by epoch 4"),
         ((P, _epoch(3), _epoch(0, 1), _epoch(10, 20), _epoch(6), P, P), "trial 2 began in epoch 3, before epoch 4"),
         ((P, _epoch(3), _epoch(0, 1), P, _epoch(6), P, _epoch(5, 10)), "trial 3 began in epoch 6, before epoch 7"),
-        ((P, P, P, P, P), "trial 1, due from epoch 0 step 17 (the race's window measured), had not begun by epoch 2"),
+        ((P, P, P), "trial 1, due from epoch 0 step 17 (the race's window measured), had not begun by epoch 1"),
         ((P, "p" * 8), None),  # cut before trial 1's deadline (READY_S, then the hand-over)
         ((P, _epoch(3), _epoch(0, 1), P, "p" * 4), None),  # cut before trial 2's
         ((P, _epoch(3, 30)), None),  # trial 1 undecided when the fit ends
