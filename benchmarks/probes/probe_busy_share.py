@@ -7,7 +7,8 @@ server and workers). Per loader it prints the median of each over those samples,
 busy loops sat on the same core; then the harness's own rows of the cells.
 
 What it answered (2026-11-30 00:01 UTC, ``'jpeg/ours,lance.torch/8k/2' --reps 3 --seconds 8
---interval 0.5``, 2 cores, an engineer's tests beside it, load about 8): while ours read (in
+--interval 0.5``, 2 cores, an engineer's tests and two stray hashing processes of a diagnostic
+(found afterwards) beside it, load about 8): while ours read (in
 process) its tree used 0.39 of a core and each busy loop 0.40; while ``lance.torch`` read (2 worker
 processes) its tree used 0.61 and each busy loop 0.30. The busy loops sat on one core in 67% and
 39% of those samples, so where they were placed does not explain the difference: beside busy loops
