@@ -7,7 +7,7 @@ Guarantees:
   direct write would have; `spec` prepares it with ``unit_files=1`` (one unit, one commit, one
   fragment per file), so the prepared dataset has the direct write's rows, order and fragments.
 - Every source of table 0 (train, val, test, predict; a mixture's) carries the spec
-  (`tests.contract.phase.data_arguments`), so ``LanceDataModule.prepare_data`` prepares it in the
+  (`tests.contract.phase_config.data_arguments`), so ``LanceDataModule.prepare_data`` prepares it in the
   scenario's first fit (the stopped run: in this process, a ``lance-lightning fit`` subprocess or
   under DDP, which the runner runs before the reference run) and finds it complete in every later
   one. A script that calls the data module before ``fit`` calls ``prepare_data`` first, as a user

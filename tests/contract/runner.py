@@ -55,7 +55,8 @@ import yaml
 from tests import zygote
 from tests.contract import prepared, store, truth
 from tests.contract.parts import run_parts
-from tests.contract.phase import REFERENCE_BATCH, cli_config, run_phase, scenario_environment
+from tests.contract.phase import run_phase
+from tests.contract.phase_config import REFERENCE_BATCH, cli_config, scenario_environment
 from tests.contract.scenario import Scenario, Topology
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
