@@ -14,9 +14,9 @@ processes) its tree used 0.61 and each busy loop 0.30. The busy loops sat on one
 39% of those samples, so where they were placed does not explain the difference: beside busy loops
 the peer's process tree takes a larger share of the CPU than our one process (and from the busy
 loops, not only from other jobs). Ours still read 1.30x its rows/s (3,707 against 3,184) at 104
-against 188 ms of CPU per 1,000 rows. In a synthetic test (a hashing loop in 2 threads of one
-process against 2 processes, same session) both got 0.66 of a core beside two busy loops, so
-processes against threads as such is not the cause either; what is, is not found.
+against 188 ms of CPU per 1,000 rows. In a synthetic test not kept (a hashing loop in 2 threads
+of one process against 2 processes, same session) both got the same share beside two busy loops,
+so processes against threads as such is not the cause either; what is, is not found.
 
 Usage::
 

@@ -14,8 +14,9 @@ server starts: `lance_lightning.load.lean_start.ensure_server`) those imports ru
 their own at nice 19 (Linux; priority is per thread there), so on a contended machine they take
 the CPU the training process leaves idle instead of half of its share (#51: the race read a
 GIL-holding transform at 0.40x-0.70x the rows/s of ``num_workers=0`` for 8 epochs beside two busy
-loops while the server imported). The thread that forks the workers keeps the server's priority,
-so the workers run at the training process's. `IMPORT_NICE` is the nice the imports ran at.
+loops while the server imported, benchmarks/results/worker_gate_gil_busy_before.md). The thread
+that forks the workers keeps the server's priority, so the workers run at the training
+process's. `IMPORT_NICE` is the nice the imports ran at.
 """
 
 import os

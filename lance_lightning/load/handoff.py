@@ -68,8 +68,9 @@ def start_server_early(num_workers: int, method: str, transform: Any) -> None:
     ``LANCE_LIGHTNING_WORKER_CHOICE``, the hand-over off) or may pay (a transform that may hold the
     GIL: the race then finds the server ready when its measured share opens the gate). A read
     without such a transform never starts it."""
-    if forced_choice() != "race" or not handoff_enabled() or may_hold_gil(transform):
-        start_worker_server(num_workers, method, transform, yield_cpu=server_yields())
+    racing = server_yields()
+    if not racing or may_hold_gil(transform):
+        start_worker_server(num_workers, method, transform, yield_cpu=racing)
 
 
 def server_yields() -> bool:

@@ -2,7 +2,7 @@
 only then; its workers run at the training process's priority either way (#51).
 
 Beside two busy loops on 2 cores the race read a GIL-holding transform in process at 0.40x-0.70x
-the rows/s of ``num_workers=0`` for 8 epochs (benchmarks/results/worker_gate_gil_busy.md): the
+the rows/s of ``num_workers=0`` for 8 epochs (benchmarks/results/worker_gate_gil_busy_before.md): the
 server's imports (seconds of CPU) took half of the training process's share of the machine. Now
 the server imports on a thread at nice 19 (`lance_lightning.load._forkserver`). Each case runs in a
 process of its own, forked from the test zygote (the fork server is one per process, and an
