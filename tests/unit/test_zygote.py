@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -169,11 +170,17 @@ def test_a_timeout_after_the_child_ended_while_a_grandchild_holds_its_output(tmp
     )
     script = [sys.executable, str(tmp_path / "leave.py")]
     assert zygote.mirrored(script, tmp_path, zygote.zygote_env())
-    with pytest.raises(subprocess.TimeoutExpired) as fresh:
-        subprocess.run(script, cwd=tmp_path, env=zygote.zygote_env(), timeout=8, capture_output=True)
-    with pytest.raises(subprocess.TimeoutExpired) as forked:
-        zygote.run(script, cwd=tmp_path, env=zygote.zygote_env(), timeout=8)
-    assert forked.value.output == fresh.value.output == b"left\n"
+    # The fresh reference runs on a thread while the zygote runs the same command: both wait out
+    # their 8 s at once (only this thread uses the zygote, so it still forks).
+    with ThreadPoolExecutor(1) as pool:
+        reference = pool.submit(
+            subprocess.run, script, cwd=tmp_path, env=zygote.zygote_env(), timeout=8, capture_output=True
+        )
+        with pytest.raises(subprocess.TimeoutExpired) as forked:
+            zygote.run(script, cwd=tmp_path, env=zygote.zygote_env(), timeout=8)
+        fresh = reference.exception()
+    assert isinstance(fresh, subprocess.TimeoutExpired), fresh
+    assert forked.value.output == fresh.output == b"left\n"
 
 
 # -- run_in_session: the contract checker's phases (tests/contract/runner.py) ----------------------
@@ -208,14 +215,22 @@ def _fresh_session(command: list[str], cwd: Path, env: dict[str, str], timeout: 
     return zygote.Grouped(proc.returncode, output, timed_out)
 
 
-def _sessions(what: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> list[zygote.Grouped]:
-    """`zygote.run_in_session` of the probe (the zygote must take it), then the fresh reference."""
+def _sessions(
+    what: list[str], cwd: Path, env: dict[str, str], timeout: float = 600, at_once: bool = False
+) -> list[zygote.Grouped]:
+    """`zygote.run_in_session` of the probe (the zygote must take it), then the fresh reference;
+    ``at_once``: the reference runs on a thread meanwhile (for commands that wait out a timeout)."""
     command = [sys.executable, PROBE, *what]
     assert zygote.mirrored(command, cwd, env), "the zygote would not take this command"
-    return [
-        zygote.run_in_session(command, cwd=cwd, env=env, timeout=timeout),
-        _fresh_session(command, cwd, env, timeout),
-    ]
+    if not at_once:
+        return [
+            zygote.run_in_session(command, cwd=cwd, env=env, timeout=timeout),
+            _fresh_session(command, cwd, env, timeout),
+        ]
+    with ThreadPoolExecutor(1) as pool:
+        reference: Future[zygote.Grouped] = pool.submit(_fresh_session, command, cwd, env, timeout)
+        forked = zygote.run_in_session(command, cwd=cwd, env=env, timeout=timeout)
+        return [forked, reference.result()]
 
 
 @pytest.mark.parametrize("unbuffered", [True, False], ids=["unbuffered", "buffered"])
@@ -290,6 +305,6 @@ def test_a_grandchild_left_behind_is_killed_with_the_group(tmp_path: Path) -> No
 def test_a_timeout_kills_the_whole_group_and_reads_to_the_end(tmp_path: Path) -> None:
     # The child and a grandchild (as a DDP rank) hold the output past the timeout; the grandchild
     # would print after 60 s: killing only the child would leave the output open until then.
-    for done in _sessions(["group", "hold", "60", "hang"], tmp_path, _session_env(True), timeout=10):
+    for done in _sessions(["group", "hold", "60", "hang"], tmp_path, _session_env(True), timeout=10, at_once=True):
         assert (done.returncode, done.timed_out) == (-signal.SIGKILL, True), done.output
         assert "grandchild done" not in done.output
