@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lance_lightning import exit_on_sigterm
+from tests import zygote
 from tests.helpers import (
     RecordingModel,
     forkserver_processes,
@@ -179,9 +180,11 @@ def test_a_gloo_group_is_destroyed_before_the_interpreter_finalizes(tmp_path: Pa
     uri = write_dataset(tmp_path / "ds.lance", 40)
     script = tmp_path / "gloo_exit.py"
     script.write_text(_GLOO_SCRIPT)
-    done = subprocess.run(
+    # Forked from the test zygote where it can be (`tests.zygote`: the exit, atexit handlers and
+    # finalization a fresh process gives, less the imports).
+    done = zygote.run(
         [sys.executable, str(script), uri, str(tmp_path / "rendezvous")],
-        capture_output=True,
+        env=zygote.zygote_env(),
         text=True,
         timeout=120,
         cwd=Path(__file__).resolve().parents[3],
