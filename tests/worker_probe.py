@@ -85,8 +85,9 @@ class SlowInWorkers(RecordProcess):
     ``worker_s`` a batch in them, so that the workers lose every trial of the race whatever the
     load: the race counts a transform's seconds as time that may hold the GIL (it cannot tell a
     sleep from Python code), so with ``main_s`` well above the rest of the loop's cycle (the share
-    must stay above 2/3 for 2 workers: a 2-rank DDP fit at load 10 cycled at 34 ms a batch, which
-    with 20 ms left a share of 0.75 at a retrial and below 2/3 in another run) the measured share
+    must stay at 40% or above for 2 workers, `lance_lightning.load.race.START_GAIN`: a 2-rank DDP
+    fit at load 10 cycled at 34 ms a batch, which with 20 ms left a share of 0.75 at a retrial and
+    below 2/3 in another run) the measured share
     opens its gate (`lance_lightning.load.race.Race.may_start_workers`), while the workers, at
     ``worker_s / num_workers`` a batch, deliver slower than this process by far more than
     `lance_lightning.load.race.MARGIN`. Sleeping (not spinning) costs no core on a loaded machine,

@@ -13,8 +13,9 @@ figure of record is, per epoch, race / max(0 workers, worker path) (target >= 0.
 Python transform that holds the GIL race / 0 workers (target >= 1.5 from the second epoch).
 
 Workloads (10^5 rows of 128 float32 unless said): ``scan``; ``filter`` (``label < 10``: 10%);
-``shuffle`` (`RowShuffle`); ``jpeg`` (2x10^4 64x64 JPEGs, row shuffle, `DecodeImage`); ``gil``
-and ``gil-heavy`` (scan plus a pure-Python per-row loop of 60 or 600 steps: `PythonRows`).
+``shuffle`` (`RowShuffle`); ``jpeg`` (2x10^4 64x64 JPEGs, row shuffle, `DecodeImage`);
+``gil-light``, ``gil`` and ``gil-heavy`` (scan plus a pure-Python per-row loop of 20, 60 or 600
+steps: `PythonRows`).
 
 ``--where`` also measures where the time of a first epoch with workers goes: interpreter start,
 the imports (torch, the package's reader: what the fork server imports, Lightning), the fork
@@ -50,9 +51,9 @@ RESULT = BENCH_DIR / "results" / "worker_race.md"
 ROWS, IMAGES, BATCH = 100_000, 20_000, 256
 #: Rows of the take measured for the row shuffle's limit.
 TAKE_ROWS = 20_000
-WORKLOADS = ("scan", "filter", "shuffle", "jpeg", "gil", "gil-heavy")
+WORKLOADS = ("scan", "filter", "shuffle", "jpeg", "gil-light", "gil", "gil-heavy")
 #: Pure-Python loops per row of each GIL-holding workload (`PythonRows`).
-GIL_LOOPS = {"gil": 60, "gil-heavy": 600}
+GIL_LOOPS = {"gil-light": 20, "gil": 60, "gil-heavy": 600}
 #: Read from an S3-compatible server on loopback behind a proxy adding `S3_LATENCY_S` per request.
 S3_WORKLOADS = ("scan-s3", "shuffle-s3")
 S3_ROWS, S3_LATENCY_S = 20_000, 0.02
@@ -114,8 +115,14 @@ def child(workload: str, data: dict[str, str], num_workers: int, epochs: int) ->
         rows = sum(len(batch["id"]) for batch in loader)
         seconds.append(time.perf_counter() - started)
         rates.append(rows / seconds[-1])
-    race = loader.race.describe(done=True) if loader.race is not None else ""
+    race = _described(loader.race) if loader.race is not None else ""
     return {"rates": rates, "seconds": sum(seconds), "race": race}
+
+
+def _described(race: Any) -> str:
+    """The race's end-of-fit statement and the GIL share its gate measured."""
+    share = race.rates.gil_share()
+    return race.describe(done=True) + (f" [GIL share measured: {share:.0%}]" if share is not None else "")
 
 
 def _run(code: str, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -156,7 +163,7 @@ def alternating(workload: str, data: dict[str, str], epochs: int) -> dict[str, A
             started = time.perf_counter()
             rows = sum(len(batch["id"]) for batch in loaders[workers])
             rates[workers].append(rows / (time.perf_counter() - started))
-    return {"rates": {w: statistics.median(r) for w, r in rates.items()}, "race": loaders[2].race.describe(done=True)}
+    return {"rates": {w: statistics.median(r) for w, r in rates.items()}, "race": _described(loaders[2].race)}
 
 
 def cell(workload: str, data: dict[str, str], num_workers: int, choice: str, epochs: int) -> dict[str, Any]:

@@ -18,7 +18,15 @@ Guarantees:
   `lance_lightning.load.handoff.start_server_early`). A read without such a transform (a scan, a
   filter, a shuffle, a JPEG decode) never starts a process: its imports would take a core from a
   read that uses them all. The share is a ratio of the same thread's times, so a
-  loaded machine changes it little.
+  loaded machine changes it little. `START_GAIN` is low on purpose: Amdahl's bound leaves out
+  that workers also run the rest of the read in parallel, so it understates what they deliver (a
+  60-step Python loop a row measured a share of 66%, a bound of 1.49x that kept a gate at 1.5x
+  shut, while the worker path read it 1.4x-2.7x as fast as ``num_workers=0`` in epochs 2-8 of the
+  same run: benchmarks/results/worker_gate_gil_busy_gate150.md); the gate only keeps the workers from
+  reads they cannot speed up, and the trial decides. A gate opened for workers that then lose
+  costs little: the fork server's imports yield the CPU
+  (`lance_lightning.load.handoff.server_yields`), a trial is `Race.trial_items` messages and
+  retrials back off.
 - `choose` is the decision, a pure function of the two rates: the workers only when they deliver at
   least `MARGIN` times the in-process rate; ``in_process`` otherwise (the copies between processes
   and the idle memory of workers are then not worth it). Either way every batch is read once, in
@@ -56,8 +64,9 @@ from typing import Any
 
 #: The workers must deliver at least this multiple of the in-process rate to take over.
 MARGIN = 1.15
-#: Workers start only where parallel transforms could make the read this many times faster.
-START_GAIN = 1.5
+#: Workers start only where parallel transforms could make the read this many times faster
+#: (Amdahl's bound over the GIL share: a share of 40% with 2 workers on 2 cores).
+START_GAIN = 1.25
 #: Epochs read in process after a lost trial before the workers are tried again (doubled after each loss).
 RETRY_EPOCHS = 1
 #: In-process batches per measured window.
