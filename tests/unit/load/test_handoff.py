@@ -5,7 +5,6 @@ plain loop, `Trainer.fit` with a stop and a resume, and a process that exits whi
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -20,6 +19,7 @@ from lance_lightning import LanceDataModule, LanceSource, RowShuffle
 from lance_lightning.load.handoff import ENV_SWITCH, handover_step
 from lance_lightning.load.race import CHOICE_SWITCH
 from lance_lightning.plan.layout import Layout
+from tests import zygote
 from tests.helpers import RecordingModel, flat, write_dataset
 from tests.worker_probe import RecordProcess
 
@@ -178,18 +178,16 @@ print(sum(len(batch["id"]) for batch in dm.train_dataloader()))
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_process_that_exits_while_its_workers_start_exits_cleanly(uri: str) -> None:
+def test_a_process_that_exits_while_its_workers_start_exits_cleanly(uri: str, tmp_path: Path) -> None:
     """The epoch is read in this process before the workers are up and ends by starting them
     (handing them nothing); the process then exits at once: no worker is left failing to start
-    after it is gone (the hand-over's first version printed their tracebacks)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_EXITS_WHILE_STARTING), uri],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    after it is gone (the hand-over's first version printed their tracebacks). The process is
+    forked from the test zygote where it can be (`tests.zygote`: a fresh process's exit and
+    output, less the imports; the zygote never starts a fork server)."""
+    script = tmp_path / "exits_while_starting.py"
+    script.write_text(textwrap.dedent(_EXITS_WHILE_STARTING))
+    proc = zygote.run(
+        [sys.executable, str(script), uri], cwd=REPO_ROOT, env=zygote.zygote_env(), text=True, timeout=240
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.split() == [str(ROWS)]
