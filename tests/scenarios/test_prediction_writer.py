@@ -1,6 +1,9 @@
 """The prediction writer in real 2-rank CPU DDP (gloo): every row written exactly once in one commit,
 and a run whose rank zero is SIGKILLed midway, rerun with the same command, ends equal to an
-uninterrupted run without predicting its finished fragments again."""
+uninterrupted run without predicting its finished fragments again.
+
+Both tests start from the same SIGKILLed launch (`killed_run`: one launch for the module; each test
+reruns on what it left, put back, at the path it ran at)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import json
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import lance
@@ -39,16 +43,41 @@ def _run(uri: str, run_dir: Path, kill_after: int | None = None, scale: float = 
     return done.returncode
 
 
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Path]:
+    """One 2-rank launch on a new dataset of 300 rows (fragments of 50) whose rank zero SIGKILLed
+    itself after 6 batches, checked to have committed nothing. Gives a function that puts the
+    folder it ran in (``rows.lance``, the run folder ``b/run``) back as the kill left it and returns
+    it: at the same path, since a run is named by its dataset's location."""
+    root = tmp_path_factory.mktemp("killed_launch")
+    uri = str(root / "rows.lance")
+    write_rows(uri, rows=300, per_fragment=50)
+    assert _run(uri, root / "b" / "run", kill_after=6) == -signal.SIGKILL
+    assert lance.dataset(uri).version == 1, "a killed run commits nothing"
+    pristine = tmp_path_factory.mktemp("killed_pristine")
+    shutil.copytree(root, pristine, dirs_exist_ok=True)
+
+    def as_killed() -> Path:
+        shutil.rmtree(root)
+        shutil.copytree(pristine, root)
+        return root
+
+    return as_killed
+
+
 def _predicted(run_dir: Path) -> list[int]:
     files = sorted(run_dir.parent.glob("predicted.rank*.json"))
     return sorted(i for f in files for i in json.loads(f.read_text()))
 
 
 @pytest.mark.slow
-def test_two_ranks_write_every_row_once_and_a_killed_run_resumes(tmp_path: Path) -> None:
-    whole, killed = str(tmp_path / "whole.lance"), str(tmp_path / "killed.lance")
+def test_two_ranks_write_every_row_once_and_a_killed_run_resumes(
+    tmp_path: Path, killed_run: Callable[[], Path]
+) -> None:
+    whole = str(tmp_path / "whole.lance")
     write_rows(whole, rows=300, per_fragment=50)
-    write_rows(killed, rows=300, per_fragment=50)
+    root = killed_run()
+    killed = str(root / "rows.lance")
     before = {f.fragment_id: [d.path for d in f.metadata.files] for f in lance.dataset(killed).get_fragments()}
 
     _run(whole, tmp_path / "a" / "run")
@@ -58,9 +87,7 @@ def test_two_ranks_write_every_row_once_and_a_killed_run_resumes(tmp_path: Path)
     table = reference.to_table()
     assert np.allclose(np.stack(table["emb"].to_numpy(zero_copy_only=False)), embedding_of(table["id"].to_numpy()))
 
-    assert _run(killed, tmp_path / "b" / "run", kill_after=6) == -signal.SIGKILL
-    assert lance.dataset(killed).version == 1, "a killed run commits nothing"
-    rerun = tmp_path / "b" / "run"
+    rerun = root / "b" / "run"  # the killed launch's (`killed_run`: SIGKILLed, nothing committed)
     for f in rerun.parent.glob("predicted.rank*.json"):
         f.unlink()
     _run(killed, rerun)
@@ -73,13 +100,14 @@ def test_two_ranks_write_every_row_once_and_a_killed_run_resumes(tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_two_ranks_refuse_another_model_together_and_start_over_on_a_dataset_written_again(tmp_path: Path) -> None:
+def test_two_ranks_refuse_another_model_together_and_start_over_on_a_dataset_written_again(
+    killed_run: Callable[[], Path],
+) -> None:
     """Issue #50 (2, 3) on 2 ranks: after a SIGKILL, a rerun with another model is refused on every
     rank (no rank left waiting); after the dataset is written again at the path, the rerun starts
     over and commits a version that reads, holding the model's values."""
-    uri, run_dir = str(tmp_path / "rows.lance"), tmp_path / "b" / "run"
-    write_rows(uri, rows=300, per_fragment=50)
-    assert _run(uri, run_dir, kill_after=6) == -signal.SIGKILL
+    root = killed_run()  # after the SIGKILLed launch, nothing committed
+    uri, run_dir = str(root / "rows.lance"), root / "b" / "run"
     code = _run(uri, run_dir, scale=2.0, check=False)
     log = (run_dir.parent / "launch-2.0.log").read_text()
     assert code != 0 and "would mix two models' outputs" in log and "hyperparameters" in log, log[-4000:]
