@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from lance_lightning import DataLoadingMonitor, LanceDataModule, LanceSource, Ro
 from lance_lightning.load.handoff import ENV_SWITCH, WorkerStart
 from lance_lightning.load.race import CHOICE_SWITCH, MARGIN, START_GAIN, WINDOW_BATCHES, Race, choose, may_hold_gil
 from lance_lightning.transforms import Compose, DecodeImage, RandomFlip
+from tests import zygote
 from tests.helpers import RecordingModel, write_dataset
 from tests.worker_probe import RecordProcess, SlowInWorkers, check_retrial_schedule, worker_trials
 
@@ -400,16 +400,16 @@ print(json.dumps(started))
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_setup_starts_the_fork_server_only_where_the_transform_may_hold_the_gil(uri: str) -> None:
+def test_setup_starts_the_fork_server_only_where_the_transform_may_hold_the_gil(uri: str, tmp_path: Path) -> None:
     """#51: the fork server's imports take seconds, so where the race may start workers (a
     transform that may hold the GIL) the data module starts it at ``setup``, and the gate finds it
     ready; without such a transform (none, or one that declares ``releases_gil``) nothing starts.
-    In a fresh process (the race as shipped), since a server once started serves the whole process."""
-    env = {key: value for key, value in os.environ.items() if key != CHOICE_SWITCH}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
-    done = subprocess.run(
-        [sys.executable, "-c", _SERVER_AT_SETUP, uri], env=env, capture_output=True, text=True, timeout=240
-    )
+    In a process of its own (the race as shipped), since a server once started serves the whole
+    process: forked from the test zygote where it can be (`tests.zygote`; the zygote never starts one)."""
+    env = {key: value for key, value in zygote.zygote_env().items() if key != CHOICE_SWITCH}
+    script = tmp_path / "server_at_setup.py"
+    script.write_text(_SERVER_AT_SETUP)
+    done = zygote.run([sys.executable, str(script), uri], env=env, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     started = json.loads(done.stdout.strip().splitlines()[-1])
     assert started["none"] is None and started["declared"] is None, started
