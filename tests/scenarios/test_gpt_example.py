@@ -6,9 +6,9 @@
   of that contract): attention and positions never cross a document, and a real ``Trainer.fit``
   logs the loss, tokens/s, padding fraction and mixture shares to TensorBoard.
 - The shipped config through the CLI (``lance-lightning fit``) in 2 DDP CPU ranks, killed after a
-  checkpoint and resumed on 1 rank with ``--ckpt_path``: training continues at the checkpoint's
-  step and the killed + resumed runs trained exactly the windows of an uninterrupted run, none
-  twice.
+  checkpoint (its session SIGKILLed as a rank starts the step after it) and resumed on 1 rank with
+  ``--ckpt_path``: training continues at the checkpoint's step and the killed + resumed runs trained
+  exactly the windows of an uninterrupted run, none twice.
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -265,22 +263,34 @@ def _command(config: Path, cwd: Path, record: Path, *args: str) -> tuple[list[st
     return command, env
 
 
-def _launch(config: Path, cwd: Path, record: Path, *args: str) -> subprocess.Popen:
-    """The fit in a fresh process of its own session (a test SIGKILLs it midway)."""
+class KillSessionPast(Callback):
+    """SIGKILLs the fit's whole session (its process group: every rank, every worker) when a rank
+    starts a batch past step ``step``: once the checkpoint of step ``step`` is written, as a user's
+    ``kill -9`` of the launch midway."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int):
+        if trainer.global_step > self.step:
+            os.killpg(0, signal.SIGKILL)
+
+
+def _in_session(config: Path, cwd: Path, record: Path, *args: str) -> tuple[int, str]:
+    """The fit in its own session, forked from the test zygote (`tests.zygote`: the process a fresh
+    start gives, less the imports; Lightning starts rank 1 fresh), every rank killed after it: its
+    exit status and output."""
     command, env = _command(config, cwd, record, *args)
-    return subprocess.Popen(
-        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    done = zygote.run_in_session(command, cwd=cwd, env=env, timeout=TIMEOUT_S)
+    assert not done.timed_out, f"fit hung\n{done.output[-4000:]}"
+    return done.returncode, done.output
 
 
 def _fit_to_end(config: Path, cwd: Path, record: Path, *args: str) -> str:
-    """The fit run to its end in its own session, forked from the test zygote (`tests.zygote`: the
-    process a fresh start gives, less the imports); its output."""
-    command, env = _command(config, cwd, record, *args)
-    done = zygote.run_in_session(command, cwd=cwd, env=env, timeout=TIMEOUT_S)  # every rank killed after it
-    assert not done.timed_out, f"fit hung\n{done.output[-4000:]}"
-    assert done.returncode == 0, done.output[-6000:]
-    return done.output
+    """The fit run to its end in its own session (`_in_session`); its output."""
+    code, output = _in_session(config, cwd, record, *args)
+    assert code == 0, output[-6000:]
+    return output
 
 
 def _kill_and_resume(config: Path, tmp_path: Path, every: int) -> dict[str, Any]:
@@ -288,17 +298,11 @@ def _kill_and_resume(config: Path, tmp_path: Path, every: int) -> dict[str, Any]
     checkpoint on 1 rank, and fit it uninterrupted on 1 rank; check that training continued at the
     checkpoint's step and that the windows trained equal the uninterrupted run's. Returns the
     records of each run and the resumed run's TensorBoard scalars."""
-    killed = _launch(
-        config, tmp_path / "killed", tmp_path / "rec_killed", "--trainer.devices=2", "--trainer.strategy=ddp"
-    )
+    kill = {"class_path": "tests.scenarios.test_gpt_example.KillSessionPast", "init_args": {"step": every}}
+    ddp = ["--trainer.devices=2", "--trainer.strategy=ddp", f"--trainer.callbacks+={json.dumps(kill)}"]
+    code, output = _in_session(config, tmp_path / "killed", tmp_path / "rec_killed", *ddp)
+    assert code == -signal.SIGKILL, output[-4000:]
     checkpoints = tmp_path / "killed" / "runs" / "gpt_mixture" / "tensorboard" / "version_0" / "checkpoints"
-    deadline = time.monotonic() + TIMEOUT_S
-    while killed.poll() is None and time.monotonic() < deadline:
-        if any(r["step"] > every for r in _records(tmp_path / "rec_killed")):  # the checkpoint is written
-            os.killpg(killed.pid, signal.SIGKILL)
-            break
-        time.sleep(0.2)
-    output, _ = killed.communicate(timeout=60)
     checkpoint = checkpoints / f"step={every}.ckpt"
     assert checkpoint.is_file(), output[-4000:]
     before = [r for r in _records(tmp_path / "rec_killed") if r["step"] < every]
