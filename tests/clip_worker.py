@@ -5,7 +5,8 @@ Guarantees: `fit_clips` runs one real ``Trainer.fit`` of a `LanceDataModule` wit
 label, first frame time, last frame time, pixel sum]`` (audio: start, start, sample sum), one per
 trained clip, and the number of batches each epoch.
 Run as a script (``python tests/clip_worker.py SPEC.json``) it does the same under DDP (gloo, CPU)
-and writes ``<out>.rank<r>.json``.
+and writes ``<out>.rank<r>.json``; a list of specs is fitted in turn in the same ranks (one
+launch; each spec names its own ``out``), as tests/harness.py runs its jobs.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def fit_clips(spec: dict[str, Any]) -> tuple[int, list[list[Any]], dict[int, int
 
 
 if __name__ == "__main__":
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    rank, records, batches = fit_clips(spec)
-    Path(f"{spec['out']}.rank{rank}.json").write_text(json.dumps({"records": records, "batches": batches}))
+    given = json.loads(Path(sys.argv[1]).read_text())
+    for spec in given if isinstance(given, list) else [given]:
+        rank, records, batches = fit_clips(spec)
+        Path(f"{spec['out']}.rank{rank}.json").write_text(json.dumps({"records": records, "batches": batches}))

@@ -86,21 +86,51 @@ def test_resume_with_workers_and_another_batch_size_trains_the_same_clips(runs: 
     assert batches == {0: (2 * ROWS - STOP * BATCH) // (2 * BATCH), 1: 3, 2: 3}
 
 
-def test_resume_on_two_ranks_trains_the_same_clips_with_equal_batches(runs: dict[str, Any]) -> None:
+@pytest.fixture(scope="module")
+def ddp_fits(runs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """This file's two 2-rank fits (gloo, CPU), run in turn in one DDP launch (`tests.clip_worker`
+    given a list: the same ranks fit one spec, then the next; a launch starts rank 1 afresh): each
+    fit's ``{"records", "batches"}`` per rank, by name.
+
+    - ``resume_ddp``: `runs`' stopped fit resumed from its checkpoint on 2 ranks.
+    - ``replace``: 10 videos, rows 2 (truncated), 5 (garbage) and 7 (too short) bad, replaced
+      (``ReplaceBadRow``), 2 epochs, batches of 5."""
     root: Path = runs["root"]
-    out = root / "ddp"
-    spec = {
+    resume = {
         **runs["base"],
         "name": "resume_ddp",
         "num_workers": 0,
         "devices": 2,
         "ckpt_path": str(ckpt_file(root, "stop", STOP)),
-        "out": str(out),
+        "out": str(root / "ddp"),
     }
-    path = root / "ddp_spec.json"
-    path.write_text(json.dumps(spec))
-    run_ddp_script("tests/clip_worker.py", [str(path)], timeout=300)
-    ranks = [json.loads(Path(f"{out}.rank{rank}.json").read_text()) for rank in (0, 1)]
+    bad = tmp_path_factory.mktemp("bad_media")
+    replace = {
+        "uri": write_videos(bad / "bad.lance", 10, truncated=(2,), garbage=(5,), short=(7,)),
+        "root": str(bad),
+        "name": "replace",
+        "shuffle": "row:1",
+        "batch_size": 5,
+        "max_epochs": 2,
+        "num_workers": 0,
+        "devices": 2,
+        "bad_rows": "replace",
+        "clips": {"frames": 8, "frame_step": 1, "size": [16, 16]},
+        "out": str(bad / "ddp"),
+    }
+    path = root / "ddp_specs.json"
+    path.write_text(json.dumps([resume, replace]))
+    run_ddp_script("tests/clip_worker.py", [str(path)], timeout=480)
+    return {
+        spec["name"]: [json.loads(Path(f"{spec['out']}.rank{rank}.json").read_text()) for rank in (0, 1)]
+        for spec in (resume, replace)
+    }
+
+
+def test_resume_on_two_ranks_trains_the_same_clips_with_equal_batches(
+    runs: dict[str, Any], ddp_fits: dict[str, list[dict[str, Any]]]
+) -> None:
+    ranks = ddp_fits["resume_ddp"]
     assert ranks[0]["batches"] == ranks[1]["batches"]
     check_resumed(runs, ranks[0]["records"] + ranks[1]["records"])
 
@@ -113,26 +143,8 @@ def test_a_bad_video_is_named_through_fit(tmp_path: Path) -> None:
     assert error.value.position == 4
 
 
-def test_bad_media_replaced_under_ddp_keeps_every_rank_s_batches(tmp_path: Path) -> None:
-    uri = write_videos(tmp_path / "bad.lance", 10, truncated=(2,), garbage=(5,), short=(7,))
-    out = tmp_path / "ddp"
-    spec = {
-        "uri": uri,
-        "root": str(tmp_path),
-        "name": "replace",
-        "shuffle": "row:1",
-        "batch_size": 5,
-        "max_epochs": 2,
-        "num_workers": 0,
-        "devices": 2,
-        "bad_rows": "replace",
-        "clips": {"frames": 8, "frame_step": 1, "size": [16, 16]},
-        "out": str(out),
-    }
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(spec))
-    run_ddp_script("tests/clip_worker.py", [str(path)], timeout=300)
-    ranks = [json.loads(Path(f"{out}.rank{rank}.json").read_text()) for rank in (0, 1)]
+def test_bad_media_replaced_under_ddp_keeps_every_rank_s_batches(ddp_fits: dict[str, list[dict[str, Any]]]) -> None:
+    ranks = ddp_fits["replace"]  # rows 2, 5 and 7 of 10 bad (`ddp_fits`), replaced
     assert ranks[0]["batches"] == ranks[1]["batches"] == {"0": 1, "1": 1}
     records = ranks[0]["records"] + ranks[1]["records"]
     assert len(records) == 2 * 10
