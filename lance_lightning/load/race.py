@@ -24,9 +24,9 @@ Guarantees:
   shut, while the worker path read it 1.4x-2.7x as fast as ``num_workers=0`` in epochs 2-8 of the
   same run: benchmarks/results/worker_gate_gil_busy_gate150.md); the gate only keeps the workers from
   reads they cannot speed up, and the trial decides. A gate opened for workers that then lose
-  costs little: the fork server's imports yield the CPU
-  (`lance_lightning.load.handoff.server_yields`), a trial is `Race.trial_items` messages and
-  retrials back off.
+  costs their trial (`Race.trial_items` messages) and retrials that back off; the fork server's
+  imports are not the gate's to spend: they start at ``setup`` wherever such a transform is
+  configured.
 - `choose` is the decision, a pure function of the two rates: the workers only when they deliver at
   least `MARGIN` times the in-process rate; ``in_process`` otherwise (the copies between processes
   and the idle memory of workers are then not worth it). Either way every batch is read once, in
