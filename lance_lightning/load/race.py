@@ -17,8 +17,11 @@ Guarantees:
   started ahead, at ``setup``, only where such a transform is configured:
   `lance_lightning.load.handoff.start_server_early`). A read without such a transform (a scan, a
   filter, a shuffle, a JPEG decode) never starts a process: its imports would take a core from a
-  read that uses them all. The share is a ratio of the same thread's times, so a
-  loaded machine changes it little. `START_GAIN` is low on purpose: Amdahl's bound leaves out
+  read that uses them all. The share is a ratio of the same thread's times, yet load still
+  moves it: the 60-step loop below measured 66%-77% and a 20-step one 48%-71% in runs at
+  different loads (benchmarks/results/worker_gate_gil_busy_gate150.md,
+  worker_gate_gil_busy_gate125.md, worker_gate_gil_gate125.md), so a gate at the edge of a
+  workload's share flips between runs. `START_GAIN` is low on purpose: Amdahl's bound leaves out
   that workers also run the rest of the read in parallel, so it understates what they deliver (a
   60-step Python loop a row measured a share of 66%, a bound of 1.49x that kept a gate at 1.5x
   shut, while the worker path read it 1.4x-2.7x as fast as ``num_workers=0`` in epochs 2-8 of the
