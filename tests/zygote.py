@@ -10,7 +10,8 @@ Guarantees:
 - The child is the command's own process, as a fresh one would be: its pid and (if asked) its
   own session, the exit status the interpreter gives (``SystemExit``, an uncaught exception's
   traceback and 1, death by SIGINT after an uncaught ``KeyboardInterrupt``, death by a signal as
-  a negative status), stdout and stderr as the bytes it wrote, stdin inherited as
+  a negative status), stdout and stderr as the bytes it wrote (with what finalization writes:
+  buffered streams and open files flushed, cyclic garbage's finalizers run), stdin inherited as
   ``subprocess.run`` does, the environment, cwd, ``sys.argv``/``sys.path``, ``__main__`` and the
   signal mask and dispositions a fresh interpreter started from this process has (details:
   `tests.zygote_server`). The start-up variables in `APPLIED` take effect in the child from the
@@ -38,8 +39,13 @@ Guarantees:
   find a command's processes that way drive ``subprocess.Popen`` themselves. With
   ``PYTHONFAULTHANDLER``, ``signal.getsignal`` gives SIG_DFL for faulthandler's signals (a fresh
   interpreter: None), and a crash's report goes on below the entry point with the zygote's own
-  frames and names the zygote's extension modules. ``sys.flags`` is the zygote's. The zygote dies
-  with this process and leaves no file behind; `stop` (tests/conftest.py, at session end) ends it.
+  frames and names the zygote's extension modules. ``sys.flags`` is the zygote's. The child skips
+  module teardown (it leaves by ``os._exit`` after its atexit handlers and the flushes above, 1-2 s
+  sooner): the ``__del__`` of objects that module globals still hold does not run, open files are
+  flushed but not closed, the C library's exit handlers do not run; a test of teardown uses
+  ``subprocess`` or sets ``LANCE_LIGHTNING_TEST_ZYGOTE_FAST_EXIT=off`` in the command's
+  environment (`tests.zygote_server`). The zygote dies with this process and leaves no file
+  behind; `stop` (tests/conftest.py, at session end) ends it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests import zygote
+from tests import zygote, zygote_server
 from tests.helpers import write_dataset
 from tests.reliability.helpers import write_config
 
@@ -93,6 +93,118 @@ def test_each_way_of_ending_gives_what_a_fresh_process_gives(tmp_path: Path, as_
     assert forked == fresh
     expected = {"raise": 1, "exit-text": 1, "interrupt": -signal.SIGINT, "kill": -signal.SIGKILL, "atexit": 0}
     assert forked[0] == (int(what[1]) if what[0] == "exit" else expected[what[0]])
+
+
+def _script(tmp_path: Path, code: str) -> list[str]:
+    (tmp_path / "script.py").write_text(code)
+    return [sys.executable, str(tmp_path / "script.py")]
+
+
+#: Scripts that end each way the interpreter gives an exit status for, and that status. The
+#: zygote's child leaves by ``os._exit`` after its atexit handlers (`zygote_server.FAST_EXIT`).
+ENDINGS = {
+    "end": ("import sys\nsys.stdout.write('unflushed')\nsys.stderr.write('no newline')\n", 0),
+    "exit-none": ("import sys\nsys.exit()\n", 0),
+    "exit-int": ("import sys\nsys.exit(3)\n", 3),
+    "exit-past-a-byte": ("import sys\nsys.exit(259)\n", 3),
+    "exit-negative": ("import sys\nsys.exit(-2)\n", 254),
+    "exit-past-a-long": ("import sys\nsys.exit(2**70)\n", 255),
+    "exit-bool": ("import sys\nsys.exit(True)\n", 1),
+    "exit-text": ("import sys\nprint('out', end='')\nsys.exit('the message')\n", 1),
+    "exit-object": ("import sys\nsys.exit(3.5)\n", 1),
+    "exit-subclass": ("class Stop(SystemExit):\n    pass\n\nraise Stop(4)\n", 4),
+    "exit-in-atexit": ("import atexit, sys\natexit.register(sys.exit, 5)\nsys.exit(2)\n", 2),
+    "raise": ("raise ValueError('raised')\n", 1),
+    "stdout-flush-fails": ("import sys\nsys.stdout = open('/dev/full', 'w')\nprint('lost')\nsys.exit(3)\n", 120),
+}
+
+
+@pytest.mark.parametrize(("code", "status"), ENDINGS.values(), ids=list(ENDINGS))
+def test_the_fast_exit_gives_the_status_and_output_a_fresh_process_gives(
+    tmp_path: Path, code: str, status: int
+) -> None:
+    forked, fresh = _both(_script(tmp_path, code), tmp_path)
+    assert forked == fresh
+    assert forked[0] == status, forked[2].decode()
+
+
+def test_a_file_left_open_in_a_global_is_written_as_a_fresh_process_writes_it(tmp_path: Path) -> None:
+    # Buffered text and binary files, never flushed nor closed: a fresh process writes them at teardown.
+    command = _script(
+        tmp_path,
+        "text = open('text.txt', 'w')\ntext.write('x' * 100_000 + 'end')\n"
+        "data = open('data.bin', 'wb')\ndata.write(b'y' * 10 + b'end')\n",
+    )
+    env = zygote.zygote_env()
+    assert zygote.mirrored(command, tmp_path, env)
+    written = []
+    for forked in (True, False):
+        done = (
+            zygote.run(command, cwd=tmp_path, env=env)
+            if forked
+            else subprocess.run(command, cwd=tmp_path, env=env, capture_output=True)
+        )
+        files = [(tmp_path / name).read_bytes() for name in ("text.txt", "data.bin")]
+        written.append((done.returncode, done.stdout, done.stderr, files))
+    assert written[0] == written[1] == (0, b"", b"", [b"x" * 100_000 + b"end", b"y" * 10 + b"end"])
+
+
+#: Cyclic garbage left at exit: finalization collects it, so its ``__del__`` prints (what it prints
+#: to a buffered stdout comes last) and, as it raises, is reported ("Exception ignored in").
+CYCLE = """import sys
+class Cycle:
+    def __del__(self):
+        print('collected', file=sys.stderr)
+        print('stdout of __del__')
+        raise RuntimeError('raised in __del__')
+cycle = Cycle()
+cycle.me = cycle
+del cycle
+print('main done')
+"""
+
+
+@pytest.mark.parametrize("unbuffered", [True, False], ids=["unbuffered", "buffered"])
+def test_cyclic_garbage_at_exit_is_collected_as_in_a_fresh_process(tmp_path: Path, unbuffered: bool) -> None:
+    command, env = _script(tmp_path, CYCLE), _session_env(unbuffered)
+    assert zygote.mirrored(command, tmp_path, env)
+    forked = zygote.run_in_session(command, cwd=tmp_path, env=env, timeout=600)
+    fresh = _fresh_session(command, tmp_path, env, 600)
+    assert forked._replace(output=_masked(forked.output)) == fresh._replace(output=_masked(fresh.output))
+    lines = fresh.output.splitlines()
+    assert lines[:2] == ["main done", "collected"], fresh.output
+    assert lines.index("stdout of __del__") == (2 if unbuffered else len(lines) - 1), fresh.output
+    assert "RuntimeError: raised in __del__" in lines
+
+
+def _masked(output: str) -> str:
+    return re.sub(r"0x[0-9a-f]+", "0x?", output)
+
+
+def test_the_c_library_s_buffered_stdout_is_flushed_as_exit_flushes_it(tmp_path: Path) -> None:
+    # A buffer of its own (never freed) makes C's stdout fully buffered whatever the zygote's
+    # PYTHONUNBUFFERED made it: only exit()'s flush writes it.
+    command = _script(
+        tmp_path,
+        "import ctypes\nlibc = ctypes.CDLL(None)\nlibc.malloc.restype = ctypes.c_void_p\n"
+        "stdout = ctypes.c_void_p.in_dll(libc, 'stdout')\n"
+        "assert libc.setvbuf(stdout, ctypes.c_void_p(libc.malloc(4096)), 0, 4096) == 0\n"
+        "libc.printf(b'from C')\n",
+    )
+    forked, fresh = _both(command, tmp_path)
+    assert forked == fresh == (0, b"from C", b"")
+
+
+def test_with_the_fast_exit_off_module_teardown_runs_as_in_a_fresh_process(tmp_path: Path) -> None:
+    # Module teardown's __del__ of an object a module global holds: not mirrored by the fast exit.
+    command = _script(
+        tmp_path,
+        "import sys\nclass Held:\n    def __del__(self):\n        print('torn down', file=sys.stderr)\nheld = Held()\n",
+    )
+    off, fresh = _both(command, tmp_path, {zygote_server.FAST_EXIT: "off"})
+    assert off == fresh == (0, b"", b"torn down\n")
+    on, _ = _both(command, tmp_path, {zygote_server.FAST_EXIT: "on"})
+    assert on == (0, b"", b"")
 
 
 #: The signals faulthandler handles: with it on, ``signal.getsignal`` gives None for them in a fresh
