@@ -16,7 +16,10 @@ the CPU the training process leaves idle instead of half of its share (#51: the 
 GIL-holding transform at 0.40x-0.70x the rows/s of ``num_workers=0`` for 8 epochs beside two busy
 loops while the server imported, benchmarks/results/worker_gate_gil_busy_before.md). The thread
 that forks the workers keeps the server's priority, so the workers run at the training
-process's. `IMPORT_NICE` is the nice the imports ran at.
+process's. `IMPORT_NICE` is the nice the imports ran at. Priority gives back CPU, not the imports'
+own work (reading and mapping the libraries): beside a ``num_workers=0`` read, a nice-19 import of
+these modules cost it 0.91x-1.00x where a nice-19 Python loop cost nothing
+(benchmarks/results/import_cost_gil.md, import_cost_gil_light.md).
 """
 
 import os
