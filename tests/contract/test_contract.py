@@ -10,6 +10,10 @@ oracle's own tests.
 - `test_clip_sample` (in the default run): scenarios drawn from `CLIP_SEEDS`, which train on video
   clips (`Scenario.clips`) composed with the generator's other draws; the oracle's clip checks
   report a clip with other frames, times, row or start (`test_oracle_reports_a_wrong_clip`).
+- `test_wide_batch_sample` and `test_losing_workers_sample` (in the default run): the seeds whose
+  scenarios send batches through shared-memory slabs (`WIDE_SEEDS`) and whose raced workers lose
+  every trial, checked against the retrial rule in a fit stopped by SIGKILL and resumed
+  (`LOSE_SEED`).
 - `test_oracle_*`: the oracle reports what a wrong run would look like (a repeated or a skipped
   unit, another order, a short epoch, a wrong cursor; where Lightning's loop meets the loader: a
   short epoch after a fractional-limit resume, the rest of an epoch lost after a ``max_steps``
@@ -63,6 +67,13 @@ CLIP_SEEDS = [1017, 969]
 #: (a slab each), stopped by ``max_steps`` and resumed on 2 ranks; 189, batches of about 96 KiB
 #: (a worker's run shares a slab), the first batches read while the workers start.
 WIDE_SEEDS = {"over 1 MiB": 10, "96 KiB": 189}
+#: The default run's seed whose raced workers lose every trial (`Scenario.lose`): stopped by SIGKILL
+#: without workers, resumed from ``last.ckpt`` with 2 workers up to epoch 7, so the oracle's check
+#: of the race's retrials (`tests.contract.retrials`) meets a real fit outside the soak as well.
+#: It fails a retrial one epoch early (``RETRY_EPOCHS = 0``: "trial 2 began in epoch 4, before epoch
+#: 5"); not a wait that stops doubling (its fit ends before a third trial is due), which
+#: `tests/scenarios/test_race_retrials.py` checks.
+LOSE_SEED = 15151
 
 
 def _run(scenario: Scenario, root: Path) -> list[str]:
@@ -424,6 +435,17 @@ def test_wide_batch_sample(tmp_path: Path, seed: int) -> None:
         failures = check(run_scenario(scenario, tmp_path))
     except Inapplicable as refused:  # a fixed seed must be one Lightning runs: else the slabs go unchecked
         pytest.fail(f"seed {seed} draws a configuration Lightning refuses ({refused}): choose another seed")
+    assert not failures, _fails(scenario, failures)
+
+
+@pytest.mark.slow
+def test_losing_workers_sample(tmp_path: Path) -> None:
+    scenario = generate(LOSE_SEED)
+    assert scenario.lose and scenario.worker_choice == "race" and scenario.resume.topology.num_workers == 2
+    try:
+        failures = check(run_scenario(scenario, tmp_path))
+    except Inapplicable as refused:  # a fixed seed must be one Lightning runs: else the retrials go unchecked
+        pytest.fail(f"seed {LOSE_SEED} draws a configuration Lightning refuses ({refused}): choose another seed")
     assert not failures, _fails(scenario, failures)
 
 
