@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, MutableMapping
@@ -333,22 +331,15 @@ def _launch_ddp(root: Path, jobs: list[Job]) -> dict[str, Trained]:
     """Run ``jobs`` (all with the same ``devices``) in turn in one DDP launch."""
     spec = root / f"jobs_{jobs[0].name}.json"
     spec.write_text(json.dumps({"root": str(root), "jobs": [asdict(job) for job in jobs]}))
-    proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), str(spec)],
-        cwd=REPO_ROOT,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=DDP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # our own session: both ranks and their workers
-        output, _ = proc.communicate()
-        raise AssertionError(f"DDP jobs hung: no exit within {DDP_TIMEOUT_S}s\n{output[-4000:]}") from None
-    assert proc.returncode == 0, f"DDP jobs failed ({proc.returncode}):\n{output[-6000:]}"
+    from tests import zygote
+
+    command = [sys.executable, str(Path(__file__).resolve()), str(spec)]
+    # In its own session, rank 0 forked from the test zygote and rank 1 from its spare (`tests.zygote`).
+    done = zygote.run_in_session(command, cwd=REPO_ROOT, env=subprocess_env(), timeout=DDP_TIMEOUT_S)
+    output = done.output
+    if done.timed_out:
+        raise AssertionError(f"DDP jobs hung: no exit within {DDP_TIMEOUT_S}s\n{output[-4000:]}")
+    assert done.returncode == 0, f"DDP jobs failed ({done.returncode}):\n{output[-6000:]}"
     results = {}
     for job in jobs:
         records = [json.loads(p.read_text()) for p in sorted((root / "out").glob(f"{job.name}.rank*.json"))]

@@ -376,18 +376,18 @@ def run_ddp_script(script: str, args: list[str], timeout: float) -> str:
     return run_in_own_session([sys.executable, str(Path(__file__).resolve().parent.parent / script), *args], timeout)
 
 
-def run_in_own_session(command: list[str], timeout: float, drop: tuple[str, ...] = ()) -> str:
+def run_in_own_session(command: list[str], timeout: float, drop: tuple[str, ...] = (), spare: bool = True) -> str:
     """Run ``command`` from the repository root in its own session, without ``LOCAL_RANK`` and the
     variables in ``drop``; kill the session (every rank and worker) when it ends, and fail the test
     when it outlives ``timeout``. Returns the output (stdout and stderr); fails the test on a
     non-zero exit. Forked from the test zygote where it can be (`tests.zygote.run_in_session`: the
-    process a fresh start gives, less the imports; the other DDP ranks start fresh)."""
+    process a fresh start gives, less the imports; DDP rank 1 from its ``spare``, further ranks fresh)."""
     from tests import zygote
 
     root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", *drop)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
-    done = zygote.run_in_session(command, cwd=root, env=env, timeout=timeout)
+    done = zygote.run_in_session(command, cwd=root, env=env, timeout=timeout, spare=spare)
     if done.timed_out:
         pytest.fail(f"hung: {' '.join(command)[:300]}\n{done.output[-4000:]}")
     assert done.returncode == 0, done.output[-6000:]

@@ -6,6 +6,9 @@ from a helper process that imported ``lightning.pytorch`` and ``lance_lightning.
 (``tests/zygote_server.py``) instead of paying those seconds of imports again (10 s of CPU on a
 loaded 2-core machine).
 
+`run_in_session`'s child also forks a spare in which Lightning's DDP launcher starts rank 1 as a
+fresh rank starts, less the imports (`tests.zygote_spare`: 10-13 s a DDP launch on this VM).
+
 Guarantees:
 - The child is the command's own process, as a fresh one would be: its pid and (if asked) its
   own session, the exit status the interpreter gives (``SystemExit``, an uncaught exception's
@@ -33,7 +36,10 @@ Guarantees:
   zygote off (``LANCE_LIGHTNING_TEST_ZYGOTE=off``, or it reported threads, import output or
   ``lance`` imported: one warning, then fresh processes for the rest of the session).
 - What it does not mirror: the modules the zygote imported are already in ``sys.modules`` (a test
-  of what a command imports, or of its start-up time, must use ``subprocess`` itself); the child's
+  of what a command imports, or of its start-up time, must use ``subprocess`` itself), and
+  ``os.environ`` holds what their imports set in it (``PYTORCH_NVML_BASED_CUDA_CHECK``,
+  ``TORCHINDUCTOR_CACHE_DIR``), as after those imports in a fresh process; `run_in_session`'s child
+  has one more child process, the spare, until a DDP launch takes it (``spare=False`` for none); the child's
   parent is the zygote, not this process; its ``/proc/PID/cmdline`` and ``/proc/PID/environ``
   (what ``ps`` and ``psutil`` show) are the zygote's; the hash seed is the zygote's; tests that
   find a command's processes that way drive ``subprocess.Popen`` themselves. With
@@ -70,6 +76,9 @@ from typing import Any, NamedTuple
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SWITCH = "LANCE_LIGHTNING_TEST_ZYGOTE"
+#: ``off`` in the command's environment (if it has the variable; else in this process's): `run_in_session`'s
+#: child has no spare, and a DDP script's rank 1 starts fresh (`tests.zygote_spare`).
+SPARE = "LANCE_LIGHTNING_TEST_ZYGOTE_SPARE"
 #: Prefixes (and names) of variables a module may read when it is imported: a request whose value
 #: differs from the zygote's for any of them runs in a fresh process.
 IMPORT_TIME = (
@@ -209,11 +218,16 @@ class Grouped(NamedTuple):
     timed_out: bool
 
 
-def run_in_session(command: Sequence[str], *, cwd: Any, env: Mapping[str, str], timeout: float) -> Grouped:
+def run_in_session(
+    command: Sequence[str], *, cwd: Any, env: Mapping[str, str], timeout: float, spare: bool = True
+) -> Grouped:
     """``Popen(command, stdout=PIPE, stderr=STDOUT, text=True, start_new_session=True)`` then
     ``communicate(timeout)``: past the timeout its process group is SIGKILLed and the rest of its
     output read; once it has ended the group is SIGKILLed again (a rank or worker it left behind).
-    Forked from the zygote where `mirrored`, else exactly that ``Popen``."""
+    Forked from the zygote where `mirrored`, else exactly that ``Popen``. ``spare`` (unless `SPARE`
+    is off): the child forks a spare that Lightning's DDP launcher starts rank 1 in
+    (`tests.zygote_spare`), until then one more child of the command's process; False for a test
+    that looks at the command's children."""
 
     def fresh() -> Grouped:
         proc = subprocess.Popen(
@@ -235,7 +249,7 @@ def run_in_session(command: Sequence[str], *, cwd: Any, env: Mapping[str, str], 
         _kill_group(proc.pid)
         return Grouped(proc.returncode, output, timed_out)
 
-    done = _forked(command, cwd, env, timeout, True, group=True)
+    done = _forked(command, cwd, env, timeout, True, group=True, spare=spare)
     if done is None:
         return fresh()
     code, (output,), timed_out = done
@@ -249,6 +263,7 @@ def _forked(
     timeout: float | None,
     new_session: bool,
     group: bool,
+    spare: bool = False,
 ) -> tuple[int, list[bytes], bool] | None:
     """`_fork`'s result, or None where the command runs fresh instead: another thread of this
     process is using the zygote, the command is not `mirrored`, or the zygote turned itself off
@@ -256,7 +271,7 @@ def _forked(
     if not _lock.acquire(blocking=False):
         return None
     try:
-        return _fork(command, cwd, env, timeout, new_session, group) if mirrored(command, cwd, env) else None
+        return _fork(command, cwd, env, timeout, new_session, group, spare) if mirrored(command, cwd, env) else None
     finally:
         _lock.release()
 
@@ -280,9 +295,11 @@ def _fork(
     timeout: float | None,
     new_session: bool,
     group: bool,
+    spare: bool,
 ) -> tuple[int, list[bytes], bool] | None:
-    """Fork ``command`` from the zygote: (exit status, [stdout, stderr] or ``group``'s [output],
-    timed out), or None when the zygote turned itself off. ``group``: stderr goes to stdout's pipe
+    """Fork ``command`` from the zygote (with a spare for rank 1 if ``spare`` and `SPARE` is on):
+    (exit status, [stdout, stderr] or ``group``'s [output], timed out), or None when the zygote
+    turned itself off. ``group``: stderr goes to stdout's pipe
     (one open file, as ``stderr=STDOUT``), the timeout SIGKILLs the process group (the child's own
     session) and reading goes on to the end of the output, and the group is SIGKILLed once the
     child has ended; else the timeout SIGKILLs the child and reading stops, as ``subprocess.run``."""
@@ -293,6 +310,7 @@ def _fork(
         "new_session": new_session,
         "ignored": [int(s) for s in signal.valid_signals() if _ignored(s)],
         "mask": [int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])],
+        "spare": spare and _spare_on(env),
     }
     body = json.dumps(request).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -343,6 +361,12 @@ def _fork(
         _kill_group(pid)  # a rank or worker the child left behind
     code = os.waitstatus_to_exitcode(json.loads(line)["status"])
     return code, [b"".join(c) for c in chunks.values()], timed_out
+
+
+def _spare_on(env: Mapping[str, str] | None) -> bool:
+    """`SPARE` from the command's environment where it has the variable, else from this process's."""
+    value = (env if env is not None and SPARE in env else os.environ).get(SPARE, "on")
+    return value.strip().lower() not in ("off", "0", "false", "no")
 
 
 def _off(why: str) -> None:

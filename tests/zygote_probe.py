@@ -4,7 +4,10 @@ dispositions and mask, ``__main__``, session, parent pid); ``raise``, ``interrup
 ``exit-text``, ``kill``, ``term`` (SIGTERM), ``segv`` (a crash) end the process each way an interpreter
 can end; ``atexit`` prints at exit; ``interleave`` writes to stdout and stderr in turn; ``group``
 starts a grandchild in its process group that sleeps (``hold``: holding stdout; else with its
-output closed), prints its pid and exits (``hang``: sleeps too)."""
+output closed), prints its pid and exits (``hang``: sleeps too). For the DDP rank's spare
+(`tests.zygote_spare`): ``ddp OUT`` runs a 2-rank ``strategy="ddp"`` fit, each rank writing
+``OUT/rankR.json``; ``launch`` starts ``early`` three times through the launcher's ``Popen``;
+``spare`` prints where the spare's stdio points."""
 
 import atexit
 import faulthandler
@@ -13,6 +16,9 @@ import os
 import signal
 import sys
 import time
+
+#: Whether Lightning was imported before this probe ran (the zygote's children and spares: yes).
+EARLY = "lightning.pytorch" in sys.modules
 
 
 def state() -> dict:
@@ -88,9 +94,79 @@ def main(what: str, *rest: str) -> None:
         print(child.pid, flush=True)
         if rest[2:] == ("hang",):
             time.sleep(600)
+    elif what == "ddp":
+        _ddp(rest[0])
+    elif what == "early":
+        print(json.dumps({"early": EARLY, "pid": os.getpid(), "ppid": os.getppid()}), flush=True)
+    elif what == "launch":
+        _launch()
+    elif what == "spare":
+        _spare()
     elif what == "atexit":
         atexit.register(print, "atexit ran")
         sys.stdout.write("unflushed")
+
+
+def _ddp(out: str) -> None:
+    """A one-step fit on 2 CPU ranks; each rank writes its `state`, pid, whether Lightning came
+    imported, the rank ``rank_zero_only`` (Lightning's, torchmetrics') took at import; rank 0 also
+    its handle on rank 1 once that ended (pid, exit status)."""
+    early = EARLY
+    import lightning.pytorch as pl
+    import torch
+    import torchmetrics.utilities.prints
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    at_import = [rank_zero_only.rank, torchmetrics.utilities.prints.rank_zero_only.rank]
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    rows = torch.utils.data.TensorDataset(torch.arange(16, dtype=torch.float32).reshape(8, 2))
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_steps=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(Model(), torch.utils.data.DataLoader(rows, batch_size=2))
+    record = {"state": state(), "pid": os.getpid(), "early": early, "rank_at_import": at_import}
+    if trainer.global_rank == 0:
+        (handle,) = trainer.strategy.launcher.procs
+        record["rank1"] = {"pid": handle.pid, "status": handle.wait(timeout=120)}
+    with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as file:
+        json.dump(record, file)
+
+
+def _launch() -> None:
+    """``early`` through the DDP launcher's ``Popen`` three times, as it starts a rank: with a
+    variable read at import changed, then with only the launcher's own variables, then again."""
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    command = [sys.executable, os.path.abspath(__file__), "early"]
+    for changed in ({"OMP_NUM_THREADS": "7"}, {"LOCAL_RANK": "1", "WORLD_SIZE": "2"}, {"LOCAL_RANK": "1"}):
+        child = subprocess_script.subprocess.Popen(command, env={**os.environ, **changed})
+        assert child.wait() == 0
+
+
+def _spare() -> None:
+    """The spare's pid, its stdin, stdout and stderr, and whether it shares this session and group."""
+    spare = sys.modules.get("tests.zygote_spare")
+    pid = spare.SparePopen.spare.pid if spare and spare.SparePopen.spare else None
+    if pid is None:
+        print(json.dumps(None))
+        return
+    print(json.dumps({
+        "fds": [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in (0, 1, 2)],
+        "session": os.getsid(pid) == os.getsid(0),
+        "group": os.getpgid(pid) == os.getpgid(0),
+    }))  # fmt: skip
 
 
 if __name__ == "__main__":

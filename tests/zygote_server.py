@@ -17,7 +17,8 @@ Guarantees:
   the signal mask and dispositions of a fresh interpreter started by the client (the signals the
   client ignores stay ignored, the rest SIG_DFL, then as CPython's start-up: SIGPIPE and SIGXFSZ
   ignored, SIGINT -> ``default_int_handler`` unless ignored); ``os.environ`` replaced by the
-  request's; ``cwd``; from the request's ``PYTHONUNBUFFERED``, ``PYTHONFAULTHANDLER``,
+  request's, with what the zygote's imports set in it; ``cwd``; from the request's
+  ``PYTHONUNBUFFERED``, ``PYTHONFAULTHANDLER``,
   ``PYTHONDONTWRITEBYTECODE`` and ``PYTHONPYCACHEPREFIX`` (read as CPython reads them) new
   ``sys.stdout``/``sys.stderr`` as the interpreter's ``create_stdio`` makes them (the logging
   handlers the imports pointed at the zygote's streams moved to them), faulthandler enabled on
@@ -46,6 +47,9 @@ Guarantees:
 - An uncaught ``KeyboardInterrupt`` in a child: printed, then after the atexit handlers and the
   fast exit's flushes (switch off: stdout and stderr flushed) death by SIGINT, as CPython 3.11's
   ``exit_sigint`` (which comes after the whole finalization).
+- A request with ``spare``: the child forks its spare before it runs the entry point
+  (`tests.zygote_spare.split`); the spare, once Lightning launches a rank in it, becomes that
+  process as above (no new session), with its rank at import set from its environment.
 - Requests are served one at a time; the zygote reaps each child and sends its wait status.
 
 Protocol (``tests.zygote`` is the only client): a request is 8 bytes of length then JSON, with three
@@ -74,12 +78,18 @@ import tempfile
 import types
 from typing import Any
 
+from tests import zygote_spare
+
 #: ``off`` in the command's environment (if it has the variable; else in the zygote's) turns the
 #: fast exit (`_leave`) off.
 FAST_EXIT = "LANCE_LIGHTNING_TEST_ZYGOTE_FAST_EXIT"
 _FAST: list[bool] = [False]  # set in the child
 _STATUS: list[int] = []
 _INTERRUPTED: list[bool] = []
+#: The variables the zygote's imports set in ``os.environ`` (Lightning's
+#: ``PYTORCH_NVML_BASED_CUDA_CHECK``, torch's ``TORCHINDUCTOR_CACHE_DIR``): import-time variables
+#: (`tests.zygote.IMPORT_TIME`), so a mirrored request never sets them otherwise.
+_SET_BY_IMPORTS: dict[str, str] = {}
 
 
 def _fast_exit(env: Any, default: bool) -> bool:
@@ -212,7 +222,9 @@ def serve(name: str, parent: int) -> tuple[dict[str, Any], list[int]]:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + name)
     listener.listen(8)
+    before = dict(os.environ)
     off = _prepare()
+    _SET_BY_IMPORTS.update({k: v for k, v in os.environ.items() if before.get(k) != v})
     print(json.dumps({"off": off} if off else {"ready": os.getpid()}), flush=True)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 1)
@@ -271,6 +283,7 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    os.environ.update(_SET_BY_IMPORTS)  # as the same imports set them in a fresh process
     _start_up(os.environ)
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
@@ -372,6 +385,12 @@ if __name__ == "__main__":
     _zygote_fast = _fast_exit(os.environ, True)
     _request, _fds = serve(sys.argv[1], int(sys.argv[2]))
     _become(_request, _fds)
+    if _request.get("spare"):
+        _launched = zygote_spare.split()  # in the spare, once Lightning launches a rank in it
+        if _launched is not None:
+            _request, _fds = _launched
+            _become(_request, _fds)
+            zygote_spare.set_rank_from_env()
     del _fds
     _FAST[0] = _fast_exit(os.environ, _zygote_fast)
     try:

@@ -9,11 +9,6 @@ ranks, the union is the epoch minus the documented tail, and nothing hangs.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,45 +19,24 @@ import pytest
 from lance_lightning import NoShuffle
 from lance_lightning.source import pin_source
 from tests import ddp_worker
-from tests.helpers import plan_of, write_dataset
+from tests.helpers import plan_of, run_ddp_script, write_dataset
 
 ROWS = 250
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 480
 
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, float]:
-    """Launch the DDP script once for every configuration; return (uri, out dir, seconds)."""
+    """Launch the DDP script once for every configuration, in its own session, rank 0 forked from
+    the test zygote and rank 1 from its spare (`tests.helpers.run_ddp_script`); return (uri, out dir,
+    seconds)."""
     root = tmp_path_factory.mktemp("ddp")
     uri = write_dataset(root / "ds.lance", ROWS, fragment_rows=64)
     out = root / "out"
     out.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
-    env.pop("LOCAL_RANK", None)
-    # Three interpreters (rank 0, rank 1, and a forkserver per rank) import torch and Lightning. Where
-    # bytecode writing is off (PYTHONDONTWRITEBYTECODE), keep compiled modules in a cache outside the
-    # repository and the virtualenv so only the first import compiles them (~13 s of CPU each).
-    if env.pop("PYTHONDONTWRITEBYTECODE", None):
-        env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "lance_lightning_test_pycache"))
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "tests" / "ddp_worker.py"), str(out), uri],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # our own session: rank 0, rank 1 and their workers
-        output, _ = proc.communicate()
-        pytest.fail(f"DDP run hung: no exit within {TIMEOUT_S}s\n{output[-4000:]}")
+    output = run_ddp_script("tests/ddp_worker.py", [str(out), uri], timeout=TIMEOUT_S)
     seconds = time.perf_counter() - started
-    assert proc.returncode == 0, f"DDP run failed with exit code {proc.returncode}\n{output[-6000:]}"
     print(output[-3000:])
     return uri, out, seconds
 

@@ -278,7 +278,7 @@ class KillSessionPast(Callback):
 
 def _in_session(config: Path, cwd: Path, record: Path, *args: str) -> tuple[int, str]:
     """The fit in its own session, forked from the test zygote (`tests.zygote`: the process a fresh
-    start gives, less the imports; Lightning starts rank 1 fresh), every rank killed after it: its
+    start gives, less the imports; rank 1 from its spare, `tests.zygote_spare`), every rank killed after it: its
     exit status and output."""
     command, env = _command(config, cwd, record, *args)
     done = zygote.run_in_session(command, cwd=cwd, env=env, timeout=TIMEOUT_S)

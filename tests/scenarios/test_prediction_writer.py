@@ -28,7 +28,7 @@ WORKER = str(REPO_ROOT / "tests" / "predict_writer_model.py")
 
 def _run(uri: str, run_dir: Path, kill_after: int | None = None, scale: float = 1.0, check: bool = True) -> int:
     """One launch of the worker on 2 ranks, rank zero forked from the test zygote (`tests.zygote`:
-    the process a fresh start gives, less the imports; Lightning starts rank one fresh) in its own
+    the process a fresh start gives, less the imports; rank one from its spare, `tests.zygote_spare`) in its own
     session; with ``kill_after``, rank zero kills itself and the surviving rank (left waiting at a
     barrier) is ended with the launch's session."""
     command = [sys.executable, WORKER, uri, str(run_dir), "2", str(kill_after or 0), str(scale)]

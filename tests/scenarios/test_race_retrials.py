@@ -107,7 +107,7 @@ def test_a_cli_fit_tries_losing_workers_again_and_resumes_exactly(tmp_path: Path
     exactly the oracle's steps from there to the end of the seventh epoch (nothing lost or
     repeated), its own race again trying its losing workers by the rule, as its report says."""
     per_epoch = ROWS // BATCH
-    _fit(_config(tmp_path / "oracle", uri, workers=0, devices=1))
+    _fit(_config(tmp_path / "oracle", uri, workers=0, devices=1), devices=1)
     oracle = _records(tmp_path / "oracle")
     expected = _by_epoch(oracle, "ids")
     assert sorted(expected) == list(range(EPOCHS))
@@ -115,7 +115,7 @@ def test_a_cli_fit_tries_losing_workers_again_and_resumes_exactly(tmp_path: Path
         assert sorted(i for (ids,) in steps for i in json.loads(ids)) == list(range(ROWS)), epoch
 
     stop = per_epoch + per_epoch // 2
-    output = _fit(_config(tmp_path / "workers", uri, workers=2, devices=1, every=stop))
+    output = _fit(_config(tmp_path / "workers", uri, workers=2, devices=1, every=stop), devices=1)
     records = _records(tmp_path / "workers")
     assert _by_epoch(records, "ids") == expected, "rows lost, repeated or out of order"
     (run,) = _runs(records, 1)
@@ -127,7 +127,7 @@ def test_a_cli_fit_tries_losing_workers_again_and_resumes_exactly(tmp_path: Path
 
     ckpt = tmp_path / "workers" / "ckpt" / f"step={stop}.ckpt"
     assert ckpt.is_file(), sorted(p.name for p in (tmp_path / "workers" / "ckpt").iterdir())
-    output = _fit(_config(tmp_path / "resumed", uri, workers=2, devices=1), f"--ckpt_path={ckpt}")
+    output = _fit(_config(tmp_path / "resumed", uri, workers=2, devices=1), f"--ckpt_path={ckpt}", devices=1)
     resumed = _records(tmp_path / "resumed")
     from_oracle = {step: seen for step, seen in _steps(oracle).items() if step >= stop}
     assert _steps(resumed) == from_oracle, "the resumed fit lost, repeated or reordered rows"
@@ -148,8 +148,8 @@ def test_a_two_rank_ddp_cli_fit_tries_losing_workers_again_on_each_rank(tmp_path
     a 0-worker DDP fit in their order, and rank 0's report counts its trials."""
     devices = 2
     oracle_root = tmp_path / "oracle"
-    _fit(_config(oracle_root, uri, workers=0, devices=devices))
-    output = _fit(_config(tmp_path / "workers", uri, workers=2, devices=devices))
+    _fit(_config(oracle_root, uri, workers=0, devices=devices), devices=devices)
+    output = _fit(_config(tmp_path / "workers", uri, workers=2, devices=devices), devices=devices)
     per_rank = [_by_epoch(_records(tmp_path / "workers", rank), "ids") for rank in range(devices)]
     for rank in range(devices):
         assert per_rank[rank] == _by_epoch(_records(oracle_root, rank), "ids"), f"rank {rank}: not the oracle's rows"

@@ -126,8 +126,8 @@ def _in_step_order(records: list[dict[str, Any]]) -> list[int]:
 @pytest.mark.slow
 def test_predict_on_two_ranks_writes_every_row_once(tmp_path: Path, predict_uri: str) -> None:
     out = tmp_path / "out"
-    # Rank 0 forked from the test zygote (the process a fresh start gives, less the imports; Lightning
-    # starts rank 1 fresh) in its own session, ended with every rank after the run.
+    # Rank 0 forked from the test zygote (the process a fresh start gives, less the imports; rank 1
+    # from its spare, tests/zygote_spare.py) in its own session, ended with every rank after the run.
     command = [sys.executable, str(REPO_ROOT / "tests" / "predict_worker.py"), str(out), predict_uri, "50"]
     done = zygote.run_in_session(command, cwd=REPO_ROOT, env=_env(), timeout=300)
     assert not done.timed_out and done.returncode == 0, done.output[-6000:]
