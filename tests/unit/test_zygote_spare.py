@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -152,17 +153,18 @@ def _gone(pid: int) -> bool:
 def test_a_spare_never_launched_ends_with_its_launcher(tmp_path: Path, how: str) -> None:
     script = tmp_path / "unused.py"
     script.write_text(UNUSED)
-    env = {**zygote.zygote_env()}
+    env = zygote.zygote_env()
     done = subprocess.run([sys.executable, str(script), how], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     said = done.stdout.split()
     if how == "close":
         assert said[1] == "0", "the spare did not end by itself at the end of its socket"
         return
-    spare = psutil.Process(int(said[0])) if not _gone(int(said[0])) else None
+    deadline = time.monotonic() + 60
     try:
-        if spare is not None:
-            spare.wait(timeout=60)  # ended by its parent's death (PR_SET_PDEATHSIG), not left waiting
+        while not _gone(int(said[0])):  # ended with its parent (held: by PR_SET_PDEATHSIG alone)
+            assert time.monotonic() < deadline, "the spare outlived its launcher by 60 s"
+            time.sleep(0.1)
     finally:
         for process in psutil.process_iter(["cmdline"]):
             if process.info["cmdline"] == [sys.executable, str(script), how]:
