@@ -19,7 +19,8 @@ that forks the workers keeps the server's priority, so the workers run at the tr
 process's. `IMPORT_NICE` is the nice the imports ran at. Priority gives back CPU, not the imports'
 own work (reading and mapping the libraries): beside a ``num_workers=0`` read, a nice-19 import of
 these modules cost it 0.91x-1.00x where a nice-19 Python loop cost nothing
-(benchmarks/results/import_cost_gil.md, import_cost_gil_light.md).
+(benchmarks/results/import_cost_gil.md, import_cost_gil_light.md). The yielding imports can also
+be paced to a share of one core, for diagnosis (`lance_lightning.load.import_pace`; off by default).
 """
 
 import os
@@ -27,6 +28,7 @@ import sys
 import threading
 
 from lance_lightning.lifetime import watch_parent
+from lance_lightning.load.import_pace import ImportPacer, import_share
 from lance_lightning.load.lean_start import PARENT_ENV, YIELD_ENV
 
 _parent = os.environ.get(PARENT_ENV, "")
@@ -56,7 +58,8 @@ def _import_yielding() -> None:
         except OSError:  # a sandbox that forbids it: import at the server's priority
             pass
         try:
-            _import_readers()
+            with ImportPacer(import_share()):
+                _import_readers()
         except BaseException as error:  # noqa: BLE001  (re-raised on the server's thread)
             failed.append(error)
 
