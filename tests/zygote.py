@@ -131,7 +131,7 @@ def _start() -> None:
     """Start the zygote (once per process); on failure or ``off``, warn once and turn it off."""
     if _server:
         return
-    if os.environ.get(SWITCH, "on").strip().lower() in ("off", "0", "false", "no"):
+    if not switched_on(os.environ.get(SWITCH, "on")):
         _server["off"] = f"{SWITCH}=off"
         return
     name = f"lance-lightning-test-zygote-{os.getpid()}-{secrets.token_hex(6)}"
@@ -365,7 +365,11 @@ def _fork(
 
 def _spare_on(env: Mapping[str, str] | None) -> bool:
     """`SPARE` from the command's environment where it has the variable, else from this process's."""
-    value = (env if env is not None and SPARE in env else os.environ).get(SPARE, "on")
+    return switched_on((env if env is not None and SPARE in env else os.environ).get(SPARE, "on"))
+
+
+def switched_on(value: str) -> bool:
+    """A switch variable's value: on unless ``off``, ``0``, ``false`` or ``no``."""
     return value.strip().lower() not in ("off", "0", "false", "no")
 
 

@@ -79,6 +79,7 @@ import types
 from typing import Any
 
 from tests import zygote_spare
+from tests.zygote import switched_on
 
 #: ``off`` in the command's environment (if it has the variable; else in the zygote's) turns the
 #: fast exit (`_leave`) off.
@@ -94,7 +95,7 @@ _SET_BY_IMPORTS: dict[str, str] = {}
 
 def _fast_exit(env: Any, default: bool) -> bool:
     value = env.get(FAST_EXIT)
-    return default if value is None else value.strip().lower() not in ("off", "0", "false", "no")
+    return default if value is None else switched_on(value)
 
 
 def _exit_status(error: SystemExit) -> int:

@@ -44,13 +44,23 @@ def test_the_entering_thread_s_imports_keep_its_cpu_within_the_share(tmp_path: P
 
 
 def test_other_threads_imports_are_not_paced(tmp_path: Path, monkeypatch) -> None:
+    # Entered on a fresh thread (its CPU clock near 0), so a pacer that paced every thread by the
+    # entering thread's budget would sleep for the other thread's imports.
     monkeypatch.syspath_prepend(str(tmp_path))
     names = _modules(tmp_path, "unpaced")
-    with ImportPacer(0.01) as pacer:
-        worker = threading.Thread(target=lambda: [__import__(name) for name in names])
-        worker.start()
-        worker.join()
-    assert pacer.slept == 0 and all(name in sys.modules for name in names)
+    paced: list[ImportPacer] = []
+
+    def enter() -> None:
+        with ImportPacer(0.01) as pacer:
+            paced.append(pacer)
+            other = threading.Thread(target=lambda: [__import__(name) for name in names])
+            other.start()
+            other.join()
+
+    entering = threading.Thread(target=enter)
+    entering.start()
+    entering.join()
+    assert paced[0].slept == 0 and all(name in sys.modules for name in names)
 
 
 @pytest.mark.parametrize(
