@@ -179,8 +179,15 @@ def check_retrial_schedule(trials: list[tuple[int, int]], last_epoch: int) -> No
 
 
 def report_priority(connection: Any) -> None:
-    """Sends, from a process the fork server forked, its own nice value and the one the server's
-    imports ran at (`lance_lightning.load._forkserver.IMPORT_NICE`, inherited with its memory)."""
+    """Sends, from a process the fork server forked, its own nice value, the one the server's
+    imports ran at and the seconds their pace slept (`lance_lightning.load._forkserver.IMPORT_NICE`,
+    ``IMPORT_SLEPT``, inherited with its memory)."""
     server = sys.modules.get("lance_lightning.load._forkserver")
-    connection.send({"nice": os.getpriority(os.PRIO_PROCESS, 0), "import_nice": getattr(server, "IMPORT_NICE", None)})
+    connection.send(
+        {
+            "nice": os.getpriority(os.PRIO_PROCESS, 0),
+            "import_nice": getattr(server, "IMPORT_NICE", None),
+            "import_slept": getattr(server, "IMPORT_SLEPT", None),
+        }
+    )
     connection.close()

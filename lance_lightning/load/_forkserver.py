@@ -40,6 +40,8 @@ warnings.filterwarnings("ignore", message="lance is not fork-safe")
 
 #: The nice value the server's imports ran at.
 IMPORT_NICE = os.getpriority(os.PRIO_PROCESS, 0)
+#: The seconds the pace of the server's imports slept (`lance_lightning.load.import_pace`).
+IMPORT_SLEPT = 0.0
 
 
 def _import_readers() -> None:
@@ -51,17 +53,19 @@ def _import_yielding() -> None:
     failed: list[BaseException] = []
 
     def run() -> None:
-        global IMPORT_NICE
+        global IMPORT_NICE, IMPORT_SLEPT
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
             IMPORT_NICE = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         except OSError:  # a sandbox that forbids it: import at the server's priority
             pass
+        pacer = ImportPacer(import_share())
         try:
-            with ImportPacer(import_share()):
+            with pacer:
                 _import_readers()
         except BaseException as error:  # noqa: BLE001  (re-raised on the server's thread)
             failed.append(error)
+        IMPORT_SLEPT = pacer.slept
 
     thread = threading.Thread(target=run, name="lance-lightning-server-imports")
     thread.start()

@@ -4,7 +4,8 @@ Guarantees:
 - Inside `ImportPacer(share)`, before the thread that entered it looks up each module to import,
   it sleeps until that thread's CPU time since entering is at most ``share`` of the wall time
   since entering; other threads' imports are never delayed. On leaving, nothing of it is left in
-  ``sys.meta_path``. It finds no module itself.
+  ``sys.meta_path``. It finds no module itself. A share of 1 paces nothing (it is not entered into
+  ``sys.meta_path`` at all).
 - `import_share` reads ``LANCE_LIGHTNING_FORKSERVER_IMPORT_SHARE``: a share of one core in (0, 1]
   that the fork server's yielding imports may use (`lance_lightning.load._forkserver`); unset or
   anything else 1, no pace (the default). Why it exists: with the race reading a GIL-holding
@@ -48,11 +49,13 @@ class ImportPacer:
     def __enter__(self) -> ImportPacer:
         self._thread = threading.get_ident()
         self._cpu, self._wall = time.thread_time(), time.monotonic()
-        sys.meta_path.insert(0, self)
+        if self.share < 1:
+            sys.meta_path.insert(0, self)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        sys.meta_path.remove(self)
+        if self.share < 1:
+            sys.meta_path.remove(self)
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if threading.get_ident() == self._thread:

@@ -63,6 +63,14 @@ def test_other_threads_imports_are_not_paced(tmp_path: Path, monkeypatch) -> Non
     assert paced[0].slept == 0 and all(name in sys.modules for name in names)
 
 
+def test_a_share_of_one_core_paces_nothing() -> None:
+    entries = list(sys.meta_path)
+    with ImportPacer(1.0) as pacer:
+        assert sys.meta_path == entries
+        __import__("json")
+    assert pacer.slept == 0 and sys.meta_path == entries
+
+
 @pytest.mark.parametrize(
     ("value", "share"), [(None, 1.0), ("0.05", 0.05), ("1", 1.0), ("0", 1.0), ("-1", 1.0), ("2", 1.0), ("x", 1.0)]
 )

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pytest
 
 from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
+from lance_lightning.load.import_pace import IMPORT_SHARE_ENV
 from lance_lightning.load.race import CHOICE_SWITCH
 from tests import zygote
 
@@ -58,8 +59,10 @@ def vec_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     return uri
 
 
-def _priorities(uri: str, choice: str | None) -> dict:
-    env = {k: v for k, v in zygote.zygote_env().items() if k not in (CHOICE_SWITCH, HANDOFF)}
+def _priorities(uri: str, choice: str | None, share: str | None = None) -> dict:
+    env = {k: v for k, v in zygote.zygote_env().items() if k not in (CHOICE_SWITCH, HANDOFF, IMPORT_SHARE_ENV)}
+    if share is not None:
+        env[IMPORT_SHARE_ENV] = share
     if choice is not None:
         env[CHOICE_SWITCH] = choice
     script = str(Path(uri).with_name("report_priorities.py"))
@@ -71,10 +74,17 @@ def _priorities(uri: str, choice: str | None) -> dict:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
 def test_the_race_starts_a_server_whose_imports_yield_and_whose_workers_do_not(vec_uri: str) -> None:
     report = _priorities(vec_uri, None)
-    assert report["import_nice"] == 19, report
+    assert report["import_nice"] == 19 and report["import_slept"] == 0, report
     assert report["nice"] == report["trainer_nice"], f"a forked worker runs at another priority: {report}"
 
 
 def test_a_forced_outcome_starts_a_server_at_the_training_process_priority(vec_uri: str) -> None:
     report = _priorities(vec_uri, "workers")
     assert report["import_nice"] == report["trainer_nice"] == report["nice"], report
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_variable_paces_the_yielding_imports_of_the_server_the_data_module_starts(vec_uri: str) -> None:
+    # LANCE_LIGHTNING_FORKSERVER_IMPORT_SHARE as a user sets it: the server `setup` starts slept.
+    report = _priorities(vec_uri, None, share="0.5")
+    assert report["import_nice"] == 19 and report["import_slept"] > 0, report
