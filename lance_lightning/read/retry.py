@@ -50,9 +50,16 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
+
+def _status(*codes: str) -> str:
+    """HTTP status codes as whole numbers: not digits of a name, a decimal or a duration (the store's
+    messages carry request times such as ``in 404.35µs``)."""
+    return rf"(?<![\w.])(?:{'|'.join(codes)})(?!\w|\.\d)"
+
+
 #: Causes that never go away by waiting: checked first, they win over transient markers.
 PERMANENT_PATTERNS = re.compile(
-    r"not found|no such file|no such key|nosuchkey|nosuchbucket|\b404\b|\b403\b|\b401\b|access ?denied|"
+    rf"not found|no such file|no such key|nosuchkey|nosuchbucket|{_status('404', '403', '401')}|access ?denied|"
     r"forbidden|invalidaccesskeyid|signaturedoesnotmatch|no space left|os error 28|file too large|"
     r"os error 27|disk quota|out of range|does not exist|permission denied",
     re.IGNORECASE,
@@ -61,14 +68,14 @@ PERMANENT_PATTERNS = re.compile(
 TRANSIENT_PATTERNS = re.compile(
     r"timed? ?out|timeout|deadline has elapsed|connection (?:reset|refused|aborted|closed)|broken pipe|"
     r"error sending request|error trying to connect|incomplete ?message|unexpected eof|body error|"
-    r"connection error|temporar(?:y|ily)|try again|\b50[0234]\b|\b429\b|internal ?server ?error|"
+    rf"connection error|temporar(?:y|ily)|try again|{_status('50[0234]', '429')}|internal ?server ?error|"
     r"service ?unavailable|bad gateway|gateway timeout|slow ?down|throttl|too many requests|"
     r"request rate|reduce your request rate",
     re.IGNORECASE,
 )
 #: Transient causes that mean "slow down": the store throttles this client.
 THROTTLE_PATTERNS = re.compile(
-    r"\b429\b|\b503\b|slow ?down|throttl|too many requests|request rate|service ?unavailable",
+    rf"{_status('429', '503')}|slow ?down|throttl|too many requests|request rate|service ?unavailable",
     re.IGNORECASE,
 )
 

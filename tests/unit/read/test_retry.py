@@ -139,6 +139,15 @@ def test_backoff_is_exponential_capped_and_deterministic() -> None:
         (OSError("Generic S3 error: NoSuchBucket after timeout"), False),  # permanent wins
         (OSError("LanceError(IO): No space left on device (os error 28)"), False),
         (OSError("data file 1102503.lance is corrupt"), False),  # digits inside names are not status codes
+        (  # a request time is not a status code (this throttle once read as a permanent 404)
+            ValueError(
+                "LanceError(IO): Generic S3 error: Error performing GET http://127.0.0.1:35637/d.lance in 404.35µs "
+                "- Server returned non-2xx status code: 503 Service Unavailable: <Code>SlowDown</Code>"
+            ),
+            True,
+        ),
+        (OSError("Generic S3 error: Error performing GET http://h/d in 503ms - status code: 404 Not Found"), False),
+        (OSError("Generic S3 error: Error performing GET http://h/d in 1.503s - returned status 403."), False),
         (RuntimeError("error sending request"), False),  # not a storage error type
         (ConfigError("train.uri", "x", "bad", "fix"), False),
     ],
