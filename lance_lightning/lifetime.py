@@ -7,7 +7,8 @@ Guarantees:
   thread; elsewhere a daemon thread polls the parent's pid twice a second. ``stop()`` undoes it.
 - The chain covers every helper of a run: the forkserver is watched from the first line of its
   preload (`lance_lightning.load._forkserver`, before its seconds of imports, with the pid of the
-  process that started it: one gone already ends it at once) and dies with the training
+  process that started it: one gone already ends it at once), or, forked from the training
+  process (`lance_lightning.load.forked_server`), from its first step, and dies with the training
   process; each DataLoader worker is watched from `watch_parent`, the loader's
   ``worker_init_fn``, and dies with its parent (the forkserver, or the training process under
   ``spawn``). Multiprocessing's resource tracker

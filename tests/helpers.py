@@ -325,14 +325,20 @@ def session_processes(sid: int) -> list[psutil.Process]:
 
 
 def forkserver_processes(sid: int) -> list[psutil.Process]:
-    """The processes of session ``sid`` running the forkserver's code: the server and its workers."""
+    """The processes of session ``sid`` running the forkserver's code: the server and its workers
+    (the stock server's command, or the forked server's name: `lance_lightning.load.forked_server`)."""
+    from lance_lightning.load.forked_server import SERVER_NAME
+
+    processes, forked = session_processes(sid), set()
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if process.name() == SERVER_NAME:  # its workers take their own name (torch's pt_data_worker)
+                forked.add(process.pid)
     found = []
-    for process in session_processes(sid):
-        try:
-            if "multiprocessing.forkserver" in " ".join(process.cmdline()):
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if "multiprocessing.forkserver" in " ".join(process.cmdline()) or {process.pid, process.ppid()} & forked:
                 found.append(process)
-        except psutil.Error:
-            continue
     return found
 
 

@@ -7,6 +7,7 @@ objects pickled to it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -18,12 +19,25 @@ import torch
 from torch.utils.data import get_worker_info
 
 
+def imported_here(name: str) -> bool:
+    """Whether this process or the stock fork server it came from imported module ``name``: it is
+    loaded and was not inherited from the training process by a forked server
+    (`lance_lightning.load.forked_server.INHERITED`: those cost it no import)."""
+    from lance_lightning.load.forked_server import INHERITED
+
+    return name in sys.modules and name not in INHERITED
+
+
 class RecordModules:
-    """Adds ``lightning_imported`` (1 per row if the process has imported Lightning) and ``pid``."""
+    """Adds ``lightning_imported`` (1 per row if the process imported Lightning: `imported_here`),
+    ``forked`` (1 if its fork server was forked from the training process) and ``pid``."""
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        from lance_lightning.load.forked_server import INHERITED
+
         rows = len(batch["id"])
-        imported = any(name == "lightning" or name.startswith("lightning.") for name in sys.modules)
+        imported = any(imported_here(name) for name in list(sys.modules) if name.split(".")[0] == "lightning")
+        batch["forked"] = torch.full((rows,), int(bool(INHERITED)))
         batch["lightning_imported"] = torch.full((rows,), int(imported))
         batch["pid"] = torch.full((rows,), os.getpid())
         return batch
@@ -137,15 +151,15 @@ class PythonRows:
 
 
 class RecordImports:
-    """Adds ``imported``: per row, one flag per module of ``names`` (1 if the process has imported
-    it), and ``pid``: the process that made the batch."""
+    """Adds ``imported``: per row, one flag per module of ``names`` (1 if the process imported it:
+    `imported_here`), and ``pid``: the process that made the batch."""
 
     def __init__(self, *names: str) -> None:
         self.names = names
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         rows = len(batch["id"])
-        flags = [int(name in sys.modules) for name in self.names]
+        flags = [int(imported_here(name)) for name in self.names]
         batch["imported"] = torch.tensor(flags, dtype=torch.int64).expand(rows, -1).clone()
         batch["pid"] = torch.full((rows,), os.getpid())
         return batch
@@ -191,3 +205,29 @@ def report_priority(connection: Any) -> None:
         }
     )
     connection.close()
+
+
+class ReportServer:
+    """Adds ``report``: a list of one JSON object describing the process that made the batch: its
+    pid, its parent, whether it holds modules from a forked server (`lance_lightning.load.forked_server`)
+    and its handlers of SIGTERM, SIGUSR1 and SIGINT."""
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        from lance_lightning.load.forked_server import INHERITED
+
+        def handler(sig: signal.Signals) -> str:
+            found = signal.getsignal(sig)
+            if found == signal.SIG_DFL:
+                return "default"
+            return "KeyboardInterrupt" if found is signal.default_int_handler else repr(found)
+
+        report = {
+            "pid": os.getpid(),
+            "parent": os.getppid(),
+            "inherited": bool(INHERITED),
+            "sigterm": handler(signal.SIGTERM),
+            "sigusr1": handler(signal.SIGUSR1),
+            "sigint": handler(signal.SIGINT),
+        }
+        batch["report"] = [json.dumps(report, sort_keys=True)]
+        return batch

@@ -1,4 +1,6 @@
-"""Preloaded by the forkserver that starts DataLoader workers.
+"""Preloaded by the stock fork server that starts DataLoader workers: the one started where the
+server may not be a fork of the training process (`lance_lightning.load.forked_server`: Lance's
+runtime already runs there, ``LANCE_LIGHTNING_FORKED_SERVER=off``, ...).
 
 Guarantees: the server dies with the process that started it (`lance_lightning.lifetime`), and its
 workers with it: the watch starts before anything else is imported (the imports take seconds, more

@@ -63,8 +63,10 @@ def handoff_enabled() -> bool:
 
 
 def start_server_early(num_workers: int, method: str, transform: Any) -> None:
-    """At the data module's set-up, start the fork server (its imports, seconds, overlap planning,
-    the model's set-up and the first batches) where workers are sure to start (an outcome forced by
+    """At the data module's set-up, before it opens a dataset, start the fork server (a fork of
+    this process where that is safe, `lance_lightning.load.forked_server`; else the stock one, whose
+    imports, seconds, overlap planning, the model's set-up and the first batches) where workers are
+    sure to start (an outcome forced by
     ``LANCE_LIGHTNING_WORKER_CHOICE``, the hand-over off) or may pay (a transform that may hold the
     GIL: the race then finds the server ready when its measured share opens the gate). A read
     without such a transform never starts it."""

@@ -13,8 +13,10 @@ Guarantees:
   ``LANCE_LIGHTNING_LEAN_WORKERS=off`` (for a script whose import sets up what workers need besides
   the objects sent to them); otherwise `worker_context` returns the stock context.
 - `start_worker_server` starts the server ahead of the first loader (the data module's
-  ``setup``, where `lance_lightning.load.handoff.start_server_early` decides), so its imports
-  (torch, Arrow, Lance: seconds) overlap with planning and the model's set-up. Asked to
+  ``setup``, where `lance_lightning.load.handoff.start_server_early` decides): where it is safe, a
+  fork of the training process, ready in milliseconds (`lance_lightning.load.forked_server`);
+  else the stock server, whose imports (torch, Arrow, Lance: seconds) then overlap with planning
+  and the model's set-up. Asked to
   (``yield_cpu``: the race starts it, to read in process meanwhile), the server runs those imports
   at the lowest priority, so they take only CPU this process leaves idle
   (`lance_lightning.load._forkserver`). The
@@ -33,6 +35,7 @@ from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any
 
 from lance_lightning.lifetime import shared_temp_dir
+from lance_lightning.load.forked_server import ForkedServer
 
 #: Python versions whose ``popen_forkserver.Popen._launch`` `LeanPopen` mirrors.
 LEAN_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
@@ -117,9 +120,12 @@ def start_worker_server(num_workers: int, method: str, transform: Any, yield_cpu
 
 def ensure_server(yield_cpu: bool = False) -> None:
     """Start the fork server unless it runs: its socket's folder (``pymp-*``) with its janitor first
-    (`shared_temp_dir`), then the server told which process to die with (`PARENT_ENV`) and, with
-    ``yield_cpu``, to run its imports at the lowest priority (`YIELD_ENV`)."""
+    (`shared_temp_dir`), then, where it is safe, a fork of this process that imports nothing
+    (`lance_lightning.load.forked_server`); else the stock server, told which process to die with
+    (`PARENT_ENV`) and, with ``yield_cpu``, to run its imports at the lowest priority (`YIELD_ENV`)."""
     shared_temp_dir()
+    if ForkedServer().start():  # where it is safe, a fork of this process: nothing to import
+        return
     os.environ[PARENT_ENV] = str(os.getpid())
     os.environ[YIELD_ENV] = "1" if yield_cpu else "0"
     forkserver.ensure_running()

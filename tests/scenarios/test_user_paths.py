@@ -32,6 +32,7 @@ from lance_lightning import (
     RowShuffle,
     WorkerDiedError,
 )
+from lance_lightning.load.forked_server import ENV_SWITCH as FORKED_SERVER
 from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
 from tests import zygote
 from tests.helpers import RecordingModel, append_rows, flat, write_dataset
@@ -232,9 +233,10 @@ from tests.helpers import RecordingModel
 from tests.worker_probe import RecordModules
 
 class Recorder(RecordingModel):
-    flags, pids = set(), set()
+    flags, pids, forked = set(), set(), set()
     def training_step(self, batch, batch_idx):
         self.flags.update(batch["lightning_imported"].tolist())
+        self.forked.update(batch["forked"].tolist())
         self.pids.update(batch["pid"].tolist())
         return super().training_step(batch, batch_idx)
 
@@ -243,19 +245,26 @@ dm = LanceDataModule(train=LanceSource(sys.argv[1], columns=["id", "x"]), batch_
 model = Recorder()
 pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
            enable_model_summary=False, default_root_dir=sys.argv[2]).fit(model, datamodule=dm)
-print(json.dumps({"flags": sorted(model.flags), "pids": sorted(model.pids), "main": os.getpid()}))
+print(json.dumps({"flags": sorted(model.flags), "forked": sorted(model.forked), "pids": sorted(model.pids),
+                  "main": os.getpid()}))
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["-c", "file", "file, stock start"])
+@pytest.mark.parametrize("script", ["-c", "file", "file, stock server", "file, stock server and start"])
 def test_workers_do_not_import_lightning(tmp_path: Path, uri: str, script: str) -> None:
-    """Also when the training script is a file: workers skip its import (it imports Lightning),
-    because nothing sent to them is defined in it (`lance_lightning.load.lean_start`); with
-    ``LANCE_LIGHTNING_LEAN_WORKERS=off`` they import it, as ``multiprocessing`` does."""
+    """By default the fork server is a fork of the training process (`lance_lightning.load.forked_server`):
+    workers hold its modules, Lightning's included, and import nothing. The stock server
+    (``LANCE_LIGHTNING_FORKED_SERVER=off``, or a process that opened a dataset first) imports the
+    readers, and its workers skip the import of a training script that is a file (it imports
+    Lightning), because nothing sent to them is defined in it (`lance_lightning.load.lean_start`);
+    with ``LANCE_LIGHTNING_LEAN_WORKERS=off`` too they import it, as ``multiprocessing`` does."""
     env = {**_env(), "PL_SEED_WORKERS": "1"}  # as after seed_everything(workers=True), which LightningCLI runs
     env[HANDOFF] = "off"  # every batch from the workers
-    if script == "file, stock start":
+    stock = script.startswith("file, stock server")
+    if stock:
+        env[FORKED_SERVER] = "off"
+    if script == "file, stock server and start":
         env["LANCE_LIGHTNING_LEAN_WORKERS"] = "off"
     command = [sys.executable, "-c", _WORKER_PROBE]
     if script != "-c":
@@ -268,7 +277,8 @@ def test_workers_do_not_import_lightning(tmp_path: Path, uri: str, script: str) 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(report["pids"]) == 2 and report["main"] not in report["pids"], "batches did not come from 2 workers"
-    assert report["flags"] == ([1] if script == "file, stock start" else [0]), "flags: worker imported Lightning"
+    assert report["forked"] == ([0] if stock else [1]), "the fork server's kind"
+    assert report["flags"] == ([1] if script.endswith("and start") else [0]), "flags: worker imported Lightning"
 
 
 #: A script that defines its transform itself: workers must import the script to unpickle it.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import io
 import sys
-from multiprocessing import popen_forkserver, spawn
+from multiprocessing import forkserver, popen_forkserver, spawn
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lance_lightning.load import lean_start
+from lance_lightning.load import forked_server, lean_start
 from lance_lightning.transforms import decoders
 from tests.helpers import RecordingModel, write_dataset
 
@@ -47,6 +47,23 @@ def test_cpython_forkserver_launch() -> None:
     )
     assert not missing, f"{message}; no longer in the stock launch: {missing}"
     assert set(lean_start._MAIN_KEYS) & set(keys) or "sys_argv" in keys, f"{message}; preparation keys: {sorted(keys)}"
+
+
+@pytest.mark.skipif(sys.version_info[:2] not in forked_server.FORKED_PYTHONS, reason="the forked server is off here")
+def test_cpython_forkserver_state_and_loop() -> None:
+    message = _changed(
+        "CPython's fork server (multiprocessing.forkserver.main, ForkServer's private state)",
+        "lance_lightning.load.forked_server.ForkedServer, which runs that loop in a fork of the training process",
+        "workers would not start; set LANCE_LIGHTNING_FORKED_SERVER=off until ForkedServer follows it",
+    )
+    assert list(inspect.signature(forkserver.main).parameters)[:3] == ["listener_fd", "alive_r", "preload"], message
+    state = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_lock")
+    assert all(hasattr(forkserver._forkserver, name) for name in state), message
+    used = inspect.getsource(forkserver.ForkServer.ensure_running) + inspect.getsource(
+        forkserver.ForkServer.connect_to_new_process
+    )
+    expected = ["os.waitpid(self._forkserver_pid, os.WNOHANG)", "client.connect(self._forkserver_address)"]
+    assert all(line in used for line in expected), f"{message}; missing: {[x for x in expected if x not in used]}"
 
 
 def test_torch_jit_script_compiles_the_decode_loops() -> None:

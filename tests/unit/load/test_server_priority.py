@@ -1,4 +1,4 @@
-"""The fork server's imports yield the CPU to the training process when the race starts it, and
+"""The stock fork server's imports yield the CPU to the training process when the race starts it, and
 only then; its workers run at the training process's priority either way (#51).
 
 Beside two busy loops on 2 cores the race read a GIL-holding transform in process at 0.40x-0.70x
@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from lance_lightning.load.forked_server import ENV_SWITCH as FORKED_SERVER
 from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
 from lance_lightning.load.import_pace import IMPORT_SHARE_ENV
 from lance_lightning.load.race import CHOICE_SWITCH
@@ -61,6 +62,7 @@ def vec_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _priorities(uri: str, choice: str | None, share: str | None = None) -> dict:
     env = {k: v for k, v in zygote.zygote_env().items() if k not in (CHOICE_SWITCH, HANDOFF, IMPORT_SHARE_ENV)}
+    env[FORKED_SERVER] = "off"  # the stock server, which imports (a forked one imports nothing: test_forked_server)
     if share is not None:
         env[IMPORT_SHARE_ENV] = share
     if choice is not None:

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
+from lance_lightning.load.forked_server import ENV_SWITCH as FORKED_SERVER
 from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
 from lance_lightning.load.race import CHOICE_SWITCH
 
@@ -66,10 +67,14 @@ def jpeg_uri(tmp_path: Path) -> str:
 
 
 @pytest.mark.slow
-def test_a_worker_decodes_jpegs_without_importing_torchvision(jpeg_uri: str) -> None:
+@pytest.mark.parametrize("server", ["forked", "stock"])
+def test_a_worker_decodes_jpegs_without_importing_torchvision(jpeg_uri: str, server: str) -> None:
+    """A forked server's worker holds what the training process imported and imports nothing
+    (`tests.worker_probe.imported_here`); the stock server's imports only what the transform needs."""
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env[HANDOFF], env[CHOICE_SWITCH] = "off", "workers"  # every batch from the worker
+    env[FORKED_SERVER] = "on" if server == "forked" else "off"
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT, jpeg_uri, ",".join(HEAVY)],
         cwd=REPO_ROOT,

@@ -1,0 +1,159 @@
+"""The fork server forked from the training process (`lance_lightning.load.forked_server`, #51).
+
+Each case runs a script in a process of its own, forked from the test zygote, which imported
+Lightning but never opened a dataset, as a training script is when its data module's ``setup``
+starts the server (the fork server is one per process, and in the test process Lance runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from lance_lightning.load.forked_server import ENV_SWITCH, SERVER_NAME
+from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
+from lance_lightning.load.race import CHOICE_SWITCH
+from tests import zygote
+from tests.helpers import write_dataset
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+#: Before ``setup``: a socket pair and a pipe, Python handlers for SIGTERM and SIGUSR1.
+#: Then a forced worker read.
+_SERVED = """
+import json, os, select, signal, socket, sys
+from multiprocessing import forkserver
+import lance_lightning as ll
+from tests.worker_probe import ReportServer
+
+signal.signal(signal.SIGTERM, lambda *_: None)
+signal.signal(signal.SIGUSR1, lambda *_: None)
+ours, peer = socket.socketpair()
+read_end, write_end = os.pipe()
+held = {os.fstat(fd).st_ino for fd in (ours.fileno(), write_end)}
+
+dm = ll.LanceDataModule(train=ll.LanceSource(sys.argv[1], columns=["id"]), batch_size=10, num_workers=2,
+                        transform=ReportServer())
+dm.setup("fit")
+server = forkserver._forkserver._forkserver_pid
+ours.close()
+os.close(write_end)
+peer.settimeout(60)
+pipe_ended = bool(select.select([read_end], [], [], 60)[0]) and os.read(read_end, 1) == b""
+ends = {"socket": peer.recv(1) == b"", "pipe": pipe_ended}
+server_holds = set()
+for fd in os.listdir(f"/proc/{server}/fd"):
+    try:
+        server_holds.add(os.stat(f"/proc/{server}/fd/{fd}").st_ino)
+    except OSError:
+        pass
+ids, reports = [], set()
+for batch in dm.train_dataloader():
+    ids += batch["id"].tolist()
+    reports.add(batch["report"][0])
+print(json.dumps({
+    "ids": ids, "main": os.getpid(), "server": server, "ends": ends, "held_by_server": sorted(held & server_holds),
+    "server_name": open(f"/proc/{server}/comm").read().strip(),
+    "server_cmdline": open(f"/proc/{server}/cmdline").read().split("\\0")[:-1],
+    "cmdline": open("/proc/self/cmdline").read().split("\\0")[:-1],
+    "reports": [json.loads(r) for r in sorted(reports)],
+}))
+"""
+
+#: An exit handler that appends the pid of the process running it to a file; a forked server
+#: started, used and stopped as ``multiprocessing`` stops it (its liveness pipe closed, then waited for).
+_STOPPED = """
+import atexit, json, os, sys
+from multiprocessing import forkserver, get_context
+from lance_lightning.load.lean_start import ensure_server
+
+atexit.register(lambda: open(sys.argv[1], "a").write(f"{os.getpid()}\\n"))
+ensure_server()
+server = forkserver._forkserver._forkserver_pid
+child = get_context("forkserver").Process(target=os.getpid)
+child.start()
+child.join()
+name = open(f"/proc/{server}/comm").read().strip()  # named before it served
+forkserver._forkserver._stop()
+print(json.dumps({"main": os.getpid(), "name": name, "gone": not os.path.exists(f"/proc/{server}"),
+                  "child": child.exitcode}))
+"""
+
+#: Why the server is not forked, case by case, and which server starts then.
+_REFUSED = """
+import json, sys
+import lance
+from multiprocessing import forkserver
+from lance_lightning.load import forked_server
+from lance_lightning.load.lean_start import ensure_server
+
+found = {"fresh": forked_server.ForkedServer().refusal()}
+forked_server.MEMORY_LIMIT_BYTES = 1 << 20
+found["memory"] = forked_server.ForkedServer().refusal()
+forked_server.MEMORY_LIMIT_BYTES = 2 << 30
+lance.dataset(sys.argv[1]).count_rows()
+found["lance"] = forked_server.ForkedServer().refusal()
+ensure_server()
+pid = forkserver._forkserver._forkserver_pid
+found["server_cmdline"] = open(f"/proc/{pid}/cmdline").read()
+print(json.dumps(found))
+"""
+
+
+def _run(tmp_path: Path, script: str, *args: str, env: dict[str, str] | None = None) -> dict:
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    full = {k: v for k, v in zygote.zygote_env().items() if k not in (CHOICE_SWITCH, HANDOFF, ENV_SWITCH)}
+    full.update(env or {})
+    proc = zygote.run([sys.executable, str(path), *args], cwd=REPO_ROOT, env=full, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forked server is Linux's")
+def test_workers_come_from_a_fork_of_the_trainer_that_keeps_none_of_its_connections_or_handlers(
+    tmp_path: Path,
+) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", 60, fragment_rows=30)
+    found = _run(tmp_path, _SERVED, uri, env={CHOICE_SWITCH: "workers", HANDOFF: "off"})
+    assert found["ids"] == list(range(60)), "every row once, in order"
+    assert found["server_name"] == SERVER_NAME and found["server_cmdline"] == found["cmdline"], "a fork of the trainer"
+    reports = found["reports"]
+    assert len(reports) == 2 and {r["pid"] for r in reports}.isdisjoint({found["main"]}), reports
+    for report in reports:
+        assert report["parent"] == found["server"] and report["inherited"], report
+        assert report["sigterm"] == report["sigusr1"] == "default" and report["sigint"] == "KeyboardInterrupt", report
+    assert found["ends"] == {"socket": True, "pipe": True}, "the server kept a copy of the trainer's connections"
+    assert found["held_by_server"] == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forked server is Linux's")
+def test_the_stock_server_starts_where_forking_is_not_safe(tmp_path: Path) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", 20, fragment_rows=20)
+    found = _run(tmp_path, _REFUSED, uri)
+    assert found["fresh"] is None
+    assert "MiB of private memory, more than 1 MiB" in found["memory"], found["memory"]
+    assert "Lance's runtime runs in this process" in found["lance"], found["lance"]
+    assert "multiprocessing.forkserver" in found["server_cmdline"], "the stock server, a fresh interpreter"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forked server is Linux's")
+def test_the_switch_starts_the_stock_server(tmp_path: Path) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", 20, fragment_rows=20)
+    script = _REFUSED.replace('found = {"fresh"', 'found = {"switch": forked_server.ForkedServer().refusal(), "fresh"')
+    found = _run(tmp_path, script, uri, env={ENV_SWITCH: "off"})
+    assert found["switch"] == f"{ENV_SWITCH}=off" and found["fresh"] == found["switch"]
+    assert "multiprocessing.forkserver" in found["server_cmdline"]
+    assert os.environ.get(ENV_SWITCH) is None, "the test process's own setting is untouched"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forked server is Linux's")
+def test_the_server_leaves_without_running_the_trainers_exit_handlers(tmp_path: Path) -> None:
+    marker = tmp_path / "exit_handlers_ran_in.txt"
+    found = _run(tmp_path, _STOPPED, str(marker))
+    assert found["name"] == SERVER_NAME and found["child"] == 0 and found["gone"], found
+    assert marker.read_text().split() == [str(found["main"])], "exit handlers ran outside the trainer"
