@@ -207,10 +207,25 @@ def report_priority(connection: Any) -> None:
     connection.close()
 
 
+def _multiprocessing_locks() -> list[Any]:
+    """The locks ``multiprocessing`` takes to start a process through its fork server."""
+    from multiprocessing import forkserver, resource_tracker
+
+    return [forkserver._forkserver._lock, resource_tracker._resource_tracker._lock]  # type: ignore[attr-defined]
+
+
+def _free(lock: Any) -> bool:
+    """Whether ``lock`` can be taken within 10 s (it is released again)."""
+    if not lock.acquire(timeout=10):
+        return False
+    lock.release()
+    return True
+
+
 class ReportServer:
     """Adds ``report``: a list of one JSON object describing the process that made the batch: its
-    pid, its parent, whether it holds modules from a forked server (`lance_lightning.load.forked_server`)
-    and its handlers of SIGTERM, SIGUSR1 and SIGINT."""
+    pid, its parent, whether it holds modules from a forked server (`lance_lightning.load.forked_server`),
+    its handlers of SIGTERM, SIGUSR1 and SIGINT, and whether ``multiprocessing``'s locks are free."""
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         from lance_lightning.load.forked_server import INHERITED
@@ -228,6 +243,7 @@ class ReportServer:
             "sigterm": handler(signal.SIGTERM),
             "sigusr1": handler(signal.SIGUSR1),
             "sigint": handler(signal.SIGINT),
+            "locks_free": all(_free(lock) for lock in _multiprocessing_locks()),
         }
         batch["report"] = [json.dumps(report, sort_keys=True)]
         return batch

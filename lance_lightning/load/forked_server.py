@@ -36,8 +36,10 @@ import signal
 import socket
 import stat
 import sys
+import threading
 import warnings
-from multiprocessing import connection, forkserver, resource_tracker
+from multiprocessing import connection, forkserver, resource_tracker, util
+from typing import Any
 
 from lance_lightning.lifetime import watch_parent
 
@@ -100,6 +102,8 @@ class ForkedServer:
             return f"{ENV_SWITCH}=off"
         if not sys.platform.startswith("linux") or sys.version_info[:2] not in FORKED_PYTHONS:
             return f"not verified on {sys.platform}, Python {sys.version_info[0]}.{sys.version_info[1]}"
+        if hasattr(forkserver._forkserver, "_forkserver_authkey"):
+            return "this Python's fork server authenticates its clients, which the forked server does not do"
         if lance_running():
             return "Lance's runtime runs in this process (a dataset was opened before the workers' server started)"
         held = private_bytes()
@@ -111,36 +115,48 @@ class ForkedServer:
     def start(self) -> bool:
         """Fork the server unless one runs (True) or `refusal` names a reason (False)."""
         global _forked_pid, _declined
-        server = forkserver._forkserver
-        with server._lock:  # type: ignore[attr-defined]  # CPython's ForkServer attributes, not in typeshed
-            if server._forkserver_pid is not None:  # type: ignore[attr-defined]
-                pid, _ = os.waitpid(server._forkserver_pid, os.WNOHANG)  # type: ignore[attr-defined]
-                if not pid:
-                    return True
-                os.close(server._forkserver_alive_fd)  # type: ignore[attr-defined]
-                server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None  # type: ignore[attr-defined]
+        server: Any = forkserver._forkserver  # CPython's private state (docs/internals.md)
+        with server._lock:
+            if _runs(server):
+                return True
             _declined = self.refusal()
             if _declined is not None:
                 return False
             resource_tracker.ensure_running()
-            listener = socket.socket(socket.AF_UNIX)
             address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]  # not in typeshed
-            listener.bind(address)
-            os.chmod(address, 0o600)
-            listener.listen()
-            alive_r, alive_w = os.pipe()
             parent = os.getpid()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # Lance's generic fork warning; Python 3.12's threads warning
-                pid = os.fork()
-            if pid == 0:
-                _serve(listener, alive_r, alive_w, parent)
-            os.close(alive_r)
-            listener.close()
-            server._forkserver_address = address  # type: ignore[attr-defined]
-            server._forkserver_alive_fd = alive_w  # type: ignore[attr-defined]
-            server._forkserver_pid = _forked_pid = pid  # type: ignore[attr-defined]
+            with socket.socket(socket.AF_UNIX) as listener:
+                listener.bind(address)
+                if not util.is_abstract_socket_namespace(address):
+                    os.chmod(address, 0o600)
+                listener.listen()
+                alive_r, alive_w = os.pipe()
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # Lance's generic fork warning; Python 3.12's threads warning
+                        pid = os.fork()
+                    if pid == 0:
+                        _serve(listener, alive_r, alive_w, parent)
+                except BaseException:
+                    os.close(alive_w)
+                    raise
+                finally:
+                    os.close(alive_r)
+            server._forkserver_address, server._forkserver_alive_fd = address, alive_w
+            server._forkserver_pid = _forked_pid = pid
             return True
+
+
+def _runs(server: Any) -> bool:
+    """Whether ``server`` (``multiprocessing``'s) has a live process; a dead one's state is cleared."""
+    if server._forkserver_pid is None:
+        return False
+    pid, _ = os.waitpid(server._forkserver_pid, os.WNOHANG)
+    if not pid:
+        return True
+    os.close(server._forkserver_alive_fd)
+    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+    return False
 
 
 def _serve(listener: socket.socket, alive_r: int, alive_w: int, parent: int) -> None:
@@ -150,6 +166,9 @@ def _serve(listener: socket.socket, alive_r: int, alive_w: int, parent: int) -> 
     try:
         INHERITED = frozenset(sys.modules)
         _name_process(SERVER_NAME)
+        # Locks another thread of this process may have held at the fork: new ones, as a fresh process has.
+        forkserver._forkserver._lock = threading.Lock()  # type: ignore[attr-defined]
+        resource_tracker._resource_tracker._lock = threading.RLock()  # type: ignore[attr-defined]
         os.close(alive_w)
         watch_parent(parent=parent)
         warnings.filterwarnings("ignore", message="lance is not fork-safe")

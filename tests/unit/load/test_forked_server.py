@@ -85,7 +85,7 @@ print(json.dumps({"main": os.getpid(), "name": name, "gone": not os.path.exists(
 
 #: Why the server is not forked, case by case, and which server starts then.
 _REFUSED = """
-import json, sys
+import json, sys, time
 import lance
 from multiprocessing import forkserver
 from lance_lightning.load import forked_server
@@ -99,7 +99,11 @@ lance.dataset(sys.argv[1]).count_rows()
 found["lance"] = forked_server.ForkedServer().refusal()
 ensure_server()
 pid = forkserver._forkserver._forkserver_pid
-found["server_cmdline"] = open(f"/proc/{pid}/cmdline").read()
+for _ in range(600):  # empty while the new process is between fork and exec
+    found["server_cmdline"] = open(f"/proc/{pid}/cmdline").read()
+    if found["server_cmdline"]:
+        break
+    time.sleep(0.1)
 print(json.dumps(found))
 """
 
@@ -127,6 +131,7 @@ def test_workers_come_from_a_fork_of_the_trainer_that_keeps_none_of_its_connecti
     for report in reports:
         assert report["parent"] == found["server"] and report["inherited"], report
         assert report["sigterm"] == report["sigusr1"] == "default" and report["sigint"] == "KeyboardInterrupt", report
+        assert report["locks_free"], "a lock held when the trainer forked the server stays held in its workers"
     assert found["ends"] == {"socket": True, "pipe": True}, "the server kept a copy of the trainer's connections"
     assert found["held_by_server"] == []
 
