@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lance_lightning.load.forked_server import ENV_SWITCH as FORKED_SERVER
 from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
 from lance_lightning.load.race import CHOICE_SWITCH
 from tests.contract import prepared, replay, truth
@@ -191,9 +192,10 @@ def topology_of(scenario: Scenario, role: str) -> Topology:
 
 def scenario_environment(scenario: Scenario) -> dict[str, str]:
     """The environment variables a scenario's runs set (its processes and the ranks they launch)."""
+    server = {FORKED_SERVER: "off"} if scenario.stock_server else {}
     if scenario.handoff is False:
-        return {HANDOFF: "off"}
-    return {CHOICE_SWITCH: scenario.worker_choice} if scenario.worker_choice is not None else {}
+        return {HANDOFF: "off", **server}
+    return {CHOICE_SWITCH: scenario.worker_choice, **server} if scenario.worker_choice is not None else server
 
 
 def cli_config(

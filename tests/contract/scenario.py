@@ -19,7 +19,8 @@ Guarantees:
   `_prepare`, `tests.contract.prepared`), each from its own random stream; with workers, whether
   they start while this process reads, who reads (forced or raced: ``worker_choice``) and, raced
   (without packing or clips), a transform whose workers lose every trial, so the race tries them
-  again after 1, 2, 4, ... epochs (``lose``, ``f"{seed}-lose"``).
+  again after 1, 2, 4, ... epochs (``lose``, ``f"{seed}-lose"``), and whether their fork server
+  is the stock one instead of a fork of the trainer (``stock_server``, ``f"{seed}-server"``).
 - Video clips (`Clips`, ``f"{seed}-clips"``: about 17% of scenarios, never with packing): small
   blob video tables (6-16 videos of 40-64 frames at 16x16, fragments, deleted rows), filters on
   ``id``/``label`` (one matching nothing: a clear error), a mixture of 2-3 sources over them
@@ -305,6 +306,10 @@ class Scenario:
     #: read in process (`lance_lightning.load.race.Race.retrial_due`); None: no transform; absent
     #: from the JSON.
     lose: bool | None = None
+    #: True: workers start from the stock fork server, a fresh interpreter
+    #: (``LANCE_LIGHTNING_FORKED_SERVER=off``) instead of a fork of the training process
+    #: (`lance_lightning.load.forked_server`); None: the default; absent from the JSON.
+    stock_server: bool | None = None
 
     @property
     def sources(self) -> list[Source]:
@@ -355,7 +360,7 @@ SMALL_WIDE_BYTES = 96 * 1024
 #: Fields of `Scenario` left out of the JSON when None.
 _LATER_FIELDS = (
     "store", "replay", "prepare", "clips", "wide", "handoff", "wide_bytes", "ingest", "writing", "media", "fit",
-    "worker_choice", "lose",
+    "worker_choice", "lose", "stock_server",
 )  # fmt: skip
 #: Fields added to a part of `Scenario` later, left out of the JSON while at their default (so
 #: that every scenario written before them reads and writes the same line).
@@ -470,6 +475,8 @@ def generate(seed: int) -> Scenario:
         scenario = replace(scenario, worker_choice="in_process" if draw < 0.25 else "race")
     if scenario.worker_choice == "race" and packing is None and clips is None:  # its own stream: added later
         scenario = _lose(random.Random(f"{seed}-lose"), scenario)
+    if workers and random.Random(f"{seed}-server").random() < 0.3:
+        scenario = replace(scenario, stock_server=True)
     return draw_parts(seed, _prepare(random.Random(f"{seed}-prepare"), scenario))
 
 

@@ -152,6 +152,10 @@ def test_sample_covers_the_options() -> None:
         # 15151: raced workers that lose every trial (`Scenario.lose`) in a fit resumed after a SIGKILL
         # from last.ckpt: trials in epochs 2 and 4 (or 3 and 5), lost, by the rule (`tests.contract.retrials`).
         "workers that lose the race, tried again": any(s.lose and truth.epoch_units(s) > 0 for s in scenarios),
+        "workers from the stock fork server": any(s.stock_server for s in scenarios),
+        "workers from a fork server forked from the trainer": any(
+            not s.stock_server and (s.topology.num_workers or s.resume.topology.num_workers) for s in scenarios
+        ),
         "first batches read while workers start": any(
             s.handoff is None and (s.topology.num_workers or s.resume.topology.num_workers) for s in scenarios
         ),
