@@ -198,10 +198,13 @@ def where(data: dict[str, str]) -> dict[str, Any]:
         "t = time.perf_counter(); WorkerStart(worker_context('forkserver', None)).start().wait()\n"
         "print(json.dumps({'s': time.perf_counter() - t}))"
     )
-    found["fork server: start until it forks"] = _run(code)["s"]
+    found["fork server forked from this process: start until it forks"] = _run(code)["s"]
+    found["stock fork server: start until it forks"] = _run(code, {"LANCE_LIGHTNING_FORKED_SERVER": "off"})["s"]
     code = f"import json, probe_worker_race as b\nprint(json.dumps(b.child('scan', {data!r}, 2, 1)))"
     waited = _run(code, {"LANCE_LIGHTNING_WORKER_HANDOFF": "off"})["rates"][0]
     found["first scan epoch waiting for 2 workers (s)"] = ROWS / waited
+    stock = {"LANCE_LIGHTNING_WORKER_HANDOFF": "off", "LANCE_LIGHTNING_FORKED_SERVER": "off"}
+    found["first scan epoch waiting for 2 workers of the stock server (s)"] = ROWS / _run(code, stock)["rates"][0]
     found["limits"] = _run(f"import json, probe_worker_race as b\nprint(json.dumps(b.limits({data!r})))")
     return found
 

@@ -162,3 +162,40 @@ def test_the_server_leaves_without_running_the_trainers_exit_handlers(tmp_path: 
     found = _run(tmp_path, _STOPPED, str(marker))
     assert found["name"] == SERVER_NAME and found["child"] == 0 and found["gone"], found
     assert marker.read_text().split() == [str(found["main"])], "exit handlers ran outside the trainer"
+
+
+#: A transform calling a function the script defines only below its ``fit``.
+_DEFINED_LATER = """
+import sys
+import lance_lightning as ll
+
+class Later:
+    def __call__(self, batch):
+        return helper(batch)
+
+if __name__ == "__main__":
+    dm = ll.LanceDataModule(train=ll.LanceSource(sys.argv[1], columns=["id"]), batch_size=10, num_workers=1,
+                            transform=Later())
+    dm.setup("fit")
+    print("rows", sum(len(batch["id"]) for batch in dm.train_dataloader()))
+
+def helper(batch):
+    return batch
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forked server is Linux's")
+@pytest.mark.parametrize("server", ["forked", "stock"])
+def test_a_function_defined_below_fit_is_missing_only_in_a_forked_servers_workers(tmp_path: Path, server: str) -> None:
+    """As docs/fork-safety.md says: the forked server holds the script as it was at ``setup``; the
+    stock server's workers import the whole script (its guarded block aside)."""
+    uri = write_dataset(tmp_path / "ds.lance", 20, fragment_rows=20)
+    path = tmp_path / "script.py"
+    path.write_text(_DEFINED_LATER)
+    env = {k: v for k, v in zygote.zygote_env().items() if k not in (HANDOFF, ENV_SWITCH)}
+    env.update({CHOICE_SWITCH: "workers", HANDOFF: "off", ENV_SWITCH: "on" if server == "forked" else "off"})
+    proc = zygote.run([sys.executable, str(path), uri], cwd=REPO_ROOT, env=env, text=True, timeout=600)
+    if server == "stock":
+        assert proc.returncode == 0 and "rows 20" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    else:
+        assert proc.returncode != 0 and "NameError: name 'helper' is not defined" in proc.stderr, proc.stderr[-3000:]
