@@ -117,12 +117,19 @@ def _ddp(out: str) -> None:
     import torchmetrics.utilities.prints
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+    from lance_lightning.lifetime import destroy_gloo_group_at_exit
+
     at_import = [rank_zero_only.rank, torchmetrics.utilities.prints.rank_zero_only.rank]
 
     class Model(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.layer = torch.nn.Linear(2, 1)
+
+        def setup(self, stage: str) -> None:
+            # What the data module does for every fit: a gloo group left to the interpreter's
+            # finalization ends a finished rank with SIGABRT now and then (pytorch/pytorch#190489).
+            destroy_gloo_group_at_exit()
 
         def training_step(self, batch, batch_idx):
             return self.layer(batch[0]).sum()

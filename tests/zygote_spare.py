@@ -55,6 +55,8 @@ LAUNCHERS = (
 )
 _PR_SET_PDEATHSIG = 1
 _MESSAGE_BYTES = 1 << 20
+#: The spare's first message: it holds none of the child's stdio any more (`split` waits for it).
+_READY = b"ready"
 
 
 class Spare:
@@ -133,6 +135,9 @@ def split() -> tuple[dict[str, Any], list[int]] | None:
     pid = os.fork()
     if pid:
         theirs.close()
+        if ours.recv(len(_READY)) != _READY:  # once it holds none of this process's stdio
+            ours.close()
+            return None
         SparePopen.spare = Spare(pid, ours, os.environ)
         _patch_launchers()
         return None
@@ -150,6 +155,7 @@ def _wait(channel: socket.socket, parent: int) -> tuple[dict[str, Any], list[int
         os.dup2(null, fd)
     os.close(null)
     try:
+        channel.send(_READY)
         body, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 3)
     except OSError:
         os._exit(0)

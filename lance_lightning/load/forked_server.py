@@ -24,8 +24,8 @@ Guarantees:
   and dies with this process: at the end of its liveness pipe, as the stock server does, and by
   `lance_lightning.lifetime.watch_parent` when this process is killed. It and its workers are
   named `SERVER_NAME` (``ps``, ``top``), and `INHERITED` there lists the modules they hold from
-  this process. `running_server` says which server runs, and why a stock one does (the race's
-  end-of-fit statement, `lance_lightning.load.race`).
+  this process. `running_server` says which server runs, and why a stock one does (a line of the
+  end-of-fit report where workers started, `lance_lightning.metrics.report`).
 """
 
 from __future__ import annotations

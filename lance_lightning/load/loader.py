@@ -71,6 +71,7 @@ from lance_lightning.device.ahead import DevicePath
 from lance_lightning.errors import ConfigError, WorkerDiedError
 from lance_lightning.lifetime import shared_temp_dir, watch_parent
 from lance_lightning.load.dataset import Bundle, LanceIterableDataset, Shipping, WorkerError, ship_from_worker
+from lance_lightning.load.forked_server import running_server
 from lance_lightning.load.handoff import WorkerStart, read_epoch, timed_for_race
 from lance_lightning.load.lean_start import worker_context
 from lance_lightning.load.race import Race
@@ -417,6 +418,7 @@ class LanceDataLoader(DataLoader):
             "rank": dataset.rank,
             "workers_choice": self.race.describe(done=True) if self.race is not None else None,
             "workers_started": self.workers_started,
+            "worker_server": running_server() if self.workers_started else None,
         }
 
     def state_dict(self) -> dict[str, Any]:

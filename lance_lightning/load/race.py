@@ -65,8 +65,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from lance_lightning.load.forked_server import running_server
-
 #: The workers must deliver at least this multiple of the in-process rate to take over.
 MARGIN = 1.15
 #: Workers start only where parallel transforms could make the read this many times faster
@@ -271,6 +269,4 @@ class Race:
                 f"{bound:.2f}x faster) ({shown})"
             )
         again = f"; the workers' trial run {self.retrials + 1} times" if self.retrials else ""
-        server = running_server()
-        served = f"; their fork server: {server}" if server is not None else ""
-        return f"workers: {self.num_workers}, {how}: {outcome[self.choice]} ({shown}{again}{served})"
+        return f"workers: {self.num_workers}, {how}: {outcome[self.choice]} ({shown}{again})"

@@ -256,6 +256,8 @@ def format_report(
     if config.get("workers_choice"):
         whose = f"rank {config.get('rank', 0)} (each rank decides for itself): " if ranks > 1 else ""
         lines.append(f"  {whose}{config['workers_choice']}")
+    if config.get("worker_server"):
+        lines.append(f"  their fork server        {config['worker_server']}")
     if workers:
         lines.append(
             f"  worker output            {show('workers_ready', '.2f')} finished batches not yet received when asked"

@@ -30,6 +30,7 @@ import pytest
 from lightning.pytorch.callbacks import Callback
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, WorkerDiedError
+from lance_lightning.load.forked_server import ENV_SWITCH as FORKED_SERVER
 from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
 from tests.harness import ckpt_file, fit
 from tests.helpers import RecordingModel, append_rows, flat, make_table, write_dataset
@@ -72,9 +73,13 @@ def _shutdown(loader: Any) -> None:
         loader._iterator = None
 
 
+#: Rows of the `uri` fixture's dataset.
+ROWS = 4000
+
+
 @pytest.fixture
 def uri(tmp_path: Path) -> str:
-    return write_dataset(tmp_path / "ds.lance", 4000, fragment_rows=500)
+    return write_dataset(tmp_path / "ds.lance", ROWS, fragment_rows=500)
 
 
 #: A user's script with no ``if __name__ == "__main__":`` guard; its transform optionally carries
@@ -109,12 +114,23 @@ print(sum(1 for _ in dm.train_dataloader()))
 def test_workers_of_a_script_without_a_main_guard_fail_naming_the_fix(
     uri: str, tmp_path: Path, carried: int, error: str
 ) -> None:
+    """The stock fork server's workers import the script, so they run its unguarded code; a forked
+    server's workers hold it as it was (`lance_lightning.load.forked_server`), so the same script reads."""
     script = tmp_path / "train.py"
     script.write_text(_UNGUARDED_SCRIPT)
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    if carried == 1:  # the forked server, once
+        forked = subprocess.run(
+            [sys.executable, str(script), uri, str(carried)], capture_output=True, text=True, timeout=300, env=env
+        )
+        assert forked.returncode == 0 and forked.stdout.split() == [str(ROWS // 16)], forked.stderr[-3000:]
     done = subprocess.run(
-        [sys.executable, str(script), uri, str(carried)], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, str(script), uri, str(carried)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, FORKED_SERVER: "off"},
     )
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]

@@ -277,6 +277,8 @@ def test_a_cli_fit_with_a_python_transform_trains_the_rows_of_a_fit_without_work
     assert _by_epoch(records, "ids") == oracle, "rows lost, repeated or out of order"
     ((line,), (run,)) = _report_lines(output), _runs(records, 1)
     print(f"the race's outcome on this machine: {_check_statement(line, run)}")
+    if "workers not measured" not in line:  # they started: from a fork of this fresh process (before any dataset)
+        assert "their fork server        forked from this process, imported nothing" in output, output[-3000:]
 
 
 @pytest.mark.slow

@@ -289,6 +289,7 @@ def test_both_outcomes_train_the_rows_of_a_fit_without_workers_in_order(
     said = {"in_process": "the training process read", "workers": "the workers read"}[outcome]
     report = monitor.report()
     assert f"forced by {CHOICE_SWITCH}={outcome}: {said} (in process " in report, report
+    assert "\n  their fork server        " in report, "the report names the workers' fork server"
 
 
 @pytest.mark.slow
