@@ -107,20 +107,21 @@ def main() -> None:
         "Each row a fresh process; MiB from psutil after the epochs (USS: pages no other process maps; PSS: "
         "shared pages split between the processes mapping them). The weights are freed after `setup`.",
         "",
-        "| server | weights (MiB) | private at setup (MiB) | setup to end of epoch 1 (s) | trainer USS | "
-        "server USS | server PSS | workers USS (each) | workers PSS (sum) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| server | weights (MiB) | private at setup (MiB) | setup to end of epoch 1 (s) | trainer USS | trainer PSS | "
+        "server USS | server PSS | workers USS (each) | workers PSS (sum) | all PSS (sum) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for model_mib in (0, args.model_mib):
         for forked in (True, False):
             found = _case(data, model_mib, args.epochs, forked)
             workers = found["workers"]
             each = ", ".join(f"{w['uss']:,.0f}" for w in workers)
+            total = found["trainer"]["pss"] + found["fork_server"]["pss"] + sum(w["pss"] for w in workers)
             lines.append(
                 f"| {found['server']} | {model_mib} | {found['private_at_setup_mib']:,.0f} | "
-                f"{found['first_epoch_s']:.2f} | {found['trainer']['uss']:,.0f} | {found['fork_server']['uss']:,.0f} | "
-                f"{found['fork_server']['pss']:,.0f} | {each} | "
-                f"{sum(w['pss'] for w in workers):,.0f} |"
+                f"{found['first_epoch_s']:.2f} | {found['trainer']['uss']:,.0f} | {found['trainer']['pss']:,.0f} | "
+                f"{found['fork_server']['uss']:,.0f} | {found['fork_server']['pss']:,.0f} | {each} | "
+                f"{sum(w['pss'] for w in workers):,.0f} | {total:,.0f} |"
             )
             print(lines[-1], flush=True)
     args.out.write_text("\n".join(lines) + "\n")
