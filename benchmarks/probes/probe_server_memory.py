@@ -18,9 +18,7 @@ after ``setup`` stay in its USS.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -78,18 +76,9 @@ def child(data: dict[str, str], model_mib: int, epochs: int) -> dict[str, Any]:
 
 def _case(data: dict[str, str], model_mib: int, epochs: int, forked: bool) -> dict[str, Any]:
     code = f"import json, probe_server_memory as p\nprint(json.dumps(p.child({data!r}, {model_mib}, {epochs})))"
-    env = {**os.environ, "LANCE_LIGHTNING_WORKER_CHOICE": "workers", "LANCE_LIGHTNING_WORKER_HANDOFF": "off"}
+    env = {"LANCE_LIGHTNING_WORKER_CHOICE": "workers", "LANCE_LIGHTNING_WORKER_HANDOFF": "off"}
     env["LANCE_LIGHTNING_FORKED_SERVER"] = "on" if forked else "off"
-    done = subprocess.run(
-        [sys.executable, "-c", f"import sys; sys.path[:0] = {[str(PROBE_DIR), str(PROBE_DIR.parent)]!r}\n{code}"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-3000:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return race_probe._run(code, env)
 
 
 def main() -> None:
