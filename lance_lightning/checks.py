@@ -9,6 +9,7 @@ and says to pass credentials through the environment.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -65,3 +66,17 @@ def check_not_redacted(param: str, options: Mapping[str, Any] | None) -> None:
                 "AWS_SESSION_TOKEN) or a credentials profile and drop the key from storage_options, or give the "
                 "real value on the command line (docs/distributed.md, 'Data on object stores')",
             )
+
+
+#: The values an on/off environment switch takes.
+SWITCH_ON, SWITCH_OFF = ("on", "1", "true", "yes", ""), ("off", "0", "false", "no")
+
+
+def env_switch(name: str) -> bool:
+    """The on/off environment variable ``name`` (on when unset); `ConfigError` naming it otherwise."""
+    value = os.environ.get(name, "on").strip().lower()
+    if value in SWITCH_OFF:
+        return False
+    if value not in SWITCH_ON:
+        raise ConfigError(name, value, "must be on or off", f"set {name}=on or {name}=off")
+    return True

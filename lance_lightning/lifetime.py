@@ -61,6 +61,7 @@ import threading
 from collections.abc import Iterator
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 _POLL_S = 0.5
 
 
@@ -96,12 +97,21 @@ class ParentWatch:
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _prctl_deathsig(sig: int) -> bool:
+def _prctl(option: int, value: int | bytes) -> bool:
+    """``prctl(option, value)`` where the C library has it; whether it succeeded."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def _prctl_deathsig(sig: int) -> bool:
+    return _prctl(_PR_SET_PDEATHSIG, int(sig))
+
+
+def name_process(name: str) -> None:
+    """Set this process's name (``comm``: ``ps``, ``top``; Linux, at most 15 bytes kept)."""
+    _prctl(_PR_SET_NAME, name.encode())
 
 
 #: This process's watch, by pid: a worker forked from the forkserver inherits the server's entry,

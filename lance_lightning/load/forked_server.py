@@ -30,7 +30,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -41,7 +40,8 @@ import warnings
 from multiprocessing import connection, forkserver, resource_tracker, util
 from typing import Any
 
-from lance_lightning.lifetime import watch_parent
+from lance_lightning.checks import env_switch
+from lance_lightning.lifetime import name_process, watch_parent
 
 #: ``off`` starts the stock fork server (a fresh interpreter that imports the readers).
 ENV_SWITCH = "LANCE_LIGHTNING_FORKED_SERVER"
@@ -98,7 +98,7 @@ class ForkedServer:
 
     def refusal(self) -> str | None:
         """Why the server may not be forked from this process now; None where it may."""
-        if os.environ.get(ENV_SWITCH, "on").strip().lower() == "off":
+        if not env_switch(ENV_SWITCH):
             return f"{ENV_SWITCH}=off"
         if not sys.platform.startswith("linux") or sys.version_info[:2] not in FORKED_PYTHONS:
             return f"not verified on {sys.platform}, Python {sys.version_info[0]}.{sys.version_info[1]}"
@@ -165,7 +165,7 @@ def _serve(listener: socket.socket, alive_r: int, alive_w: int, parent: int) -> 
     code = 0
     try:
         INHERITED = frozenset(sys.modules)
-        _name_process(SERVER_NAME)
+        name_process(SERVER_NAME)
         # Locks another thread of this process may have held at the fork: new ones, as a fresh process has.
         forkserver._forkserver._lock = threading.Lock()  # type: ignore[attr-defined]
         resource_tracker._resource_tracker._lock = threading.RLock()  # type: ignore[attr-defined]
@@ -205,11 +205,3 @@ def _release_connections(keep: set[int]) -> None:
         if stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode):
             os.dup2(null, fd, inheritable=os.get_inheritable(fd))
     os.close(null)
-
-
-def _name_process(name: str) -> None:
-    """Set this process's name (``PR_SET_NAME``), where the C library allows."""
-    try:
-        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass

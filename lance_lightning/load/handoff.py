@@ -49,6 +49,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from lance_lightning.checks import env_switch
 from lance_lightning.load.dataset import Bundle, WorkerError
 from lance_lightning.load.lean_start import ensure_server, start_worker_server
 from lance_lightning.load.race import forced_choice, may_hold_gil
@@ -59,7 +60,7 @@ ENV_SWITCH = "LANCE_LIGHTNING_WORKER_HANDOFF"
 
 def handoff_enabled() -> bool:
     """Whether loaders read in process while their workers start (``LANCE_LIGHTNING_WORKER_HANDOFF``)."""
-    return os.environ.get(ENV_SWITCH, "on").strip().lower() not in ("off", "0", "false", "no")
+    return env_switch(ENV_SWITCH)
 
 
 def start_server_early(num_workers: int, method: str, transform: Any) -> None:

@@ -34,6 +34,7 @@ from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any
 
+from lance_lightning.checks import env_switch
 from lance_lightning.lifetime import shared_temp_dir
 from lance_lightning.load.forked_server import ForkedServer
 
@@ -99,7 +100,7 @@ def worker_context(method: str, transform: Any) -> Any:
     workers fork ready to run, and they start lean where this Python is verified (`LEAN_PYTHONS`)."""
     if method != "forkserver":
         return multiprocessing.get_context(method)
-    lean = sys.version_info[:2] in LEAN_PYTHONS and os.environ.get(ENV_SWITCH, "on").strip().lower() != "off"
+    lean = sys.version_info[:2] in LEAN_PYTHONS and env_switch(ENV_SWITCH)
     context = LeanForkServerContext() if lean else multiprocessing.get_context(method)
     modules = ["lance_lightning.load._forkserver"]
     if transform is not None:

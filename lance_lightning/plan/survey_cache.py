@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from lance_lightning.checks import env_switch
 from lance_lightning.errors import ConfigError
 from lance_lightning.plan.rowset import RowSet
 from lance_lightning.plan.survey_entry import load_entry, survey_identity, write_entry
@@ -104,11 +105,8 @@ def cached_survey(source: PinnedSource, compute: Callable[[], tuple[RowSet, int 
 
 def cache_settings() -> tuple[Path, int, int] | None:
     """``(directory, byte bound, entry bound)`` from the environment; None when the cache is off."""
-    switch = os.environ.get(ENV_SWITCH, "on").strip().lower()
-    if switch in ("off", "0", "false", "no"):
+    if not env_switch(ENV_SWITCH):
         return None
-    if switch not in ("on", "1", "true", "yes", ""):
-        raise ConfigError(ENV_SWITCH, switch, "must be on or off", f"set {ENV_SWITCH}=off to survey in every process")
     limit = _number(ENV_GB, DEFAULT_LIMIT_GB, float)
     entries = int(_number(ENV_ENTRIES, DEFAULT_ENTRIES, int))
     given = os.environ.get(ENV_DIR)

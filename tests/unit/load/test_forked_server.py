@@ -8,12 +8,12 @@ starts the server (the fork server is one per process, and in the test process L
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from lance_lightning.checks import env_switch
 from lance_lightning.load.forked_server import ENV_SWITCH, SERVER_NAME
 from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
 from lance_lightning.load.race import CHOICE_SWITCH
@@ -153,7 +153,6 @@ def test_the_switch_starts_the_stock_server(tmp_path: Path) -> None:
     found = _run(tmp_path, script, uri, env={ENV_SWITCH: "off"})
     assert found["switch"] == f"{ENV_SWITCH}=off" and found["fresh"] == found["switch"]
     assert "multiprocessing.forkserver" in found["server_cmdline"]
-    assert os.environ.get(ENV_SWITCH) is None, "the test process's own setting is untouched"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forked server is Linux's")
@@ -199,3 +198,29 @@ def test_a_function_defined_below_fit_is_missing_only_in_a_forked_servers_worker
         assert proc.returncode == 0 and "rows 20" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     else:
         assert proc.returncode != 0 and "NameError: name 'helper' is not defined" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("value", ["maybe", "2"])
+def test_a_switch_set_to_neither_on_nor_off_stops_setup_naming_it(tmp_path: Path, value: str) -> None:
+    """Before training starts, in the training process: the variable, its value and the fix."""
+    uri = write_dataset(tmp_path / "ds.lance", 20, fragment_rows=20)
+    script = _SERVED.split("dm.setup", 1)[0] + 'dm.setup("fit")\n'
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    env = {k: v for k, v in zygote.zygote_env().items() if k not in (CHOICE_SWITCH, HANDOFF)}
+    env[ENV_SWITCH] = value
+    proc = zygote.run([sys.executable, str(path), uri], cwd=REPO_ROOT, env=env, text=True, timeout=600)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and last.startswith("lance_lightning.errors.ConfigError: "), proc.stderr[-3000:]
+    assert ENV_SWITCH in last and value in last and "must be on or off" in last, last
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [(None, True), ("on", True), ("1", True), ("YES", True), ("off", False), (" 0 ", False)]
+)
+def test_env_switch_reads_on_and_off(monkeypatch: pytest.MonkeyPatch, value: str | None, on: bool) -> None:
+    if value is None:
+        monkeypatch.delenv(ENV_SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(ENV_SWITCH, value)
+    assert env_switch(ENV_SWITCH) is on
