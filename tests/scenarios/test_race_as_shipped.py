@@ -218,7 +218,9 @@ def test_a_cli_fit_with_a_transform_that_releases_the_gil_never_starts_a_worker(
 
 
 PYTHON = "{class_path: tests.worker_probe.PythonRows}"
-RATES = re.compile(r"\(in process ([\d,]+) rows/s, workers ([\d,]+|not measured)( rows/s)?\)$")
+RATES = re.compile(
+    r"\(in process ([\d,]+) rows/s, workers ([\d,]+|not measured)( rows/s)?(; the workers' trial run \d+ times)?\)$"
+)
 
 
 def _runs(records: list[dict[str, Any]], count: int) -> list[list[dict[str, Any]]]:
