@@ -20,6 +20,7 @@ starts a fresh process instead); ``LANCE_LIGHTNING_TEST_ZYGOTE=off`` starts ever
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The cache directory this pytest process made for the run (`pytest_configure`).
+_MADE_CACHE = pytest.StashKey[str]()
 # `tests.helpers` and `examples.digits` import from the repository root, whatever the cwd.
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
@@ -130,6 +133,7 @@ def pytest_configure(config: pytest.Config) -> None:
         import tempfile
 
         os.environ["LANCE_LIGHTNING_TEST_CACHE"] = tempfile.mkdtemp(prefix="lance-lightning-cache-")
+        config.stash[_MADE_CACHE] = os.environ["LANCE_LIGHTNING_TEST_CACHE"]  # removed when the session ends
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     os.environ["XDG_CACHE_HOME"] = os.path.join(os.environ["LANCE_LIGHTNING_TEST_CACHE"], worker)
     # A test with num_workers > 0 follows its workers (written before the race, #51): the race's
@@ -142,6 +146,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     # The CLI tests' zygote (tests/zygote.py), if this process started one.
     if "tests.zygote" in sys.modules:
         sys.modules["tests.zygote"].stop()
+    made = session.config.stash.get(_MADE_CACHE, None)  # the run's cache directory, by the process that made it
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 @pytest.fixture

@@ -72,7 +72,7 @@ from lance_lightning.errors import ConfigError, WorkerDiedError
 from lance_lightning.lifetime import shared_temp_dir, watch_parent
 from lance_lightning.load.dataset import Bundle, LanceIterableDataset, Shipping, WorkerError, ship_from_worker
 from lance_lightning.load.forked_server import running_server
-from lance_lightning.load.handoff import WorkerStart, read_epoch, timed_for_race
+from lance_lightning.load.handoff import WorkerStart, WorkerStop, read_epoch, timed_for_race
 from lance_lightning.load.lean_start import worker_context
 from lance_lightning.load.race import Race
 from lance_lightning.load.workers import STARTING_HINT, guard_workers
@@ -254,6 +254,8 @@ class LanceDataLoader(DataLoader):
         )
         #: What this process waits on, reading, before it starts its workers (`WorkerStart`), if any.
         self.worker_start: WorkerStart | None = None
+        #: Workers of a lost trial shutting down on a background thread (`WorkerStop`), if any.
+        self.worker_stop: WorkerStop | None = None
         #: Who reads the batches, the workers or this process (`lance_lightning.load.race`).
         self.race = Race(num_workers, prefetch_factor) if num_workers > 0 else None
         #: The dataset this process reads with when it has workers (`in_process`).
@@ -371,6 +373,7 @@ class LanceDataLoader(DataLoader):
 
     def start_workers(self) -> Iterator[Any]:
         """torch's multi-process iterator (it starts the workers, or resets persistent ones)."""
+        self.workers_stopped()
         shared_temp_dir()  # before torch builds the workers' Process objects, which copy it
         self.workers_started = True
         try:
@@ -384,12 +387,19 @@ class LanceDataLoader(DataLoader):
             ) from error
 
     def stop_workers(self, raw: Iterator[Any]) -> None:
-        """Shut down the workers of torch's iterator ``raw`` (the race chose this process)."""
-        shutdown = getattr(raw, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        """Shut down the workers of torch's iterator ``raw`` (the race chose this process) on a
+        background thread (`WorkerStop`): this process reads on meanwhile."""
         if self._iterator is raw:
             self._iterator = None
+        shutdown = getattr(raw, "_shutdown_workers", None)
+        if shutdown is not None:
+            self.worker_stop = WorkerStop(shutdown).start()
+
+    def workers_stopped(self) -> None:
+        """Wait until workers stopped by `stop_workers` have exited."""
+        stopping, self.worker_stop = self.worker_stop, None
+        if stopping is not None:
+            stopping.wait()
 
     def metrics_snapshot(self) -> Snapshot:
         """Cumulative totals of this process: the consumer's side and every pipeline stage.

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import psutil
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -283,6 +284,10 @@ def test_both_outcomes_train_the_rows_of_a_fit_without_workers_in_order(
     if outcome == "in_process":
         assert _segments(model.pids) == ["main", "workers", "main"], "no trial, or no switch back"
         assert loader._iterator is None, "the workers were kept after the race chose this process"
+        # They stop on a background thread while this process reads on (joined at the next epoch).
+        loader.workers_stopped()
+        lost = {pid for pid in model.pids if pid != os.getpid()}
+        assert lost and not [pid for pid in lost if psutil.pid_exists(pid)], "a stopped worker outlived its epoch"
     else:
         assert _segments(model.pids) == ["main", "workers"]
         assert len(set(model.pids[-3 * ROWS // BATCH // 2 :])) == 2, "both workers read the later epochs"
