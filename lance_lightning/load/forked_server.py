@@ -24,8 +24,10 @@ Guarantees:
   and dies with this process: at the end of its liveness pipe, as the stock server does, and by
   `lance_lightning.lifetime.watch_parent` when this process is killed. It and its workers are
   named `SERVER_NAME` (``ps``, ``top``), and `INHERITED` there lists the modules they hold from
-  this process. `running_server` says which server runs, and why a stock one does (a line of the
-  end-of-fit report where workers started, `lance_lightning.metrics.report`).
+  this process; `forked_code` is the user's code as it held it when it forked, checked before its
+  workers start (`lance_lightning.load.server_code`). `running_server` says which server runs,
+  and why a stock one does (a line of the end-of-fit report where workers started,
+  `lance_lightning.metrics.report`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 
 from lance_lightning.checks import env_switch
 from lance_lightning.lifetime import name_process, watch_parent
+from lance_lightning.load.server_code import user_modules
 
 #: ``off`` starts the stock fork server (a fresh interpreter that imports the readers).
 ENV_SWITCH = "LANCE_LIGHTNING_FORKED_SERVER"
@@ -56,6 +59,8 @@ INHERITED: frozenset[str] = frozenset()
 #: The pid of the server this process forked, and why it last declined to fork one.
 _forked_pid: int | None = None
 _declined: str | None = None
+#: The user's code as the server this process forked holds it (`lance_lightning.load.server_code.user_modules`).
+_forked_code: dict[str, dict[str, Any]] = {}
 
 
 def running_server() -> str | None:
@@ -66,6 +71,13 @@ def running_server() -> str | None:
     if pid == _forked_pid:
         return "forked from this process, imported nothing"
     return f"a fresh interpreter that imported the readers ({_declined or 'started outside this package'})"
+
+
+def forked_code() -> dict[str, dict[str, Any]] | None:
+    """The user's code as the running fork server holds it, where this process forked it; None
+    where the server imports what its workers need (the stock one) or none runs."""
+    pid = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]  # CPython's, not in typeshed
+    return _forked_code if pid is not None and pid == _forked_pid else None
 
 
 def lance_running() -> bool:
@@ -114,7 +126,7 @@ class ForkedServer:
 
     def start(self) -> bool:
         """Fork the server unless one runs (True) or `refusal` names a reason (False)."""
-        global _forked_pid, _declined
+        global _forked_pid, _declined, _forked_code
         server: Any = forkserver._forkserver  # CPython's private state (docs/internals.md)
         with server._lock:
             if _runs(server):
@@ -131,6 +143,7 @@ class ForkedServer:
                     os.chmod(address, 0o600)
                 listener.listen()
                 alive_r, alive_w = os.pipe()
+                held = user_modules()  # what the fork holds: checked before its workers start
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")  # Lance's generic fork warning; Python 3.12's threads warning
@@ -144,6 +157,7 @@ class ForkedServer:
                     os.close(alive_r)
             server._forkserver_address, server._forkserver_alive_fd = address, alive_w
             server._forkserver_pid = _forked_pid = pid
+            _forked_code = held
             return True
 
 

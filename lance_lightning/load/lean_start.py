@@ -1,12 +1,17 @@
 """Worker processes that start without running the training script again.
 
 Guarantees:
-- A process started through `lean_forkserver()` skips the import of the parent's main module
+- A process started through `LeanForkServerContext` skips the import of the parent's main module
   (the training script, or ``python -m`` module) that ``multiprocessing`` performs in every child,
-  whenever nothing pickled to the process refers to that module: the script's imports (Lightning,
-  model code) cost seconds per worker and per loader. When the payload does refer to it (a
-  transform defined in the script), the child imports it as ``multiprocessing`` always does, so the
-  pickled objects resolve.
+  whenever nothing pickled to the process refers to that module (the script's imports, Lightning
+  and model code, cost seconds per worker and per loader), or its server is a fork of this process
+  (its workers hold the main module already, a notebook's too). When the payload does refer to it
+  (a transform defined in the script), a stock server's child imports it as ``multiprocessing``
+  always does, so the pickled objects resolve.
+- Workers run the code this process runs, or do not start: `check_transform` when a loader with
+  workers is made, and every launch, refuse with a `ConfigError` a payload whose classes or
+  functions the workers would hold in an older version or could not import
+  (`lance_lightning.load.server_code`), and a transform that cannot be pickled.
 - Everything else is the stock ``forkserver`` start: the same server, preload modules, ``sys.path``,
   working directory and ``argv`` (the preparation data keeps every other field).
 - Only on the Python versions whose forkserver launch this mirrors (`LEAN_PYTHONS`), and unless
@@ -29,14 +34,17 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import pickle
 import sys
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any
 
 from lance_lightning.checks import env_switch
+from lance_lightning.errors import ConfigError
 from lance_lightning.lifetime import shared_temp_dir
-from lance_lightning.load.forked_server import ForkedServer
+from lance_lightning.load.forked_server import ForkedServer, forked_code, running_server
+from lance_lightning.load.server_code import MAIN_MODULES, check_workers_code, dump_recording, references
 
 #: Python versions whose ``popen_forkserver.Popen._launch`` `LeanPopen` mirrors.
 LEAN_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
@@ -50,22 +58,21 @@ YIELD_ENV = "LANCE_LIGHTNING_FORKSERVER_YIELD"
 _MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
 
 
-def refers_to_main(payload: bytes) -> bool:
-    """Whether a pickle may refer to an object of the main module (conservative: a string
-    ``__main__`` anywhere in it counts)."""
-    return b"__main__" in payload or b"__mp_main__" in payload
-
-
 class LeanPopen(popen_forkserver.Popen):
-    """The forkserver launch, with the main-module keys left out when the payload does not need them."""
+    """The forkserver launch, with the main-module keys left out when the payload does not need
+    them: it refers to nothing of the main module, or a forked server's worker holds the main
+    module already; and refused (`check_workers_code`) when the worker would not run the code of
+    this process."""
 
     def _launch(self, process_obj: Any) -> None:
         body, buf = io.BytesIO(), io.BytesIO()
         mp_context.set_spawning_popen(self)
         try:
-            reduction.dump(process_obj, body)
+            refs = dump_recording(process_obj, body)
+            held = forked_code()
+            check_workers_code("transform", refs, held)
             prep_data = spawn.get_preparation_data(process_obj._name)
-            if not refers_to_main(body.getvalue()):
+            if held is not None or not any(module in MAIN_MODULES for module, _ in refs):
                 for key in _MAIN_KEYS:
                     prep_data.pop(key, None)
             reduction.dump(prep_data, buf)
@@ -107,6 +114,27 @@ def worker_context(method: str, transform: Any) -> Any:
         modules.append(type(transform).__module__)
     context.set_forkserver_preload(modules)
     return context
+
+
+def check_transform(transform: Any, method: str) -> None:
+    """When a loader with workers is made, before a worker starts: refuse a ``transform`` its
+    workers could not run as this process has it (`check_workers_code`; a forked server that is
+    yet to fork will hold the code as it is then) or could not receive at all (not picklable)."""
+    if transform is None:
+        return
+    try:
+        refs = references(transform)
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        raise ConfigError(
+            "transform",
+            transform,
+            f"worker processes receive the transform pickled, and it cannot be ({type(error).__name__}: {error})",
+            "make it a module-level class or function (not a lambda, closure or local class); or set num_workers=0",
+        ) from error
+    held = forked_code() if method == "forkserver" else None
+    if held is None and method == "forkserver" and running_server() is None and ForkedServer().refusal() is None:
+        return  # the server, forked when workers need it, holds this process's code as it is then
+    check_workers_code("transform", refs, held, value=transform)
 
 
 def start_worker_server(num_workers: int, method: str, transform: Any, yield_cpu: bool = False) -> None:

@@ -1,0 +1,136 @@
+"""Workers run the code the training process runs now, or the loader refuses to start them.
+
+Guarantees:
+- Workers unpickle a transform's classes and functions by name from the modules they hold. A
+  forked server's workers hold this process's modules as they were when it forked (``__main__``
+  included: `lance_lightning.load.forked_server`); the stock server's and ``spawn``'s import them
+  from their files. So where a forked server runs, a class or function of the user's code (the
+  main module, and modules outside the Python installation: `user_modules`) that was defined,
+  redefined or reloaded after it forked would reach its workers as the old definition, or not at
+  all: a notebook cell run again with a changed transform trained with the first version,
+  silently. `stale` names those the payload refers to (`references`: what pickling it saves by
+  name), and `check_workers_code` refuses them with a `ConfigError` in this process, before a
+  worker starts.
+- An interactive main module (a notebook, ``python -``, ``python -c``: no file a worker can
+  import) reaches workers only through a forked server. With the stock server or ``spawn`` a
+  transform defined there is refused the same way, instead of every worker dying as it starts.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import sysconfig
+import types
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+from lance_lightning.errors import ConfigError
+
+#: A name's module and qualified name, as pickle saves a class or function.
+Reference = tuple[str, str]
+#: The main module's names in a pickle (the parent's, and a stock worker's re-import of it).
+MAIN_MODULES = ("__main__", "__mp_main__")
+_MISSING = object()
+
+
+def _installation_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    roots |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    return tuple(os.path.join(os.path.realpath(root), "") for root in roots)
+
+
+def user_modules() -> dict[str, dict[str, Any]]:
+    """This process's main module and the modules loaded from outside the Python installation,
+    each name to its namespace as it is now (a shallow copy: the objects themselves)."""
+    roots = _installation_roots()
+    held = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name == "__main__" or (path and not os.path.realpath(path).startswith(roots)):
+            held[name] = dict(vars(module))
+    return held
+
+
+class _RecordingPickler(ForkingPickler):
+    """``multiprocessing``'s pickler, recording every class and function it saves by name."""
+
+    def __init__(self, file: Any, protocol: int | None = None) -> None:
+        super().__init__(file, protocol)
+        self.references: set[Reference] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+            module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+            if isinstance(module, str) and isinstance(name, str):
+                self.references.add((module, name))
+        return NotImplemented
+
+
+def dump_recording(obj: Any, file: Any) -> set[Reference]:
+    """Pickle ``obj`` into ``file`` as ``multiprocessing`` does; the classes and functions it saved by name."""
+    pickler = _RecordingPickler(file)
+    pickler.dump(obj)
+    return pickler.references
+
+
+def references(obj: Any) -> set[Reference]:
+    """The classes and functions pickling ``obj`` saves by name."""
+    return dump_recording(obj, io.BytesIO())
+
+
+def stale(refs: set[Reference], held: dict[str, dict[str, Any]]) -> list[str]:
+    """Those of ``refs`` whose top-level name in a module of ``held`` is no longer the object
+    ``held`` records: defined, redefined or reloaded since."""
+    found = []
+    for module, name in sorted(refs):
+        namespace = held.get("__main__" if module in MAIN_MODULES else module)
+        if namespace is None or "<locals>" in name:
+            continue  # imported afresh by the workers, or not picklable by name anyway
+        top = name.split(".", 1)[0]
+        current = getattr(sys.modules["__main__" if module in MAIN_MODULES else module], top, _MISSING)
+        if namespace.get(top, _MISSING) is not current:
+            found.append(f"{module}.{name}")
+    return found
+
+
+def interactive_main() -> bool:
+    """Whether the main module has no file a worker could import (a notebook, ``python -``, ``-c``)."""
+    main = sys.modules["__main__"]
+    if getattr(getattr(main, "__spec__", None), "name", None):
+        return False  # ``python -m``: imported by name
+    path = getattr(main, "__file__", None)
+    return not (path and os.path.isfile(path))
+
+
+def check_workers_code(
+    param: str, refs: set[Reference], forked: dict[str, dict[str, Any]] | None, value: Any = None
+) -> None:
+    """Refuse workers that would not run the code of ``refs`` as this process has it: ``forked``
+    is what a forked server holds (`user_modules` when it forked), None for a server that imports.
+    The error shows ``value`` as ``param``'s (by default the names refused)."""
+    if forked is not None:
+        changed = stale(refs, forked)
+        if changed:
+            raise ConfigError(
+                param,
+                changed if value is None else value,
+                f"{', '.join(changed)} was defined, redefined or reloaded after this process's worker server "
+                "forked (at the first `setup` with workers): its workers hold the earlier code and would run it",
+                "restart the Python process or kernel before fitting with the changed code; or set num_workers=0; "
+                "or set LANCE_LIGHTNING_FORKED_SERVER=off before the first fit, with the code in an importable module",
+            )
+        return
+    if interactive_main():
+        interactive = sorted(f"{module}.{name}" for module, name in refs if module in MAIN_MODULES)
+        if interactive:
+            raise ConfigError(
+                param,
+                interactive if value is None else value,
+                f"{', '.join(interactive)} is defined in an interactive session (a notebook, `python -` or "
+                "`python -c`), which worker processes that import their code cannot import",
+                "move it into a .py module and import it from there; or set num_workers=0; or leave "
+                "LANCE_LIGHTNING_FORKED_SERVER on with the forkserver context (its workers hold the session's code)",
+            )

@@ -1,0 +1,87 @@
+"""What a payload refers to by name, and whether the workers' server holds it as this process has
+it (`lance_lightning.load.server_code`); a transform workers cannot receive is refused before a fit
+trains. The notebook path itself: tests/scenarios/test_notebook.py."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+
+from lance_lightning import LanceDataModule, LanceSource
+from lance_lightning.errors import ConfigError
+from lance_lightning.load.server_code import references, stale, user_modules
+from tests.helpers import RecordingModel, write_dataset
+from tests.worker_probe import RecordProcess
+
+
+class Outer:
+    class Inner:
+        pass
+
+
+def _scaled(batch: dict, factor: int) -> dict:
+    return batch
+
+
+def test_references_names_the_classes_and_functions_pickling_saves_by_name() -> None:
+    found = references({"a": Outer.Inner(), "b": functools.partial(_scaled, factor=2), "c": [json.dumps]})
+    assert {(__name__, "Outer.Inner"), (__name__, "_scaled"), ("json", "dumps")} <= found
+
+
+def test_user_modules_hold_the_main_module_and_code_outside_the_installation() -> None:
+    held = user_modules()
+    assert "__main__" in held and __name__ in held and "lance_lightning.load.server_code" in held
+    assert "json" not in held and "torch" not in held and "lightning.pytorch" not in held
+
+
+@pytest.fixture
+def user_module(tmp_path: Path) -> Iterator[types.ModuleType]:
+    """A module of the user's, loaded from a file outside the Python installation."""
+    module = types.ModuleType("user_transforms")
+    module.__file__ = str(tmp_path / "user_transforms.py")
+    Path(module.__file__).write_text("")
+    exec("class Tag:\n    pass\n", module.__dict__)
+    sys.modules[module.__name__] = module
+    yield module
+    del sys.modules[module.__name__]
+
+
+def test_a_definition_changed_after_the_snapshot_is_stale(user_module: types.ModuleType) -> None:
+    held = user_modules()
+    refs = references(user_module.Tag())
+    assert refs == {("user_transforms", "Tag")} and stale(refs, held) == []
+    exec("class Tag:\n    pass\n", user_module.__dict__)  # the cell run again, or the module reloaded
+    assert stale(references(user_module.Tag()), held) == ["user_transforms.Tag"]
+    assert stale(refs, {}) == [], "a module the server does not hold is imported afresh by the workers"
+
+
+def test_a_transform_workers_cannot_receive_is_refused_before_the_fit_trains(tmp_path: Path) -> None:
+    uri = write_dataset(tmp_path / "ds.lance", 40, fragment_rows=20)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x"]), batch_size=10, num_workers=2, transform=lambda batch: batch
+    )
+    model = RecordingModel()
+    trainer = pl.Trainer(
+        max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False
+    )
+    with pytest.raises(ConfigError, match=r"`transform`=<function .*<lambda>.*cannot be \(.*not a lambda") as caught:
+        trainer.fit(model, datamodule=dm)
+    assert caught.value.param == "transform" and model.seen == []
+
+
+def test_a_module_level_transform_reaches_the_workers(tmp_path: Path) -> None:
+    """The check passes what workers can run: every row read, by the workers (forced)."""
+    uri = write_dataset(tmp_path / "ds.lance", 40, fragment_rows=20)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id"]), batch_size=10, num_workers=2, transform=RecordProcess()
+    )
+    dm.setup("fit")
+    ids = [i for batch in dm.train_dataloader() for i in batch["id"].tolist()]
+    assert ids == list(range(40))
