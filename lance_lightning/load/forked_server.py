@@ -73,11 +73,16 @@ def running_server() -> str | None:
     return f"a fresh interpreter that imported the readers ({_declined or 'started outside this package'})"
 
 
+def forked_running() -> bool:
+    """Whether the running fork server is one this process forked (ready once forked)."""
+    pid = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]  # CPython's, not in typeshed
+    return pid is not None and pid == _forked_pid
+
+
 def forked_code() -> dict[str, dict[str, Any]] | None:
     """The user's code as the running fork server holds it, where this process forked it; None
     where the server imports what its workers need (the stock one) or none runs."""
-    pid = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]  # CPython's, not in typeshed
-    return _forked_code if pid is not None and pid == _forked_pid else None
+    return _forked_code if forked_running() else None
 
 
 def lance_running() -> bool:

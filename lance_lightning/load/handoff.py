@@ -52,6 +52,7 @@ from typing import Any
 
 from lance_lightning.checks import env_switch
 from lance_lightning.load.dataset import Bundle, WorkerError
+from lance_lightning.load.forked_server import forked_running
 from lance_lightning.load.lean_start import ensure_server, start_worker_server
 from lance_lightning.load.race import forced_choice, may_hold_gil
 from lance_lightning.plan.layout import Layout
@@ -98,8 +99,8 @@ def handover_step(layout: Layout, least: int, window_rows: int | None) -> int:
 
 class WorkerStart:
     """Waits, on a background thread, until worker processes of ``context`` start without delay:
-    for ``forkserver``, until the fork server has finished its imports (it forks an empty process
-    then); other start methods are ready at once."""
+    for the stock ``forkserver``, until the fork server has finished its imports (it forks an
+    empty process then); a forked server and other start methods are ready at once."""
 
     def __init__(self, context: Any) -> None:
         self._context = context
@@ -116,7 +117,7 @@ class WorkerStart:
         return self._context is not None and self._context.get_start_method() == "forkserver"
 
     def _wait(self) -> None:
-        if not self._forkserver:
+        if not self._forkserver or forked_running():  # a forked server imports nothing: ready once forked
             return
         empty = self._context.Process(target=os.getpid, daemon=True)  # nothing to import
         try:
