@@ -85,3 +85,35 @@ def test_a_module_level_transform_reaches_the_workers(tmp_path: Path) -> None:
     dm.setup("fit")
     ids = [i for batch in dm.train_dataloader() for i in batch["id"].tolist()]
     assert ids == list(range(40))
+
+
+_INTERACTIVE_SPAWN = """
+import sys
+import lance_lightning as ll
+
+class Tag:
+    def __call__(self, batch):
+        return batch
+
+dm = ll.LanceDataModule(train=ll.LanceSource(sys.argv[1], columns=["id"]), batch_size=10, num_workers=2,
+                        transform=Tag(), multiprocessing_context="spawn")
+dm.setup("fit")
+dm.train_dataloader()
+print("made")
+"""
+
+
+def test_with_spawn_a_transform_defined_in_an_interactive_session_is_refused_when_the_loader_is_made(
+    tmp_path: Path,
+) -> None:
+    """``python -c``: no file a spawned worker could import the class from."""
+    import subprocess
+
+    uri = write_dataset(tmp_path / "ds.lance", 20, fragment_rows=20)
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERACTIVE_SPAWN, uri], capture_output=True, text=True, timeout=300, check=False
+    )
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and "made" not in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert last.startswith("lance_lightning.errors.ConfigError: `transform`=<__main__.Tag object"), last
+    assert "__main__.Tag is defined in an interactive session" in last and "move it into a .py module" in last, last
