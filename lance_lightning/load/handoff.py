@@ -134,9 +134,9 @@ class WorkerStart:
 
 class WorkerStop:
     """Shuts down the workers of a lost trial on a background thread (``shutdown``: torch's
-    iterator's): this process reads on at once while they finish their messages and exit (35 ms
-    for 2 workers on a 2-core VM, a tenth of a 10^5-row epoch). ``wait`` joins it: at the next
-    epoch's start, and before workers start again."""
+    iterator's): this process reads on at once while they finish their messages and exit (the
+    shutdown waits for each worker's message in progress). ``wait`` joins it: at the next epoch's
+    start, and before workers start again."""
 
     def __init__(self, shutdown: Any) -> None:
         self._thread = threading.Thread(target=shutdown, name="lance-lightning-worker-stop", daemon=True)

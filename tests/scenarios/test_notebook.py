@@ -24,6 +24,8 @@ from lance_lightning.load.race import CHOICE_SWITCH
 from tests.helpers import write_dataset
 
 ROWS, BATCH = 200, 25
+#: The kernel spec the tests write: this interpreter's ipykernel.
+KERNEL = "lance-lightning-test"
 
 _SETUP = """
 import json, os
@@ -71,9 +73,7 @@ def _run_notebook(tmp_path: Path, uri: str) -> list[dict]:
         "print(json.dumps(fit()))",
     ]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
-    NotebookClient(
-        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
+    NotebookClient(notebook, timeout=600, kernel_name=KERNEL, resources={"metadata": {"path": str(tmp_path)}}).execute()
     outcomes = []
     for cell in notebook.cells:
         for output in cell.get("outputs", []):
@@ -83,8 +83,15 @@ def _run_notebook(tmp_path: Path, uri: str) -> list[dict]:
 
 
 @pytest.fixture
-def notebook_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """The kernel inherits this process's environment: every batch read by the workers."""
+def notebook_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    """The kernel inherits this process's environment: every batch read by the workers, and a
+    kernel spec of this interpreter first on Jupyter's path (a machine's own ``python3`` spec may
+    name another Python)."""
+    spec = tmp_path / "jupyter" / "kernels" / KERNEL
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": KERNEL, "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv(CHOICE_SWITCH, "workers")
     monkeypatch.setenv(HANDOFF, "off")
     return monkeypatch

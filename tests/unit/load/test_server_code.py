@@ -77,7 +77,7 @@ def test_a_transform_workers_cannot_receive_is_refused_before_the_fit_trains(tmp
 
 
 def test_a_module_level_transform_reaches_the_workers(tmp_path: Path) -> None:
-    """The check passes what workers can run: every row read, by the workers (forced)."""
+    """The check passes what workers can run: every row read, in order."""
     uri = write_dataset(tmp_path / "ds.lance", 40, fragment_rows=20)
     dm = LanceDataModule(
         train=LanceSource(uri, columns=["id"]), batch_size=10, num_workers=2, transform=RecordProcess()
