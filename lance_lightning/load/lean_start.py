@@ -8,10 +8,13 @@ Guarantees:
   (its workers hold the main module already, a notebook's too). When the payload does refer to it
   (a transform defined in the script), a stock server's child imports it as ``multiprocessing``
   always does, so the pickled objects resolve.
-- Workers run the code this process runs, or do not start: `check_transform` when a loader with
+- Workers run the code this process runs, or do not start: `check_worker_launch` when a loader with
   workers is made, and every launch, refuse with a `ConfigError` a payload whose classes or
   functions the workers would hold in an older version or could not import
-  (`lance_lightning.load.server_code`), and a transform that cannot be pickled.
+  (`lance_lightning.load.server_code`), and a transform that cannot be pickled. Where workers
+  start through ``multiprocessing``'s own launch (``spawn``; ``forkserver`` without `lean_launch`),
+  which tells each to run the main module again, a main module read from no file (``python -``)
+  is refused the same way: every such worker would die as it starts.
 - Everything else is the stock ``forkserver`` start: the same server, preload modules, ``sys.path``,
   working directory and ``argv`` (the preparation data keeps every other field).
 - Only on the Python versions whose forkserver launch this mirrors (`LEAN_PYTHONS`), and unless
@@ -44,7 +47,13 @@ from lance_lightning.checks import env_switch
 from lance_lightning.errors import ConfigError
 from lance_lightning.lifetime import shared_temp_dir
 from lance_lightning.load.forked_server import ForkedServer, forked_code, running_server
-from lance_lightning.load.server_code import MAIN_MODULES, check_workers_code, dump_recording, references
+from lance_lightning.load.server_code import (
+    MAIN_MODULES,
+    check_workers_code,
+    dump_recording,
+    references,
+    unrunnable_main_path,
+)
 
 #: Python versions whose ``popen_forkserver.Popen._launch`` `LeanPopen` mirrors.
 LEAN_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
@@ -107,8 +116,7 @@ def worker_context(method: str, transform: Any) -> Any:
     workers fork ready to run, and they start lean where this Python is verified (`LEAN_PYTHONS`)."""
     if method != "forkserver":
         return multiprocessing.get_context(method)
-    lean = sys.version_info[:2] in LEAN_PYTHONS and env_switch(ENV_SWITCH)
-    context = LeanForkServerContext() if lean else multiprocessing.get_context(method)
+    context = LeanForkServerContext() if lean_launch() else multiprocessing.get_context(method)
     modules = ["lance_lightning.load._forkserver"]
     if transform is not None:
         modules.append(type(transform).__module__)
@@ -116,10 +124,29 @@ def worker_context(method: str, transform: Any) -> Any:
     return context
 
 
-def check_transform(transform: Any, method: str) -> None:
-    """When a loader with workers is made, before a worker starts: refuse a ``transform`` its
-    workers could not run as this process has it (`check_workers_code`; a forked server that is
-    yet to fork will hold the code as it is then) or could not receive at all (not picklable)."""
+def lean_launch() -> bool:
+    """Whether ``forkserver`` workers start through `LeanPopen` (`LEAN_PYTHONS`, the switch on)."""
+    return sys.version_info[:2] in LEAN_PYTHONS and env_switch(ENV_SWITCH)
+
+
+def check_worker_launch(transform: Any, method: str) -> None:
+    """When a loader with workers is made, before a worker starts: refuse workers that would die
+    as they start, running again a main module read from no file (`unrunnable_main_path`), and a
+    ``transform`` its workers could not run as this process has it (`check_workers_code`; a forked
+    server that is yet to fork will hold the code as it is then) or could not receive at all (not
+    picklable)."""
+    main_path = unrunnable_main_path()
+    if main_path is not None and (method == "spawn" or (method == "forkserver" and not lean_launch())):
+        switch_off = method == "forkserver" and not env_switch(ENV_SWITCH)
+        param, value = (ENV_SWITCH, os.environ.get(ENV_SWITCH)) if switch_off else ("multiprocessing_context", method)
+        raise ConfigError(
+            param,
+            value,
+            f"workers started this way run the main module again from its file, and it was read from {main_path!r} "
+            "(`python -`), which is no file: every worker would die as it starts",
+            "run the script from a .py file; or use the forkserver context with LANCE_LIGHTNING_LEAN_WORKERS "
+            "unset; or set num_workers=0",
+        )
     if transform is None:
         return
     try:

@@ -73,7 +73,7 @@ from lance_lightning.lifetime import shared_temp_dir, watch_parent
 from lance_lightning.load.dataset import Bundle, LanceIterableDataset, Shipping, WorkerError, ship_from_worker
 from lance_lightning.load.forked_server import running_server
 from lance_lightning.load.handoff import WorkerStart, WorkerStop, read_epoch, timed_for_race
-from lance_lightning.load.lean_start import check_transform, worker_context
+from lance_lightning.load.lean_start import check_worker_launch, worker_context
 from lance_lightning.load.race import Race
 from lance_lightning.load.workers import STARTING_HINT, guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
@@ -230,7 +230,7 @@ class LanceDataLoader(DataLoader):
         method = _start_method(multiprocessing_context)
         check_start_method(method, num_workers)
         if num_workers > 0:
-            check_transform(dataset.transform, method)
+            check_worker_launch(dataset.transform, method)
         context = worker_context(method, dataset.transform) if num_workers > 0 else None
         slabs = SlabChannel.open(context, num_workers) if num_workers > 0 else None
         ship_positions = device_path is not None and device_path.ships_positions

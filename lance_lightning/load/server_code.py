@@ -14,6 +14,9 @@ Guarantees:
 - An interactive main module (a notebook, ``python -``, ``python -c``: no file a worker can
   import) reaches workers only through a forked server. With the stock server or ``spawn`` a
   transform defined there is refused the same way, instead of every worker dying as it starts.
+- `unrunnable_main_path` names a main module read from a path that is no file (``python -``:
+  ``<stdin>``), which ``multiprocessing``'s own launch tells every child to run again: the caller
+  refuses such a launch before a worker starts (`lance_lightning.load.lean_start.check_worker_launch`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import sys
 import sysconfig
 import types
+from multiprocessing import process
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -107,6 +111,20 @@ def interactive_main() -> bool:
         return False  # ``python -m``: imported by name
     path = getattr(main, "__file__", None)
     return not (path and os.path.isfile(path))
+
+
+def unrunnable_main_path() -> str | None:
+    """The path ``multiprocessing``'s own launch tells each child to run the main module from, where
+    no file is there (``python -``: ``<stdin>``); None where it names a file or none (``python -m``,
+    ``-c``, a notebook)."""
+    main = sys.modules["__main__"]
+    if getattr(getattr(main, "__spec__", None), "name", None):
+        return None
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str):
+        return None
+    # joined as `multiprocessing.spawn.get_preparation_data` joins it
+    return None if os.path.isfile(os.path.join(getattr(process, "ORIGINAL_DIR", None) or "", path)) else path
 
 
 def check_workers_code(

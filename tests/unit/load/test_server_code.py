@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import subprocess
 import sys
 import types
 from collections.abc import Iterator
@@ -107,8 +109,6 @@ def test_with_spawn_a_transform_defined_in_an_interactive_session_is_refused_whe
     tmp_path: Path,
 ) -> None:
     """``python -c``: no file a spawned worker could import the class from."""
-    import subprocess
-
     uri = write_dataset(tmp_path / "ds.lance", 20, fragment_rows=20)
     proc = subprocess.run(
         [sys.executable, "-c", _INTERACTIVE_SPAWN, uri], capture_output=True, text=True, timeout=300, check=False
@@ -117,3 +117,68 @@ def test_with_spawn_a_transform_defined_in_an_interactive_session_is_refused_whe
     assert proc.returncode != 0 and "made" not in proc.stdout, proc.stdout + proc.stderr[-2000:]
     assert last.startswith("lance_lightning.errors.ConfigError: `transform`=<__main__.Tag object"), last
     assert "__main__.Tag is defined in an interactive session" in last and "move it into a .py module" in last, last
+
+
+_STDIN_SCRIPT = """
+import json, os, sys, torch
+import lance_lightning as ll
+
+class Tag:
+    def __call__(self, batch):
+        batch["pid"] = torch.full((len(batch["id"]),), os.getpid())
+        return batch
+
+dm = ll.LanceDataModule(train=ll.LanceSource(sys.argv[1], columns=["id"]), batch_size=10, num_workers=2,
+                        transform=Tag() if sys.argv[3] == "main" else None, multiprocessing_context=sys.argv[2])
+dm.setup("fit")
+batches = list(dm.train_dataloader())
+print(json.dumps({"ids": [i for b in batches for i in b["id"].tolist()],
+                  "pids": sorted({p for b in batches for p in b.get("pid", b["id"]).tolist()}), "main": os.getpid()}))
+"""
+
+
+def _run_stdin(uri: str, context: str, transform: str, **env: str) -> subprocess.CompletedProcess:
+    """`_STDIN_SCRIPT` read by ``python -`` (its main module's ``__file__`` is ``<stdin>``), with
+    its own transform (``main``) or none."""
+    environ = {**os.environ, **env}
+    return subprocess.run(
+        [sys.executable, "-", uri, context, transform],
+        input=_STDIN_SCRIPT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=environ,
+    )
+
+
+def test_a_script_read_from_stdin_trains_through_the_forked_server_s_workers(tmp_path: Path) -> None:
+    """``python -``: the lean launch sends no main module to run again, and the forked server's
+    workers hold the script's class (``LANCE_LIGHTNING_WORKER_HANDOFF=off``: the workers read every batch)."""
+    uri = write_dataset(tmp_path / "ds.lance", 40, fragment_rows=20)
+    proc = _run_stdin(uri, "forkserver", "main", LANCE_LIGHTNING_WORKER_HANDOFF="off")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["ids"] == list(range(40)) and seen["main"] not in seen["pids"], seen
+
+
+@pytest.mark.parametrize(
+    ("context", "env", "param"),
+    [
+        ("forkserver", {"LANCE_LIGHTNING_LEAN_WORKERS": "off"}, "LANCE_LIGHTNING_LEAN_WORKERS"),
+        ("spawn", {}, "multiprocessing_context"),
+    ],
+    ids=["lean-off", "spawn"],
+)
+def test_a_launch_that_runs_a_script_read_from_stdin_again_is_refused_when_the_loader_is_made(
+    tmp_path: Path, context: str, env: dict[str, str], param: str
+) -> None:
+    """``multiprocessing``'s own launch tells every worker to run ``<stdin>`` again, where no file
+    is, whatever the transform (none here): a `ConfigError` naming what chose that launch, not
+    every worker dying as it starts."""
+    uri = write_dataset(tmp_path / "ds.lance", 20, fragment_rows=20)
+    proc = _run_stdin(uri, context, "none", **env)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and not proc.stdout.strip(), proc.stdout + proc.stderr[-3000:]
+    assert last.startswith(f"lance_lightning.errors.ConfigError: `{param}`="), last
+    assert "read from '<stdin>'" in last and "run the script from a .py file" in last, last
