@@ -20,6 +20,7 @@ import signal
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,20 @@ def _scalars(log_dir: Path) -> dict[str, list[float]]:
     return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
+@pytest.fixture
+def one_intraop_thread() -> Iterator[None]:
+    """Torch's intra-op threads set to 1 for the test, then back: the fit below runs in this
+    process, beside the other pytest-xdist worker on a 2-core machine, where a team of 2 OpenMP
+    threads per op only contends (and spins) for the cores. What it logs does not depend on it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_intraop_thread")
 def test_gpt_trains_on_packed_mixture_batches_and_logs_throughput(corpus: Path, tmp_path: Path) -> None:
     from examples.gpt_mixture import GPT
 
@@ -215,6 +230,16 @@ class WindowRecorder(Callback):
             file.write(json.dumps(record) + "\n")
 
 
+class OneIntraOpThread(Callback):
+    """Sets torch's intra-op threads to 1 when the fit starts: its tiny ops gain nothing from a team
+    of 2 OpenMP threads, which on a loaded 2-core machine only contend (and spin) for the cores
+    (Lightning already gives each of 2 DDP ranks 1 thread there). What the fit trains does not
+    depend on it."""
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        torch.set_num_threads(1)
+
+
 def _records(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for path in sorted(out.glob("rank*.jsonl")) for line in path.read_text().splitlines()]
 
@@ -232,11 +257,12 @@ def _config(corpus: Path, tmp_path: Path, every: int, mixture: bool) -> Path:
     if mixture:
         config["data"]["packing"]["init_args"]["seq_len"] = 64
         mixture_args = config["data"]["train"]["init_args"]
-        # An epoch of 400 samples in blocks of 100 (the test corpus has a few hundred windows), the
-        # schedule's stage changing at step 25 (sample 200): 0.7 code overall, as in the shipped config
-        # (2,400 samples cost three fits 350 s on 2 cores).
-        mixture_args.update(samples=400, block=100)
-        mixture_args["schedule"][0]["until_step"] = 25
+        # An epoch of 160 samples in blocks of 40 (the test corpus has a few hundred windows), the
+        # schedule's stage changing at step 10 (sample 80, after the kill at sample 32, so the resumed
+        # run crosses it): blocks of 32 + 8 then 24 + 16, 0.7 code overall, as in the shipped config
+        # (2,400 samples cost three fits 350 s on 2 cores; 400 samples, 39 s).
+        mixture_args.update(samples=160, block=40)
+        mixture_args["schedule"][0]["until_step"] = 10
     else:
         del config["data"]["packing"]
         config["data"]["train"] = {"uri": f"{corpus.as_posix()}/code.lance", "columns": ["tokens"]}
@@ -250,15 +276,17 @@ def _config(corpus: Path, tmp_path: Path, every: int, mixture: bool) -> Path:
 
 
 def _command(config: Path, cwd: Path, record: Path, *args: str) -> tuple[list[str], dict[str, str]]:
-    """``lance-lightning fit`` of ``config`` recording its windows in ``record``, and its environment."""
+    """``lance-lightning fit`` of ``config`` recording its windows in ``record`` (on 1 intra-op thread,
+    `OneIntraOpThread`), and its environment."""
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     if env.pop("PYTHONDONTWRITEBYTECODE", None):  # see tests/scenarios/test_ddp.py
         env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "lance_lightning_test_pycache"))
     recorder = {"class_path": "tests.scenarios.test_gpt_example.WindowRecorder", "init_args": {"out": str(record)}}
+    threads = {"class_path": "tests.scenarios.test_gpt_example.OneIntraOpThread"}
     command = [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)]
     command += ["--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false", *args]
-    command += [f"--trainer.callbacks+={json.dumps(recorder)}"]
+    command += [f"--trainer.callbacks+={json.dumps(recorder)}", f"--trainer.callbacks+={json.dumps(threads)}"]
     cwd.mkdir(parents=True, exist_ok=True)
     return command, env
 

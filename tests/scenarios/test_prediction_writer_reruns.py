@@ -3,7 +3,10 @@ subprocess), as issue #50's testers ran it: a run SIGKILLed after some batches, 
 written again or the model changed, then the same command; a twin run of the same command that
 commits first; bad names and empty outputs ending on one screen; and, through ``Trainer.predict``,
 a dataset on an S3-compatible server (moto on loopback) without ``run_dir``. The oracle is the
-model's function of each row's ``id`` (`embedding_of`), what an uninterrupted run writes."""
+model's function of each row's ``id`` (`embedding_of`), what an uninterrupted run writes.
+
+The two reruns after a SIGKILL start from the same killed command (`killed_run`: one run for the
+module; each test reruns on what it left, put back at the path it ran at)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
@@ -72,13 +76,38 @@ def _emb_is_the_oracle(uri: str, rows: int = 300) -> None:
     assert np.allclose(np.stack(table["emb"].to_numpy(zero_copy_only=False)), embedding_of(table["id"].to_numpy()))
 
 
-def test_a_killed_run_rerun_on_a_dataset_written_again_starts_over_and_reads(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Path]:
+    """One ``lance-lightning predict`` on a new dataset of 300 rows (fragments of 50), SIGKILLed after
+    6 batches, checked to have finished a fragment and committed nothing. Gives a function that puts
+    the folder it ran in (``rows.lance``, the run folder ``run``) back as the kill left it and returns
+    it: at the same path, since a run is named by its dataset's location."""
+    root = tmp_path_factory.mktemp("killed_predict")
+    uri, run_dir = str(root / "rows.lance"), root / "run"
+    write_rows(uri, rows=300, per_fragment=50)
+    config = _config(tmp_path_factory.mktemp("killed_config"), uri, run_dir, kill_after=6)
+    code, output = run_command(["predict", "--config", str(config)])
+    assert code == KILLED, output[-3000:]
+    assert list((run_dir / "records").glob("*.json")), "the killed run had finished a fragment"
+    assert lance.dataset(uri).version == 1, "a killed run commits nothing"
+    pristine = tmp_path_factory.mktemp("killed_predict_pristine")
+    shutil.copytree(root, pristine, dirs_exist_ok=True)
+
+    def as_killed() -> Path:
+        shutil.rmtree(root)
+        shutil.copytree(pristine, root)
+        return root
+
+    return as_killed
+
+
+def test_a_killed_run_rerun_on_a_dataset_written_again_starts_over_and_reads(
+    tmp_path: Path, killed_run: Callable[[], Path]
+) -> None:
     """Issue #50 (2): the rerun committed the deleted dataset's fragments (every read then failed
     with 'Not found: .../data/<a file of the deleted dataset>.lance')."""
-    uri, run_dir = str(tmp_path / "rows.lance"), tmp_path / "run"
-    write_rows(uri, rows=300, per_fragment=50)
-    code, output = run_command(["predict", "--config", str(_config(tmp_path, uri, run_dir, kill_after=6))])
-    assert code == KILLED, output[-3000:]
+    root = killed_run()  # SIGKILLed after 6 batches (`killed_run`), a fragment finished
+    uri, run_dir = str(root / "rows.lance"), root / "run"
     assert list((run_dir / "records").glob("*.json")), "the killed run had finished a fragment"
     shutil.rmtree(uri)
     write_rows(uri, rows=300, per_fragment=60)
@@ -90,12 +119,12 @@ def test_a_killed_run_rerun_on_a_dataset_written_again_starts_over_and_reads(tmp
     _emb_is_the_oracle(uri)
 
 
-def test_a_killed_run_rerun_with_another_model_is_refused_then_finishes_with_the_first(tmp_path: Path) -> None:
+def test_a_killed_run_rerun_with_another_model_is_refused_then_finishes_with_the_first(
+    tmp_path: Path, killed_run: Callable[[], Path]
+) -> None:
     """Issue #50 (3): ids 1-1999 held the first model's outputs and 2000-3999 the second's."""
-    uri, run_dir = str(tmp_path / "rows.lance"), tmp_path / "run"
-    write_rows(uri, rows=300, per_fragment=50)
-    code, output = run_command(["predict", "--config", str(_config(tmp_path, uri, run_dir, kill_after=6))])
-    assert code == KILLED, output[-3000:]
+    root = killed_run()  # SIGKILLed after 6 batches (`killed_run`)
+    uri, run_dir = str(root / "rows.lance"), root / "run"
     config = str(_config(tmp_path, uri, run_dir))
     code, output = run_command(["predict", "--config", config, "--model.init_args.scale=2.0"])
     screen = error_screen(output)

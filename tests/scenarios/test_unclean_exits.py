@@ -17,12 +17,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ import torch
 from torch import nn
 
 from lance_lightning import LanceDataModule, LanceSource
+from tests import zygote
 from tests.helpers import RecordingModel, run_cli, write_dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,8 +49,9 @@ WEIGHTS_ONLY_LINE = "`weights_only` was not set"
 
 
 class ReplayMarkerModel(pl.LightningModule):
-    """A tiny regression on ``x`` that writes the file ``$LANCE_LIGHTNING_TEST_REPLAY_MARKER`` at
-    its first training step beyond ``max_steps``: the replay probe's first step."""
+    """A tiny regression on ``x`` that writes its process id to the file
+    ``$LANCE_LIGHTNING_TEST_REPLAY_MARKER`` at its first training step beyond ``max_steps``: the
+    replay probe's first step."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,7 +61,9 @@ class ReplayMarkerModel(pl.LightningModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         self.calls += 1
         if self.calls == self.trainer.max_steps + 1:
-            Path(os.environ[MARKER_ENV]).write_text("replaying")
+            marker = Path(os.environ[MARKER_ENV])
+            marker.with_suffix(".tmp").write_text(str(os.getpid()))
+            marker.with_suffix(".tmp").rename(marker)  # whole when it appears
         x = batch["x"].float().reshape(-1, 1)
         return (self.layer(x) - x).pow(2).mean()
 
@@ -113,41 +119,55 @@ data:
 
 @pytest.mark.parametrize("command", ["fit", "profile"])
 def test_sigterm_during_the_replay_probe_stops_it_with_status_143(tmp_path: Path, uri: str, command: str) -> None:
+    """The command runs in its own session, forked from the test zygote (`tests.zygote`: the process
+    a fresh start gives, its own pid and signal dispositions, less the imports); the SIGTERM goes to
+    the pid its replay wrote."""
     config = _replay_config(tmp_path, uri)
     marker = tmp_path / "replaying"
     args = ["fit", "--config", str(config)]
     if command == "profile":
         args = ["profile", "--config", str(config), "--replay", "2", "--replay_steps", str(REPLAY_STEPS)]
         args += ["--batches", "6", "--progress", "false"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lance_lightning.cli", *args],
-        cwd=tmp_path,
-        env=_env(**{MARKER_ENV: str(marker)}),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    ended: list[zygote.Grouped] = []
+    launch = threading.Thread(
+        target=lambda: ended.append(
+            zygote.run_in_session(
+                [sys.executable, "-m", "lance_lightning.cli", *args],
+                cwd=tmp_path,
+                env=_env(**{MARKER_ENV: str(marker)}),
+                timeout=400 + SIGTERM_EXIT_BOUND_S,
+                spare=False,
+            )
+        ),
+        daemon=True,
     )
+    launch.start()
+    pid = None
     try:
         deadline = time.monotonic() + 400
-        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        while not marker.exists() and launch.is_alive() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert marker.exists(), f"the replay never began (exit {proc.poll()}):\n{proc.communicate()[0][-3000:]}"
-        proc.send_signal(signal.SIGTERM)
+        if not marker.exists():
+            launch.join(timeout=30)
+            output = ended[0].output[-3000:] if ended else ""
+            pytest.fail(f"the replay never began ({ended[0].returncode if ended else 'still running'}):\n{output}")
+        pid = int(marker.read_text())
+        os.kill(pid, signal.SIGTERM)
         sent = time.monotonic()
-        try:
-            output, _ = proc.communicate(timeout=SIGTERM_EXIT_BOUND_S)
-        except subprocess.TimeoutExpired:
+        launch.join(timeout=SIGTERM_EXIT_BOUND_S)
+        if launch.is_alive():
             pytest.fail(
                 f"still replaying {SIGTERM_EXIT_BOUND_S} s after SIGTERM ({REPLAY_STEPS} steps would take hours)"
             )
         elapsed = time.monotonic() - sent
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 143, f"exit {proc.returncode} after {elapsed:.1f} s:\n{output[-3000:]}"
-    assert "compute floor" not in output, "a stopped replay reports no floor"
+        if launch.is_alive() and pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)  # its session: run_in_session then returns
+        launch.join(timeout=60)
+    done = ended[0]
+    assert done.returncode == 143, f"exit {done.returncode} after {elapsed:.1f} s:\n{done.output[-3000:]}"
+    assert "compute floor" not in done.output, "a stopped replay reports no floor"
 
 
 # -- without the ray extra ---------------------------------------------------------------------

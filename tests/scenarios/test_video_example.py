@@ -4,7 +4,8 @@
   columns, balanced labels and splits, the ``video`` column stored as a Lance blob, and videos of
   48 to 96 frames at 64x64 that PyAV decodes; an existing dataset is left alone.
 - The two commands of the config's header, each in a subprocess as a user runs them (with the
-  dataset, the run directory and the epoch count pointed at the test's temporary directory), exit
+  dataset, the run directory and the epoch count pointed at the test's temporary directory; forked
+  from the test zygote, `tests.zygote`: the process a fresh start gives, less the imports), exit
   0, write a checkpoint whose data cursor counts the trained clip batches, and log ``train_loss``,
   ``val_loss`` and ``val_acc`` to TensorBoard.
 """
@@ -12,7 +13,6 @@
 from __future__ import annotations
 
 import io
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +20,7 @@ import lance
 import pytest
 import torch
 
+from tests import zygote
 from tests.harness import REPO_ROOT, subprocess_env
 
 CONFIG = REPO_ROOT / "configs" / "video.yaml"
@@ -73,7 +74,8 @@ def _scalars(log_dir: Path) -> dict[str, list[float]]:
 
 
 def _run(command: list[str], cwd: Path) -> str:
-    proc = subprocess.run(command, cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    """``command`` in a subprocess from ``cwd``, forked from the test zygote (`tests.zygote`); its output."""
+    proc = zygote.run(command, cwd=cwd, env=subprocess_env(), text=True, timeout=TIMEOUT_S)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{command} exited {proc.returncode}:\n{out[-6000:]}"
     return out
