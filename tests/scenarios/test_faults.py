@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ from lightning.pytorch.callbacks import Callback
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, WorkerDiedError
 from lance_lightning.load.forked_server import ENV_SWITCH as FORKED_SERVER
 from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
+from tests import zygote
 from tests.harness import ckpt_file, fit
 from tests.helpers import RecordingModel, append_rows, flat, make_table, write_dataset
 
@@ -115,22 +115,20 @@ def test_workers_of_a_script_without_a_main_guard_fail_naming_the_fix(
     uri: str, tmp_path: Path, carried: int, error: str
 ) -> None:
     """The stock fork server's workers import the script, so they run its unguarded code; a forked
-    server's workers hold it as it was (`lance_lightning.load.forked_server`), so the same script reads."""
+    server's workers hold it as it was (`lance_lightning.load.forked_server`), so the same script reads.
+
+    The script runs forked from the test zygote (`tests.zygote.run`: the process a fresh start gives,
+    its ``__main__`` the script, less the imports); the stock server is a fresh interpreter either
+    way, and its workers import the script by path as they would under a fresh start."""
     script = tmp_path / "train.py"
     script.write_text(_UNGUARDED_SCRIPT)
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     if carried == 1:  # the forked server, once
-        forked = subprocess.run(
-            [sys.executable, str(script), uri, str(carried)], capture_output=True, text=True, timeout=300, env=env
-        )
+        forked = zygote.run([sys.executable, str(script), uri, str(carried)], text=True, timeout=300, env=env)
         assert forked.returncode == 0 and forked.stdout.split() == [str(ROWS // 16)], forked.stderr[-3000:]
-    done = subprocess.run(
-        [sys.executable, str(script), uri, str(carried)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**env, FORKED_SERVER: "off"},
+    done = zygote.run(
+        [sys.executable, str(script), uri, str(carried)], text=True, timeout=300, env={**env, FORKED_SERVER: "off"}
     )
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
@@ -166,7 +164,7 @@ def test_worker_killed_between_batches_raises(uri: str, monkeypatch: pytest.Monk
 def test_worker_killed_while_main_process_waits_raises(uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The main thread is blocked in ``next()`` when the worker dies (killed from another thread)."""
     monkeypatch.setenv(HANDOFF, "off")  # one worker is followed from the first batch
-    dm = _module(uri, transform=SlowTransform(0.3))
+    dm = _module(uri, transform=SlowTransform(0.1))
     dm.setup("fit")
     loader = dm.train_dataloader()
     batches = iter(loader)
@@ -183,7 +181,9 @@ def test_worker_killed_while_main_process_waits_raises(uri: str, monkeypatch: py
         killer.cancel()
         _shutdown(loader)
     # Never a hang: torch notices a dead forkserver worker when no data arrives for 5 s, so the
-    # live worker's outstanding runs (up to 2 messages of 0.3 s batches here) come first.
+    # live worker's outstanding runs (up to 2 messages of 0.1 s batches here) come first. 0.1 s a
+    # batch still keeps the main thread waiting in ``next()`` nearly all the time (it only counts
+    # the batches), as 0.3 s did, at a third of the wait for the live worker's runs.
     assert time.monotonic() - started < 60
     assert str(pids[1]) in str(error.value) and "SIGKILL" in str(error.value)
 

@@ -20,6 +20,7 @@ with the reason, without the extra.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import json
@@ -39,12 +40,10 @@ ray = pytest.importorskip("ray", reason="needs the ray extra: uv sync --extra ra
 if importlib.util.find_spec("lance_ray") is None:
     pytest.skip("needs the ray extra: uv sync --extra ray", allow_module_level=True)
 
-import lance
-import lightning.pytorch as pl
-import torch
-from torch import nn
-
-from tests.helpers import write_dataset
+# Lance, torch, Lightning and `tests.helpers` are imported where they are used: Ray Train's
+# controller imports this module for `train_loop` and runs none of them (Lightning's import alone,
+# torchmetrics' and torchvision's with it, took it seconds of CPU per run); the workers import
+# them in `train_loop`.
 
 # Ray starts worker processes that import torch and Lightning per stage: past 300 s at load 15-25.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -77,10 +76,16 @@ def local_ray() -> Iterator[None]:
 def test_gpt_tokenize_on_ray_data_writes_the_single_process_tables(
     tmp_path: Path, local_ray: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import lance
+
     from examples import gpt_mixture
     from examples.gpt_mixture import DATASETS, prepare
 
     monkeypatch.setattr(gpt_mixture, "RAY_DOCS_PER_FILE", 64)  # several write tasks and files per dataset
+    # Both runs read the same corpora (the standard library's sources, the packages' texts: 1.7 s of
+    # CPU a read here): read once, each run thins and tokenizes them itself.
+    for reader in ("code_documents", "prose_documents"):
+        monkeypatch.setattr(gpt_mixture, reader, functools.cache(getattr(gpt_mixture, reader)))
 
     single = prepare(str(tmp_path / "single"), max_bytes=400_000, vocab_size=512)
     on_ray = prepare(str(tmp_path / "ray"), max_bytes=400_000, vocab_size=512, ray=True)
@@ -108,34 +113,42 @@ def test_ray_checkpoint_report_refuses_settings_that_never_report() -> None:
         RayCheckpointReport(every_n_train_steps=None, on_train_epoch_end=False)
 
 
-class RankRecorder(pl.LightningModule):
-    """Appends every training batch's ids, with the topology it was trained in, to a jsonl per rank."""
+def rank_recorder(out: str, tag: str) -> Any:
+    """A LightningModule that appends every training batch's ids, with the topology it was trained
+    in, to ``<out>/<tag>.rank<r>.jsonl`` (its class made here: Lightning is imported in the worker)."""
+    import lightning.pytorch as pl
+    import torch
+    from torch import nn
 
-    def __init__(self, out: str, tag: str) -> None:
-        super().__init__()
-        self.out, self.tag = Path(out), tag
-        self.weight = nn.Parameter(torch.zeros(1))
+    class RankRecorder(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.out, self.tag = Path(out), tag
+            self.weight = nn.Parameter(torch.zeros(1))
 
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        datamodule = self.trainer.datamodule
-        line = {
-            "epoch": self.current_epoch,
-            "step": self.global_step,
-            "ids": batch["id"].tolist(),
-            "ray_rank": ray.train.get_context().get_world_rank(),
-            "data_rank": datamodule.global_rank,
-            "data_world": datamodule.world_size,
-        }
-        with (self.out / f"{self.tag}.rank{self.global_rank}.jsonl").open("a") as file:
-            file.write(json.dumps(line) + "\n")
-        return (self.weight - 1.0).pow(2).sum()
+        def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+            datamodule = self.trainer.datamodule
+            line = {
+                "epoch": self.current_epoch,
+                "step": self.global_step,
+                "ids": batch["id"].tolist(),
+                "ray_rank": ray.train.get_context().get_world_rank(),
+                "data_rank": datamodule.global_rank,
+                "data_world": datamodule.world_size,
+            }
+            with (self.out / f"{self.tag}.rank{self.global_rank}.jsonl").open("a") as file:
+                file.write(json.dumps(line) + "\n")
+            return (self.weight - 1.0).pow(2).sum()
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return RankRecorder()
 
 
 def train_loop(config: dict[str, Any]) -> None:
     """The function each Ray Train worker runs: the recipe of docs/distributed.md#ray."""
+    import lightning.pytorch as pl
     from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
 
     from lance_lightning import DataCursorCheckpoint, LanceDataModule, LanceSource, RowShuffle
@@ -163,7 +176,7 @@ def train_loop(config: dict[str, Any]) -> None:
     trainer = prepare_trainer(trainer)
     # The checkpoint given in the config, else the one Ray resumes the run from, else None.
     with lightning_checkpoint(config.get("checkpoint")) as ckpt_path:
-        trainer.fit(RankRecorder(config["out"], config["tag"]), datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.fit(rank_recorder(config["out"], config["tag"]), datamodule=datamodule, ckpt_path=ckpt_path)
 
 
 def _fit_on_ray(tmp_path: Path, config: dict[str, Any], name: str) -> Any:
@@ -213,7 +226,10 @@ def test_ray_train_trains_every_row_once_and_resumes_exactly(tmp_path: Path, loc
     hands its latest checkpoint to ``ray.train.get_checkpoint()``. ``checkpoint_in_config``: the
     `ray.train.Checkpoint` of the stopped run's result, given to a new run in its config (Ray
     Train V2's replacement of ``TorchTrainer(resume_from_checkpoint=...)``, which it refuses)."""
+    import torch
+
     from lance_lightning.integrations.ray import lightning_checkpoint
+    from tests.helpers import write_dataset
 
     uri = write_dataset(tmp_path / "ds.lance", ROWS, fragment_rows=100)
     config = {"uri": uri, "out": str(tmp_path), "max_epochs": 3}
@@ -254,6 +270,8 @@ def test_prepare_on_ray_tasks_writes_the_thread_pools_dataset_and_resumes(
     tmp_path: Path, local_ray: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import sys
+
+    import lance
 
     from lance_lightning.errors import ConfigError
     from lance_lightning.source import Prepare

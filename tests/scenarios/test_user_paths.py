@@ -311,13 +311,14 @@ if __name__ == "__main__":
 
 @pytest.mark.slow
 def test_a_transform_defined_in_the_script_reaches_the_workers(tmp_path: Path, uri: str) -> None:
-    """The lean start keeps the script's import where the workers need it (a transform defined there)."""
+    """The lean start keeps the script's import where the workers need it (a transform defined there).
+    The script runs forked from the test zygote (the process a fresh start gives, its ``__main__``
+    the script, less the imports): what it tests is where the workers find the script's class."""
     (tmp_path / "train.py").write_text(_SCRIPT_TRANSFORM)
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(tmp_path / "train.py"), uri, str(tmp_path)],
         cwd=REPO_ROOT,
         env={**_env(), HANDOFF: "off"},  # every batch from the workers
-        capture_output=True,
         text=True,
         timeout=300,
     )
