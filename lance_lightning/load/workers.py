@@ -10,7 +10,7 @@ Guarantees:
   step: that handler is wrapped so that it raises `WorkerDiedError` too). The loader never hangs:
   PyTorch notices a dead worker when no batch has arrived for 5 s, so the live workers' batches
   already asked for (``prefetch_factor`` messages each) are received first: seconds with fast
-  transforms, longer with slow ones (15 s with 0.3 s batches in `tests/scenarios/test_faults.py`).
+  transforms, longer with slow ones (`tests/scenarios/test_faults.py` bounds it with slow batches).
 - A worker that exits with an error code failed in Python before it could report the error
   (usually while starting, e.g. a script without ``if __name__ == "__main__":``): its
   `WorkerDiedError` says so and gives the fix (`STARTING_HINT`), not advice about memory.
