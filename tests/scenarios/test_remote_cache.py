@@ -9,7 +9,6 @@ copied again ends ``lance-lightning fit`` with one error naming the copy and the
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -64,18 +63,31 @@ def _column_bytes(uri: str, options: dict[str, str]) -> int:
     return lance.dataset(uri, storage_options=options).to_table(columns=COLUMNS).nbytes
 
 
+@pytest.fixture(scope="module")
+def from_store(
+    tmp_path_factory: pytest.TempPathFactory, s3: S3Server, proxy: FaultProxy, s3_uri: str
+) -> list[list[int]]:
+    """The batches (ids per step) of a 2-epoch ``Trainer.fit`` of `_module` with the cache off, read
+    from the store: the reference the cached runs of this module's tests are compared with (one fit
+    for them all; epoch 0 is its first ``ROWS // BATCH`` steps)."""
+    root = tmp_path_factory.mktemp("store")
+    return fit(root, _module(s3_uri, _options(s3, proxy), RemoteCache(enabled=False)), name="off", max_epochs=2).seen
+
+
+EPOCH_STEPS = ROWS // BATCH
+
+
 def test_a_row_shuffle_reads_one_local_copy_in_the_same_order(
-    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str
+    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str, from_store: list[list[int]]
 ) -> None:
     options = _options(s3, proxy)
     cache = RemoteCache(directory=str(tmp_path / "cache"))
-    uncached = fit(tmp_path, _module(s3_uri, options, RemoteCache(enabled=False)), name="off", max_epochs=2)
 
     before = proxy.bytes_sent
     dm = _module(s3_uri, options, cache)
     cold = fit(tmp_path, dm, name="cold", max_epochs=2)
     cold_bytes = proxy.bytes_sent - before
-    assert cold.seen == uncached.seen  # same batches, same order, both epochs
+    assert cold.seen == from_store  # same batches, same order, both epochs
     assert "cache:" in dm.explain() and "downloaded in" in dm.explain() and str(tmp_path / "cache") in dm.explain()
     assert len(list((tmp_path / "cache").glob("*.lance"))) == 1
     # One sequential copy of the read columns: far below the take path's re-downloads.
@@ -85,7 +97,7 @@ def test_a_row_shuffle_reads_one_local_copy_in_the_same_order(
     warm_dm = _module(s3_uri, options, cache)
     warm = fit(tmp_path, warm_dm, name="warm", max_epochs=2)
     warm_bytes = proxy.bytes_sent - before
-    assert warm.seen == uncached.seen
+    assert warm.seen == from_store
     assert "reused" in warm_dm.explain()
     column_bytes = _column_bytes(s3_uri, s3.storage_options())
     # Planning's metadata only (manifest, footers, a sample of rows): no copy of the rows again.
@@ -94,17 +106,15 @@ def test_a_row_shuffle_reads_one_local_copy_in_the_same_order(
 
 @pytest.mark.parametrize(("first", "then"), [(True, False), (False, True)], ids=["on-then-off", "off-then-on"])
 def test_a_resume_with_the_cache_turned_on_or_off_is_exact(
-    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str, first: bool, then: bool
+    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str, first: bool, then: bool, from_store: list[list[int]]
 ) -> None:
     options, k = _options(s3, proxy), 7
     cache = {True: RemoteCache(directory=str(tmp_path / "cache")), False: RemoteCache(enabled=False)}
-    whole = fit(tmp_path, _module(s3_uri, options, cache[False]), name="C", max_epochs=2)
-    fit(tmp_path, _module(s3_uri, options, cache[first]), name="A", max_steps=k, ckpt_every=k)
-    stopped = whole.seen[:k]
+    stop = fit(tmp_path, _module(s3_uri, options, cache[first]), name="A", max_steps=k, ckpt_every=k)
     resumed = fit(
         tmp_path, _module(s3_uri, options, cache[then]), name="B", max_epochs=2, ckpt_path=ckpt_file(tmp_path, "A", k)
     )
-    assert_exact(stopped, resumed.seen, whole.seen, k)
+    assert_exact(stop.seen, resumed.seen, from_store, k)
 
 
 def test_a_selective_filter_read_by_take_is_copied_and_scanned_locally(
@@ -126,7 +136,7 @@ def test_a_sparse_filter_downloads_its_rows_not_the_table(tmp_path: Path, s3: S3
     """A 1% filter of 524-byte rows, 52 KB apart: Lance's default handle merges ranges that close,
     so a filtered copy downloaded the whole file. The sparse copy takes the plan's matching rows
     through a handle that merges only ranges under 4 KiB apart: a small multiple of their bytes."""
-    rows, uri = 20_000, "s3://data/sparse.lance"
+    rows, uri = 8_000, "s3://data/sparse.lance"
     payload = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(512 * rows, dtype=np.uint8)), 512)
     lance.write_dataset(make_table(rows, extra={"payload": payload}), uri, storage_options=s3.storage_options())
     options, columns = _options(s3, proxy), ["id", "x", "payload"]
@@ -155,7 +165,7 @@ def test_a_sparse_filter_downloads_its_rows_not_the_table(tmp_path: Path, s3: S3
 
 
 def test_a_split_larger_than_the_limit_is_read_from_the_store(
-    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str
+    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str, from_store: list[list[int]]
 ) -> None:
     options = _options(s3, proxy)
     largest = max(
@@ -168,8 +178,7 @@ def test_a_split_larger_than_the_limit_is_read_from_the_store(
     model = fit(tmp_path, dm, name="over")
     assert "exceed limit_gb" in dm.explain() and "read: take" in dm.explain()
     assert not list((tmp_path / "cache").glob("*.lance"))
-    reference = fit(tmp_path, _module(s3_uri, options, RemoteCache(enabled=False)), name="ref")
-    assert model.seen == reference.seen
+    assert model.seen == from_store[:EPOCH_STEPS]
 
 
 def test_a_limit_below_one_data_file_is_refused_before_training(
@@ -283,20 +292,23 @@ def test_object_store_figures_reach_the_logger_and_the_report(
 
 @pytest.mark.slow
 def test_two_ranks_share_one_copy_and_resume_exactly_on_one(
-    tmp_path: Path, s3: S3Server, s3_uri: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """2 DDP ranks (gloo) read one copy made by whichever rank took the lock first; the run stops
-    mid-epoch and resumes on one rank with the cache off: exactly once, every epoch."""
+    mid-epoch and resumes on one rank with the cache off: exactly once, every epoch. Its own 640
+    rows in 4 data files (batches of 16: 20 steps an epoch on 2 ranks, the stop at 13)."""
     for name, value in environment_credentials(s3).items():
         monkeypatch.setenv(name, value)  # the ranks' subprocesses read them
-    directory = tmp_path / "cache"
+    directory, rows = tmp_path / "cache", 640
+    uri = s3.fresh_uri("data", "ddp")
+    lance.write_dataset(make_table(rows), uri, storage_options=s3.storage_options(), max_rows_per_file=rows // 4)
 
     def job(name: str, setup: Setup, **kw: object) -> Job:
         cache = {"directory": str(directory)} if setup.devices == 2 else {"enabled": False}
-        return Job(name, s3_uri, "row:2", setup, max_epochs=2, extra={"remote_cache": cache}, **kw)
+        return Job(name, uri, "row:2", setup, max_epochs=2, extra={"remote_cache": cache}, **kw)
 
     run_and_check_resume(
-        tmp_path, job, rows=ROWS, k=13, setup_a=Setup(devices=2), setup_b=Setup(devices=1), max_epochs=2
+        tmp_path, job, rows=rows, k=13, setup_a=Setup(devices=2), setup_b=Setup(devices=1), max_epochs=2
     )
     assert len(list(directory.glob("*.lance"))) == 1
 
@@ -326,10 +338,16 @@ def _damage_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 @pytest.mark.parametrize("kind", DAMAGE_KINDS)
 def test_a_damaged_copy_is_copied_again_before_fit_trains_a_row_of_it(
-    tmp_path: Path, s3: S3Server, proxy: FaultProxy, s3_uri: str, kind: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    s3: S3Server,
+    proxy: FaultProxy,
+    s3_uri: str,
+    kind: str,
+    caplog: pytest.LogCaptureFixture,
+    from_store: list[list[int]],
 ) -> None:
     options, directory = _options(s3, proxy), tmp_path / "cache"
-    cold = fit(tmp_path, _module(s3_uri, options, RemoteCache(directory=str(directory))), name="cold")
+    _module(s3_uri, options, RemoteCache(directory=str(directory))).setup("fit")  # the intact copy
     (copy,) = directory.glob("*.lance")
     source = lance.dataset(s3_uri, storage_options=s3.storage_options()).to_table(columns=COLUMNS)
     damaged = damage_cached_copy(copy, kind)
@@ -340,7 +358,7 @@ def test_a_damaged_copy_is_copied_again_before_fit_trains_a_row_of_it(
     before = proxy.bytes_sent
     dm = _module(s3_uri, options, RemoteCache(directory=str(directory)))
     model = fit(tmp_path, dm, name="again", model=_RowModel())
-    assert model.seen == cold.seen, "the same batches in the same order as from the intact copy"
+    assert model.seen == from_store[:EPOCH_STEPS], "the same batches in the same order as from the store"
     assert model.rows == _source_rows(s3_uri, s3), "a trained row differs from the source's"
     (line,) = _damage_lines(caplog)
     assert str(copy) in line and damaged[0].name in line and "copying it again" in line and "\n" not in line, line
@@ -401,14 +419,18 @@ def test_a_damaged_copy_that_cannot_be_copied_again_ends_fit_with_one_error(
         )
     )
     limit = min(f.stat().st_size for f in (copy / "data").glob("*.lance")) // 2
-    setup = (
-        "import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
-        "from lance_lightning.cli import main; sys.exit(main(sys.argv[1:]))"
+    # The CLI under the limit, in its own process: forked from the test zygote (`tests.zygote`: the
+    # process a fresh start gives, less the imports), as the other CLI tests' runs are.
+    script = tmp_path / "fit_under_limit.py"
+    script.write_text(
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+        "from lance_lightning.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", setup, "fit", "--config", str(config)],
-        capture_output=True,
+    result = zygote.run(
+        [sys.executable, str(script), "fit", "--config", str(config)],
         text=True,
         timeout=240,
         cwd=tmp_path,
