@@ -3,10 +3,13 @@ process (`lance_lightning.load.race.Race.retrial_due`), as users get it: ``lance
 in a subprocess with the race as shipped (``LANCE_LIGHTNING_WORKER_CHOICE`` removed from the
 environment), ``num_workers: 2``, persistent workers, on one process and on 2 DDP ranks (gloo).
 
-The transform (`tests.worker_probe.SlowInWorkers`) sleeps 40 ms a batch in the training process
-(a share of the loop's time that opens the race's gate) and 0.2 s a batch in a worker, so the
-workers lose every trial whatever the machine's load: both sides' rates are bounded by the same
-loop, and two workers at 100 ms a batch never deliver 1.15x a process at 40 ms. The model
+The transform (`tests.worker_probe.SlowInWorkers`) sleeps 30 ms a batch in the training process
+(a share of the loop's time that opens the race's gate: at least 40%, `START_GAIN` 1.25 on 2
+workers, while the rest of the loop's cycle stays under 45 ms; a 2-rank fit at load 10 took 14 ms)
+and 0.16 s a batch in a worker, so the workers lose every trial whatever the machine's load: both
+sides' rates are bounded by the same loop, and two workers at 80 ms a batch never deliver 1.15x a
+process at 30 ms (they could only where the loop's in-process cycle is over 92 ms, far past the
+75 ms at which the gate shuts). The model
 (`RetrialLog`) waits at ``on_train_start`` for the fork server the data module started at
 ``setup`` (the package's own `WorkerStart`, as the loader waits for it), so the first trial
 comes in the first epoch rather than after seconds of imports; the race is otherwise as shipped.
@@ -37,7 +40,7 @@ from tests.worker_probe import check_retrial_schedule, worker_trials
 
 ROWS, BATCH = 448, 8  # 56 batches an epoch on one process; 28 a rank on two (batch 4 there: 56)
 EPOCHS = 7
-SLOW = "{class_path: tests.worker_probe.SlowInWorkers, init_args: {main_s: 0.04, worker_s: 0.2}}"
+SLOW = "{class_path: tests.worker_probe.SlowInWorkers, init_args: {main_s: 0.03, worker_s: 0.16}}"
 #: What the report says of a race whose workers lost every trial (`Race.describe(done=True)`).
 LOST = ": the training process read (in process "
 

@@ -245,6 +245,14 @@ def _fit(
     return model, trainer, monitor
 
 
+@pytest.fixture(scope="module")
+def reference(uri: str, tmp_path_factory: pytest.TempPathFactory) -> list[list[int]]:
+    """The ids each step of a ``num_workers=0`` fit trains (`_fit`'s defaults: `RecordProcess`,
+    `EPOCHS` epochs of `BATCH`): the oracle of every fit of this module with those settings."""
+    model, _, _ = _fit(uri, tmp_path_factory.mktemp("reference"), 0)
+    return model.seen
+
+
 def _warm_fork_server(uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Start the fork server and wait for its imports (an epoch read by workers alone), so that
     the fit's workers start at its first hand-over point: the trial then surely runs in the fit."""
@@ -269,16 +277,15 @@ def _segments(pids: list[int]) -> list[str]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("outcome", ["in_process", "workers"])
 def test_both_outcomes_train_the_rows_of_a_fit_without_workers_in_order(
-    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcome: str
+    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcome: str, reference: list[list[int]]
 ) -> None:
     """The same batches, in the same order, as a fit with ``num_workers=0``, whichever side the race
     chooses: forced to stay in process, the workers read a trial's batches and stop, and this
     process reads on from the next batch; forced to the workers, they read every later batch."""
-    reference, _, _ = _fit(uri, tmp_path / "reference", 0)
     _warm_fork_server(uri, monkeypatch)
     monkeypatch.setenv(CHOICE_SWITCH, outcome)
     model, trainer, monitor = _fit(uri, tmp_path / outcome, 2)
-    assert model.seen == reference.seen, "rows lost, repeated or out of order"
+    assert model.seen == reference, "rows lost, repeated or out of order"
     loader = trainer.train_dataloader
     assert loader.race.choice == outcome and loader.race.rates.workers is not None
     if outcome == "in_process":
@@ -373,16 +380,15 @@ def test_the_loader_starts_the_fork_server_only_where_its_transform_could_pay(
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_fit_with_a_light_transform_and_two_workers_never_starts_them_and_says_why(
-    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference: list[list[int]]
 ) -> None:
     """#51 through `Trainer.fit`, as shipped (the race, not a forced outcome): a transform that
     takes a sliver of the loop's time (it adds one tensor a batch) cannot gain `START_GAIN` on any number
     of cores, so a fit with ``num_workers=2`` reads every batch of its 4 epochs in the training
     process, the rows of a fit without workers in their order, and the end-of-fit report says why."""
-    reference, _, _ = _fit(uri, tmp_path / "reference", 0)
     monkeypatch.setenv(CHOICE_SWITCH, "race")
     model, trainer, monitor = _fit(uri, tmp_path / "race", 2)
-    assert model.seen == reference.seen, "rows lost, repeated or out of order"
+    assert model.seen == reference, "rows lost, repeated or out of order"
     assert set(model.pids) == {os.getpid()}, "a worker read a batch"
     report = monitor.report()
     assert "the training process read, the workers never started (a transform that may hold the GIL took" in report
@@ -436,8 +442,8 @@ class ServerWaiting(PidRecorder):
 def test_workers_that_lose_their_trial_are_tried_again_at_later_epochs_in_a_fit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A measured race (not forced) whose workers lose every trial (`SlowInWorkers`: 40 ms a batch
-    in this process, a share that lets workers start; 0.2 s a batch in a worker), 7 epochs of 56
+    """A measured race (not forced) whose workers lose every trial (`SlowInWorkers`: 30 ms a batch
+    in this process, a share that lets workers start; 0.16 s a batch in a worker), 7 epochs of 56
     batches: each trial after the first begins 1, then 2 whole epochs after the epoch the one before
     was lost in (the first is lost in epoch 0 on an idle machine: trials in epochs 0, 2 and 5), none
     due is missing, at least three trials run, each ends back in this process, every epoch trains
@@ -447,7 +453,7 @@ def test_workers_that_lose_their_trial_are_tried_again_at_later_epochs_in_a_fit(
     uri = write_dataset(tmp_path / "ds.lance", rows=56 * batch, fragment_rows=150)
     reference, _, _ = _fit(uri, tmp_path / "reference", 0, RecordProcess(), epochs, batch)
     monkeypatch.setenv(CHOICE_SWITCH, "race")
-    model, trainer, _ = _fit(uri, tmp_path / "race", 2, SlowInWorkers(), epochs, batch, ServerWaiting())
+    model, trainer, _ = _fit(uri, tmp_path / "race", 2, SlowInWorkers(0.03, 0.16), epochs, batch, ServerWaiting())
     assert model.seen == reference.seen, "rows lost, repeated or out of order"
     trials = worker_trials(zip(model.seen_epochs, [pid != os.getpid() for pid in model.pids]))
     check_retrial_schedule(trials, epochs - 1)
