@@ -53,11 +53,17 @@ def _module(uri: str, workers: int, persistent: bool = True, transform: Any = No
     )
 
 
-def _planned(uri: str, epochs: int) -> list[list[list[int]]]:
-    reference = _module(uri, 0)
-    reference.setup("fit")
-    loader = reference.train_dataloader()
-    return [[batch["id"].tolist() for batch in loader] for _ in range(epochs)]
+@pytest.fixture(scope="module")
+def planned(uri: str) -> list[list[list[int]]]:
+    """The batches of epochs 0-3 (their ids) read without workers: the reference every test here
+    compares with, read once (an epoch's order depends on the seed and the epoch, not on how many
+    epochs are read)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CHOICE_SWITCH, "workers")  # as in every test (no worker reads it here)
+        reference = _module(uri, 0)
+        reference.setup("fit")
+        loader = reference.train_dataloader()
+        return [[batch["id"].tolist() for batch in loader] for _ in range(4)]
 
 
 def _from_main_then_workers(pids: list[int]) -> bool:
@@ -88,9 +94,10 @@ def test_the_hand_over_starts_a_window_when_one_starts_soon(
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per epoch"])
-def test_batches_come_from_this_process_until_the_workers_are_up(uri: str, persistent: bool) -> None:
+def test_batches_come_from_this_process_until_the_workers_are_up(
+    uri: str, planned: list[list[list[int]]], persistent: bool
+) -> None:
     epochs = 4
-    planned = _planned(uri, epochs)
     dm = _module(uri, 2, persistent, RecordProcess(MAIN_DELAY_S))
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -148,10 +155,12 @@ def _trainer(tmp_path: Path, **kwargs: Any) -> pl.Trainer:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_fit_stopped_while_workers_start_resumes_exactly(uri: str, tmp_path: Path) -> None:
+def test_fit_stopped_while_workers_start_resumes_exactly(
+    uri: str, planned: list[list[list[int]]], tmp_path: Path
+) -> None:
     """Stopped by ``max_steps`` while the first epoch is read in process, resumed with ``ckpt_path``
     for two more epochs: every epoch trains each row once, in the planned order, as without workers."""
-    planned = _planned(uri, 3)
+    planned = planned[:3]
     first = PidRecorder()
     trainer = _trainer(tmp_path, max_steps=30)
     trainer.fit(first, datamodule=_module(uri, 2, transform=RecordProcess(MAIN_DELAY_S)))

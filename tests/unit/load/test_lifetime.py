@@ -93,7 +93,7 @@ data:
             while len(forkserver_processes(sid)) < 3 and trainer.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert trainer.poll() is None and len(forkserver_processes(sid)) >= 3, "the workers never started"
-            time.sleep(1.0)  # a few steps into the epoch
+            time.sleep(0.5)  # the workers run (forked above), a few of the epoch's 100 steps in
             trainer.send_signal(signal.SIGKILL if ending == "sigkill" else signal.SIGINT)
         trainer.wait(timeout=START_TIMEOUT_S)
     finally:
