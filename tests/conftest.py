@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: The cache directory this pytest process made for the run (`pytest_configure`).
@@ -140,6 +141,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # outcome is forced to them, as the hand-over always did; tests/unit/load/test_race.py checks
     # the race itself, and LANCE_LIGHTNING_WORKER_CHOICE=race runs the suite with the race.
     os.environ.setdefault("LANCE_LIGHTNING_WORKER_CHOICE", "workers")
+    # Fits in this process share 2 cores with the other pytest-xdist worker, where a team of OpenMP
+    # threads per torch op only contends and spins. Subprocesses keep torch's default, and
+    # tests/unit/produce/test_threads.py checks in a fresh process that the package leaves the
+    # training thread's count as it found it.
+    torch.set_num_threads(1)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -10,7 +10,6 @@ and a training loss that went down. The image example (``configs/quickstart.yaml
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import lance
@@ -70,22 +69,7 @@ def _assert_trained(checkpoint: dict, log_dir: Path, steps: int, split_filter: s
     assert _scalars(log_dir, "data/rows_per_s"), "DataLoadingMonitor logged nothing"
 
 
-@pytest.fixture
-def one_intraop_thread() -> Iterator[None]:
-    """Torch's intra-op threads set to 1 for the test, then back: the fits below run in this
-    process, beside the other pytest-xdist worker on a 2-core machine, where a team of 2 OpenMP
-    threads per op only contends (and spins) for the cores. The steps and rows a fit trains do not
-    depend on it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_intraop_thread")
 def test_lm_pretrain_prepares_stdlib_tokens_and_trains(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
@@ -119,7 +103,6 @@ def test_lm_pretrain_prepares_stdlib_tokens_and_trains(
     assert _scalars(log_dir, "val/bits_per_byte")
 
 
-@pytest.mark.usefixtures("one_intraop_thread")
 def test_tabular_prepares_indexed_embeddings_and_trains_on_the_filter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,7 +20,6 @@ import signal
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,20 +161,6 @@ def _scalars(log_dir: Path) -> dict[str, list[float]]:
     return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-@pytest.fixture
-def one_intraop_thread() -> Iterator[None]:
-    """Torch's intra-op threads set to 1 for the test, then back: the fit below runs in this
-    process, beside the other pytest-xdist worker on a 2-core machine, where a team of 2 OpenMP
-    threads per op only contends (and spins) for the cores. What it logs does not depend on it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-@pytest.mark.usefixtures("one_intraop_thread")
 def test_gpt_trains_on_packed_mixture_batches_and_logs_throughput(corpus: Path, tmp_path: Path) -> None:
     from examples.gpt_mixture import GPT
 
