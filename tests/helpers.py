@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +264,19 @@ def assert_one_saved_cursor(ckpt: Mapping[str, Any]) -> None:
 def flat(seen: list[list[int]]) -> list[int]:
     """Concatenate per-step id lists."""
     return [i for step in seen for i in step]
+
+
+def restorer(folder: Path, copy: Path) -> Callable[[], Path]:
+    """Copies ``folder`` into ``copy`` now; the function returned puts ``folder`` back as it was
+    then, at the same path (a run is named by its dataset's location), and returns it."""
+    shutil.copytree(folder, copy, dirs_exist_ok=True)
+
+    def restore() -> Path:
+        shutil.rmtree(folder)
+        shutil.copytree(copy, folder)
+        return folder
+
+    return restore
 
 
 def run_cli(args: list[str]) -> tuple[int, str, str]:

@@ -20,6 +20,7 @@ import pytest
 
 from tests import zygote
 from tests.harness import REPO_ROOT, subprocess_env
+from tests.helpers import restorer
 from tests.predict_writer_model import embedding_of, write_rows
 
 COLUMNS = ["emb", "score", "name", "draw"]
@@ -54,15 +55,7 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Path]:
     write_rows(uri, rows=300, per_fragment=50)
     assert _run(uri, root / "b" / "run", kill_after=6) == -signal.SIGKILL
     assert lance.dataset(uri).version == 1, "a killed run commits nothing"
-    pristine = tmp_path_factory.mktemp("killed_pristine")
-    shutil.copytree(root, pristine, dirs_exist_ok=True)
-
-    def as_killed() -> Path:
-        shutil.rmtree(root)
-        shutil.copytree(pristine, root)
-        return root
-
-    return as_killed
+    return restorer(root, tmp_path_factory.mktemp("killed_pristine"))
 
 
 def _predicted(run_dir: Path) -> list[int]:

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from lance_lightning import LanceDataModule, LancePredictionWriter, LanceSource
+from tests.helpers import restorer
 from tests.predict_writer_model import IdModel, embedding_of, write_rows
 from tests.reliability.helpers import ONE_SCREEN_LINES, REPO_ROOT, error_screen, run_command
 from tests.s3_server import S3Server
@@ -90,15 +91,7 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Path]:
     assert code == KILLED, output[-3000:]
     assert list((run_dir / "records").glob("*.json")), "the killed run had finished a fragment"
     assert lance.dataset(uri).version == 1, "a killed run commits nothing"
-    pristine = tmp_path_factory.mktemp("killed_predict_pristine")
-    shutil.copytree(root, pristine, dirs_exist_ok=True)
-
-    def as_killed() -> Path:
-        shutil.rmtree(root)
-        shutil.copytree(pristine, root)
-        return root
-
-    return as_killed
+    return restorer(root, tmp_path_factory.mktemp("killed_predict_pristine"))
 
 
 def test_a_killed_run_rerun_on_a_dataset_written_again_starts_over_and_reads(
