@@ -145,7 +145,7 @@ def check_worker_launch(transform: Any, method: str) -> None:
             f"workers started this way run the main module again from its file, and it was read from {main_path!r} "
             "(`python -`), which is no file: every worker would die as it starts",
             "run the script from a .py file; or use the forkserver context with LANCE_LIGHTNING_LEAN_WORKERS "
-            "unset; or set num_workers=0",
+            "unset (on Python 3.10-3.13); or set num_workers=0",
         )
     if transform is None:
         return

@@ -104,27 +104,30 @@ def stale(refs: set[Reference], held: dict[str, dict[str, Any]]) -> list[str]:
     return found
 
 
-def interactive_main() -> bool:
-    """Whether the main module has no file a worker could import (a notebook, ``python -``, ``-c``)."""
+def _main_file() -> tuple[str | None, bool]:
+    """The main module's file as ``multiprocessing``'s own launch names it (None where it names
+    none: ``python -m`` imports it by name; ``-c`` and a notebook have no file), and whether a
+    file is there (joined with ``ORIGINAL_DIR`` as `multiprocessing.spawn.get_preparation_data`
+    joins it)."""
     main = sys.modules["__main__"]
     if getattr(getattr(main, "__spec__", None), "name", None):
-        return False  # ``python -m``: imported by name
+        return None, True
     path = getattr(main, "__file__", None)
-    return not (path and os.path.isfile(path))
+    if not isinstance(path, str):
+        return None, False
+    return path, os.path.isfile(os.path.join(getattr(process, "ORIGINAL_DIR", None) or "", path))
+
+
+def interactive_main() -> bool:
+    """Whether the main module has no file a worker could import (a notebook, ``python -``, ``-c``)."""
+    return not _main_file()[1]
 
 
 def unrunnable_main_path() -> str | None:
     """The path ``multiprocessing``'s own launch tells each child to run the main module from, where
-    no file is there (``python -``: ``<stdin>``); None where it names a file or none (``python -m``,
-    ``-c``, a notebook)."""
-    main = sys.modules["__main__"]
-    if getattr(getattr(main, "__spec__", None), "name", None):
-        return None
-    path = getattr(main, "__file__", None)
-    if not isinstance(path, str):
-        return None
-    # joined as `multiprocessing.spawn.get_preparation_data` joins it
-    return None if os.path.isfile(os.path.join(getattr(process, "ORIGINAL_DIR", None) or "", path)) else path
+    no file is there (``python -``: ``<stdin>``); None where it names a file or none."""
+    path, found = _main_file()
+    return None if found else path
 
 
 def check_workers_code(

@@ -29,6 +29,8 @@ from tests.helpers import DAMAGE_KINDS, RecordingModel, damage_cached_copy, flat
 from tests.s3_server import S3Server, environment_credentials
 
 ROWS, BATCH, FILE_ROWS = 2_000, 20, 500
+#: Steps of one epoch of `_module` (the first steps of `from_store`).
+EPOCH_STEPS = ROWS // BATCH
 COLUMNS = ["id", "x", "vec"]
 
 
@@ -72,9 +74,6 @@ def from_store(
     for them all; epoch 0 is its first ``ROWS // BATCH`` steps)."""
     root = tmp_path_factory.mktemp("store")
     return fit(root, _module(s3_uri, _options(s3, proxy), RemoteCache(enabled=False)), name="off", max_epochs=2).seen
-
-
-EPOCH_STEPS = ROWS // BATCH
 
 
 def test_a_row_shuffle_reads_one_local_copy_in_the_same_order(

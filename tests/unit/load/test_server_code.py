@@ -121,6 +121,7 @@ def test_with_spawn_a_transform_defined_in_an_interactive_session_is_refused_whe
 
 _STDIN_SCRIPT = """
 import json, os, sys, torch
+import lightning.pytorch as pl
 import lance_lightning as ll
 
 class Tag:
@@ -128,12 +129,27 @@ class Tag:
         batch["pid"] = torch.full((len(batch["id"]),), os.getpid())
         return batch
 
+class Record(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.ids, self.pids = [], set()
+
+    def training_step(self, batch, batch_idx):
+        self.ids += batch["id"].tolist()
+        self.pids |= set(batch.get("pid", batch["id"]).tolist())
+        return (self.weight - 1).pow(2).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
 dm = ll.LanceDataModule(train=ll.LanceSource(sys.argv[1], columns=["id"]), batch_size=10, num_workers=2,
                         transform=Tag() if sys.argv[3] == "main" else None, multiprocessing_context=sys.argv[2])
-dm.setup("fit")
-batches = list(dm.train_dataloader())
-print(json.dumps({"ids": [i for b in batches for i in b["id"].tolist()],
-                  "pids": sorted({p for b in batches for p in b.get("pid", b["id"]).tolist()}), "main": os.getpid()}))
+model = Record()
+trainer = pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_progress_bar=False,
+                     enable_checkpointing=False, enable_model_summary=False)
+trainer.fit(model, datamodule=dm)
+print(json.dumps({"ids": model.ids, "pids": sorted(model.pids), "main": os.getpid()}))
 """
 
 
@@ -153,13 +169,14 @@ def _run_stdin(uri: str, context: str, transform: str, **env: str) -> subprocess
 
 
 def test_a_script_read_from_stdin_trains_through_the_forked_server_s_workers(tmp_path: Path) -> None:
-    """``python -``: the lean launch sends no main module to run again, and the forked server's
-    workers hold the script's class (``LANCE_LIGHTNING_WORKER_HANDOFF=off``: the workers read every batch)."""
+    """``python -``, 2 epochs of ``Trainer.fit``: the lean launch sends no main module to run again,
+    and the forked server's workers hold the script's class (``LANCE_LIGHTNING_WORKER_HANDOFF=off``:
+    the workers read every batch)."""
     uri = write_dataset(tmp_path / "ds.lance", 40, fragment_rows=20)
     proc = _run_stdin(uri, "forkserver", "main", LANCE_LIGHTNING_WORKER_HANDOFF="off")
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert seen["ids"] == list(range(40)) and seen["main"] not in seen["pids"], seen
+    assert seen["ids"] == list(range(40)) * 2 and seen["main"] not in seen["pids"], seen
 
 
 @pytest.mark.parametrize(
@@ -174,8 +191,8 @@ def test_a_launch_that_runs_a_script_read_from_stdin_again_is_refused_when_the_l
     tmp_path: Path, context: str, env: dict[str, str], param: str
 ) -> None:
     """``multiprocessing``'s own launch tells every worker to run ``<stdin>`` again, where no file
-    is, whatever the transform (none here): a `ConfigError` naming what chose that launch, not
-    every worker dying as it starts."""
+    is, whatever the transform (none here): ``Trainer.fit`` stops with a `ConfigError` naming what
+    chose that launch, before a step, not with every worker dying as it starts."""
     uri = write_dataset(tmp_path / "ds.lance", 20, fragment_rows=20)
     proc = _run_stdin(uri, context, "none", **env)
     last = proc.stderr.strip().splitlines()[-1]
