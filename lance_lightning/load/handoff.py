@@ -23,13 +23,16 @@ Guarantees:
   read once, in the plan's order, whichever side reads it: the same batches a restore from a
   cursor at that batch reads (`lance_lightning.cursor.tracker`).
 - The loader looks whether the server is ready after each batch it yields, never before the
-  first (nor before `lance_lightning.load.race.WINDOW_BATCHES` batches were measured here). An
-  epoch this process finishes first does not wait for the server: the next epoch looks again and
-  starts the workers there, raising a worker that cannot start (`ConfigError`, `WorkerDiedError`)
-  when their batches are needed. Only with the outcome forced to ``workers`` does such an epoch
-  end by waiting for the server and starting the workers, handing them nothing (what every epoch
-  did before the race: 5.5 s for a 10^5-row scan that reads in 0.06 s), so they read from the
-  next epoch on.
+  first (nor before `lance_lightning.load.race.WINDOW_BATCHES` batches were measured here), and
+  hands over only where the workers have batches left to read. An epoch this process finishes
+  first does not wait for the server: the next epoch looks again and starts the workers there,
+  raising a worker that cannot start (`ConfigError`, `WorkerDiedError`) when their batches are
+  needed. With the outcome forced to ``workers`` the loader waits for the server once the
+  epoch's first batch is yielded and hands over there (`handover_step`: after what it has read
+  ahead), in every epoch of more than one batch. Where that leaves the workers nothing they start
+  all the same, and their empty read runs before this process yields its last batches: a worker
+  that cannot start is raised to a loop that stops at the epoch's last batch, as Lightning's does
+  (it never asks for the batch after it).
 - Every process is started by the loader's own thread (the fork server in `WorkerStart.start`, the
   workers at the hand-over): a process started by a thread that then ends would lose its death
   signal (`lance_lightning.lifetime`). The background thread only starts an empty process through
@@ -228,39 +231,58 @@ def _handing_over(loader: Any, layout: Layout) -> Iterator[Any]:
     """This process's batches until workers can start without delay (`WorkerStart`), then theirs;
     the fork server starts once the race finds room for workers (`Race.may_start_workers`)."""
     race, dataset = loader.race, loader.dataset
-
-    def start_if_room() -> WorkerStart | None:
-        if loader.worker_start is None and race.may_start_workers():
-            loader.worker_start = WorkerStart(loader.multiprocessing_context).start()
-        return loader.worker_start
-
     epoch, _ = dataset.control.get()
+    steps = layout.rank_steps(dataset.rank)
     own = loader.in_process()
-    starting, read = start_if_room(), 0
+    read, handed = 0, steps
+    _start_if_room(loader)
     try:
         for item in _timed(own, race, dataset.plan.batch_size):
             yield item
             read += 1
-            starting = start_if_room()
-            if starting is not None and starting.ready() and race.rates.in_process is not None:
+            at = _hand_over_at(loader, layout, read)
+            if at is not None:
+                handed = at
                 break
         else:  # the epoch is done before the server: the next one looks at it again
-            if race.forced != "workers" or starting is None:
-                race.decide()
-                return
-        # What this process has read ahead is its own. Forced to the workers, an epoch it finished
-        # hands them nothing: starting them here reports a worker that cannot start.
-        window = getattr(getattr(dataset.plan, "strategy", None), "window_rows", None)
-        handed = handover_step(layout, read + dataset.prefetch_batches, window)
-        starting.wait()
+            race.decide()
+            return
+        loader.worker_start.wait()
         dataset.set_epoch(epoch, layout.start + layout.rows_after(handed))
         workers = loader.start_workers()
         loader.worker_start = None
         race.new_workers()
+        if handed >= steps:
+            # Handed nothing (forced to them): their empty read runs before this process's last
+            # batches, so a worker that cannot start is raised to a loop that stops at the last batch.
+            yield from _trial(loader, workers, layout, handed)
         yield from itertools.islice(own, handed - read)
     finally:
         own.close()
-    yield from _trial(loader, workers, layout, handed)
+    if handed < steps:
+        yield from _trial(loader, workers, layout, handed)
+
+
+def _start_if_room(loader: Any) -> WorkerStart | None:
+    """The loader's `WorkerStart`, started here once the race finds room for workers."""
+    if loader.worker_start is None and loader.race.may_start_workers():
+        loader.worker_start = WorkerStart(loader.multiprocessing_context).start()
+    return loader.worker_start
+
+
+def _hand_over_at(loader: Any, layout: Layout, read: int) -> int | None:
+    """The step the workers begin at, once ``read`` batches were read here, or None to read on.
+    Racing: once the fork server is ready (started when the race finds room for workers) and the
+    in-process window is measured, where the workers would have batches left to race on. Forced
+    to the workers: at once, waiting for the server (its workers read every later batch)."""
+    race, dataset = loader.race, loader.dataset
+    starting = _start_if_room(loader)
+    forced = race.forced == "workers"
+    if starting is None or not (forced or (starting.ready() and race.rates.in_process is not None)):
+        return None
+    window = getattr(getattr(dataset.plan, "strategy", None), "window_rows", None)
+    handed = handover_step(layout, read + dataset.prefetch_batches, window)
+    return handed if forced or handed < layout.rank_steps(dataset.rank) else None
 
 
 def _trial(loader: Any, raw: Iterator[Any], layout: Layout, step: int) -> Iterator[Any]:

@@ -52,7 +52,8 @@ Guarantees:
   ``workers`` or ``in_process``; ``race`` (the default) measures. Everything else runs as in a
   race (the workers start, the trial runs), so a forced outcome takes the same path as a measured
   one: the knob the tests use to check both paths' rows and order without timing margins. Forced
-  to ``workers``, an epoch read whole in process ends by starting them (`lance_lightning.load.handoff`).
+  to ``workers``, the loader waits for them once an epoch's first batch is yielded
+  (`lance_lightning.load.handoff`).
 - `Race.describe` states what it will do (``explain()``) and what it did, with both rates (the
   end-of-fit report). Nothing here reads a clock: the loader passes the seconds it measured, so the
   decision is tested with any rates (tests/unit/load/test_race.py).

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from torch.utils.data import DataLoader
 
 from lance_lightning import ConfigError, LanceDataModule, LanceMixture, LanceSource, NoShuffle, RowShuffle
+from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
 from tests.contract.oracle import check
 from tests.contract.runner import run_scenario
 from tests.contract.scenario import Checkpoints, Loop, Resume, Scenario, Shuffle, Source, Stop, Table, Topology
@@ -162,10 +163,11 @@ def test_mixture_draws_follow_each_sources_order(tmp_path: Path) -> None:
 
 
 # -- the dataset behind the loader -------------------------------------------------------------------------
-def test_dataset_behind_the_loader_yields_batches(tmp_path: Path) -> None:
+def test_dataset_behind_the_loader_yields_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``dm.train_dataloader().dataset`` iterated directly, or by a plain DataLoader with workers,
-    yields batches; a fit with workers still receives its workers' figures. Before the fix the
-    loader switched the user's dataset to yield internal ``Shipment`` tuples."""
+    yields batches; a fit whose workers read every batch (the hand-over off) still receives its
+    workers' figures. Before the fix the loader switched the user's dataset to yield internal
+    ``Shipment`` tuples."""
     uri = write_dataset(tmp_path / "ds.lance", 200)
     dm = LanceDataModule(train=LanceSource(uri, columns=["id", "x"]), batch_size=20, num_workers=2)
     dataset = dm.train_dataloader().dataset
@@ -176,6 +178,7 @@ def test_dataset_behind_the_loader_yields_batches(tmp_path: Path) -> None:
     assert all(isinstance(batch, dict) for batch in batches)
     assert sorted(int(i) for batch in batches for i in batch["id"]) == list(range(200))
 
+    monkeypatch.setenv(HANDOFF, "off")
     model = fit(tmp_path, dm, name="workers", max_epochs=1)
     assert flat(model.seen) == list(range(200))
     assert dm.train_dataloader().metrics_snapshot().totals["read_rows"] == 200  # measured in the workers

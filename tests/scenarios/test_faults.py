@@ -4,6 +4,9 @@
   processes (forkserver) reading a real Lance dataset; they are killed with SIGKILL, as the
   kernel's OOM killer would. The DataLoader must notice within seconds (its SIGCHLD handler, or
   its worker status check every 5 s) and raise `WorkerDiedError` naming the worker and signal.
+- Workers forced to read (``LANCE_LIGHTNING_WORKER_CHOICE=workers``) that die as they start stop
+  the fit in its first epoch with `WorkerDiedError`, however short its epochs, in process and on
+  2 DDP ranks through the CLI.
 - Workers that cannot start (a script without ``if __name__ == "__main__":``, which every worker
   runs again on import) end the run with an error that names the fix, never a hang or a bare
   ``BrokenPipeError``.
@@ -31,9 +34,12 @@ from lightning.pytorch.callbacks import Callback
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, WorkerDiedError
 from lance_lightning.load.forked_server import ENV_SWITCH as FORKED_SERVER
 from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
+from lance_lightning.load.race import CHOICE_SWITCH
 from tests import zygote
 from tests.harness import ckpt_file, fit
 from tests.helpers import RecordingModel, append_rows, flat, make_table, write_dataset
+from tests.race_cli import fit_config
+from tests.worker_probe import DiesOnArrival
 
 WORKER_DIED = r"DataLoader worker \(pid"
 
@@ -228,6 +234,87 @@ def test_worker_killed_during_trainer_fit_raises(uri: str, tmp_path: Path, monke
     assert killer.killed is not None and f"pid {killer.killed}" in str(error.value) and "SIGKILL" in str(error.value)
     assert time.monotonic() - started < 60
     assert 4 <= len(model.seen) < 4000 // 16, "training stopped at the fault, not before and not at the end"
+
+
+# -- workers forced to read that die as they start ---------------------------------------------------
+#: Rows a batch. Epochs of 2 batches leave the workers nothing after what this process read ahead
+#: (their empty read runs before its last batch); epochs of 12 hand them the rest of the epoch.
+DIES_BATCH = 8
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("epoch_batches", "persistent"), [(2, False), (12, True)], ids=["2 per epoch", "12 persistent"]
+)
+def test_workers_forced_to_read_that_die_as_they_start_stop_the_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, epoch_batches: int, persistent: bool
+) -> None:
+    """#51: forced to the workers (``LANCE_LIGHTNING_WORKER_CHOICE=workers``), workers that die as
+    they start stop a `Trainer.fit` in its first epoch with `WorkerDiedError`, however short its
+    epochs: workers started each epoch and handed nothing, or persistent and handed the rest.
+    Before, an epoch shorter than the race's window was read whole in process and its workers
+    were started after its last batch, which Lightning never asks past: a 3-epoch fit ended
+    without an error, its workers never started."""
+    monkeypatch.setenv(CHOICE_SWITCH, "workers")
+    uri = write_dataset(tmp_path / "ds.lance", epoch_batches * DIES_BATCH)
+    dm = LanceDataModule(
+        train=LanceSource(uri, columns=["id", "x"]),
+        batch_size=DIES_BATCH,
+        num_workers=2,
+        persistent_workers=persistent,
+        transform=DiesOnArrival(),
+    )
+    model = RecordingModel()
+    trainer = pl.Trainer(
+        max_epochs=3,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    with pytest.raises(WorkerDiedError, match="exited with code 3"):
+        trainer.fit(model, datamodule=dm)
+    trained = flat(model.seen)
+    assert trained == list(range(len(trained))), "the batches before the error are not the epoch's first ones"
+    assert 0 < len(model.seen) < epoch_batches, "the error did not stop the first epoch"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_two_rank_ddp_cli_fit_forced_to_workers_that_die_as_they_start_fails_naming_them(tmp_path: Path) -> None:
+    """The same through ``lance-lightning fit`` on 2 DDP ranks (gloo), epochs of 3 batches a rank:
+    the run exits with an error naming the dead workers, never a hang, and trains no epoch whole."""
+    uri = write_dataset(tmp_path / "ds.lance", 2 * 3 * DIES_BATCH)
+    config = fit_config(
+        tmp_path,
+        uri,
+        model="tests.scenarios.test_race_as_shipped.RowLog",
+        devices=2,
+        epochs=3,
+        batch=DIES_BATCH,
+        workers=2,
+        transform="{class_path: tests.worker_probe.DiesOnArrival}",
+        every=100,
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    env.update({CHOICE_SWITCH: "workers", "PYTHONPATH": root})
+    done = zygote.run_in_session(
+        [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)],
+        cwd=tmp_path,
+        env=env,
+        timeout=240,
+    )
+    assert not done.timed_out, done.output[-4000:]
+    assert done.returncode != 0 and "WorkerDiedError" in done.output, done.output[-4000:]
+    assert "exited with code 3" in done.output, done.output[-4000:]
+    for rank in range(2):
+        log = tmp_path / f"rows.rank{rank}"
+        steps = log.read_text().splitlines() if log.exists() else []
+        assert len(steps) < 3, f"rank {rank} trained its first epoch whole"
 
 
 # -- datasets that get new versions during training --------------------------------------------------

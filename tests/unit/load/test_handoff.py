@@ -32,8 +32,8 @@ MAIN_DELAY_S = 0.02
 @pytest.fixture(autouse=True)
 def _workers_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests follow the hand-over to workers: the race's outcome is forced to them
-    (`lance_lightning.load.race`; tests/unit/load/test_race.py covers both outcomes), which also
-    makes an epoch read whole in process end by starting them, as the hand-over always did."""
+    (`lance_lightning.load.race`; tests/unit/load/test_race.py covers both outcomes): the loader
+    waits for them after each epoch's first batch."""
     monkeypatch.setenv(CHOICE_SWITCH, "workers")
 
 
