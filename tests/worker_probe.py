@@ -56,23 +56,6 @@ class KillOnRow:
         return batch
 
 
-class DiesOnArrival:
-    """Makes the process that unpickles it, unless it is the one that made it, exit with code 3:
-    a DataLoader worker that dies as it starts, before it sends anything. (Each DDP rank of a CLI
-    fit makes its own from the config; a copy made in the same process lives on.)"""
-
-    def __init__(self) -> None:
-        self.made_in = os.getpid()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        if os.getpid() != self.made_in:
-            os._exit(3)
-
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return batch
-
-
 class ToTuple:
     """Returns ``(x, id, pid)`` instead of a dict: a transform may change the batch type."""
 
@@ -109,6 +92,21 @@ class RecordProcess:
             time.sleep(self.main_delay_s)
         batch["pid"] = torch.full((len(batch["id"]),), os.getpid())
         return batch
+
+
+class DiesOnArrival(RecordProcess):
+    """`RecordProcess` that makes the process that unpickles it, unless it is the one that made it,
+    exit with code 3: a DataLoader worker that dies as it starts, before it sends anything. (Each
+    DDP rank of a CLI fit makes its own from the config; a copy made in the same process lives on.)"""
+
+    def __init__(self, main_delay_s: float = 0.0) -> None:
+        super().__init__(main_delay_s)
+        self.made_in = os.getpid()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if os.getpid() != self.made_in:
+            os._exit(3)
 
 
 class SlowInWorkers(RecordProcess):

@@ -245,25 +245,30 @@ DIES_BATCH = 8
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
-    ("epoch_batches", "persistent"), [(2, False), (12, True)], ids=["2 per epoch", "12 persistent"]
+    ("epoch_batches", "persistent", "choice"),
+    [(2, False, "workers"), (12, True, "workers"), (40, False, "race")],
+    ids=["forced, 2 per epoch", "forced, 12 persistent", "race, 40 per epoch"],
 )
-def test_workers_forced_to_read_that_die_as_they_start_stop_the_fit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, epoch_batches: int, persistent: bool
+def test_workers_that_die_as_they_start_stop_the_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, epoch_batches: int, persistent: bool, choice: str
 ) -> None:
-    """#51: forced to the workers (``LANCE_LIGHTNING_WORKER_CHOICE=workers``), workers that die as
-    they start stop a `Trainer.fit` in its first epoch with `WorkerDiedError`, however short its
-    epochs: workers started each epoch and handed nothing, or persistent and handed the rest.
-    Before, an epoch shorter than the race's window was read whole in process and its workers
-    were started after its last batch, which Lightning never asks past: a 3-epoch fit ended
-    without an error, its workers never started."""
-    monkeypatch.setenv(CHOICE_SWITCH, "workers")
+    """#51: workers that die as they start stop a `Trainer.fit` in its first epoch with
+    `WorkerDiedError` when their batches are needed. Forced to the workers
+    (``LANCE_LIGHTNING_WORKER_CHOICE=workers``), however short the epochs: workers started each
+    epoch and handed nothing, or persistent and handed the rest. Before, an epoch shorter than the
+    race's window was read whole in process and its workers were started after its last batch,
+    which Lightning never asks past: a 3-epoch fit ended without an error, its workers never
+    started. With the race as shipped, a transform that sleeps 30 ms a batch in this process (the
+    race counts it as time that may hold the GIL) opens the gate at the measured window: the
+    hand-over starts the workers mid-epoch."""
+    monkeypatch.setenv(CHOICE_SWITCH, choice)
     uri = write_dataset(tmp_path / "ds.lance", epoch_batches * DIES_BATCH)
     dm = LanceDataModule(
         train=LanceSource(uri, columns=["id", "x"]),
         batch_size=DIES_BATCH,
         num_workers=2,
         persistent_workers=persistent,
-        transform=DiesOnArrival(),
+        transform=DiesOnArrival(0.03 if choice == "race" else 0.0),
     )
     model = RecordingModel()
     trainer = pl.Trainer(
