@@ -179,6 +179,17 @@ class RecordingModel(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+class WaitsForForkServer(pl.LightningModule):
+    """A model mixin: its fit waits, before the first batch, for the fork server the data module
+    started at ``setup`` (the loader's own `WorkerStart`: an empty process forked through it returns
+    once its imports are done), so a race's gate that opens in the first epoch finds it ready."""
+
+    def on_train_start(self) -> None:
+        from lance_lightning.load.handoff import WorkerStart
+
+        WorkerStart(self.trainer.train_dataloader.multiprocessing_context).start().wait()
+
+
 def write_token_dataset(
     path: Any,
     documents: int = 200,

@@ -37,7 +37,7 @@ from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
 from lance_lightning.load.race import CHOICE_SWITCH
 from tests import zygote
 from tests.harness import ckpt_file, fit
-from tests.helpers import RecordingModel, append_rows, flat, make_table, write_dataset
+from tests.helpers import RecordingModel, WaitsForForkServer, append_rows, flat, make_table, write_dataset
 from tests.race_cli import fit_config
 from tests.worker_probe import DiesOnArrival
 
@@ -236,10 +236,14 @@ def test_worker_killed_during_trainer_fit_raises(uri: str, tmp_path: Path, monke
     assert 4 <= len(model.seen) < 4000 // 16, "training stopped at the fault, not before and not at the end"
 
 
-# -- workers forced to read that die as they start ---------------------------------------------------
+# -- workers that die as they start ---------------------------------------------------------------------
 #: Rows a batch. Epochs of 2 batches leave the workers nothing after what this process read ahead
 #: (their empty read runs before its last batch); epochs of 12 hand them the rest of the epoch.
 DIES_BATCH = 8
+
+
+class ServerWaiting(WaitsForForkServer, RecordingModel):
+    """`RecordingModel` whose fit waits for the fork server before its first batch."""
 
 
 @pytest.mark.slow
@@ -252,15 +256,16 @@ DIES_BATCH = 8
 def test_workers_that_die_as_they_start_stop_the_fit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, epoch_batches: int, persistent: bool, choice: str
 ) -> None:
-    """#51: workers that die as they start stop a `Trainer.fit` in its first epoch with
-    `WorkerDiedError` when their batches are needed. Forced to the workers
-    (``LANCE_LIGHTNING_WORKER_CHOICE=workers``), however short the epochs: workers started each
+    """#51: workers that die as they start stop a `Trainer.fit` with `WorkerDiedError` when their
+    batches are needed. Forced to the workers
+    (``LANCE_LIGHTNING_WORKER_CHOICE=workers``), in the first epoch, however short: workers started each
     epoch and handed nothing, or persistent and handed the rest. Before, an epoch shorter than the
     race's window was read whole in process and its workers were started after its last batch,
     which Lightning never asks past: a 3-epoch fit ended without an error, its workers never
     started. With the race as shipped, a transform that sleeps 30 ms a batch in this process (the
     race counts it as time that may hold the GIL) opens the gate at the measured window: the
-    hand-over starts the workers mid-epoch."""
+    hand-over starts the workers mid-epoch (the model waits for the fork server before its first
+    batch, `WaitsForForkServer`: the gate opens in the first epoch)."""
     monkeypatch.setenv(CHOICE_SWITCH, choice)
     uri = write_dataset(tmp_path / "ds.lance", epoch_batches * DIES_BATCH)
     dm = LanceDataModule(
@@ -270,7 +275,7 @@ def test_workers_that_die_as_they_start_stop_the_fit(
         persistent_workers=persistent,
         transform=DiesOnArrival(0.03 if choice == "race" else 0.0),
     )
-    model = RecordingModel()
+    model = ServerWaiting()
     trainer = pl.Trainer(
         max_epochs=3,
         accelerator="cpu",
@@ -282,8 +287,8 @@ def test_workers_that_die_as_they_start_stop_the_fit(
     )
     with pytest.raises(WorkerDiedError, match="exited with code 3"):
         trainer.fit(model, datamodule=dm)
-    trained = flat(model.seen)
-    assert trained == list(range(len(trained))), "the batches before the error are not the epoch's first ones"
+    trained, rows = flat(model.seen), epoch_batches * DIES_BATCH
+    assert trained == [i % rows for i in range(len(trained))], "the batches before the error are not the fit's first"
     assert 0 < len(model.seen) < epoch_batches, "the error did not stop the first epoch"
 
 

@@ -32,8 +32,7 @@ from typing import Any
 
 import pytest
 
-from lance_lightning.load.handoff import WorkerStart
-from tests.helpers import write_dataset
+from tests.helpers import WaitsForForkServer, write_dataset
 from tests.race_cli import fit_config
 from tests.scenarios.test_race_as_shipped import DDP_PREFIX, RowLog, _by_epoch, _fit, _records, _runs
 from tests.worker_probe import check_retrial_schedule, worker_trials
@@ -45,12 +44,8 @@ SLOW = "{class_path: tests.worker_probe.SlowInWorkers, init_args: {main_s: 0.03,
 LOST = ": the training process read (in process "
 
 
-class RetrialLog(RowLog):
-    """`RowLog` whose fit waits, before its first batch, for the fork server the data module
-    started at ``setup`` (an empty process forked through it returns once its imports are done)."""
-
-    def on_train_start(self) -> None:
-        WorkerStart(self.trainer.train_dataloader.multiprocessing_context).start().wait()
+class RetrialLog(WaitsForForkServer, RowLog):
+    """`RowLog` whose fit waits, before its first batch, for the fork server (`WaitsForForkServer`)."""
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lance_lightning import DataLoadingMonitor, LanceDataModule, LanceSource, RowShuffle
-from lance_lightning.load.handoff import ENV_SWITCH, WorkerStart
+from lance_lightning.load.handoff import ENV_SWITCH
 from lance_lightning.load.race import CHOICE_SWITCH, MARGIN, START_GAIN, WINDOW_BATCHES, Race, choose, may_hold_gil
 from lance_lightning.transforms import Compose, DecodeImage, RandomFlip
 from tests import zygote
-from tests.helpers import RecordingModel, write_dataset
+from tests.helpers import RecordingModel, WaitsForForkServer, write_dataset
 from tests.worker_probe import RecordProcess, SlowInWorkers, check_retrial_schedule, worker_trials
 
 ROWS, BATCH, EPOCHS = 12_000, 48, 4  # 250 batches an epoch
@@ -428,13 +428,9 @@ def test_setup_starts_the_fork_server_only_where_the_transform_may_hold_the_gil(
     assert started["python"] is not None, started
 
 
-class ServerWaiting(PidRecorder):
-    """`PidRecorder` whose fit waits, before its first batch, for the fork server the data module
-    started at ``setup`` (the loader's own `WorkerStart`), so the first trial comes in the first
-    epoch rather than after seconds of imports."""
-
-    def on_train_start(self) -> None:
-        WorkerStart(self.trainer.train_dataloader.multiprocessing_context).start().wait()
+class ServerWaiting(WaitsForForkServer, PidRecorder):
+    """`PidRecorder` whose fit waits for the fork server (`WaitsForForkServer`), so the first trial
+    comes in the first epoch rather than after seconds of imports."""
 
 
 @pytest.mark.slow
