@@ -236,7 +236,7 @@ def test_worker_killed_during_trainer_fit_raises(uri: str, tmp_path: Path, monke
     assert 4 <= len(model.seen) < 4000 // 16, "training stopped at the fault, not before and not at the end"
 
 
-# -- workers that die as they start ---------------------------------------------------------------------
+# -- workers that die as they start ------------------------------------------------------------------
 #: Rows a batch. Epochs of 2 batches leave the workers nothing after what this process read ahead
 #: (their empty read runs before its last batch); epochs of 12 hand them the rest of the epoch.
 DIES_BATCH = 8
