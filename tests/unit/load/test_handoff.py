@@ -158,11 +158,12 @@ def _trainer(tmp_path: Path, **kwargs: Any) -> pl.Trainer:
 def test_fit_stopped_while_workers_start_resumes_exactly(
     uri: str, planned: list[list[list[int]]], tmp_path: Path
 ) -> None:
-    """Stopped by ``max_steps`` while the first epoch is read in process, resumed with ``ckpt_path``
-    for two more epochs: every epoch trains each row once, in the planned order, as without workers."""
+    """Stopped by ``max_steps`` while the first epoch is read in process (its first 3 batches: the
+    workers take over after what this process read ahead), resumed with ``ckpt_path`` for two more
+    epochs: every epoch trains each row once, in the planned order, as without workers."""
     planned = planned[:3]
     first = PidRecorder()
-    trainer = _trainer(tmp_path, max_steps=30)
+    trainer = _trainer(tmp_path, max_steps=3)
     trainer.fit(first, datamodule=_module(uri, 2, transform=RecordProcess(MAIN_DELAY_S)))
     ckpt = tmp_path / "stopped.ckpt"
     trainer.save_checkpoint(ckpt)
@@ -173,7 +174,27 @@ def test_fit_stopped_while_workers_start_resumes_exactly(
     trained = first.seen + resumed.seen
     assert trained == [batch for epoch in planned for batch in epoch], "rows lost, repeated or out of order"
     assert len(set(flat(trained[: len(planned[0])]))) == ROWS // BATCH * BATCH
-    assert first.pids[0] == os.getpid() and os.getpid() not in resumed.pids[-10:]
+    assert first.pids == [os.getpid()] * 3 and os.getpid() not in resumed.pids[-10:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_fit_that_stops_each_epoch_early_has_its_workers_read_after_the_first_batches(
+    uri: str, planned: list[list[list[int]]], tmp_path: Path
+) -> None:
+    """``limit_train_batches=10`` (Lightning never asks past an epoch's 10th batch, far short of the
+    race's window), workers started per epoch: in each of 3 epochs the workers read every batch
+    after what this process read ahead of the first, and the fit trains the first 10 planned
+    batches of each epoch in order. Before, each epoch was read whole in process and its workers
+    never started."""
+    model = PidRecorder()
+    dm = _module(uri, 2, persistent=False, transform=RecordProcess())
+    _trainer(tmp_path, max_epochs=3, limit_train_batches=10).fit(model, datamodule=dm)
+    assert model.seen == [batch for epoch in planned[:3] for batch in epoch[:10]], "rows lost or out of order"
+    for epoch in range(3):
+        pids = model.pids[epoch * 10 : (epoch + 1) * 10]
+        assert pids[0] == os.getpid() and _from_main_then_workers(pids), f"epoch {epoch}: {pids}"
+        assert os.getpid() not in pids[-4:], f"epoch {epoch}: the workers did not take over: {pids}"
 
 
 _EXITS_WHILE_STARTING = """
