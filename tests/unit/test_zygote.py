@@ -203,8 +203,11 @@ def test_with_the_fast_exit_off_module_teardown_runs_as_in_a_fresh_process(tmp_p
     )
     off, fresh = _both(command, tmp_path, {zygote_server.FAST_EXIT: "off"})
     assert off == fresh == (0, b"", b"torn down\n")
-    on, _ = _both(command, tmp_path, {zygote_server.FAST_EXIT: "on"})
-    assert on == (0, b"", b"")
+    # The fresh process ignores the switch: `fresh` above is its run with the switch on too.
+    env = {**zygote.zygote_env(), zygote_server.FAST_EXIT: "on"}
+    assert zygote.mirrored(command, tmp_path, env)
+    on = zygote.run(command, cwd=tmp_path, env=env, timeout=600)
+    assert (on.returncode, on.stdout, on.stderr) == (0, b"", b"")
 
 
 #: The signals faulthandler handles: with it on, ``signal.getsignal`` gives None for them in a fresh
@@ -264,26 +267,40 @@ def test_a_timeout_kills_the_child_as_subprocess_does(tmp_path: Path) -> None:
     (tmp_path / "sleep.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
     script = [sys.executable, str(tmp_path / "sleep.py")]
     assert zygote.mirrored(script, tmp_path, zygote.zygote_env())
-    # The timeout always runs out (the child sleeps 10 minutes): 10 s, as the timeout tests below,
-    # for a forked child that prints one line (no imports) before it.
+    # The timeout always runs out (the child sleeps 10 minutes), so no load makes this pass wrongly:
+    # the TimeoutExpired is certain, and "started" is the one line the child prints before sleeping.
+    # 3 s (was 10) is what a forked child (no imports, from the zygote `mirrored` started above) has
+    # to print that line: it printed within 1 s each time at a load of 6 on the 2-core VM (it does
+    # not wait for its exit, whose gc took up to 2.8 s there).
     with pytest.raises(subprocess.TimeoutExpired) as raised:
-        zygote.run(script, cwd=tmp_path, env=zygote.zygote_env(), timeout=10)
+        zygote.run(script, cwd=tmp_path, env=zygote.zygote_env(), timeout=3)
     assert raised.value.output == b"started\n"
 
 
 def test_a_timeout_after_the_child_ended_while_a_grandchild_holds_its_output(tmp_path: Path) -> None:
     """The child exits at once, leaving a grandchild that holds its stdout: ``subprocess.run``
     waits for the end of the output and raises ``TimeoutExpired``; so does the zygote (it raised
-    ``ProcessLookupError`` killing the child that had already ended)."""
+    ``ProcessLookupError`` killing the child that had already ended). The grandchild prints
+    "orphaned" once the child has ended (its parent is no longer the child): that line in the
+    output read before the timeout shows the child had ended by then, in both runs."""
+    (tmp_path / "orphan.py").write_text(
+        "import os, sys, time\n"
+        "while os.getppid() == int(sys.argv[1]):\n    time.sleep(0.01)\n"
+        "print('orphaned', flush=True)\ntime.sleep(60)\n"
+    )
     (tmp_path / "leave.py").write_text(
-        "import subprocess, sys\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "import os, subprocess, sys\n"
+        "subprocess.Popen([sys.executable, 'orphan.py', str(os.getpid())])\n"
         "print('left', flush=True)\n"
     )
     script = [sys.executable, str(tmp_path / "leave.py")]
     assert zygote.mirrored(script, tmp_path, zygote.zygote_env())
     # The fresh reference runs on a thread while the zygote runs the same command: both wait out
-    # their 8 s at once (only this thread uses the zygote, so it still forks).
+    # their 8 s at once (only this thread uses the zygote, so it still forks). No load makes this
+    # pass wrongly: "orphaned" in both outputs shows each child had ended before its timeout (else
+    # the zygote's kill would find it alive, and the defect would not show). Not shorter: the
+    # forked child's exit (the fast exit's gc, `tests.zygote_server`) took up to 2.8 s at a load of
+    # 6 on the 2-core VM.
     with ThreadPoolExecutor(1) as pool:
         reference = pool.submit(
             subprocess.run, script, cwd=tmp_path, env=zygote.zygote_env(), timeout=8, capture_output=True
@@ -292,7 +309,7 @@ def test_a_timeout_after_the_child_ended_while_a_grandchild_holds_its_output(tmp
             zygote.run(script, cwd=tmp_path, env=zygote.zygote_env(), timeout=8)
         fresh = reference.exception()
     assert isinstance(fresh, subprocess.TimeoutExpired), fresh
-    assert forked.value.output == fresh.output == b"left\n"
+    assert forked.value.output == fresh.output == b"left\norphaned\n"
 
 
 # -- run_in_session: the contract checker's phases (tests/contract/runner.py) ----------------------
@@ -417,6 +434,12 @@ def test_a_grandchild_left_behind_is_killed_with_the_group(tmp_path: Path) -> No
 def test_a_timeout_kills_the_whole_group_and_reads_to_the_end(tmp_path: Path) -> None:
     # The child and a grandchild (as a DDP rank) hold the output past the timeout; the grandchild
     # would print after 60 s: killing only the child would leave the output open until then.
-    for done in _sessions(["group", "hold", "60", "hang"], tmp_path, _session_env(True), timeout=10, at_once=True):
+    # The timeout always runs out (the child sleeps 10 minutes). No load makes this pass wrongly:
+    # the output must be the grandchild's pid alone, which the child prints once Popen has started
+    # it (exec'd, holding the output), so the grandchild was there to be killed in both runs. 4 s
+    # (was 10) is what each run has to print it: a fresh child did in 0.08 s at a load of 6 on the
+    # 2-core VM (a bare interpreter, no heavy imports), a forked one within 1 s.
+    for done in _sessions(["group", "hold", "60", "hang"], tmp_path, _session_env(True), timeout=4, at_once=True):
         assert (done.returncode, done.timed_out) == (-signal.SIGKILL, True), done.output
+        assert re.fullmatch(r"\d+\n", done.output), done.output
         assert "grandchild done" not in done.output
