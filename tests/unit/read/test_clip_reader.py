@@ -189,20 +189,31 @@ def test_decoding_is_timed_apart_from_storage_reads(tmp_path: Path) -> None:
 
 
 def test_a_missing_decoder_is_named_before_reading(tmp_path: Path) -> None:
-    import subprocess
+    """With PyAV not importable, the package still imports and ``setup`` names ``clips.decoder`` and
+    the fix, before any read. A process of its own, forked from the test zygote where it can be
+    (`tests.zygote`: it has imported Lightning and ``lance_lightning.cli``, 10 s of CPU under load,
+    and none of that tried to import ``av``, which the script checks before it blocks PyAV: blocking
+    it then is blocking it at start-up, as the fresh process this test ran before did)."""
     import sys
 
+    from tests import zygote
+
     uri = write_videos(tmp_path / "v.lance", 2)
-    code = (
-        "import sys; sys.modules['av'] = None\n"  # PyAV cannot be imported
+    script = tmp_path / "no_av.py"
+    script.write_text(
+        "import sys\n"
+        "print('av imported before the block:', 'av' in sys.modules)\n"
+        "sys.modules['av'] = None  # PyAV cannot be imported\n"
         "from lance_lightning import LanceDataModule, LanceSource, VideoClips\n"
         "from lance_lightning.errors import ConfigError\n"
         f"dm = LanceDataModule(train=LanceSource({uri!r}, columns=['video']), batch_size=2, clips=VideoClips())\n"
         "try:\n    dm.setup('fit')\nexcept ConfigError as error:\n    print(error.param, '|', error)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = zygote.run([sys.executable, str(script)], cwd=tmp_path, env=zygote.zygote_env(), text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.startswith("clips.decoder |") and "uv add av" in out.stdout
+    first, _, rest = out.stdout.partition("\n")
+    assert first == "av imported before the block: False", out.stdout
+    assert rest.startswith("clips.decoder |") and "uv add av" in rest, out.stdout
 
 
 # -- the media corpus through the reader (#50) ------------------------------------------------------
