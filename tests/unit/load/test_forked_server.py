@@ -108,6 +108,27 @@ print(json.dumps(found))
 """
 
 
+#: `_REFUSED` with the switch off and without Lance's runtime (nor a lowered memory limit): the
+#: switch is then the only reason not to fork the server.
+_SWITCHED = """
+import json, sys, time
+from multiprocessing import forkserver
+from lance_lightning.load import forked_server
+from lance_lightning.load.lean_start import ensure_server
+
+found = {"switch": forked_server.ForkedServer().refusal(), "fresh": forked_server.ForkedServer().refusal()}
+found["lance"] = "lance" in sys.modules
+ensure_server()
+pid = forkserver._forkserver._forkserver_pid
+for _ in range(600):  # empty while the new process is between fork and exec
+    found["server_cmdline"] = open(f"/proc/{pid}/cmdline").read()
+    if found["server_cmdline"]:
+        break
+    time.sleep(0.1)
+print(json.dumps(found))
+"""
+
+
 def _run(tmp_path: Path, script: str, *args: str, env: dict[str, str] | None = None) -> dict:
     path = tmp_path / "script.py"
     path.write_text(script)
@@ -148,10 +169,11 @@ def test_the_stock_server_starts_where_forking_is_not_safe(tmp_path: Path) -> No
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forked server is Linux's")
 def test_the_switch_starts_the_stock_server(tmp_path: Path) -> None:
-    uri = write_dataset(tmp_path / "ds.lance", 20, fragment_rows=20)
-    script = _REFUSED.replace('found = {"fresh"', 'found = {"switch": forked_server.ForkedServer().refusal(), "fresh"')
-    found = _run(tmp_path, script, uri, env={ENV_SWITCH: "off"})
+    """In a process where nothing else refuses a fork (no Lance runtime, the memory limit as
+    shipped): the switch alone refuses it, and the server `ensure_server` starts is the stock one."""
+    found = _run(tmp_path, _SWITCHED, env={ENV_SWITCH: "off"})
     assert found["switch"] == f"{ENV_SWITCH}=off" and found["fresh"] == found["switch"]
+    assert found["lance"] is False, "Lance ran here: it, not the switch, may have refused the fork"
     assert "multiprocessing.forkserver" in found["server_cmdline"]
 
 
