@@ -14,6 +14,7 @@ import lance
 import pytest
 
 from lance_lightning.write.ledger import DONE_KEY
+from tests import zygote
 from tests.helpers import run_cli_process
 from tests.unit.write.inputs import image_folder
 
@@ -48,15 +49,32 @@ def test_prepare_errors_fit_one_screen_and_name_the_flag(tmp_path: Path) -> None
     assert code == 2 and "invalid choice: 'csv'" in output, output
 
 
+@pytest.fixture(scope="module")
+def killed_input(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The SIGKILL tests' image folder and the oracle: an uninterrupted CLI prepare of it (one for the
+    three moments; each test only reads the folder and writes its own output)."""
+    root = tmp_path_factory.mktemp("killed_input")
+    folder = image_folder(root / "in", per_class=4, bad=("fox/zz.png",))
+    code, output = run_cli_process(_prepare_args(folder, root / "whole.lance", "--quiet"), root)
+    assert code == 0, output
+    return folder, root / "whole.lance"
+
+
+def _killed_prepare(moment: str, args: list[str]) -> subprocess.CompletedProcess:
+    """``python tests/prepare_kill.py MOMENT cli ARGS`` forked from the test zygote (`tests.zygote`:
+    the process a fresh start gives, less the imports; its status -9 when it SIGKILLs itself)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return zygote.run([sys.executable, str(KILLER), moment, "cli", *args], env=env, timeout=300)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("moment", ["commit:2", "write:3", "rename"])
-def test_sigkill_mid_prepare_then_rerun_equals_an_uninterrupted_run(tmp_path: Path, moment: str) -> None:
-    root = image_folder(tmp_path / "in", per_class=4, bad=("fox/zz.png",))
+def test_sigkill_mid_prepare_then_rerun_equals_an_uninterrupted_run(
+    tmp_path: Path, killed_input: tuple[Path, Path], moment: str
+) -> None:
+    root, whole_out = killed_input
     args = _prepare_args(root, tmp_path / "out.lance", "--unit-files", "2", "--workers", "2", "--quiet")[1:]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    killed = subprocess.run(
-        [sys.executable, str(KILLER), moment, "cli", *args], env=env, capture_output=True, timeout=300
-    )
+    killed = _killed_prepare(moment, args)
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
     assert not (tmp_path / "out.lance").exists()  # never looks complete at the output
     partial = lance.dataset(str(tmp_path / "out.lance.partial"))
@@ -64,9 +82,7 @@ def test_sigkill_mid_prepare_then_rerun_equals_an_uninterrupted_run(tmp_path: Pa
     code, output = run_cli_process(["prepare", *args], tmp_path)
     assert code == 0, output
     assert ("already complete" if moment == "rename" else "resumed after") in output, output
-    code, output = run_cli_process(_prepare_args(root, tmp_path / "whole.lance", "--quiet"), tmp_path)
-    assert code == 0, output
-    resumed, whole = (lance.dataset(str(tmp_path / name)).to_table() for name in ("out.lance", "whole.lance"))
+    resumed, whole = (lance.dataset(str(path)).to_table() for path in (tmp_path / "out.lance", whole_out))
     assert resumed.num_rows == 12 and resumed.equals(whole)
 
 
@@ -154,8 +170,7 @@ def test_videofolder_of_several_units_reads_back_as_its_files(tmp_path: Path, ki
     args = ["--format", "videofolder", "--input", str(tmp_path / "raw"), "--output", str(tmp_path / "v.lance")]
     args += ["--unit-files", "2", "--workers", "1", "--no-probe-media"]  # fake bytes: not opened as media
     if killed:
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        run = subprocess.run([sys.executable, str(KILLER), "commit:1", "cli", *args], env=env, capture_output=True)
+        run = _killed_prepare("commit:1", args)
         assert run.returncode == -signal.SIGKILL, run.stderr.decode()[-2000:]
     code, output = run_cli_process(["prepare", *args], tmp_path)
     assert code == 0 and "6 rows in 3 units" in output and "0 files skipped" in output, output

@@ -207,13 +207,26 @@ def _cli_args(uri: str, out: Path, options: dict[str, str], *extra: str) -> list
     return ["--format", "imagefolder", "--input", uri, "--output", str(out), *settings, *extra]
 
 
+@pytest.fixture(scope="module")
+def killed_input(tmp_path_factory: pytest.TempPathFactory, s3: S3Server) -> tuple[Path, str, Path]:
+    """The SIGKILL tests' image folder, its upload and the oracle: an uninterrupted CLI prepare from the
+    store (one for both moments; each test reads the prefix and writes its own output)."""
+    root = tmp_path_factory.mktemp("killed_input")
+    folder = image_folder(root / "in", per_class=4, bad=("fox/zz.png",))
+    uri = upload(s3, folder)
+    code, output = run_cli_process(
+        ["prepare", *_cli_args(uri, root / "whole.lance", s3.storage_options(), "--quiet")], root
+    )
+    assert code == 0, output
+    return folder, uri, root / "whole.lance"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("moment", "pool"), [("commit:2", "processes"), ("write:1", "threads")])
 def test_a_sigkilled_cli_prepare_from_s3_rerun_completes_exactly_once(
-    tmp_path: Path, s3: S3Server, moment: str, pool: str
+    tmp_path: Path, s3: S3Server, killed_input: tuple[Path, str, Path], moment: str, pool: str
 ) -> None:
-    folder = image_folder(tmp_path / "in", per_class=4, bad=("fox/zz.png",))
-    uri = upload(s3, folder)
+    folder, uri, whole_out = killed_input
     args = _cli_args(uri, tmp_path / "out.lance", s3.storage_options(), "--unit-files", "2", "--workers", "2")
     args += ["--pool", pool, "--quiet"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | {"PYTHONPATH": str(REPO_ROOT)}
@@ -226,10 +239,7 @@ def test_a_sigkilled_cli_prepare_from_s3_rerun_completes_exactly_once(
     assert not (tmp_path / "out.lance").exists()
     code, output = run_cli_process(["prepare", *args], tmp_path)
     assert code == 0 and "resumed after" in output, output
-    whole_args = _cli_args(uri, tmp_path / "whole.lance", s3.storage_options(), "--quiet")
-    code, output = run_cli_process(["prepare", *whole_args], tmp_path)
-    assert code == 0, output
-    resumed, whole = (lance.dataset(str(tmp_path / name)).to_table() for name in ("out.lance", "whole.lance"))
+    resumed, whole = (lance.dataset(str(path)).to_table() for path in (tmp_path / "out.lance", whole_out))
     assert resumed.equals(whole)
     expected = [r for r in class_rows(folder, "image") if r["path"] != "fox/zz.png"]
     assert [{k: r[k] for k in ("id", "image", "label", "path")} for r in resumed.to_pylist()] == expected
