@@ -142,10 +142,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # the race itself, and LANCE_LIGHTNING_WORKER_CHOICE=race runs the suite with the race.
     os.environ.setdefault("LANCE_LIGHTNING_WORKER_CHOICE", "workers")
     # Fits in this process share 2 cores with the other pytest-xdist worker, where a team of OpenMP
-    # threads per torch op only contends and spins. Subprocesses keep torch's default, and
-    # tests/unit/produce/test_threads.py checks in a fresh process that the package leaves the
-    # training thread's count as it found it.
+    # threads per torch op only contends and spins; so do the fits of its subprocesses (the CLI,
+    # DDP ranks, the test zygote's children: a step of the digits CNN took 0.2-0.7 s on 2 threads
+    # at load 5 against 5 ms on one). tests/unit/produce/test_threads.py sets the variable itself
+    # and checks in a fresh process that the package leaves the training thread's count as it
+    # found it.
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
