@@ -2,8 +2,11 @@
 uninterrupted run trains, whatever checkpoint it resumes from (issue #37, items 1-3).
 
 Each test runs real ``Trainer.fit`` calls on a real Lance dataset: an uninterrupted run (fitted
-once per set of trainer options for the module's tests: `whole_run`), then a stopped run resumed
-with ``ckpt_path``, and compares the ids of every training step, in order.
+once per set of trainer options for the module's tests: `whole_run`, `whole_loop_run`), then a
+stopped run resumed with ``ckpt_path``, and compares the ids of every training step, in order. A
+stopped run that several tests resume (the same options stop the same fit at the same step) is
+fitted once for the module too (`stopped_run`, `epoch_end_checkpoint`, `fresh_resume`); every
+test still fits its own resume.
 - A fractional (or count) ``limit_train_batches`` resumed from the last batch of a limited epoch,
   from a periodic, an epoch-end or a ``trainer.save_checkpoint`` checkpoint, with and without
   ``max_steps`` in the resumed run (Lightning carries the batch count into the next epoch then).
@@ -107,17 +110,47 @@ def _stopped(root: Path, uri: str, kind: str, **kwargs: Any) -> tuple[list[list[
     return model.seen, root / "ckpt" / f"step={trainer.global_step}.ckpt"
 
 
+@pytest.fixture(scope="module")
+def stopped_run(uri: str, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[list[list[int]], Path]]:
+    """``stopped_run(kind, **trainer_options)``: `_stopped`'s first run and checkpoint, fitted once
+    per kind and set of options for the module's tests (the same options stop the same fit at the
+    same step: ``last.ckpt`` and ``trainer.save_checkpoint`` of a ``max_steps=25`` stop serve the
+    ``max_epochs`` and ``max_steps`` resumes and the resume that trains nothing). A stop by a
+    callback (``callbacks``) is fitted on every call. The checkpoint is only read by the resumes;
+    each call gets its own copy of the batches."""
+    root, runs = tmp_path_factory.mktemp("stopped"), {}
+
+    def run(kind: str, **kwargs: Any) -> tuple[list[list[int]], Path]:
+        if kwargs.get("callbacks"):
+            return _stopped(tmp_path_factory.mktemp("stopped_by_callback"), uri, kind, **kwargs)
+        if kind != "periodic":
+            kwargs.pop("every", None)  # `_stopped` writes periodic checkpoints for ``periodic`` only
+        key = (kind, tuple(sorted(kwargs.items())))
+        if key not in runs:
+            runs[key] = _stopped(root / f"run{len(runs)}", uri, kind, **kwargs)
+        seen, ckpt = runs[key]
+        return [list(batch) for batch in seen], ckpt
+
+    return run
+
+
 @pytest.mark.parametrize("limit", [0.5, 30, 0.75], ids=["fraction", "count", "fraction_uneven"])
 @pytest.mark.parametrize("kind", ["periodic", "last", "saved"])
 @pytest.mark.parametrize("resume_max_steps", [-1, 1000], ids=["epochs", "with_max_steps"])
 def test_a_limited_epoch_resumed_at_its_last_batch_trains_every_later_epoch_whole(
-    tmp_path: Path, uri: str, whole_run: Callable[..., list[list[int]]], limit: float, kind: str, resume_max_steps: int
+    tmp_path: Path,
+    uri: str,
+    whole_run: Callable[..., list[list[int]]],
+    stopped_run: Callable[..., tuple[list[list[int]], Path]],
+    limit: float,
+    kind: str,
+    resume_max_steps: int,
 ) -> None:
     """Issue #37.1: ``limit_train_batches=0.5`` resumed from the checkpoint of the limited epoch's last
     step trained 30 of the next epoch's 60 batches (the loader's length counted the carried index)."""
     whole = whole_run(max_epochs=3, limit_train_batches=limit)
     per_epoch = len(whole) // 3
-    first, ckpt = _stopped(tmp_path / "a", uri, kind, max_epochs=1, limit_train_batches=limit, every=per_epoch)
+    first, ckpt = stopped_run(kind, max_epochs=1, limit_train_batches=limit, every=per_epoch)
     assert len(first) == per_epoch
     rest = _fit(tmp_path / "b", uri, ckpt=ckpt, max_epochs=3, max_steps=resume_max_steps, limit_train_batches=limit)
     assert first + rest == whole
@@ -142,6 +175,7 @@ def test_a_max_steps_stop_resumed_under_max_epochs_trains_the_rest_of_the_stoppe
     tmp_path: Path,
     uri: str,
     whole_run: Callable[..., list[list[int]]],
+    stopped_run: Callable[..., tuple[list[list[int]], Path]],
     kind: str,
     max_epochs: int,
     stop: str,
@@ -153,7 +187,7 @@ def test_a_max_steps_stop_resumed_under_max_epochs_trains_the_rest_of_the_stoppe
     35 more steps."""
     whole = whole_run(max_epochs=max_epochs)
     limit: dict[str, Any] = dict(max_steps=25) if stop == "max_steps" else dict(callbacks=[StopAtStep(25)])
-    first, ckpt = _stopped(tmp_path / "a", uri, kind, max_epochs=5, every=25, **limit)
+    first, ckpt = stopped_run(kind, max_epochs=5, every=25, **limit)
     assert len(first) == 25
     caplog.clear()
     with caplog.at_level("INFO"):
@@ -164,18 +198,22 @@ def test_a_max_steps_stop_resumed_under_max_epochs_trains_the_rest_of_the_stoppe
 
 @pytest.mark.parametrize("kind", ["last", "saved"])
 def test_a_max_steps_stop_resumed_under_max_steps_follows_on(
-    tmp_path: Path, uri: str, whole_run: Callable[..., list[list[int]]], kind: str
+    tmp_path: Path,
+    uri: str,
+    whole_run: Callable[..., list[list[int]]],
+    stopped_run: Callable[..., tuple[list[list[int]], Path]],
+    kind: str,
 ) -> None:
     whole = whole_run(max_steps=100, max_epochs=-1)
-    first, ckpt = _stopped(tmp_path / "a", uri, kind, max_steps=25, max_epochs=5)
+    first, ckpt = stopped_run(kind, max_steps=25, max_epochs=5)
     rest = _fit(tmp_path / "b", uri, ckpt=ckpt, max_steps=100, max_epochs=-1)
     assert first + rest == whole
 
 
 def test_a_resume_that_trains_nothing_says_so_and_promises_no_step(
-    tmp_path: Path, uri: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, uri: str, stopped_run: Callable[..., tuple[list[list[int]], Path]], caplog: pytest.LogCaptureFixture
 ) -> None:
-    first, ckpt = _stopped(tmp_path / "a", uri, "last", max_steps=25, max_epochs=5)
+    first, ckpt = stopped_run("last", max_steps=25, max_epochs=5)
     caplog.clear()
     with caplog.at_level("INFO"):
         rest = _fit(tmp_path / "b", uri, ckpt=ckpt, max_steps=25, max_epochs=5)
@@ -185,9 +223,29 @@ def test_a_resume_that_trains_nothing_says_so_and_promises_no_step(
     assert "more step(s)" not in text
 
 
+@pytest.fixture(scope="module")
+def fresh_resume(uri: str, tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], list[list[int]]]:
+    """``fresh_resume(ckpt)``: the batches a fresh data module trains resuming ``ckpt``, the step=20
+    checkpoint of a second-fit test's first fit, under ``max_epochs=2``. Fitted once for the module:
+    every such first fit is the same fit (the same data module, options and seed; the eval calls
+    come after it), so their step=20 checkpoints hold the same state. Each call gets its own copy."""
+    root, runs = tmp_path_factory.mktemp("fresh"), []
+
+    def run(ckpt: Path) -> list[list[int]]:
+        if not runs:
+            runs.append(_fit(root, uri, ckpt=ckpt, max_epochs=2))
+        return [list(batch) for batch in runs[0]]
+
+    return run
+
+
 @pytest.mark.parametrize("between", [(), ("validate", "test", "predict")], ids=["fit_only", "eval_calls"])
 def test_a_second_fit_of_one_data_module_trains_what_a_fresh_one_trains(
-    tmp_path: Path, uri: str, whole_run: Callable[..., list[list[int]]], between: tuple[str, ...]
+    tmp_path: Path,
+    uri: str,
+    whole_run: Callable[..., list[list[int]]],
+    fresh_resume: Callable[[Path], list[list[int]]],
+    between: tuple[str, ...],
 ) -> None:
     """Issue #37.2: the second fit reused the loader bound to the first trainer: 80 of 100 batches."""
     source = LanceSource(uri)
@@ -199,7 +257,7 @@ def test_a_second_fit_of_one_data_module_trains_what_a_fresh_one_trains(
         getattr(_trainer(tmp_path / call), call)(model, datamodule=dm)
     ckpt = tmp_path / "a" / "ckpt" / "step=20.ckpt"
     again = _fit(tmp_path / "b", uri, ckpt=ckpt, dm=dm, max_epochs=2)
-    fresh = _fit(tmp_path / "c", uri, ckpt=ckpt, max_epochs=2)
+    fresh = fresh_resume(ckpt)
     whole = whole_run(max_epochs=2)
     assert len(again) == 100
     assert again == fresh == whole[20:]
@@ -296,6 +354,35 @@ class ValTimingModel(RecordingModel):
             self.validated_at.append(self.trainer.global_step)
 
 
+def _loop_fit(root: Path, uri: str, loop: dict[str, Any], ckpt: Path | None = None, **kwargs: Any) -> ValTimingModel:
+    """A `ValTimingModel` fit of 3 epochs (one validation batch) under the trainer options ``loop``;
+    ``save_to``: also ``trainer.save_checkpoint`` there after it."""
+    save_to = kwargs.pop("save_to", None)
+    model = ValTimingModel()
+    dm = make_dm(uri, "row:3", batch_size=BATCH, val=LanceSource(uri))
+    trainer = _trainer(root, max_epochs=3, limit_val_batches=1, **loop, **kwargs)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
+    return model
+
+
+@pytest.fixture(scope="module")
+def whole_loop_run(uri: str, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., ValTimingModel]:
+    """``whole_loop_run(loop)``: the uninterrupted `_loop_fit` under ``loop``, fitted once per set of
+    options for the module's tests (its batches, validation steps and stepping estimate are the same
+    whichever stop the test resumes from); read only."""
+    root, runs = tmp_path_factory.mktemp("whole_loop"), {}
+
+    def run(loop: dict[str, Any]) -> ValTimingModel:
+        key = tuple(sorted(loop.items()))
+        if key not in runs:
+            runs[key] = _loop_fit(root / f"run{len(runs)}", uri, loop)
+        return runs[key]
+
+    return run
+
+
 @pytest.mark.parametrize(
     "loop",
     [
@@ -307,30 +394,18 @@ class ValTimingModel(RecordingModel):
 )
 @pytest.mark.parametrize("stop", ["periodic", "max_steps_last"])
 def test_options_that_read_the_loaders_length_see_an_uninterrupted_runs_numbers(
-    tmp_path: Path, uri: str, loop: dict[str, Any], stop: str
+    tmp_path: Path, uri: str, whole_loop_run: Callable[..., ValTimingModel], loop: dict[str, Any], stop: str
 ) -> None:
     """Every Lightning option that reads or rescales ``len(loader)`` after a resume: validation at
     the steps of the uninterrupted run, the same batches, the same stepping estimate."""
-    source = LanceSource(uri)
-
-    def run(name: str, ckpt: Path | None = None, **kwargs: Any) -> ValTimingModel:
-        model = ValTimingModel()
-        dm = make_dm(uri, "row:3", batch_size=BATCH, val=source)
-        options = dict(max_epochs=3, limit_val_batches=1, **loop, **kwargs)
-        trainer = _trainer(tmp_path / name, **options)
-        trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
-        if ckpt is None and stop == "max_steps_last":
-            trainer.save_checkpoint(tmp_path / name / "after.ckpt")
-        return model
-
-    whole = run("whole")
+    whole = whole_loop_run(loop)
     if stop == "periodic":
-        first = run("a", every=9, save_last=False, max_steps=9)
+        first = _loop_fit(tmp_path / "a", uri, loop, every=9, save_last=False, max_steps=9)
         ckpt = tmp_path / "a" / "ckpt" / "step=9.ckpt"
     else:
-        first = run("a", max_steps=9)
+        first = _loop_fit(tmp_path / "a", uri, loop, max_steps=9, save_to=tmp_path / "a" / "after.ckpt")
         ckpt = tmp_path / "a" / "after.ckpt"
-    rest = run("b", ckpt=ckpt)
+    rest = _loop_fit(tmp_path / "b", uri, loop, ckpt=ckpt)
     assert whole.validated_at and rest.seen
     assert first.seen + rest.seen == whole.seen
     assert first.validated_at + rest.validated_at == whole.validated_at
@@ -376,22 +451,52 @@ if __name__ == "__main__":
     _ddp_main(*sys.argv[1:3])
 
 
+@pytest.fixture(scope="module")
+def epoch_end_checkpoint(
+    uri: str, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[int], tuple[list[list[int]], Path]]:
+    """``epoch_end_checkpoint(reload)``: a fit stopped by ``max_steps=75`` under ``max_epochs=4`` whose
+    ``ModelCheckpoint`` wrote a checkpoint at each epoch's end: its batches and ``epoch=0.ckpt``.
+    Fitted once per ``reload_dataloaders_every_n_epochs`` for the module's tests (both resumes of a
+    value read the same checkpoint, which they do not write); each call gets its own copy."""
+    root, runs = tmp_path_factory.mktemp("epoch_end"), {}
+
+    def run(reload: int) -> tuple[list[list[int]], Path]:
+        if reload not in runs:
+            folder = root / f"reload{reload}"
+            model = RecordingModel()
+            saving = ModelCheckpoint(dirpath=folder / "ckpt", filename="{epoch}", save_top_k=-1)
+            trainer = _trainer(
+                folder,
+                max_epochs=4,
+                max_steps=75,
+                enable_checkpointing=True,
+                callbacks=[saving],
+                reload_dataloaders_every_n_epochs=reload,
+            )
+            trainer.fit(model, datamodule=make_dm(uri, "row:3", batch_size=BATCH))
+            runs[reload] = model.seen, folder / "ckpt" / "epoch=0.ckpt"
+        seen, ckpt = runs[reload]
+        return [list(batch) for batch in seen], ckpt
+
+    return run
+
+
 @pytest.mark.parametrize("resume_max_steps", [-1, 1000], ids=["epochs", "with_max_steps"])
 @pytest.mark.parametrize("reload", [0, 2])
 def test_an_epoch_end_checkpoint_resumes_every_later_epoch_whole(
-    tmp_path: Path, uri: str, whole_run: Callable[..., list[list[int]]], resume_max_steps: int, reload: int
+    tmp_path: Path,
+    uri: str,
+    whole_run: Callable[..., list[list[int]]],
+    epoch_end_checkpoint: Callable[[int], tuple[list[list[int]], Path]],
+    resume_max_steps: int,
+    reload: int,
 ) -> None:
     """``ModelCheckpoint``'s own epoch-end checkpoint (written in ``on_train_epoch_end``: the epoch
     processed, not yet completed), resumed with ``max_steps`` set: Lightning ran epoch 0 again and
     one data epoch was lost (found by the contract checker's soak, scenario 3726)."""
     loop = dict(reload_dataloaders_every_n_epochs=reload)
     whole = whole_run(max_epochs=4, **loop)
-    model = RecordingModel()
-    saving = ModelCheckpoint(dirpath=tmp_path / "a" / "ckpt", filename="{epoch}", save_top_k=-1)
-    trainer = _trainer(
-        tmp_path / "a", max_epochs=4, max_steps=75, enable_checkpointing=True, callbacks=[saving], **loop
-    )
-    trainer.fit(model, datamodule=make_dm(uri, "row:3", batch_size=BATCH))
-    ckpt = tmp_path / "a" / "ckpt" / "epoch=0.ckpt"
+    seen, ckpt = epoch_end_checkpoint(reload)
     rest = _fit(tmp_path / "b", uri, ckpt=ckpt, max_epochs=4, max_steps=resume_max_steps, **loop)
-    assert model.seen[:60] + rest == whole
+    assert seen[:60] + rest == whole
