@@ -30,7 +30,7 @@ Guarantees:
   same result type) when the zygote cannot mirror the command: a command that is not
   ``[sys.executable, SCRIPT|-m MODULE, ...]`` or a script whose shebang is ``sys.executable``; an
   environment that differs from the zygote's in a variable that may be read at import and is not in
-  `APPLIED` (`IMPORT_TIME`: ``PYTHON*`` including ``PYTHONPATH``,
+  `APPLIED` nor `CALL_TIME` (`IMPORT_TIME`: ``PYTHON*`` including ``PYTHONPATH``,
   ``CUDA*``, ``OMP_*``, ``TORCH*``, ``PL_*``, the rank variables Lightning reads at import,
   locale, ``TMPDIR``, ...); a missing cwd; another thread of this process using the zygote; the
   zygote off (``LANCE_LIGHTNING_TEST_ZYGOTE=off``, or it reported threads, import output or
@@ -91,6 +91,10 @@ IMPORT_TIME = (
 #: as the interpreter would at start-up (`tests.zygote_server`): they never send a command to a fresh
 #: process.
 APPLIED = ("PYTHONFAULTHANDLER", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
+#: Variables of `IMPORT_TIME`'s prefixes read only when used, from ``os.environ`` (the child's is the
+#: request's): never a reason for a fresh process. ``ray.init`` sets ``PYTHONBREAKPOINT`` in the
+#: process that calls it, for good: every later request of that pytest worker ran fresh.
+CALL_TIME = ("PYTHONBREAKPOINT",)
 
 _lock = threading.Lock()
 _server: dict[str, Any] = {}
@@ -106,7 +110,7 @@ def zygote_env() -> dict[str, str]:
 def _import_time(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``env`` that may be read at import, less those the zygote applies in the
     child (`APPLIED`); PYTHONPATH as the path it gives (the interpreter drops repeated entries)."""
-    found = {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in APPLIED}
+    found = {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in APPLIED + CALL_TIME}
     if "PYTHONPATH" in found:
         found["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(found["PYTHONPATH"].split(os.pathsep)))
     return found

@@ -261,6 +261,19 @@ def test_a_variable_read_at_import_sends_the_command_to_a_fresh_process(tmp_path
     assert state["ppid"] == os.getpid()
 
 
+def test_a_variable_read_when_used_keeps_the_command_in_the_zygote(tmp_path: Path) -> None:
+    """``PYTHONBREAKPOINT`` is read by ``breakpoint()`` from ``os.environ`` when called (``ray.init``
+    sets it in its process for good, and every later command of that pytest worker ran fresh): a
+    request with another value is still forked, and its child reads the request's value."""
+    script = tmp_path / "hook.py"
+    script.write_text("import os\nprint(os.environ.get('PYTHONBREAKPOINT'))\n")
+    command = [sys.executable, str(script)]
+    env = {**zygote.zygote_env(), "PYTHONBREAKPOINT": "ray.util.rpdb._driver_set_trace"}
+    assert zygote.mirrored(command, tmp_path, env)
+    done = zygote.run(command, cwd=tmp_path, env=env, text=True, timeout=120)
+    assert done.stdout == "ray.util.rpdb._driver_set_trace\n", done.stdout + done.stderr
+
+
 def test_a_timeout_kills_the_child_as_subprocess_does(tmp_path: Path) -> None:
     command = [sys.executable, "-c", "pass"]  # not mirrored: only the shape of the API
     assert not zygote.mirrored(command, tmp_path, zygote.zygote_env())
