@@ -160,6 +160,22 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         shutil.rmtree(made, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _import_time_variables_kept() -> Iterator[None]:
+    """Each test leaves the variables modules may read at import (`tests.zygote.IMPORT_TIME`) as it
+    found them. The test zygote mirrors only requests whose variables match those it started under,
+    and Ray sets ``KMP_INIT_AT_FORK`` and ``PYTHONBREAKPOINT`` in the process that runs it, for good:
+    every later CLI command of that pytest worker ran in a fresh interpreter, silently (and
+    `tests/unit/test_zygote.py` failed whole after a Ray test on its worker)."""
+    from tests.zygote import IMPORT_TIME
+
+    before = {k: v for k, v in os.environ.items() if k.startswith(IMPORT_TIME)}
+    yield
+    for name in [k for k in os.environ if k.startswith(IMPORT_TIME) and k not in before]:
+        del os.environ[name]
+    os.environ.update(before)
+
+
 @pytest.fixture
 def dataset_uri(tmp_path: Path) -> str:
     """A 1000-row id/label/x/vec Lance dataset (see `tests.helpers.write_dataset`)."""
