@@ -66,19 +66,6 @@ def _module(uri: str, transform: Any = None) -> LanceDataModule:
     )
 
 
-def _trainer(tmp_path: Path, **kwargs: Any) -> pl.Trainer:
-    """A CPU trainer that writes no logs or checkpoints."""
-    return pl.Trainer(
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-        **kwargs,
-    )
-
-
 def _worker_pids(loader: Any) -> list[int]:
     iterator = loader._iterator
     assert iterator is not None, "the loader has no live multi-process iterator"
@@ -223,11 +210,13 @@ class KillWorkerAt(Callback):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_worker_killed_during_trainer_fit_raises(uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_killed_during_trainer_fit_raises(
+    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trainer_kwargs: dict
+) -> None:
     monkeypatch.setenv(HANDOFF, "off")  # one worker is followed from the first batch
     dm = _module(uri)
     killer = KillWorkerAt(3)
-    trainer = _trainer(tmp_path, max_epochs=1, callbacks=[killer])
+    trainer = pl.Trainer(**trainer_kwargs, max_epochs=1, callbacks=[killer])
     model = RecordingModel()
     started = time.monotonic()
     try:
@@ -258,7 +247,12 @@ class ServerWaiting(WaitsForForkServer, RecordingModel):
     ids=["forced, 2 per epoch", "forced, 12 persistent", "race, 40 per epoch"],
 )
 def test_workers_that_die_as_they_start_stop_the_fit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, epoch_batches: int, persistent: bool, choice: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    trainer_kwargs: dict,
+    epoch_batches: int,
+    persistent: bool,
+    choice: str,
 ) -> None:
     """#51: workers that die as they start stop a `Trainer.fit` with `WorkerDiedError` when their
     batches are needed. Forced to the workers
@@ -280,7 +274,7 @@ def test_workers_that_die_as_they_start_stop_the_fit(
         transform=DiesOnArrival(0.03 if choice == "race" else 0.0),
     )
     model = ServerWaiting()
-    trainer = _trainer(tmp_path, max_epochs=3)
+    trainer = pl.Trainer(**trainer_kwargs, max_epochs=3)
     with pytest.raises(WorkerDiedError, match="exited with code 3"):
         trainer.fit(model, datamodule=dm)
     trained, rows = flat(model.seen), epoch_batches * DIES_BATCH
