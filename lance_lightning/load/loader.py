@@ -75,7 +75,7 @@ from lance_lightning.load.forked_server import running_server
 from lance_lightning.load.handoff import WorkerStart, WorkerStop, read_epoch, timed_for_race
 from lance_lightning.load.lean_start import check_worker_launch, worker_context
 from lance_lightning.load.race import Race
-from lance_lightning.load.workers import STARTING_HINT, guard_workers
+from lance_lightning.load.workers import STARTING_HINT, WatchedWorkersIterator, guard_workers
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
 from lance_lightning.plan.layout import Layout
 from lance_lightning.produce.slabs import SlabChannel, start_worker_ring
@@ -387,6 +387,13 @@ class LanceDataLoader(DataLoader):
                 f"a worker process failed while starting ({type(error).__name__}; its traceback is printed above)",
                 STARTING_HINT,
             ) from error
+
+    def _get_iterator(self) -> Any:
+        """torch's iterator; with workers one that notices a dead worker promptly (`WatchedWorkersIterator`)."""
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        self.check_worker_number_rationality()
+        return WatchedWorkersIterator(self)
 
     def stop_workers(self, raw: Iterator[Any]) -> None:
         """Shut down the workers of torch's iterator ``raw`` (the race chose this process) on a

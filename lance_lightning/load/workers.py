@@ -7,10 +7,13 @@ Guarantees:
   ``ConnectionResetError``/``EOFError`` from the batch it was handing over, or PyTorch's own
   ``DataLoader worker (pid(s) ...) exited unexpectedly`` / ``is killed by signal`` errors (the
   latter raised by PyTorch's SIGCHLD handler wherever the main thread is, e.g. in a training
-  step: that handler is wrapped so that it raises `WorkerDiedError` too). The loader never hangs:
-  PyTorch notices a dead worker when no batch has arrived for 5 s, so the live workers' batches
-  already asked for (``prefetch_factor`` messages each) are received first: seconds with fast
-  transforms, longer with slow ones (`tests/scenarios/test_faults.py` bounds it with slow batches).
+  step: that handler is wrapped so that it raises `WorkerDiedError` too).
+- The loader never hangs. Workers forked by a fork server are its children, not this process's,
+  so no SIGCHLD reaches this process when they die: the loader's iterator
+  (`WatchedWorkersIterator`) checks that its workers live whenever no batch has arrived for
+  `WORKER_CHECK_S` (PyTorch's own iterator checks after 5 s). The live workers' batches already
+  asked for (``prefetch_factor`` messages each) are received first: a dead worker is reported
+  within `WORKER_CHECK_S` of the last of them (`tests/scenarios/test_faults.py`).
 - A worker that exits with an error code failed in Python before it could report the error
   (usually while starting, e.g. a script without ``if __name__ == "__main__":``): its
   `WorkerDiedError` says so and gives the fix (`STARTING_HINT`), not advice about memory.
@@ -25,9 +28,14 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
 from lance_lightning.errors import WorkerDiedError
 
 T = TypeVar("T")
+
+#: Seconds the loader waits for a batch from its workers before it checks that they live.
+WORKER_CHECK_S = 0.5
 
 #: What usually stops a worker process as it starts, and the fix.
 STARTING_HINT = (
@@ -51,6 +59,14 @@ def _how(exitcode: int | None) -> str:
         hint = " (the kernel's out-of-memory killer sends SIGKILL when memory runs out)" if name == "SIGKILL" else ""
         return f"was killed by {name}{hint}"
     return f"exited with code {exitcode}"
+
+
+class WatchedWorkersIterator(_MultiProcessingDataLoaderIter):
+    """PyTorch's multi-process iterator, checking its workers live each `WORKER_CHECK_S` without a
+    batch (PyTorch's waits 5 s; a user's ``timeout`` still bounds the whole wait, as in PyTorch)."""
+
+    def _try_get_data(self, timeout: float = WORKER_CHECK_S) -> tuple[bool, Any]:
+        return super()._try_get_data(timeout)
 
 
 def dead_workers(workers: Sequence[Any], wait_s: float = 1.0) -> list[Any]:

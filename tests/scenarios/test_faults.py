@@ -2,8 +2,9 @@
 
 - A DataLoader worker killed mid-epoch gives a clear error, never a hang. Workers are real
   processes (forkserver) reading a real Lance dataset; they are killed with SIGKILL, as the
-  kernel's OOM killer would. The DataLoader must notice within seconds (its SIGCHLD handler, or
-  its worker status check every 5 s) and raise `WorkerDiedError` naming the worker and signal.
+  kernel's OOM killer would. The DataLoader must notice within a second once no batch can come
+  (its worker check, `WORKER_CHECK_S`: the workers are the fork server's children, so no SIGCHLD
+  reaches it) and raise `WorkerDiedError` naming the worker and signal.
 - Workers forced to read (``LANCE_LIGHTNING_WORKER_CHOICE=workers``) that die as they start stop
   the fit in its first epoch with `WorkerDiedError`, however short its epochs, in process and on
   2 DDP ranks through the CLI.
@@ -30,11 +31,13 @@ import lance
 import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.callbacks import Callback
+from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, WorkerDiedError
 from lance_lightning.load.forked_server import ENV_SWITCH as FORKED_SERVER
 from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
 from lance_lightning.load.race import CHOICE_SWITCH
+from lance_lightning.load.workers import WORKER_CHECK_S
 from tests import zygote
 from tests.harness import ckpt_file, fit
 from tests.helpers import RecordingModel, WaitsForForkServer, append_rows, flat, make_table, write_dataset
@@ -186,11 +189,64 @@ def test_worker_killed_while_main_process_waits_raises(uri: str, monkeypatch: py
     finally:
         killer.cancel()
         _shutdown(loader)
-    # Never a hang: torch notices a dead forkserver worker when no data arrives for 5 s, so the
-    # live worker's outstanding runs (up to 2 messages of 0.1 s batches here) come first. 0.1 s a
-    # batch still keeps the main thread waiting in ``next()`` nearly all the time (it only counts
-    # the batches), as 0.3 s did, at a third of the wait for the live worker's runs.
+    # Never a hang: the loader notices a dead forkserver worker when no data arrives for
+    # `WORKER_CHECK_S`, so the live worker's outstanding runs (up to 2 messages of 0.1 s batches
+    # here) come first. 0.1 s a batch still keeps the main thread waiting in ``next()`` nearly all
+    # the time (it only counts the batches).
     assert time.monotonic() - started < 60
+    assert str(pids[1]) in str(error.value) and "SIGKILL" in str(error.value)
+
+
+class HeldAfterFirst:
+    """Holds every batch after the first in the worker while the file ``gate`` exists."""
+
+    def __init__(self, gate: str) -> None:
+        self.gate = gate
+        self.seen = 0
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        self.seen += 1
+        while self.seen > 1 and os.path.exists(self.gate):
+            time.sleep(0.01)
+        return batch
+
+
+@pytest.mark.slow  # forkserver workers
+@pytest.mark.timeout(90)
+def test_a_worker_killed_while_the_other_is_held_is_reported_well_before_torchs_check(
+    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No batch can come (the live worker is held): the dead worker is noticed at the loader's next
+    check (`WORKER_CHECK_S`), not after torch's 5 s (``MP_STATUS_CHECK_INTERVAL``): a fork server's
+    workers send no SIGCHLD to this process."""
+    monkeypatch.setenv(HANDOFF, "off")  # one worker is followed from the first batch
+    gate = tmp_path / "hold"
+    gate.touch()
+    dm = _module(uri, transform=HeldAfterFirst(str(gate)))
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    batches = iter(loader)
+    next(batches)
+    pids = _worker_pids(loader)
+    killed_at: list[float] = []
+
+    def kill() -> None:
+        os.kill(pids[1], signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    killer = threading.Timer(0.3, kill)
+    killer.start()
+    try:
+        with pytest.raises(WorkerDiedError, match=WORKER_DIED) as error:
+            for _ in batches:
+                pass
+        noticed = time.monotonic() - killed_at[0]
+    finally:
+        killer.cancel()
+        gate.unlink()
+        _shutdown(loader)
+    assert WORKER_CHECK_S < MP_STATUS_CHECK_INTERVAL / 4
+    assert noticed < MP_STATUS_CHECK_INTERVAL / 2, f"the dead worker was noticed {noticed:.1f} s after it died"
     assert str(pids[1]) in str(error.value) and "SIGKILL" in str(error.value)
 
 
