@@ -106,14 +106,16 @@ class UnsupportedColumnError(TypeError):
 
 
 class WorkerDiedError(RuntimeError):
-    """A DataLoader worker process died mid-epoch; names its pid and how it died."""
+    """A DataLoader worker process died mid-epoch; names its pid and how it died (``exitcodes``, as
+    `multiprocessing` gives them: minus the signal's number for a worker killed by a signal)."""
 
-    def __init__(self, message: str, pids: list[int]) -> None:
+    def __init__(self, message: str, pids: list[int], exitcodes: list[int] | None = None) -> None:
         super().__init__(message)
         self.pids = pids
+        self.exitcodes = exitcodes if exitcodes is not None else []
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.pids))
+        return (type(self), (str(self), self.pids, self.exitcodes))
 
 
 class DataReadError(RuntimeError):

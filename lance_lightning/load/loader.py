@@ -23,7 +23,8 @@ Guarantees:
   however this process ends (`lance_lightning.lifetime`). Workers that die after the trainer
   received SIGTERM died of it too (a scheduler such as SLURM signals every process of a job): the
   train loader then stops the fit as Lightning stops it on SIGTERM (its ``SIGTERMException``,
-  after ``on_exception`` checkpoints), not with `WorkerDiedError`.
+  after ``on_exception`` checkpoints), not with `WorkerDiedError`. Workers killed by SIGTERM before
+  the trainer received it are reported only once `SIGTERM_GRACE_S` passed without it.
 - ``state_dict``/``load_state_dict`` round-trip the cursor (plain types) for loops without a trainer
   (a plain torch loop, or a loader built without ``trainer``). A trainer's loader saves nothing: its
   data module's checkpoint state is the one copy of the cursor, restored once.
@@ -55,6 +56,7 @@ from __future__ import annotations
 import copy as _copy
 import functools
 import random
+import signal
 import time
 import weakref
 from collections.abc import Iterator
@@ -173,9 +175,24 @@ def _stopping_on_sigterm(batches: Iterator[Batch], progress: TrainerProgress) ->
         yield from batches
     except WorkerDiedError as died:
         stop = progress.sigterm_stop()
+        if stop is None and -signal.SIGTERM in died.exitcodes:
+            stop = _await_sigterm(progress, SIGTERM_GRACE_S)
         if stop is None:
             raise
         raise stop from died
+
+
+def _await_sigterm(progress: TrainerProgress, seconds: float) -> BaseException | None:
+    """The trainer's SIGTERM stop, waiting up to ``seconds`` for the trainer to receive SIGTERM."""
+    deadline = time.monotonic() + seconds
+    while (stop := progress.sigterm_stop()) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return stop
+
+
+#: Seconds a train loader whose workers died of SIGTERM waits for the trainer to receive it too (a
+#: scheduler signals every process of a job, not all at the same instant) before it reports them.
+SIGTERM_GRACE_S = 5.0
 
 
 class LanceDataLoader(DataLoader):

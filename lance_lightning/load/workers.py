@@ -84,7 +84,7 @@ def worker_died_error(workers: Sequence[Any], error: BaseException) -> WorkerDie
     dead = dead_workers(workers)
     if not dead:
         return None
-    pids = [int(w.pid) for w in dead]
+    pids, exitcodes = [int(w.pid) for w in dead], [int(w.exitcode) for w in dead]
     what = "; ".join(f"pid {w.pid} {_how(w.exitcode)}" for w in dead)
     if any(w.exitcode is not None and w.exitcode > 0 for w in dead):
         return WorkerDiedError(
@@ -92,6 +92,7 @@ def worker_died_error(workers: Sequence[Any], error: BaseException) -> WorkerDie
             f"A worker that exits with an error failed before it could report it here, usually while "
             f"starting: its traceback is printed above. {STARTING_HINT}",
             pids,
+            exitcodes,
         )
     return WorkerDiedError(
         f"DataLoader worker (pid {', '.join(map(str, pids))}) died mid-epoch: {what}. The batch it was handing "
@@ -99,6 +100,7 @@ def worker_died_error(workers: Sequence[Any], error: BaseException) -> WorkerDie
         "continues exactly after the last trained batch. If memory ran out, lower num_workers, "
         "prefetch_factor, prefetch_batches or batch_size.",
         pids,
+        exitcodes,
     )
 
 

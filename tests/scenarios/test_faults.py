@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -31,11 +32,13 @@ import lance
 import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 
 from lance_lightning import LanceDataModule, LanceSource, RowShuffle, WorkerDiedError
 from lance_lightning.load.forked_server import ENV_SWITCH as FORKED_SERVER
 from lance_lightning.load.handoff import ENV_SWITCH as HANDOFF
+from lance_lightning.load.loader import SIGTERM_GRACE_S
 from lance_lightning.load.race import CHOICE_SWITCH
 from lance_lightning.load.workers import WORKER_CHECK_S
 from tests import zygote
@@ -283,6 +286,64 @@ def test_worker_killed_during_trainer_fit_raises(
     assert killer.killed is not None and f"pid {killer.killed}" in str(error.value) and "SIGKILL" in str(error.value)
     assert time.monotonic() - started < 60
     assert 4 <= len(model.seen) < 4000 // 16, "training stopped at the fault, not before and not at the end"
+
+
+class SigtermWorkerAt(Callback):
+    """SIGTERMs one DataLoader worker of the train loader after batch ``at``, and this process
+    ``later`` seconds after that (None: never), as a job's SIGTERM that reaches the trainer last."""
+
+    def __init__(self, at: int, later: float | None) -> None:
+        self.at, self.later = at, later
+        self.killed: int | None = None
+        self.timer: threading.Timer | None = None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx != self.at or self.killed is not None:
+            return
+        self.killed = _worker_pids(trainer.datamodule.train_dataloader())[0]
+        os.kill(self.killed, signal.SIGTERM)
+        if self.later is not None:
+            self.timer = threading.Timer(self.later, os.kill, args=(os.getpid(), signal.SIGTERM))
+            self.timer.start()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("later", [1.5, None], ids=["trainer-signalled-later", "trainer-never-signalled"])
+def test_workers_killed_by_sigterm_before_the_trainer_stop_the_fit_as_sigterm_does(
+    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trainer_kwargs: dict, later: float | None
+) -> None:
+    """A worker dies of SIGTERM before the trainer receives its own (a scheduler signals every
+    process of a job, not all at once): the loader notices within `WORKER_CHECK_S`, waits for the
+    trainer's SIGTERM (`SIGTERM_GRACE_S`) and stops the fit as Lightning stops it on SIGTERM. A
+    trainer that never receives one gets `WorkerDiedError` naming SIGTERM once the grace passed."""
+    assert later is None or WORKER_CHECK_S < later < SIGTERM_GRACE_S
+    monkeypatch.setenv(HANDOFF, "off")  # one worker is followed from the first batch
+    dm = _module(uri)
+    killer = SigtermWorkerAt(3, later)
+    trainer = pl.Trainer(**trainer_kwargs, max_epochs=1, callbacks=[killer])
+    model = RecordingModel()
+    expected = SIGTERMException if later is not None else WorkerDiedError
+    try:
+        with pytest.raises(expected) as error:
+            trainer.fit(model, datamodule=dm)
+    finally:
+        if killer.timer is not None:  # a fit that ended first must not be signalled after it
+            killer.timer.cancel()
+            killer.timer.join()
+        _shutdown(dm.train_dataloader())
+    assert 4 <= len(model.seen) < 4000 // 16, "training stopped at the fault, not before and not at the end"
+    if later is None:
+        assert f"pid {killer.killed}" in str(error.value) and "SIGTERM" in str(error.value)
+        assert error.value.exitcodes == [-signal.SIGTERM]  # type: ignore[attr-defined]
+    else:
+        assert isinstance(error.value.__cause__, WorkerDiedError), "the stop names the workers' death as its cause"
+
+
+def test_a_worker_died_error_keeps_its_pids_and_exit_codes_across_processes() -> None:
+    """Pickled (a DDP rank's error, a Ray worker's), the error keeps what a handler reads."""
+    error = pickle.loads(pickle.dumps(WorkerDiedError("died", [11, 12], [-signal.SIGTERM, 3])))
+    assert (str(error), error.pids, error.exitcodes) == ("died", [11, 12], [-signal.SIGTERM, 3])
 
 
 # -- workers that die as they start ------------------------------------------------------------------
