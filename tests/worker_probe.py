@@ -109,6 +109,23 @@ class DiesOnArrival(RecordProcess):
             os._exit(3)
 
 
+class KilledOnRank(RecordProcess):
+    """`RecordProcess` whose DataLoader worker on DDP rank ``rank`` SIGKILLs itself as it makes its
+    ``after``-th batch, as the out-of-memory killer ends one worker on one node."""
+
+    def __init__(self, rank: int = 1, after: int = 3) -> None:
+        super().__init__()
+        self.rank, self.after, self.made = rank, after, 0
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        info = get_worker_info()
+        if info is not None and getattr(info.dataset, "rank", 0) == self.rank:
+            self.made += 1
+            if self.made >= self.after:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().__call__(batch)
+
+
 class SlowInWorkers(RecordProcess):
     """`RecordProcess` sleeping ``main_s`` a batch outside DataLoader workers, and also
     ``worker_s`` a batch in them, so that the workers lose every trial of the race whatever the

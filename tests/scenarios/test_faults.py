@@ -434,6 +434,42 @@ def test_a_two_rank_ddp_cli_fit_forced_to_workers_that_die_as_they_start_fails_n
         assert len(steps) < 3, f"rank {rank} trained its first epoch whole"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_worker_killed_on_one_ddp_rank_mid_epoch_ends_the_cli_fit_naming_it(tmp_path: Path) -> None:
+    """``lance-lightning fit`` on 2 DDP ranks (gloo), workers forced: one worker of rank 1 is
+    SIGKILLed mid-epoch (`tests.worker_probe.KilledOnRank`). The run exits with an error naming
+    `WorkerDiedError` and SIGKILL, never a hang (rank 0 waits in a collective for rank 1), and
+    rank 1 does not train its epoch whole."""
+    uri = write_dataset(tmp_path / "ds.lance", 2 * 12 * DIES_BATCH)
+    config = fit_config(
+        tmp_path,
+        uri,
+        model="tests.scenarios.test_race_as_shipped.RowLog",
+        devices=2,
+        epochs=2,
+        batch=DIES_BATCH,
+        workers=2,
+        transform="{class_path: tests.worker_probe.KilledOnRank, init_args: {rank: 1, after: 3}}",
+        every=100,
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    env.update({CHOICE_SWITCH: "workers", "PYTHONPATH": root})
+    done = zygote.run_in_session(
+        [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)],
+        cwd=tmp_path,
+        env=env,
+        timeout=240,
+    )
+    assert not done.timed_out, done.output[-4000:]
+    assert done.returncode != 0 and "WorkerDiedError" in done.output, done.output[-4000:]
+    assert "was killed by SIGKILL" in done.output, done.output[-4000:]
+    log = tmp_path / "rows.rank1"
+    steps = log.read_text().splitlines() if log.exists() else []
+    assert len(steps) < 12, "rank 1 trained its first epoch whole"
+
+
 # -- datasets that get new versions during training --------------------------------------------------
 CHANGE_ROWS, CHANGE_BATCH = 600, 16  # filter label < 8: 480 rows, 30 steps per epoch
 
