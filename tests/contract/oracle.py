@@ -35,6 +35,7 @@ from typing import Any
 from tests.contract import prepared, truth
 from tests.contract.clips import check_clips
 from tests.contract.expected import Batch, Intent, Position, Step, after, intent, layout
+from tests.contract.readers import check_readers
 from tests.contract.reference import sequences
 from tests.contract.replay import check_replay
 from tests.contract.retrials import check_retrials
@@ -376,10 +377,11 @@ def _step_problem(got: list[list[int]], want: Step) -> str | None:
 
 def check(run: Run) -> list[str]:
     """Everything the scenario's phases got wrong (empty: the contract holds), with the remote
-    cache's, the replay probe's, a prepared table's, the trained clips' and the race's trials' own
-    checks (`store.check_cache`, `replay.check_replay`, `prepared.check`, `clips.check_clips`,
-    `retrials.check_retrials`) and the failures of the issue #50 parts (`Run.parts`)."""
+    cache's, the replay probe's, a prepared table's, the trained clips', the race's trials' and
+    who read's own checks (`store.check_cache`, `replay.check_replay`, `prepared.check`,
+    `clips.check_clips`, `retrials.check_retrials`, `readers.check_readers`) and the failures of
+    the issue #50 parts (`Run.parts`)."""
     if run.scenario.fit is False:  # only the issue #50 parts ran (`tests.contract.parts`)
         return list(run.parts)
     fit = Oracle(run).check() + check_cache(run) + check_replay(run) + prepared.check(run) + check_clips(run)
-    return fit + check_retrials(run) + run.parts
+    return fit + check_retrials(run) + check_readers(run) + run.parts

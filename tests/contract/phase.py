@@ -163,7 +163,7 @@ class ContractModel(pl.LightningModule):
         clips = clips_of(batch)
         if clips is not None:
             event["clips"] = clips
-        pid = batch.get("pid")  # `tests.worker_probe.SlowInWorkers` (``lose``): the process that made it
+        pid = batch.get("pid")  # ``lose``, ``record_pids`` (`tests.worker_probe.RecordProcess`): who made it
         if pid is not None:
             event["worker"] = int(pid[0]) != os.getpid()  # a DataLoader worker, not this (rank's) process
             event["at"] = time.monotonic()  # seconds, for `tests.contract.retrials.READY_S`

@@ -93,6 +93,8 @@ def data_arguments(
         data["transform"] = {"class_path": "tests.worker_probe.WidenRows"}
         if scenario.wide_bytes is not None:
             data["transform"]["init_args"] = {"batch_bytes": scenario.wide_bytes, "min_width": 1}
+    if scenario.record_pids and not reference:  # who made each batch: `tests.contract.readers`
+        data["transform"] = {"class_path": "tests.worker_probe.RecordProcess"}
     if scenario.lose and not reference:  # the workers lose every trial of the race: it tries them again
         data["transform"] = {"class_path": "tests.worker_probe.SlowInWorkers", "init_args": {"wait_for_server": True}}
     if scenario.clips is not None:
@@ -195,7 +197,10 @@ def scenario_environment(scenario: Scenario) -> dict[str, str]:
     server = {FORKED_SERVER: "off"} if scenario.stock_server else {}
     if scenario.handoff is False:
         return {HANDOFF: "off", **server}
-    return {CHOICE_SWITCH: scenario.worker_choice, **server} if scenario.worker_choice is not None else server
+    # Who read is checked against the forced hand-over (`tests.contract.readers`): forced here, not
+    # left to the suite's default (a soak outside pytest would race).
+    choice = scenario.worker_choice or ("workers" if scenario.record_pids else None)
+    return {CHOICE_SWITCH: choice, **server} if choice is not None else server
 
 
 def cli_config(

@@ -70,13 +70,13 @@ def check_retrials(run: Run) -> list[str]:
                 if any(worker for _, worker, _ in steps):
                     failures.append(f"{role} rank {rank}: a worker made a batch of a run without workers")
                 continue
-            problem = schedule_problem(steps, _extra_steps(scenario, topology))
+            problem = schedule_problem(steps, extra_steps(scenario, topology))
             if problem is not None:
                 failures.append(f"{role} rank {rank}: {problem}")
     return failures
 
 
-def _extra_steps(scenario: Scenario, topology: Topology) -> int:
+def extra_steps(scenario: Scenario, topology: Topology) -> int:
     """Steps the hand-over may wait beyond `HANDOVER_STEPS` for a buffer's start (a buffer shuffle)."""
     rows = scenario.shuffle.buffer_rows if scenario.shuffle.kind == "buffer" else 0
     return rows // topology.batch_size + 1 if rows else 0

@@ -20,7 +20,10 @@ Guarantees:
   they start while this process reads, who reads (forced or raced: ``worker_choice``) and, raced
   (without packing or clips), a transform whose workers lose every trial, so the race tries them
   again after 1, 2, 4, ... epochs (``lose``, ``f"{seed}-lose"``), and whether their fork server
-  is the stock one instead of a fork of the trainer (``stock_server``, ``f"{seed}-server"``).
+  is the stock one instead of a fork of the trainer (``stock_server``, ``f"{seed}-server"``);
+  forced to the workers (without wide batches, packing or clips), half the time a transform that
+  records which process made each batch, so that who read is checked (``record_pids``,
+  ``f"{seed}-pids"``: `tests.contract.readers`).
 - Video clips (`Clips`, ``f"{seed}-clips"``: about 17% of scenarios, never with packing): small
   blob video tables (6-16 videos of 40-64 frames at 16x16, fragments, deleted rows), filters on
   ``id``/``label`` (one matching nothing: a clear error), a mixture of 2-3 sources over them
@@ -310,6 +313,10 @@ class Scenario:
     #: (``LANCE_LIGHTNING_FORKED_SERVER=off``) instead of a fork of the training process
     #: (`lance_lightning.load.forked_server`); None: the default; absent from the JSON.
     stock_server: bool | None = None
+    #: True: a transform adds the process that made each batch (`tests.worker_probe.RecordProcess`),
+    #: and the oracle checks who read it (`tests.contract.readers`); None: no such transform;
+    #: absent from the JSON.
+    record_pids: bool | None = None
 
     @property
     def sources(self) -> list[Source]:
@@ -360,7 +367,7 @@ SMALL_WIDE_BYTES = 96 * 1024
 #: Fields of `Scenario` left out of the JSON when None.
 _LATER_FIELDS = (
     "store", "replay", "prepare", "clips", "wide", "handoff", "wide_bytes", "ingest", "writing", "media", "fit",
-    "worker_choice", "lose", "stock_server",
+    "worker_choice", "lose", "stock_server", "record_pids",
 )  # fmt: skip
 #: Fields added to a part of `Scenario` later, left out of the JSON while at their default (so
 #: that every scenario written before them reads and writes the same line).
@@ -477,6 +484,9 @@ def generate(seed: int) -> Scenario:
         scenario = _lose(random.Random(f"{seed}-lose"), scenario)
     if workers and random.Random(f"{seed}-server").random() < 0.3:
         scenario = replace(scenario, stock_server=True)
+    forced = scenario.worker_choice is None and not scenario.wide and not scenario.lose
+    if forced and packing is None and clips is None and random.Random(f"{seed}-pids").random() < 0.5:
+        scenario = replace(scenario, record_pids=True)
     return draw_parts(seed, _prepare(random.Random(f"{seed}-prepare"), scenario))
 
 

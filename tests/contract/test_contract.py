@@ -13,7 +13,9 @@ oracle's own tests.
 - `test_wide_batch_sample` and `test_losing_workers_sample` (in the default run): the seeds whose
   scenarios send batches through shared-memory slabs (`WIDE_SEEDS`) and whose raced workers lose
   every trial, checked against the retrial rule in a fit stopped by SIGKILL and resumed
-  (`LOSE_SEED`).
+  (`LOSE_SEED`). Who read each batch (`tests.contract.readers`) is checked in the replayed case
+  ``forced-workers-never-started-short-epochs-cli`` and, rule by rule, per epoch
+  (`test_who_reads_is_checked_per_epoch`).
 - `test_oracle_*`: the oracle reports what a wrong run would look like (a repeated or a skipped
   unit, another order, a short epoch, a wrong cursor; where Lightning's loop meets the loader: a
   short epoch after a fractional-limit resume, the rest of an epoch lost after a ``max_steps``
@@ -35,6 +37,7 @@ import pytest
 
 from tests.contract import truth
 from tests.contract.oracle import Inapplicable, check
+from tests.contract.readers import epoch_problem
 from tests.contract.runner import Run, held_after_stop, run_scenario
 from tests.contract.scenario import (
     ALL_STOPS,
@@ -153,6 +156,7 @@ def test_sample_covers_the_options() -> None:
         # from last.ckpt: trials in epochs 2 and 4 (or 3 and 5), lost, by the rule (`tests.contract.retrials`).
         "workers that lose the race, tried again": any(s.lose and truth.epoch_units(s) > 0 for s in scenarios),
         "workers from the stock fork server": any(s.stock_server for s in scenarios),
+        "who read each batch checked (forced to the workers)": any(s.record_pids for s in scenarios),
         "workers from a fork server forked from the trainer": any(
             not s.stock_server and (s.topology.num_workers or s.resume.topology.num_workers) for s in scenarios
         ),
@@ -451,6 +455,27 @@ def test_losing_workers_sample(tmp_path: Path) -> None:
     except Inapplicable as refused:  # a fixed seed must be one Lightning runs: else the retrials go unchecked
         pytest.fail(f"seed {LOSE_SEED} draws a configuration Lightning refuses ({refused}): choose another seed")
     assert not failures, _fails(scenario, failures)
+
+
+@pytest.mark.parametrize(
+    ("workers", "num_workers", "handoff", "problem"),
+    [
+        ([False] * 5 + [True] * 4, 2, None, None),
+        ([True] * 9, 2, None, None),  # persistent workers read the whole epoch
+        ([False] * 5, 2, None, None),  # too short to hand over
+        ([False] * 6 + [True] * 3, 2, None, "step 5 of 9 read in process"),
+        ([False] * 9, 2, None, "step 5 of 9 read in process"),  # the workers never started
+        ([True] * 8 + [False], 2, False, "steps [8] read in process, workers waited for"),
+        ([False, True], 0, None, "a worker made a batch of a run without workers"),
+        ([False] * 9, 0, None, None),
+    ],
+    ids=["hand-over", "persistent", "short", "late", "never", "waited-for", "no-workers", "in-process"],
+)
+def test_who_reads_is_checked_per_epoch(
+    workers: list[bool], num_workers: int, handoff: bool | None, problem: str | None
+) -> None:
+    found = epoch_problem(workers, num_workers, handoff, last_own=4)
+    assert (found is None) if problem is None else (found is not None and problem in found), found
 
 
 # -- video clips: a sample in the default run, and the oracle's clip checks --------------------------------
