@@ -178,10 +178,21 @@ def ensure_server(yield_cpu: bool = False) -> None:
     """Start the fork server unless it runs: its socket's folder (``pymp-*``) with its janitor first
     (`shared_temp_dir`), then, where it is safe, a fork of this process that imports nothing
     (`lance_lightning.load.forked_server`); else the stock server, told which process to die with
-    (`PARENT_ENV`) and, with ``yield_cpu``, to run its imports at the lowest priority (`YIELD_ENV`)."""
+    (`PARENT_ENV`) and, with ``yield_cpu``, to run its imports at the lowest priority (`YIELD_ENV`).
+    Those variables are set only while the server starts: a process this one starts later (a
+    script's ``subprocess.run``) whose own server torch starts must not watch this pid (that
+    server, another process's child, would kill itself at once)."""
     shared_temp_dir()
     if ForkedServer().start():  # where it is safe, a fork of this process: nothing to import
         return
-    os.environ[PARENT_ENV] = str(os.getpid())
-    os.environ[YIELD_ENV] = "1" if yield_cpu else "0"
-    forkserver.ensure_running()
+    told = {PARENT_ENV: str(os.getpid()), YIELD_ENV: "1" if yield_cpu else "0"}
+    before = {name: os.environ.get(name) for name in told}
+    os.environ.update(told)
+    try:
+        forkserver.ensure_running()
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -246,3 +246,37 @@ def test_env_switch_reads_on_and_off(monkeypatch: pytest.MonkeyPatch, value: str
     else:
         monkeypatch.setenv(ENV_SWITCH, value)
     assert env_switch(ENV_SWITCH) is on
+
+
+#: A process that started the stock server runs a script whose loader starts its workers itself
+#: (the hand-over off: torch starts the fork server, not the package), as a notebook's
+#: ``subprocess.run`` or a job script's second command would.
+_STARTS_A_CHILD = """
+import json, os, subprocess, sys
+from lance_lightning.load.lean_start import PARENT_ENV, YIELD_ENV, ensure_server
+
+CHILD = '''
+import sys
+import lance_lightning as ll
+dm = ll.LanceDataModule(train=ll.LanceSource(sys.argv[1], columns=["id"]), batch_size=10, num_workers=2)
+print(sum((batch["id"].tolist() for batch in dm.train_dataloader()), []))
+'''
+
+ensure_server()
+env = {**os.environ, "LANCE_LIGHTNING_WORKER_HANDOFF": "off"}
+child = subprocess.run([sys.executable, "-c", CHILD, sys.argv[1]], env=env, capture_output=True, text=True, timeout=300)
+print(json.dumps({"left": {name: os.environ.get(name) for name in (PARENT_ENV, YIELD_ENV)},
+                  "rc": child.returncode, "out": child.stdout.strip().splitlines()[-1:], "err": child.stderr[-3000:]}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the stock server's watch is tested on Linux")
+def test_a_process_that_started_the_stock_server_leaves_its_subprocesses_able_to_start_workers(tmp_path: Path) -> None:
+    """The variables that tell the stock server which process to die with are set only while it
+    starts: a subprocess started later whose workers' server torch starts does not inherit the
+    first process's pid, which made that server, whose parent differs, kill itself at once
+    (``EOFError`` while the workers started; contract scenario 1285)."""
+    uri = write_dataset(tmp_path / "ds.lance", 30, fragment_rows=10)
+    found = _run(tmp_path, _STARTS_A_CHILD, uri, env={ENV_SWITCH: "off"})
+    assert found["left"] == {"LANCE_LIGHTNING_FORKSERVER_PARENT": None, "LANCE_LIGHTNING_FORKSERVER_YIELD": None}
+    assert found["rc"] == 0 and found["out"] == [str(list(range(30)))], found["err"]
