@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from itertools import groupby
 
-from tests.contract.retrials import HANDOVER_STEPS, extra_steps
+from tests.contract.retrials import HANDOVER_STEPS, extra_steps, recorded_batches
 from tests.contract.runner import Run
 
 
@@ -30,22 +30,14 @@ def check_readers(run: Run) -> list[str]:
     if not scenario.record_pids:
         return []
     failures: list[str] = []
-    for role, topology in (("stop", scenario.topology), ("resume", scenario.resume.topology)):
-        phase = run.phases.get(role)
-        if phase is None or phase.timed_out or run.expected_errors.get(role) is not None:
-            continue
+    for role, topology, rank, batches in recorded_batches(run, failures):
         last_own = HANDOVER_STEPS + extra_steps(scenario, topology) - 1  # the last step this process may read
-        for rank, events in enumerate(phase.ranks):
-            batches = [e for e in events if e["t"] == "batch"]
-            if any("worker" not in e for e in batches):
-                failures.append(f"{role} rank {rank}: a batch without the process that made it (no pid column)")
-                continue
-            for epoch, group in groupby(batches, key=lambda e: int(e["epoch"])):
-                problem = epoch_problem(
-                    [bool(e["worker"]) for e in group], topology.num_workers, scenario.handoff, last_own
-                )
-                if problem is not None:
-                    failures.append(f"{role} rank {rank} epoch {epoch}: {problem}")
+        for epoch, group in groupby(batches, key=lambda e: int(e["epoch"])):
+            problem = epoch_problem(
+                [bool(e["worker"]) for e in group], topology.num_workers, scenario.handoff, last_own
+            )
+            if problem is not None:
+                failures.append(f"{role} rank {rank} epoch {epoch}: {problem}")
     return failures
 
 

@@ -33,6 +33,9 @@ of the loop) and 0.2 s a batch in a worker, no trial is won.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from lance_lightning.load.race import WINDOW_BATCHES
 from tests.contract.runner import Run
 from tests.contract.scenario import Scenario, Topology
@@ -50,12 +53,10 @@ HANDOVER_STEPS = 1 + 4
 Steps = list[tuple[int, bool, float]]
 
 
-def check_retrials(run: Run) -> list[str]:
-    """The trials of each fit and rank of a ``lose`` scenario against the rule (module docstring)."""
+def recorded_batches(run: Run, failures: list[str]) -> Iterator[tuple[str, Topology, int, list[dict[str, Any]]]]:
+    """Each fit's (role, topology) and rank with its trained batches, where the fit ran as the
+    scenario expects; a rank with a batch that does not say who made it is a failure, not yielded."""
     scenario = run.scenario
-    if not scenario.lose:
-        return []
-    failures: list[str] = []
     for role, topology in (("stop", scenario.topology), ("resume", scenario.resume.topology)):
         phase = run.phases.get(role)
         if phase is None or phase.timed_out or run.expected_errors.get(role) is not None:
@@ -65,14 +66,24 @@ def check_retrials(run: Run) -> list[str]:
             if any("worker" not in e for e in batches):
                 failures.append(f"{role} rank {rank}: a batch without the process that made it (no pid column)")
                 continue
-            steps = [(int(e["epoch"]), bool(e["worker"]), float(e["at"])) for e in batches]
-            if not topology.num_workers:
-                if any(worker for _, worker, _ in steps):
-                    failures.append(f"{role} rank {rank}: a worker made a batch of a run without workers")
-                continue
-            problem = schedule_problem(steps, extra_steps(scenario, topology))
-            if problem is not None:
-                failures.append(f"{role} rank {rank}: {problem}")
+            yield role, topology, rank, batches
+
+
+def check_retrials(run: Run) -> list[str]:
+    """The trials of each fit and rank of a ``lose`` scenario against the rule (module docstring)."""
+    scenario = run.scenario
+    if not scenario.lose:
+        return []
+    failures: list[str] = []
+    for role, topology, rank, batches in recorded_batches(run, failures):
+        steps = [(int(e["epoch"]), bool(e["worker"]), float(e["at"])) for e in batches]
+        if not topology.num_workers:
+            if any(worker for _, worker, _ in steps):
+                failures.append(f"{role} rank {rank}: a worker made a batch of a run without workers")
+            continue
+        problem = schedule_problem(steps, extra_steps(scenario, topology))
+        if problem is not None:
+            failures.append(f"{role} rank {rank}: {problem}")
     return failures
 
 

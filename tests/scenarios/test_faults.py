@@ -399,32 +399,38 @@ def test_workers_that_die_as_they_start_stop_the_fit(
     assert 0 < len(model.seen) < epoch_batches, "the error did not stop the first epoch"
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_a_two_rank_ddp_cli_fit_forced_to_workers_that_die_as_they_start_fails_naming_them(tmp_path: Path) -> None:
-    """The same through ``lance-lightning fit`` on 2 DDP ranks (gloo), epochs of 3 batches a rank:
-    the run exits with an error naming the dead workers, never a hang, and trains no epoch whole."""
-    uri = write_dataset(tmp_path / "ds.lance", 2 * 3 * DIES_BATCH)
+def _two_rank_cli_fit(tmp_path: Path, steps: int, epochs: int, transform: str) -> zygote.Grouped:
+    """``lance-lightning fit`` on 2 DDP ranks (gloo) with 2 workers forced and ``transform``, epochs
+    of ``steps`` batches a rank; each rank logs its trained rows to ``rows.rank<r>``."""
+    uri = write_dataset(tmp_path / "ds.lance", 2 * steps * DIES_BATCH)
     config = fit_config(
         tmp_path,
         uri,
         model="tests.scenarios.test_race_as_shipped.RowLog",
         devices=2,
-        epochs=3,
+        epochs=epochs,
         batch=DIES_BATCH,
         workers=2,
-        transform="{class_path: tests.worker_probe.DiesOnArrival}",
+        transform=transform,
         every=100,
     )
     root = str(Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
     env.update({CHOICE_SWITCH: "workers", "PYTHONPATH": root})
-    done = zygote.run_in_session(
+    return zygote.run_in_session(
         [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)],
         cwd=tmp_path,
         env=env,
         timeout=240,
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_two_rank_ddp_cli_fit_forced_to_workers_that_die_as_they_start_fails_naming_them(tmp_path: Path) -> None:
+    """The same through ``lance-lightning fit`` on 2 DDP ranks (gloo), epochs of 3 batches a rank:
+    the run exits with an error naming the dead workers, never a hang, and trains no epoch whole."""
+    done = _two_rank_cli_fit(tmp_path, 3, 3, "{class_path: tests.worker_probe.DiesOnArrival}")
     assert not done.timed_out, done.output[-4000:]
     assert done.returncode != 0 and "WorkerDiedError" in done.output, done.output[-4000:]
     assert "exited with code 3" in done.output, done.output[-4000:]
@@ -441,27 +447,8 @@ def test_a_worker_killed_on_one_ddp_rank_mid_epoch_ends_the_cli_fit_naming_it(tm
     SIGKILLed mid-epoch (`tests.worker_probe.KilledOnRank`). The run exits with an error naming
     `WorkerDiedError` and SIGKILL, never a hang (rank 0 waits in a collective for rank 1), and
     rank 1 does not train its epoch whole."""
-    uri = write_dataset(tmp_path / "ds.lance", 2 * 12 * DIES_BATCH)
-    config = fit_config(
-        tmp_path,
-        uri,
-        model="tests.scenarios.test_race_as_shipped.RowLog",
-        devices=2,
-        epochs=2,
-        batch=DIES_BATCH,
-        workers=2,
-        transform="{class_path: tests.worker_probe.KilledOnRank, init_args: {rank: 1, after: 3}}",
-        every=100,
-    )
-    root = str(Path(__file__).resolve().parents[2])
-    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
-    env.update({CHOICE_SWITCH: "workers", "PYTHONPATH": root})
-    done = zygote.run_in_session(
-        [sys.executable, "-m", "lance_lightning.cli", "fit", "--config", str(config)],
-        cwd=tmp_path,
-        env=env,
-        timeout=240,
-    )
+    transform = "{class_path: tests.worker_probe.KilledOnRank, init_args: {rank: 1, after: 3}}"
+    done = _two_rank_cli_fit(tmp_path, 12, 2, transform)
     assert not done.timed_out, done.output[-4000:]
     assert done.returncode != 0 and "WorkerDiedError" in done.output, done.output[-4000:]
     assert "was killed by SIGKILL" in done.output, done.output[-4000:]
