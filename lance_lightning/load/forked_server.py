@@ -38,6 +38,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 import warnings
 from multiprocessing import connection, forkserver, resource_tracker, util
 from typing import Any
@@ -166,16 +167,38 @@ class ForkedServer:
             return True
 
 
+def ended_server(wait_s: float = 1.0) -> tuple[int, int] | None:
+    """The pid and exit code (negative: the signal) of this process's fork server where it has
+    ended, waiting up to ``wait_s`` for the kernel (a server that closed its connection is exiting);
+    its state is then cleared, so the next worker starts a new one. None while it runs or where
+    none was started."""
+    server: Any = forkserver._forkserver  # CPython's private state (docs/internals.md)
+    deadline = time.monotonic() + wait_s
+    while True:
+        with server._lock:
+            pid = server._forkserver_pid
+            status = _reap(server)
+        if pid is None or status is not None or time.monotonic() >= deadline:
+            return None if pid is None or status is None else (pid, os.waitstatus_to_exitcode(status))
+        time.sleep(0.02)
+
+
 def _runs(server: Any) -> bool:
     """Whether ``server`` (``multiprocessing``'s) has a live process; a dead one's state is cleared."""
+    return server._forkserver_pid is not None and _reap(server) is None
+
+
+def _reap(server: Any) -> int | None:
+    """The wait status of ``server``'s process where it has ended (its state then cleared); None
+    while it runs or where none was started."""
     if server._forkserver_pid is None:
-        return False
-    pid, _ = os.waitpid(server._forkserver_pid, os.WNOHANG)
+        return None
+    pid, status = os.waitpid(server._forkserver_pid, os.WNOHANG)
     if not pid:
-        return True
+        return None
     os.close(server._forkserver_alive_fd)
     server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
-    return False
+    return status
 
 
 def _serve(listener: socket.socket, alive_r: int, alive_w: int, parent: int) -> None:

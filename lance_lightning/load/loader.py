@@ -73,11 +73,11 @@ from lance_lightning.device.ahead import DevicePath
 from lance_lightning.errors import ConfigError, WorkerDiedError
 from lance_lightning.lifetime import shared_temp_dir, watch_parent
 from lance_lightning.load.dataset import Bundle, LanceIterableDataset, Shipping, WorkerError, ship_from_worker
-from lance_lightning.load.forked_server import running_server
+from lance_lightning.load.forked_server import ended_server, running_server
 from lance_lightning.load.handoff import WorkerStart, WorkerStop, read_epoch, timed_for_race
 from lance_lightning.load.lean_start import check_worker_launch, worker_context
 from lance_lightning.load.race import Race
-from lance_lightning.load.workers import STARTING_HINT, WatchedWorkersIterator, guard_workers
+from lance_lightning.load.workers import STARTING_HINT, WatchedWorkersIterator, guard_workers, how_it_ended
 from lance_lightning.metrics.meter import LoaderMeter, Snapshot
 from lance_lightning.plan.layout import Layout
 from lance_lightning.produce.slabs import SlabChannel, start_worker_ring
@@ -398,6 +398,16 @@ class LanceDataLoader(DataLoader):
         try:
             return super().__iter__()
         except (ConnectionError, EOFError) as error:  # a worker died while starting (BrokenPipeError, ...)
+            ended = ended_server()
+            if ended is not None:
+                raise ConfigError(
+                    "num_workers",
+                    self.num_workers,
+                    f"the fork server that starts the workers (pid {ended[0]}) {how_it_ended(ended[1])} before they "
+                    f"started ({type(error).__name__}; a traceback it printed is above)",
+                    "iterate again (a new fork server starts); if it ends again, its traceback or what killed it "
+                    "is the cause; or set num_workers=0 (reader threads need no worker processes)",
+                ) from error
             raise ConfigError(
                 "num_workers",
                 self.num_workers,

@@ -48,7 +48,8 @@ STARTING_HINT = (
 _WATCHED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _how(exitcode: int | None) -> str:
+def how_it_ended(exitcode: int | None) -> str:
+    """A process's end from its exit code (negative: the signal that killed it), for a message."""
     if exitcode is None:
         return "exited"
     if exitcode < 0:
@@ -85,7 +86,7 @@ def worker_died_error(workers: Sequence[Any], error: BaseException) -> WorkerDie
     if not dead:
         return None
     pids, exitcodes = [int(w.pid) for w in dead], [int(w.exitcode) for w in dead]
-    what = "; ".join(f"pid {w.pid} {_how(w.exitcode)}" for w in dead)
+    what = "; ".join(f"pid {w.pid} {how_it_ended(w.exitcode)}" for w in dead)
     if any(w.exitcode is not None and w.exitcode > 0 for w in dead):
         return WorkerDiedError(
             f"DataLoader worker (pid {', '.join(map(str, pids))}) died: {what} ({type(error).__name__}: {error}). "

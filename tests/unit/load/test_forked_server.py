@@ -280,3 +280,34 @@ def test_a_process_that_started_the_stock_server_leaves_its_subprocesses_able_to
     found = _run(tmp_path, _STARTS_A_CHILD, uri, env={ENV_SWITCH: "off"})
     assert found["left"] == {"LANCE_LIGHTNING_FORKSERVER_PARENT": None, "LANCE_LIGHTNING_FORKSERVER_YIELD": None}
     assert found["rc"] == 0 and found["out"] == [str(list(range(30)))], found["err"]
+
+
+#: A loader whose workers' fork server (the stock one, started by torch: the hand-over off) is told
+#: to die with a process that is not its parent: it kills itself as it starts.
+_SERVER_DIES = """
+import json, os, sys
+import lance_lightning as ll
+from lance_lightning.errors import ConfigError
+
+os.environ["LANCE_LIGHTNING_FORKSERVER_PARENT"] = str(os.getppid())
+dm = ll.LanceDataModule(train=ll.LanceSource(sys.argv[1], columns=["id"]), batch_size=10, num_workers=2)
+try:
+    next(iter(dm.train_dataloader()))
+    print(json.dumps({"error": None}))
+except ConfigError as error:
+    print(json.dumps({"error": str(error)}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the stock server's watch is tested on Linux")
+def test_a_fork_server_that_dies_as_the_workers_start_is_named_with_how_it_ended(tmp_path: Path) -> None:
+    """Not the advice for a worker that fails as it starts (the script's main guard): the server's
+    pid, how it ended, and that iterating again starts a new one."""
+    uri = write_dataset(tmp_path / "ds.lance", 30, fragment_rows=10)
+    found = _run(tmp_path, _SERVER_DIES, uri, env={ENV_SWITCH: "off", HANDOFF: "off"})
+    error = found["error"]
+    assert error is not None and error.startswith("`num_workers`=2: the fork server that starts the workers (pid "), (
+        error
+    )
+    assert "was killed by SIGKILL" in error and "before they started" in error and "iterate again" in error, error
+    assert "__main__" not in error, "the advice for a script without a main guard"
