@@ -23,7 +23,8 @@ Guarantees (each failure is one line of `check`'s result, naming the phase, epoc
   phase hangs or raises anything else.
 - Version holds (`lance_lightning.hold`): after the stopped run each train table carries exactly
   one tag of the package, at the version the run pinned, when the run left it held
-  (`runner.held_after_stop`), and none otherwise; other tables never carry one. A resume from a
+  (`runner.held_after_stop`; a stop set past the run's last batch never fires: a normal end),
+  and none otherwise; other tables never carry one. A resume from a
   checkpoint takes the held tags over (released at its normal end with "fit", kept with "keep"),
   a fresh resume adds its own with "keep", and a refused run adds or removes none.
 """
@@ -39,7 +40,7 @@ from tests.contract.readers import check_readers
 from tests.contract.reference import sequences
 from tests.contract.replay import check_replay
 from tests.contract.retrials import check_retrials
-from tests.contract.runner import Phase, Run, held_after_stop
+from tests.contract.runner import Phase, Run, held_after_stop, stop_fired
 from tests.contract.scenario import Topology
 from tests.contract.store import check_cache
 
@@ -130,7 +131,8 @@ class Oracle:
         stop, resume = self.run.holds.get("stop", {}), self.run.holds.get("resume")
         refused = self.run.expected_errors["stop"] is not None
         for uri, tags in stop.items():
-            held = uri in train and not refused and held_after_stop(self.scenario, bool(self.run.checkpoints))
+            fired = stop_fired(self.run.phases.get("stop"))
+            held = uri in train and not refused and held_after_stop(self.scenario, bool(self.run.checkpoints), fired)
             want = [self.run.versions[uri]] if held else []
             if sorted(tags.values()) != want:
                 self.fail(f"stop: {uri} carries the tags {tags}, expected one per version in {want}")

@@ -129,17 +129,26 @@ class Run:
     parts: list[str] = field(default_factory=list)
 
 
-def held_after_stop(scenario: Scenario, checkpointed: bool = True) -> bool:
-    """Whether the stopped run leaves its versions held (``checkpointed``: it wrote a checkpoint):
-    a kill always; an exception or SIGTERM when a checkpoint can need them; a normal end with
-    "keep" (`lance_lightning.hold`)."""
+def held_after_stop(scenario: Scenario, checkpointed: bool = True, stopped: bool = True) -> bool:
+    """Whether the stopped run leaves its versions held (``checkpointed``: it wrote a checkpoint;
+    ``stopped``: its stop fired, `stop_fired`): a kill always; an exception or SIGTERM when a
+    checkpoint can need them; a normal end (a stop set past the run's last batch too) with "keep"
+    (`lance_lightning.hold`)."""
     if scenario.hold == "off":
         return False
+    if not stopped:
+        return scenario.hold == "keep"
     if scenario.stop.kind == "sigkill":
         return True
     if scenario.stop.kind in ("exception", "sigterm"):
         return checkpointed
     return scenario.hold == "keep"
+
+
+def stop_fired(phase: Phase | None) -> bool:
+    """Whether the stopped run's stop cut its fit short (a stop set past its last batch never fires:
+    the fit ends normally, recording ``fit_end``)."""
+    return phase is None or not phase.events("fit_end", rank=0)
 
 
 def run_scenario(scenario: Scenario, root: Path, isolate: bool = False, s3: Any = None) -> Run:
@@ -228,7 +237,9 @@ def _run_scenario(scenario: Scenario, root: Path, isolate: bool, uris: list[str]
     if scenario.resume.maintenance and ckpt is not None:
         truth.maintain(uris)
         run.maintained = True
-        if run.expected_errors["resume"] is None and not held_after_stop(scenario):
+        if run.expected_errors["resume"] is None and not held_after_stop(
+            scenario, stopped=stop_fired(run.phases["stop"])
+        ):
             run.expected_errors["resume"] = "the checkpoint's version was cleaned up and nothing held it"
     if made:
         run.prepare["before_resume"] = prepared.state(uris[prepared.TABLE])
