@@ -234,6 +234,23 @@ def test_writer_oracle_reports_two_models_another_draw_and_a_value_outside_the_s
     assert any("outside the predict split" in p for p in check_rows(writing, outside, reference))
 
 
+def test_writer_oracle_takes_row_zero_for_either_model() -> None:
+    """Soak seed 1435 (``predict(W1K2 flip bad=replace kill=r0@1->other_model)``): the rerun's model
+    (scale 2) committed every row, and row ``id`` 0, which every scale gives ``emb = k, score = 0``,
+    was taken for scale 1, a mix of two models the writer never made."""
+    writing = Writing(rows=10, fragment_rows=4, rerun="other_model", kill_rank=0)
+    split = split_ids(writing)
+    assert 0 in split
+
+    def row(i: int, scale: float) -> dict:
+        return {"emb": [i * scale + k for k in range(4)], "score": i * scale / 2, "extra": None}
+
+    for scale in (1.0, 2.0):
+        assert check_rows(writing, {i: row(i, scale) for i in range(10)}, {}) == [], scale
+    mixed = {**{i: row(i, 2.0) for i in range(10)}, 5: row(5, 1.0)}
+    assert any("mix two models" in p for p in check_rows(writing, mixed, {}))
+
+
 @pytest.mark.parametrize("name", ["stereo.mp3", "mono16k.m4a", "h264_start125.mkv"])
 def test_media_oracle_reports_a_window_one_sample_or_frame_off(name: str) -> None:
     from tests.contract.media_draws import _matches
