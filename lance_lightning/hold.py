@@ -10,8 +10,9 @@ Guarantees:
   (`VersionHold.finish_fit`, from the data module's ``teardown``). A fit stopped by an error or
   SIGTERM (`VersionHold.stopped`, from the data module's ``on_exception``) keeps them only when a
   checkpoint can need them: one of its checkpoints recorded the run's name (`VersionHold.record`,
-  from the data module's ``state_dict``; ``OnExceptionCheckpoint``'s counts), or it resumed from
-  one (`VersionHold.adopt`). A fit that failed before any checkpoint removes them. A kill keeps
+  from the data module's ``state_dict``; ``OnExceptionCheckpoint``'s counts, and so does a
+  script's own call of ``state_dict`` while the tags are held: a state that may be saved), or it
+  resumed from one (`VersionHold.adopt`). A fit that failed before any checkpoint removes them. A kill keeps
   them, so its checkpoints stay resumable; the run's name is in its checkpoints, so a resumed fit
   takes the same tags over and removes them when it ends. With ``"keep"`` a fit that ends normally
   keeps them too (time-boxed jobs that resume later); with ``"off"`` nothing is tagged.
