@@ -8,7 +8,8 @@ Guarantees:
 - `plan_mixture` lays a mixture out over its sources' plans, which the planning entry
   (`lance_lightning.plan.split.plan_split`) pinned and planned as plain row sources in the main
   process (each its own order under the split's shuffle strategy); it checks that all read the
-  same columns with the same Arrow types (and not the ``source`` column the mixture adds), and
+  same columns with the same Arrow types (up to list item names: `plain_type`; and not the
+  ``source`` column the mixture adds), and
   that ``epoch="first_exhausted"`` leaves a whole block.
 - The plan is a `MixturePlan` (`lance_lightning.plan.mixture_plan`): positions mapped to
   (source, unit) in O(1), purely.
@@ -24,7 +25,7 @@ from lance_lightning.checks import check_choice, check_int
 from lance_lightning.errors import ConfigError
 from lance_lightning.plan.blocks import block_counts, epoch_positions
 from lance_lightning.plan.contract import SplitSettings
-from lance_lightning.plan.mixture_plan import MixturePlan
+from lance_lightning.plan.mixture_plan import MixturePlan, plain_type
 from lance_lightning.plan.planner import ReadPlan
 from lance_lightning.plan.schedule import MixtureSchedule, parse_schedule
 from lance_lightning.source import LanceSource, PinnedSource
@@ -106,13 +107,14 @@ class LanceMixture:
             "unknown policy",
             'use "refuse" or "continue"',
         )
-        self.schedule: MixtureSchedule | None = None
+        #: The schedule as given (stages of plain types, kept for the hyperparameters) and as parsed.
+        self.schedule, self.interpolate, self.step_samples = schedule, interpolate, step_samples
+        self.parsed_schedule: MixtureSchedule | None = None
         if schedule is not None:
-            self.schedule = parse_schedule(schedule, interpolate, step_samples, len(self.sources), self.epoch)
+            self.parsed_schedule = parse_schedule(schedule, interpolate, step_samples, len(self.sources), self.epoch)
         elif interpolate != "constant" or step_samples is not None:
             name, value = ("interpolate", interpolate) if interpolate != "constant" else ("step_samples", step_samples)
             raise ConfigError(name, value, "is only used with a `schedule`", "drop it, or add a `schedule`")
-        self.schedule_args = (schedule, interpolate, step_samples)
         self.block = check_int("block", block, len(self.sources), f"set `block` to {len(self.sources)} or more")
         if epoch == "samples":
             self.samples = check_int("samples", samples, 1, "set `samples` to the samples per epoch, e.g. 100000")
@@ -133,7 +135,6 @@ class LanceMixture:
         sources = [
             replace(source, version=version, asof=None) for source, version in zip(self.sources, versions, strict=True)
         ]
-        schedule, interpolate, step_samples = self.schedule_args
         mixture = LanceMixture(
             sources,
             self.weights,
@@ -141,9 +142,9 @@ class LanceMixture:
             self.epoch,
             self.samples,
             self.block,
-            schedule,
-            interpolate,
-            step_samples,
+            self.schedule,
+            self.interpolate,
+            self.step_samples,
             self.on_schedule_change,
         )
         mixture.pinned_by = list(pinned_by) if pinned_by is not None else [""] * len(sources)
@@ -155,8 +156,9 @@ class LanceMixture:
             f"epoch={self.epoch!r}, samples={self.samples!r}, block={self.block!r}"
         )
         if self.schedule is not None:
-            schedule, interpolate, step_samples = self.schedule_args
-            text += f", schedule={schedule!r}, interpolate={interpolate!r}, step_samples={step_samples!r}"
+            text += (
+                f", schedule={self.schedule!r}, interpolate={self.interpolate!r}, step_samples={self.step_samples!r}"
+            )
         if self.on_schedule_change != "refuse":
             text += f", on_schedule_change={self.on_schedule_change!r}"
         return text + ")"
@@ -206,7 +208,7 @@ def plan_mixture(
         settings.batch_size,
         settings.drop_last,
         positions,
-        schedule=mixture.schedule,
+        schedule=mixture.parsed_schedule,
         on_schedule_change=mixture.on_schedule_change,
     )
 
@@ -234,4 +236,4 @@ def _check_columns_agree(split: str, names: list[str], sources: list[PinnedSourc
 
 def _fields(source: PinnedSource) -> str:
     schema = source.open().schema
-    return ", ".join(f"{name}: {schema.field(name).type}" for name in source.columns)
+    return ", ".join(f"{name}: {plain_type(schema.field(name).type)}" for name in source.columns)

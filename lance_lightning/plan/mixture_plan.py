@@ -30,6 +30,9 @@ Guarantees:
   every source's identity, the weights (or the schedule, by sample), names, ``K`` and the epoch
   rule. ``on_schedule_change="continue"`` is a resume policy, not part of it: `resume_identity`
   then compares a saved cursor as if it had the current weights or schedule.
+- Sources agree on a column's type up to the name and nullability of a list's item field
+  (`plain_type`: ``list<element: int32>``, as Parquet and the tools that follow it name it, is
+  Arrow's ``list<item: int32>``); their batches are read as those plain types (`plain_table`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from lance_lightning.plan.bijection import derive_key, subkeys
 from lance_lightning.plan.blocks import block_slots, pass_epoch
@@ -235,3 +239,23 @@ class MixturePlan:
         if layout.dropped_rows:
             lines.append(f"  tail: drop_last skips {layout.dropped_rows:,} sample(s) per epoch")
         return "\n".join(lines)
+
+
+def plain_type(arrow_type: pa.DataType) -> pa.DataType:
+    """``arrow_type`` with every (fixed-size) list's item field named ``item`` and nullable, inside
+    structs too: the name and flag other writers give that field change no value."""
+    if pa.types.is_list(arrow_type):
+        return pa.list_(plain_type(arrow_type.value_type))
+    if pa.types.is_large_list(arrow_type):
+        return pa.large_list(plain_type(arrow_type.value_type))
+    if pa.types.is_fixed_size_list(arrow_type):
+        return pa.list_(plain_type(arrow_type.value_type), arrow_type.list_size)
+    if pa.types.is_struct(arrow_type):
+        return pa.struct([field.with_type(plain_type(field.type)) for field in arrow_type])
+    return arrow_type
+
+
+def plain_table(table: pa.Table) -> pa.Table:
+    """``table`` with its columns cast to their `plain_type` (itself where they are plain already)."""
+    plain = pa.schema([field.with_type(plain_type(field.type)) for field in table.schema])
+    return table if plain.equals(table.schema) else table.cast(plain)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lance_lightning.plan.mixture_plan import MixturePlan
+from lance_lightning.plan.mixture_plan import MixturePlan, plain_table
 from lance_lightning.read.clips import ClipReader
 from lance_lightning.read.lance_io import read_positions
 from lance_lightning.read.packed import PackedReader
@@ -109,7 +109,7 @@ class MixtureReader:
                     plan.source, wanted, scan_mode=False, retry=self.retry, batch_rows=self.batch_rows
                 )
                 index[mine] = offset + inverse
-            tables.append(table.replace_schema_metadata(None))
+            tables.append(plain_table(table.replace_schema_metadata(None)))
             offset += table.num_rows
         table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
         table = table.take(pa.array(index)).append_column(MIXTURE_SOURCE, pa.array(source, pa.int64()))

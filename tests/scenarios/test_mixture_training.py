@@ -13,11 +13,13 @@ from typing import Any
 import lance
 import lightning.pytorch as pl
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from lance_lightning import (
+    ConfigError,
     CursorMismatchError,
     DataLoadingMonitor,
     LanceDataModule,
@@ -224,3 +226,49 @@ def test_a_bad_row_is_named_in_its_own_source(tmp_path):
     with pytest.raises(BadRowError) as info:
         list(dm.train_dataloader())
     assert info.value.position == 7 and f"of {bad} (version 1)" in str(info.value)
+
+
+def _token_table(start: int, rows: int, item: str, value: pa.DataType = pa.int32()) -> pa.Table:
+    """Row ``id`` holds the tokens ``0 .. id % 5``, in a list whose item field is named ``item``."""
+    ids = np.arange(start, start + rows)
+    tokens = pa.array([list(range(i % 5 + 1)) for i in ids], pa.list_(pa.field(item, value)))
+    x = pa.array(ids / 1e6, pa.float32())  # the recording model's input
+    return pa.table({"id": pa.array(ids, pa.int64()), "x": x, "tokens": tokens})
+
+
+class TokenCheckingModel(SourceRecordingModel):
+    """Checks that every row's tokens are the ones its id was written with."""
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        tokens = batch["tokens"]
+        for i, row_id in enumerate(batch["id"].tolist()):
+            assert tokens.row(i).tolist() == list(range(row_id % 5 + 1)), row_id
+        return super().training_step(batch, batch_idx)
+
+
+def test_sources_whose_lists_name_their_items_differently_mix(tmp_path):
+    """Soak seed 1511: a source written with Parquet's list naming (``list<element: int32>``, as
+    `prepare` and other tools write it) and one with Arrow's (``list<item: int32>``) hold the same
+    type: the mixture trains on both, every row's tokens intact. A real difference of type is
+    still refused, naming both."""
+    a, b, c = (str(tmp_path / f"{name}.lance") for name in "abc")
+    lance.write_dataset(_token_table(0, 60, "item"), a)
+    lance.write_dataset(_token_table(OFFSET, 50, "element"), b)
+    lance.write_dataset(_token_table(2 * OFFSET, 50, "item", pa.int64()), c)
+
+    def mixture(second: str) -> LanceMixture:
+        sources = [LanceSource(uri, columns=["id", "x", "tokens"]) for uri in (a, second)]
+        return LanceMixture(sources, weights=[0.5, 0.5], names=["a", "b"], block=10)
+
+    dm = LanceDataModule(train=mixture(b), batch_size=8, shuffle=RowShuffle(seed=2))
+    model = TokenCheckingModel()
+    pl.Trainer(
+        accelerator="cpu", max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, num_sanity_val_steps=0, default_root_dir=str(tmp_path),
+    ).fit(model, datamodule=dm)  # fmt: skip
+    trained = [i for step in model.seen for i in step]
+    assert any(i >= OFFSET for i in trained) and any(i < OFFSET for i in trained), "both sources trained"
+
+    with pytest.raises(ConfigError) as refused:
+        LanceDataModule(train=mixture(c), batch_size=8).setup("fit")
+    assert "list<item: int64>" in str(refused.value) and "list<item: int32>" in str(refused.value)
