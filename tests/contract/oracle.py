@@ -127,6 +127,8 @@ class Oracle:
     # -- version holds -------------------------------------------------------------------------
     def _check_holds(self) -> None:
         uris = list(self.run.versions)
+        if not uris:  # a "prepare, then fit" run refused before its prepare made the table: none read
+            return
         train = {uris[source.table] for source in self.scenario.sources}
         stop, resume = self.run.holds.get("stop", {}), self.run.holds.get("resume")
         refused = self.run.expected_errors["stop"] is not None

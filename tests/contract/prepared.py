@@ -139,6 +139,8 @@ def check(run: Run) -> list[str]:
         if "already complete" not in line or "nothing to do" not in line:
             problems.append(f"prepare: a second prepare did something: {line!r}")
     end = state(uri)
+    if end is None and run.expected_errors.get("stop") is not None:
+        return problems  # refused as the scenario must be, before prepare_data (a config error at parse)
     if end is None:
         return [*problems, f"prepare: no dataset at {uri} after the runs"]
     if not end["complete"] or end["partial"]:
