@@ -385,9 +385,13 @@ class LanceDataModule(pl.LightningDataModule):
 
     def on_exception(self, exception: BaseException) -> None:
         """A fit stopped by an error or SIGTERM (after ``OnExceptionCheckpoint`` wrote its checkpoint):
-        release the tags no checkpoint of the run can need (`VersionHold.stopped`); a checkpoint
+        release the tags no checkpoint of the run can need (`VersionHold.stopped`), count the batch
+        whose step raised as never trained (`LoopCounters.settle`: a checkpoint saved after a
+        ``test`` or ``validate`` that follows resumes it); a checkpoint
         Lightning could not migrate is named, with the field, under the traceback."""
         self.version_hold.stopped()
+        if self.train_cursor is not None:  # the batch whose step raised was not trained, whatever runs next
+            self.train_cursor.loop.settle()
         note_checkpoint_error(exception, self.trainer.ckpt_path if self.trainer is not None else None)
 
     # -- device hooks (main process, training loop thread): `DeviceStage` does the work ----------

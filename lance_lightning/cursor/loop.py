@@ -6,7 +6,9 @@ Guarantees:
   epoch being read, the steps trained before it began (a restored state's), the steps the trainer
   planned for it, and the batches of it a checkpoint may call trained: those the loader yielded,
   or (once `DataCursorCheckpoint` reports them) those whose training step ended, never a batch
-  whose step is still running (``in_flight``, read from the trainer).
+  whose step is still running (``in_flight``, read from the trainer), nor, once a fit stopped on
+  an exception, the batch that was in flight then (`LoopCounters.settle`), whatever the trainer
+  runs next.
 - `normalize_loop_state` rewrites, in the checkpoint Lightning is restoring, only the fit loop's
   progress counters, and only in the two cases where Lightning's own restart would not follow on
   from the data (Lightning 2.6, ``loops/fit_loop.py`` and ``loops/training_epoch_loop.py``):
@@ -73,6 +75,16 @@ class LoopCounters:
     def on_step_end(self) -> None:
         """A training step finished on the latest yielded batch (reported by the callback)."""
         self.consumed = min(self.yielded, (self.consumed or 0) + 1)
+
+    def settle(self) -> None:
+        """The fit stopped on an exception: the batches then in flight were never trained, for good.
+        They are handed back (no longer yielded) and the trainer is no longer asked, whose counters
+        stop saying so once it runs anything else (``test``, ``validate`` after the failed fit);
+        the loader asks it again at its next iteration."""
+        if self.in_flight is not None:
+            self.yielded -= min(self.yielded, self.in_flight())
+            self.consumed = None if self.consumed is None else min(self.consumed, self.yielded)
+            self.in_flight = None
 
     def done(self) -> int:
         """The batches of the epoch trained so far, since ``steps_before``."""

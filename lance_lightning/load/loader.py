@@ -288,8 +288,6 @@ class LanceDataLoader(DataLoader):
         # Public under the constructor's names: Lightning rebuilds a loader from its attributes.
         self.trainer = trainer
         self.progress = TrainerProgress(trainer) if trainer is not None else None
-        if self.progress is not None:
-            self.cursor.loop.in_flight = self.progress.in_flight
         self.metrics = metrics
         self.device_path = device_path
         self._ship_positions = ship_positions
@@ -313,6 +311,8 @@ class LanceDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]  # yields the batches; torch's own iterator: `start_workers`
         epoch, dataset, progress = self._next_epoch(), self.dataset, self.progress
         planned, first = (progress.planned_steps(), progress.next_batch_index()) if progress else (None, None)
+        if progress is not None:  # the trainer says which batches are in flight (again after `settle`)
+            self.cursor.loop.in_flight = progress.in_flight
         layout = self.cursor.begin_epoch(epoch, dataset.world_size, dataset.rank, planned, first)
         if self.cursor.epoch is None:  # begin_epoch sets it
             raise RuntimeError("the cursor has no data epoch after begin_epoch")

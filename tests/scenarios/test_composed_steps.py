@@ -296,3 +296,39 @@ def test_an_epoch_lightning_skips_after_a_restart_loses_no_data(tmp_path: Path) 
     )
     assert resumed.seen_epochs == [1, 2, 3]  # no epoch without a batch
     assert stopped.seen + resumed.seen == whole.seen  # data epochs 0 to 3, in order
+
+
+def test_a_checkpoint_saved_after_a_failed_fit_and_a_validate_resumes_its_batch_in_flight(tmp_path: Path) -> None:
+    """The step of batch 7 raises (no ``OnExceptionCheckpoint``, no ``DataCursorCheckpoint``); the
+    script then validates on the same trainer and saves a checkpoint. Before the fix the trainer's
+    count of batches in flight read 0 once it had validated, so the cursor counted batch 7 as
+    trained and the resume skipped it (soak seed 1639: a failed fit, then ``test`` and ``predict``)."""
+    import lightning.pytorch as pl
+
+    uri = write_dataset(tmp_path / "ds.lance", 200)
+
+    def dm() -> LanceDataModule:
+        source = LanceSource(uri, columns=["id", "x"])
+        return LanceDataModule(train=source, val=source, batch_size=10, shuffle=RowShuffle(seed=5))
+
+    class Raising(RecordingModel):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            if len(self.seen) == 7:
+                raise RuntimeError("the step of batch 7 fails")
+            return super().training_step(batch, batch_idx)
+
+    whole = fit(tmp_path, dm(), name="whole", max_epochs=2, cursor_callback=False, limit_val_batches=0)
+    crashed, module = Raising(), dm()
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="batch 7 fails"):
+        trainer.fit(crashed, datamodule=module)
+    trainer.validate(crashed, datamodule=module, verbose=False)
+    trainer.save_checkpoint(tmp_path / "after.ckpt")
+    resumed = fit(
+        tmp_path, dm(), name="resume", ckpt_path=tmp_path / "after.ckpt", max_epochs=2, cursor_callback=False,
+        limit_val_batches=0,
+    )  # fmt: skip
+    assert crashed.seen[:7] + resumed.seen == whole.seen
