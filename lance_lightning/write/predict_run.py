@@ -3,7 +3,8 @@ restricted to a run's unfinished fragments, and steps every rank finishes togeth
 
 Guarantees: `predict_source` refuses (`ConfigError`) a predict split whose row addresses do not
 name rows of the dataset it reads (no data module, a mixture, a local view, identity off);
-`restricted` reads exactly the rows of the given fragments at the given version, and
+`restricted` reads exactly the rows of the given fragments at the given version (`unpinned`: all
+the rows of a pinned source again, at its version), and
 `position_shifts` gives those rows the ``_position`` of the uninterrupted run (so `RowRandom`,
 `RandomFlip` or a seeded `DeviceAugment` draw the same); `fragments_to_read` gives every rank a
 row (finished fragments are added when fewer unfinished rows are left than ranks);
@@ -86,6 +87,11 @@ def restricted(source: PinnedSource, version: int, fragments: list[int]) -> Lanc
     ranges = " OR ".join(f"(_rowaddr >= {a << 32} AND _rowaddr < {b << 32})" for a, b in spans)
     where = ranges if source.filter is None else f"({source.filter}) AND ({ranges})"
     return LanceSource(source.location, list(source.columns), where, version, source.storage_options)
+
+
+def unpinned(source: PinnedSource) -> LanceSource:
+    """``source`` as the `LanceSource` that pins it again: the same dataset, columns, filter and version."""
+    return LanceSource(source.location, list(source.columns), source.filter, source.version, source.storage_options)
 
 
 def position_shifts(order: list[int], expected: dict[int, int], reading: list[int]) -> list[tuple[int, int]]:

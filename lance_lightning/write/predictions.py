@@ -17,7 +17,10 @@ Guarantees (docs/writing-predictions.md):
   epoch positions (``_position``) of the uninterrupted run, so per-row randomness draws the same,
   and ends with the same column values as an uninterrupted run; a rerun after the commit (also a
   second ``trainer.predict`` of the same ``Trainer``) predicts nothing and says which version
-  holds the columns. A twin run of the same command that committed first is reported as such.
+  holds the columns. A run that read only some fragments (the unfinished ones, or the ones its
+  filter matches rows of) gives the data module its own predict split back at teardown (planned
+  again at the same version), so the next ``predict`` finds this run. A twin run of the same
+  command that committed first is reported as such.
 - A rerun checks that the run's pieces still belong: a dataset deleted and written again at the
   same path (its read version's files differ, or the version is gone) starts the run over, said in
   one line; another model (class, hyperparameters, ``predict_step``/``forward`` source, weights)
@@ -107,6 +110,8 @@ class LancePredictionWriter(BasePredictionWriter):
         self.overwrite, self.flush_rows, self.table = overwrite, flush_rows, table
         #: What the last run did: rows, bytes, the committed version (None until committed).
         self.report: dict[str, Any] = {}
+        #: The plan `setup` put in place of the predict split's for this run, and the source it replaced.
+        self.planned_instead: tuple[Any, PinnedSource] | None = None
 
     # -- setup: find the run, skip what is finished ----------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -121,6 +126,7 @@ class LancePredictionWriter(BasePredictionWriter):
                 "could not commit",
                 "remove limit_predict_batches, or choose the rows with a filter on data.predict",
             )
+        self._give_back_plan(trainer)  # an earlier predict that raised did not tear down
         source = runs.predict_source(trainer.datamodule)
         self.rank, self.report, self.skipped_limit = trainer.global_rank, {}, None
         self.run = commits.run_id(
@@ -172,6 +178,7 @@ class LancePredictionWriter(BasePredictionWriter):
             shifts = runs.position_shifts(self.state["order"], self.expected, reading)
             restricted = runs.restricted(source, self.source.version, reading)
             trainer.datamodule.plan_instead("predict", restricted, shifts)
+            self.planned_instead = (trainer.datamodule.plans["predict"], source)  # given back at teardown
 
     def _skip(self, trainer: Any) -> None:
         """Read nothing this ``predict`` (the trainer's limit is given back at teardown; the loop's
@@ -181,8 +188,22 @@ class LancePredictionWriter(BasePredictionWriter):
         trainer.predict_loop.max_batches = []
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if getattr(stage, "value", stage) == "predict" and getattr(self, "skipped_limit", None) is not None:
+        if getattr(stage, "value", stage) != "predict":
+            return
+        if getattr(self, "skipped_limit", None) is not None:
             trainer.limit_predict_batches, self.skipped_limit = self.skipped_limit, None
+        self._give_back_plan(trainer)
+
+    def _give_back_plan(self, trainer: Any) -> None:
+        """Plan the predict split from its own source again (at its pinned version) where `setup`
+        planned it from the run's unfinished fragments: the restricted source has another filter,
+        so the next ``predict`` of the same trainer would name another run (whose commit it is not)."""
+        if self.planned_instead is None:
+            return
+        (planned, source), self.planned_instead = self.planned_instead, None
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is not None and datamodule.plans.get("predict") is planned:
+            datamodule.plan_instead("predict", runs.unpinned(source))
 
     def _check_folders(self, source: PinnedSource) -> None:
         """Rank zero, before any batch: the run folder (and the dataset's data folder) can be written;

@@ -289,6 +289,34 @@ def test_a_second_predict_of_one_trainer_writes_nothing_and_names_the_version(
     assert other.report["version"] == 3 and len(model.predicted) == 600
 
 
+@pytest.mark.parametrize("case", ["filter leaves fragments empty", "resumed after a stop"])
+def test_a_second_predict_after_a_restricted_read_finds_its_own_run(
+    uri: str, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Soak seed 1656: a run that read only some fragments (the filter matched no row of the last
+    ones, or a rerun read the unfinished ones) left the data module's predict plan restricted, so
+    the next ``predict`` of the same trainer named another run and was refused at its commit
+    (its read version's Merge "changed rows")."""
+    stopped = case == "resumed after a stop"
+    writer = LancePredictionWriter(columns="emb")
+    trainer = _trainer(writer, *([_StopAfter(5)] if stopped else []))
+    source = LanceSource(uri, columns=["id"], filter=None if stopped else "id < 200")
+    dm = LanceDataModule(predict=source, batch_size=16)
+    model = IdModel("tensor")
+    if stopped:
+        with pytest.raises((KeyboardInterrupt, SystemExit)):
+            trainer.predict(model, datamodule=dm, return_predictions=False)
+    trainer.predict(model, datamodule=dm, return_predictions=False)
+    assert writer.report["version"] == 2
+    with caplog.at_level("INFO"):
+        trainer.predict(model, datamodule=dm, return_predictions=False)
+    assert dm.plans["predict"].source.filter == source.filter, "the data module reads its own split again"
+    assert "nothing to write: column(s) emb" in caplog.text and "are in version 2" in caplog.text
+    assert lance.dataset(uri).version == 2
+    if stopped:
+        _emb_is_the_oracle(uri)
+
+
 def test_a_record_is_json_and_a_pickled_one_is_never_loaded(tmp_path: Path, uri: str) -> None:
     """Issue #50: the writer unpickled a schema read from the run folder (anyone who can write there
     ran code in the trainer). Records hold JSON and protobuf bytes; an old pickled record is refused."""
