@@ -190,7 +190,8 @@ def test_a_valid_schedule_is_kept_in_samples(uris):
         {"weights": [0, 1]},
     ]
     mixture = LanceMixture(_sources(uris), epoch="samples", samples=400, schedule=stages, step_samples=32)
-    assert mixture.schedule.ends == (320, 500) and mixture.weights is None
+    assert mixture.parsed_schedule is not None and mixture.parsed_schedule.ends == (320, 500)
+    assert mixture.schedule == stages and mixture.weights is None  # as given, for the hyperparameters
     again = mixture.at_versions([1, 1])
-    assert again.schedule == mixture.schedule and [s.version for s in again.sources] == [1, 1]
+    assert again.parsed_schedule == mixture.parsed_schedule and [s.version for s in again.sources] == [1, 1]
     assert "schedule=" in repr(mixture)
