@@ -293,16 +293,19 @@ os.environ["LANCE_LIGHTNING_FORKSERVER_PARENT"] = str(os.getppid())
 dm = ll.LanceDataModule(train=ll.LanceSource(sys.argv[1], columns=["id"]), batch_size=10, num_workers=2)
 try:
     next(iter(dm.train_dataloader()))
-    print(json.dumps({"error": None}))
-except ConfigError as error:
-    print(json.dumps({"error": str(error)}))
+    error = None
+except ConfigError as refused:
+    error = str(refused)
+del os.environ["LANCE_LIGHTNING_FORKSERVER_PARENT"]  # what killed it is gone: iterating again starts a new one
+ids = [i for batch in dm.train_dataloader() for i in batch["id"].tolist()]
+print(json.dumps({"error": error, "ids": ids}))
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the stock server's watch is tested on Linux")
 def test_a_fork_server_that_dies_as_the_workers_start_is_named_with_how_it_ended(tmp_path: Path) -> None:
     """Not the advice for a worker that fails as it starts (the script's main guard): the server's
-    pid, how it ended, and that iterating again starts a new one."""
+    pid, how it ended, and that iterating again starts a new one (it does, once what killed it is gone)."""
     uri = write_dataset(tmp_path / "ds.lance", 30, fragment_rows=10)
     found = _run(tmp_path, _SERVER_DIES, uri, env={ENV_SWITCH: "off", HANDOFF: "off"})
     error = found["error"]
@@ -311,3 +314,4 @@ def test_a_fork_server_that_dies_as_the_workers_start_is_named_with_how_it_ended
     )
     assert "was killed by SIGKILL" in error and "before they started" in error and "iterate again" in error, error
     assert "__main__" not in error, "the advice for a script without a main guard"
+    assert found["ids"] == list(range(30)), "iterating again did not start a new fork server"
