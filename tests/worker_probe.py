@@ -80,16 +80,25 @@ class WidenRows:
         return batch
 
 
+def hold_gil(seconds: float) -> None:
+    """Run Python (holding the GIL, as a user's per-row loop does) for ``seconds`` of wall time."""
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass
+
+
 class RecordProcess:
-    """Adds ``pid``: the process that made the batch; sleeps ``main_delay_s`` per batch outside
-    DataLoader workers, so a training process reading while its workers start is slower than they are."""
+    """Adds ``pid``: the process that made the batch; outside DataLoader workers runs Python that
+    holds the GIL for ``main_delay_s`` a batch (`hold_gil`), so a training process reading while
+    its workers start is slower than they are, and the race counts that time as its transform's
+    (`lance_lightning.load.race.Rates.gil_share`: a sleep would count nothing)."""
 
     def __init__(self, main_delay_s: float = 0.0) -> None:
         self.main_delay_s = main_delay_s
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         if self.main_delay_s and get_worker_info() is None:
-            time.sleep(self.main_delay_s)
+            hold_gil(self.main_delay_s)
         batch["pid"] = torch.full((len(batch["id"]),), os.getpid())
         return batch
 
@@ -127,19 +136,18 @@ class KilledOnRank(RecordProcess):
 
 
 class SlowInWorkers(RecordProcess):
-    """`RecordProcess` sleeping ``main_s`` a batch outside DataLoader workers, and also
-    ``worker_s`` a batch in them, so that the workers lose every trial of the race whatever the
-    load: the race counts a transform's seconds as time that may hold the GIL (it cannot tell a
-    sleep from Python code), so with ``main_s`` well above the rest of the loop's cycle (the share
-    must stay at 40% or above for 2 workers, `lance_lightning.load.race.START_GAIN`: a 2-rank DDP
-    fit at load 10 cycled at 34 ms a batch, which with 20 ms left a share of 0.75 at a retrial and
-    below 2/3 in another run) the measured share
-    opens its gate (`lance_lightning.load.race.Race.may_start_workers`), while the workers, at
-    ``worker_s / num_workers`` a batch, deliver slower than this process by far more than
-    `lance_lightning.load.race.MARGIN`. Sleeping (not spinning) costs no core on a loaded machine,
-    and a sleep's seconds do not stretch with the load as a step's do: both sides' rates are
+    """`RecordProcess` running Python that holds the GIL ``main_s`` a batch outside DataLoader
+    workers (`hold_gil`), and sleeping ``worker_s`` a batch in them, so that the workers lose every
+    trial of the race whatever the load. The race weighs the transform's CPU seconds against the
+    loop thread's (`lance_lightning.load.race.Rates.gil_share`), so with ``main_s`` well above a
+    step's CPU time the share opens the gate (40% or above for 2 workers,
+    `lance_lightning.load.race.START_GAIN`) even where a loaded machine gives the spin a fraction
+    of a core, while the workers, at ``worker_s / num_workers`` a batch, deliver slower than this
+    process by far more than `lance_lightning.load.race.MARGIN`: the spin ends at its wall-clock
+    deadline and a sleep does not stretch with the load as a step's do, so both sides' rates are
     bounded by the same training loop, and two workers at 100 ms a batch never deliver 1.15x a
-    process at 40 ms. `worker_trials` and `check_retrial_schedule` read the trials off a fit's steps."""
+    process at 40 ms. Sleeping costs the workers no core on a loaded machine. `worker_trials` and
+    `check_retrial_schedule` read the trials off a fit's steps."""
 
     def __init__(self, main_s: float = 0.04, worker_s: float = 0.2, wait_for_server: bool = False) -> None:
         super().__init__(main_delay_s=main_s)

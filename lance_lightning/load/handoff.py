@@ -3,14 +3,15 @@
 Guarantees:
 - When a `LanceDataLoader`'s iteration needs worker processes that are not running (its first
   iteration, every iteration without persistent workers), it does not wait for them: it reads the
-  epoch's batches in its own process, as with ``num_workers=0``, measuring its rate and the time
-  its transform may hold the GIL (`lance_lightning.load.race`). Only once the race finds that
-  workers could pay (`Race.may_start_workers`: at once when its outcome is forced) does
-  `WorkerStart` wait on a background thread for the fork server's imports (4.3 s on a 2-core VM:
-  longer than a 10^5-row epoch read in process), starting the server unless `start_server_early`
-  did at ``setup`` (it does where the transform may hold the GIL); a read without such a
-  transform never starts it. Started for the race, the server's imports yield the CPU to this
-  process (`server_yields`): they run on the CPU the read in process leaves idle, not on its share.
+  epoch's batches in its own process, as with ``num_workers=0``, measuring its rate and the CPU
+  time of a transform that may hold the GIL against its loop's (`lance_lightning.load.race`).
+  Only once the race finds that workers could pay (`Race.may_start_workers`: at once when its
+  outcome is forced) does `WorkerStart` wait on a background thread for the fork server's imports
+  (4.3 s on a 2-core VM: longer than a 10^5-row epoch read in process), starting the server
+  unless `start_server_early` did at ``setup`` (it does where the transform may hold the GIL); a
+  read without such a transform never starts it. Started for the race, the server's imports
+  yield the CPU to this process (`server_yields`): they run on the CPU the read in process leaves
+  idle, not on its share.
 - Once the server is ready (and a window of batches was measured in process), the loader
   starts the workers itself (a fork each) with the sequence row of the first batch it will not
   read (`handover_step`: after the batches it has read ahead, and with a buffer shuffle at the
@@ -153,19 +154,20 @@ class WorkerStop:
 
 
 class GilTimed:
-    """``transform``, each call's seconds added to ``record`` (the race's GIL share); its other
-    attributes are the transform's."""
+    """``transform``, each call's CPU seconds on its thread (not its waits: a sleep, I/O, the GIL
+    held by another thread) added to ``record`` (the race's GIL share); its other attributes are
+    the transform's."""
 
     def __init__(self, transform: Any, record: Any) -> None:
         self.transform = transform
         self.record = record
 
     def __call__(self, batch: Any) -> Any:
-        started = time.perf_counter()
+        started = time.thread_time()
         try:
             return self.transform(batch)
         finally:
-            self.record(time.perf_counter() - started)
+            self.record(time.thread_time() - started)
 
     def __getattr__(self, name: str) -> Any:
         transform = self.__dict__.get("transform")  # absent while a copy is being made
@@ -190,14 +192,15 @@ def _batches_in(item: Any) -> int:
 
 def _timed(items: Iterator[Any], race: Any, rows: int) -> Iterator[Any]:
     """``items`` read in this process, recorded in ``race`` with the seconds from the arrival of
-    the one before (the loop's whole cycle: its step, its wait); the first item only starts the clock."""
+    the one before (the loop's whole cycle: its step, its wait) and the CPU seconds the loop's
+    thread ran in them (its step); the first item only starts the clocks."""
     last = None
     for item in items:
-        got = time.perf_counter()
+        got, ran = time.perf_counter(), time.thread_time()
         if last is not None:
             batches = _batches_in(item)
-            race.in_process(batches, batches * rows, got - last)
-        last = got
+            race.in_process(batches, batches * rows, got - last[0], ran - last[1])
+        last = got, ran
         yield item
 
 

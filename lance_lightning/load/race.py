@@ -10,26 +10,31 @@ Guarantees:
   same way (`Rates.workers`): rows over the seconds of the training loop's whole cycle.
 - The workers are started at all only where they can pay (`Race.may_start_workers`): what they
   add over this process's reader threads is running, in parallel, Python code that holds the GIL.
-  So the time the training process spends in a transform that may hold it (`may_hold_gil`: any
-  callable but the package's transforms that declare ``releases_gil``) is measured while it reads
-  (`Rates.gil_share`: that time over the loop's), and the workers are started only when
-  `amdahl_gain` of that share over the workers' cores reaches `START_GAIN` (the fork server is
-  started ahead, at ``setup``, only where such a transform is configured:
-  `lance_lightning.load.handoff.start_server_early`). A read without such a transform (a scan, a
-  filter, a shuffle, a JPEG decode) never starts a process: its imports would take a core from a
-  read that uses them all. The share is a ratio of the same thread's times, yet load still
-  moves it: the 60-step loop below measured 66%-77% and a 20-step one 48%-71% in runs at
-  different loads (benchmarks/results/worker_gate_gil_busy_gate150.md,
-  worker_gate_gil_busy_gate125.md, worker_gate_gil_gate125.md), so a gate at the edge of a
-  workload's share flips between runs. `START_GAIN` is low on purpose: Amdahl's bound leaves out
-  that workers also run the rest of the read in parallel, so it understates what they deliver (a
-  60-step Python loop a row measured a share of 66%, a bound of 1.49x that kept a gate at 1.5x
-  shut, while the worker path read it 1.4x-2.7x as fast as ``num_workers=0`` in epochs 2-8 of the
-  same run: benchmarks/results/worker_gate_gil_busy_gate150.md); the gate only keeps the workers from
-  reads they cannot speed up, and the trial decides. A gate opened for workers that then lose
-  costs their trial (`Race.trial_items` messages) and retrials that back off; the fork server's
-  imports are not the gate's to spend: they start at ``setup`` wherever such a transform is
-  configured.
+  So while it reads, the CPU time of a transform that may hold it (`may_hold_gil`: any callable
+  but the package's transforms that declare ``releases_gil``) is measured on the reader threads,
+  and the CPU time of the loop's own thread (its step) on that thread (`Rates.gil_share`: the
+  transform's CPU seconds a call over those plus the loop's a batch, its share of the work the
+  GIL serializes), and the workers are started only when `amdahl_gain` of that share over the
+  workers' cores reaches `START_GAIN` (the fork server is started ahead, at ``setup``, only where
+  such a transform is configured: `lance_lightning.load.handoff.start_server_early`). A read
+  without such a transform (a scan, a filter, a shuffle, a JPEG decode) never starts a process:
+  its imports would take a core from a read that uses them all. CPU time on both sides, so a
+  call's waits (for the GIL, a sleep, I/O), which load stretches, are not the transform's. Timed
+  by wall time, as before, a transform adding one tensor a batch read 1%-11% of the loop on an
+  idle machine and 1%-17% beside two busy loops, since each call counted its wait to take the GIL
+  back after a torch op released it, and under load it opened the gate (a CI failure); in CPU
+  time it reads 2%-4% either way. Load still moves a heavy transform's share (a 600-step Python
+  loop a row: 75% idle, 61% beside two busy loops; benchmarks/results/gil_share.md,
+  gil_share_busy.md). A loop
+  that mostly waits for I/O makes the share overstate what workers gain: their trial measures it. `START_GAIN` is low on
+  purpose: Amdahl's bound leaves out that workers also run the rest of the read in parallel, so
+  it understates what they deliver (a 60-step Python loop a row measured a wall share of 66%, a
+  bound of 1.49x that kept a gate at 1.5x shut, while the worker path read it 1.4x-2.7x as fast
+  as ``num_workers=0`` in epochs 2-8 of the same run:
+  benchmarks/results/worker_gate_gil_busy_gate150.md); the gate only keeps the workers from reads
+  they cannot speed up, and the trial decides. A gate opened for workers that then lose costs
+  their trial (`Race.trial_items` messages) and retrials that back off; the fork server's imports
+  are not the gate's to spend: they start at ``setup`` wherever such a transform is configured.
 - `choose` is the decision, a pure function of the two rates: the workers only when they deliver at
   least `MARGIN` times the in-process rate; ``in_process`` otherwise (the copies between processes
   and the idle memory of workers are then not worth it). Either way every batch is read once, in
@@ -119,34 +124,44 @@ class Rates:
 
     in_process: float | None = None
     workers: float | None = None
-    #: Everything measured in process: batches, rows, seconds.
-    window: list[float] = field(default_factory=lambda: [0, 0, 0.0])
-    #: Seconds spent in a transform that may hold the GIL, summed over the reader threads.
+    #: Everything measured in process: batches, rows, seconds, and the CPU seconds of the loop's thread.
+    window: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0.0])
+    #: CPU seconds in a transform that may hold the GIL, summed over its calls on the reader threads.
     gil_seconds: float = 0.0
+    #: The calls those seconds were measured over (one a batch).
+    gil_calls: int = 0
     #: The workers' trial: messages left out, messages, rows and seconds measured.
     trial: list[float] = field(default_factory=lambda: [0, 0, 0, 0.0])
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add_in_process(self, batches: int, rows: int, seconds: float) -> None:
-        """Add to the in-process total; its rate counts once `WINDOW_BATCHES` batches are measured."""
+    def add_in_process(self, batches: int, rows: int, seconds: float, loop_cpu_seconds: float) -> None:
+        """Add to the in-process total (``loop_cpu_seconds``: what the loop's thread ran in those
+        ``seconds``); its rate counts once `WINDOW_BATCHES` batches are measured."""
         window = self.window
         window[0] += batches
         window[1] += rows
         window[2] += seconds
+        window[3] += loop_cpu_seconds
         if window[0] >= WINDOW_BATCHES:
             self.in_process = window[1] / window[2] if window[2] > 0 else float("inf")
 
     def add_gil_seconds(self, seconds: float) -> None:
-        """Add a call's seconds in a transform that may hold the GIL (from any reader thread)."""
+        """Add a call's CPU seconds in a transform that may hold the GIL (from any reader thread)."""
         with self._lock:
             self.gil_seconds += seconds
+            self.gil_calls += 1
 
     def gil_share(self) -> float | None:
-        """The share of the loop's time spent in a transform that may hold the GIL, at most 1
-        (None until the in-process window is measured)."""
+        """The transform's share of the CPU time the GIL serializes in a batch's cycle: its CPU
+        seconds a call over those plus the loop thread's CPU seconds a batch (None until the
+        in-process window is measured). CPU time on both sides, so a call's waits (the GIL held
+        elsewhere, a sleep, I/O), which load stretches, do not count; per batch on both sides, so
+        calls on batches read ahead of the loop weigh as much as those the window measured."""
         if self.in_process is None:
             return None
-        return min(1.0, self.gil_seconds / self.window[2]) if self.window[2] > 0 else 1.0
+        transform = self.gil_seconds / self.gil_calls if self.gil_calls else 0.0
+        loop = self.window[3] / self.window[0]
+        return transform / (transform + loop) if transform + loop > 0 else 0.0
 
 
 class Race:
@@ -173,9 +188,10 @@ class Race:
     def racing(self) -> bool:
         return self.forced == "race"
 
-    def in_process(self, batches: int, rows: int, seconds: float) -> None:
-        """Record ``batches`` of ``rows`` rows read in this process in ``seconds`` (the loop's cycle)."""
-        self.rates.add_in_process(batches, rows, seconds)
+    def in_process(self, batches: int, rows: int, seconds: float, loop_cpu_seconds: float) -> None:
+        """Record ``batches`` of ``rows`` rows read in this process in ``seconds`` (the loop's cycle),
+        the loop's thread running ``loop_cpu_seconds`` of them."""
+        self.rates.add_in_process(batches, rows, seconds, loop_cpu_seconds)
 
     def gain_bound(self) -> float | None:
         """The most the workers could gain (`amdahl_gain` of the GIL share over their cores)."""
@@ -266,8 +282,8 @@ class Race:
         if self.choice is None and rates.workers is None and bound is not None and not self.may_start_workers():
             return (
                 f"workers: {self.num_workers}, {how}: the training process read, the workers never started "
-                f"(a transform that may hold the GIL took {share:.0%} of its time: workers could read at most "
-                f"{bound:.2f}x faster) ({shown})"
+                f"(a transform that may hold the GIL took {share:.0%} of the loop's CPU time: workers could read "
+                f"at most {bound:.2f}x faster) ({shown})"
             )
         again = f"; the workers' trial run {self.retrials + 1} times" if self.retrials else ""
         return f"workers: {self.num_workers}, {how}: {outcome[self.choice]} ({shown}{again})"

@@ -143,9 +143,10 @@ def test_workers_of_a_script_without_a_main_guard_fail_naming_the_fix(
         [sys.executable, str(script), uri, str(carried)], text=True, timeout=300, env={**env, FORKED_SERVER: "off"}
     )
     assert done.returncode != 0
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"lance_lightning.errors.{error}: "), last
-    assert 'if __name__ == "__main__":' in last and "num_workers=0" in last, last
+    # The script's own error; the other worker may print its traceback after it (CI run of 1939a95).
+    raised = [line for line in done.stderr.splitlines() if line.startswith(f"lance_lightning.errors.{error}: ")]
+    assert len(raised) == 1, done.stderr[-3000:]
+    assert 'if __name__ == "__main__":' in raised[0] and "num_workers=0" in raised[0], raised[0]
 
 
 @pytest.mark.slow  # forkserver workers: 10-20 s on 2 busy cores
@@ -377,8 +378,8 @@ def test_workers_that_die_as_they_start_stop_the_fit(
     epoch and handed nothing, or persistent and handed the rest. Before, an epoch shorter than the
     race's window was read whole in process and its workers were started after its last batch,
     which Lightning never asks past: a 3-epoch fit ended without an error, its workers never
-    started. With the race as shipped, a transform that sleeps 30 ms a batch in this process (the
-    race counts it as time that may hold the GIL) opens the gate at the measured window: the
+    started. With the race as shipped, a transform that holds the GIL 30 ms a batch in this process (the
+    race counts its busy time) opens the gate at the measured window: the
     hand-over starts the workers mid-epoch (the model waits for the fork server before its first
     batch, `WaitsForForkServer`: the gate opens in the first epoch)."""
     monkeypatch.setenv(CHOICE_SWITCH, choice)

@@ -3,13 +3,13 @@ process (`lance_lightning.load.race.Race.retrial_due`), as users get it: ``lance
 in a subprocess with the race as shipped (``LANCE_LIGHTNING_WORKER_CHOICE`` removed from the
 environment), ``num_workers: 2``, persistent workers, on one process and on 2 DDP ranks (gloo).
 
-The transform (`tests.worker_probe.SlowInWorkers`) sleeps 30 ms a batch in the training process
-(a share of the loop's time that opens the race's gate: at least 40%, `START_GAIN` 1.25 on 2
-workers, while the rest of the loop's cycle stays under 45 ms; a 2-rank fit at load 10 took 14 ms)
-and 0.16 s a batch in a worker, so the workers lose every trial whatever the machine's load: both
-sides' rates are bounded by the same loop, and two workers at 80 ms a batch never deliver 1.15x a
-process at 30 ms (they could only where the loop's in-process cycle is over 92 ms, far past the
-75 ms at which the gate shuts). The model
+The transform (`tests.worker_probe.SlowInWorkers`) runs Python that holds the GIL for 30 ms a
+batch in the training process (the race weighs its CPU seconds against the loop thread's: a share
+that opens the race's gate, at least 40%, `START_GAIN` 1.25 on 2 workers, while a step's CPU time
+stays under 1.5 times the spin's, 45 ms where the spin has a core) and sleeps 0.16 s a batch in a
+worker, so the workers lose every trial whatever the machine's load: both sides' rates are
+bounded by the same loop, and two workers at 80 ms a batch never deliver 1.15x a process at 30 ms
+(they could only where the loop's in-process cycle is over 92 ms). The model
 (`RetrialLog`) waits at ``on_train_start`` for the fork server the data module started at
 ``setup`` (the package's own `WorkerStart`, as the loader waits for it), so the first trial
 comes in the first epoch rather than after seconds of imports; the race is otherwise as shipped.
