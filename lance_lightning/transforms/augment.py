@@ -6,20 +6,27 @@ which is where ``LanceDataModule(device_transform=...)`` runs it), replaces only
 and keeps the tensor's shape. With ``per_sample=False`` (the default) the random parameters are
 drawn once per batch (torchvision's batched semantics); ``per_sample=True`` draws them per image
 at the cost of one call per image (torchvision has no batched per-sample call). With ``seed``
-the per-image draws are reproducible: each image's transforms run with torch's CPU generator seeded
-from its row's `RowRandom` key (``seed``, epoch, position in the epoch order), so they are the same
-whatever the thread, worker, rank or batch size, and a resume repeats them. The batch then needs
-its row identity (``LanceDataModule(row_identity=...)``); the seeded calls hold a process-wide lock
-and restore the generator's state after each image.
+the per-image draws are reproducible: each image's transforms draw from a CPU generator of its
+own, seeded from its row's `RowRandom` key (``seed``, epoch, position in the epoch order), so they
+are the same whatever the thread, worker, rank or batch size, and a resume repeats them. The batch
+then needs its row identity (``LanceDataModule(row_identity=...)``). torch's global generator is
+neither read nor moved by a seeded call: while an image's transforms run, torch's random functions
+that draw on the CPU (`RANDOM_FUNCTIONS`: every one torchvision's v2 transforms call) get the
+image's generator through a torch function mode, which holds on the calling thread only, so a
+training step or a user's transform drawing from the global generator on another thread at the
+same moment draws what it would without this call. (Before, the seeded calls seeded the global
+generator and restored it after each image: a model built under ``torch.manual_seed`` while a
+reader thread augmented got other weights, a CI failure of the prediction writer's rerun check.)
+Draws on a CUDA device, as unseeded calls, come from that device's generator.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from lance_lightning.errors import ConfigError
 from lance_lightning.transforms.random import RowRandom
@@ -95,14 +102,62 @@ class DeviceAugment:
         return result
 
     def _seeded(self, images: torch.Tensor, keys: Any) -> list[torch.Tensor]:
-        """Each image through the pipeline with the CPU generator seeded by its row's key."""
+        """Each image through the pipeline, its CPU draws from a generator seeded by its row's key."""
         out = []
-        with _SEEDED, torch.random.fork_rng(devices=[]):
-            for image, key in zip(images, keys):
-                torch.manual_seed(int(key >> 1))
+        for image, key in zip(images, keys):
+            with DrawsFrom(torch.Generator().manual_seed(int(key >> 1))):
                 out.append(self.pipeline(image))
         return out
 
 
-#: Seeded calls swap the process's CPU generator state: one at a time.
-_SEEDED = threading.Lock()
+#: torch's random functions that draw from a generator, each taking ``generator=``.
+RANDOM_FUNCTIONS = frozenset(
+    {
+        torch.rand,
+        torch.randn,
+        torch.randint,
+        torch.randperm,
+        torch.rand_like,
+        torch.randn_like,
+        torch.randint_like,
+        torch.normal,
+        torch.bernoulli,
+        torch.multinomial,
+        torch.poisson,
+        torch.Tensor.uniform_,
+        torch.Tensor.normal_,
+        torch.Tensor.random_,
+        torch.Tensor.bernoulli,
+        torch.Tensor.bernoulli_,
+        torch.Tensor.multinomial,
+        torch.Tensor.exponential_,
+        torch.Tensor.cauchy_,
+        torch.Tensor.log_normal_,
+        torch.Tensor.geometric_,
+    }
+)
+
+
+class DrawsFrom(TorchFunctionMode):
+    """Within it, on the calling thread only (torch function modes are thread-local), every call
+    of `RANDOM_FUNCTIONS` that draws on the CPU and names no generator draws from ``generator``."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        super().__init__()
+        self.generator = generator
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func in RANDOM_FUNCTIONS and kwargs.get("generator") is None and _draws_on_cpu(args, kwargs):
+            kwargs["generator"] = self.generator
+        return func(*args, **kwargs)
+
+
+def _draws_on_cpu(args: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a random call draws on the CPU: its first tensor argument's device, else its
+    ``device`` argument, else torch's default device."""
+    tensor = next((arg for arg in args if isinstance(arg, torch.Tensor)), None)
+    if tensor is not None:
+        return tensor.device.type == "cpu"
+    device = kwargs.get("device")
+    return torch.device(device if device is not None else torch.get_default_device()).type == "cpu"

@@ -3,6 +3,7 @@ batch size, the reader threads, the world size or the other rows of its batch.""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -120,3 +121,50 @@ def test_device_augment_with_a_seed_draws_per_row() -> None:
     part = augment({"image": images[[9, 3]], **identity([9, 3])})["image"]
     assert torch.equal(part, whole[[9, 3]])
     assert not torch.equal(augment({"image": images, **identity(list(range(30)), epoch=1)})["image"], whole)
+
+
+class _PauseOnce(torch.nn.Module):
+    """A v2-style transform that, on its first call, says it was reached and waits to be resumed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached, self.resume = threading.Event(), threading.Event()
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        if not self.reached.is_set():
+            self.reached.set()
+            assert self.resume.wait(60), "never resumed"
+        return image
+
+
+def test_a_seeded_augment_on_another_thread_leaves_this_threads_draws_alone() -> None:
+    """CI failure on ffad2d8 (test_predict_reruns, device_augment): a seeded `DeviceAugment` run by
+    a reader thread seeded torch's global generator for each image and restored it after, so a model
+    built under ``torch.manual_seed(0)`` in the training thread at that moment got other weights, and
+    the prediction writer refused the resumed run as another model's. Here the augment pauses inside
+    an image's transforms on another thread while this thread draws: this thread's draws are those of
+    its own seed (before, they came from the row's stream, then repeated once the state was
+    restored), and the augment's output is the one it gives alone."""
+    from torchvision.transforms import v2
+
+    from lance_lightning.transforms import DeviceAugment
+
+    images = torch.rand(6, 3, 8, 8)
+    batch = {"image": images, **identity(list(range(6)))}
+    flips = [v2.RandomHorizontalFlip(), v2.RandomResizedCrop(6, antialias=True)]
+    alone = DeviceAugment(flips, seed=4)(batch)["image"]
+    pause = _PauseOnce()
+    augment = DeviceAugment([flips[0], pause, flips[1]], seed=4)
+    out: dict[str, torch.Tensor] = {}
+    worker = threading.Thread(target=lambda: out.update(augment(batch)))
+    torch.manual_seed(0)
+    drawn = [torch.rand(3)]
+    worker.start()
+    assert pause.reached.wait(60), "the augment never ran"
+    drawn.append(torch.rand(3))
+    pause.resume.set()
+    worker.join(60)
+    drawn.append(torch.rand(3))
+    torch.manual_seed(0)
+    assert torch.equal(torch.cat(drawn), torch.rand(9)), "another thread's seeded augment moved this thread's draws"
+    assert torch.equal(out["image"], alone), "this thread's draws moved the seeded augment's"
