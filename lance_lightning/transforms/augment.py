@@ -104,8 +104,10 @@ class DeviceAugment:
     def _seeded(self, images: torch.Tensor, keys: Any) -> list[torch.Tensor]:
         """Each image through the pipeline, its CPU draws from a generator seeded by its row's key."""
         out = []
-        for image, key in zip(images, keys):
-            with DrawsFrom(torch.Generator().manual_seed(int(key >> 1))):
+        generator = torch.Generator()
+        with DrawsFrom(generator):
+            for image, key in zip(images, keys):
+                generator.manual_seed(int(key >> 1))
                 out.append(self.pipeline(image))
         return out
 
@@ -147,9 +149,9 @@ class DrawsFrom(TorchFunctionMode):
         self.generator = generator
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = dict(kwargs or {})
+        kwargs = kwargs or {}
         if func in RANDOM_FUNCTIONS and kwargs.get("generator") is None and _draws_on_cpu(args, kwargs):
-            kwargs["generator"] = self.generator
+            kwargs = {**kwargs, "generator": self.generator}
         return func(*args, **kwargs)
 
 
