@@ -134,8 +134,10 @@ class Oracle:
         refused = self.run.expected_errors["stop"] is not None
         stopped = self.run.phases.get("stop")
         # The hold counts every call of the data module's state_dict while it holds as a checkpoint
-        # that may need the tags (`lance_lightning.hold`): the recorder makes one at each epoch end.
-        recorded = stopped is not None and bool(stopped.events("epoch_end", rank=0))
+        # that may need the tags (`lance_lightning.hold`): the recorder makes one at each epoch end,
+        # and every checkpoint saved counts, also one gone by now (Lightning's OnExceptionCheckpoint
+        # removes its file at the next teardown: a validate after the failed fit; seed 1962).
+        recorded = stopped is not None and bool(stopped.events("epoch_end", rank=0) or stopped.events("save", rank=0))
         for uri, tags in stop.items():
             needed = bool(self.run.checkpoints) or recorded
             held = uri in train and not refused and held_after_stop(self.scenario, needed, stop_fired(stopped))
