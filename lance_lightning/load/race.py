@@ -8,29 +8,28 @@ Guarantees:
   workers run it takes their batches for a trial (`Race.trial_items` messages, each worker's
   first message left out: it carries the worker's start) and measures their delivered rate the
   same way (`Rates.workers`): rows over the seconds of the training loop's whole cycle.
-- The workers are started at all only where they can pay (`Race.may_start_workers`): what they
-  add over this process's reader threads is running, in parallel, Python code that holds the GIL.
-  So while it reads, the CPU time of a transform that may hold it (`may_hold_gil`: any callable
-  but the package's transforms that declare ``releases_gil``) is measured on the reader threads,
-  and the CPU time of the loop's own thread (its step) on that thread (`Rates.gil_share`: the
-  transform's CPU seconds a call over those plus the loop's a batch, its share of the work the
-  GIL serializes), and the workers are started only when `amdahl_gain` of that share over the
-  workers' cores reaches `START_GAIN` (the fork server is started ahead, at ``setup``, only where
-  such a transform is configured: `lance_lightning.load.handoff.start_server_early`). A read
-  without such a transform (a scan, a filter, a shuffle, a JPEG decode) never starts a process:
-  its imports would take a core from a read that uses them all. CPU time on both sides, so a
-  call's waits (for the GIL, a sleep, I/O), which load stretches, are not the transform's. Timed
-  by wall time, as before, a transform adding one tensor a batch read 1%-11% of the loop on an
-  idle machine and 1%-17% beside two busy loops, since each call counted its wait to take the GIL
-  back after a torch op released it, and under load it opened the gate (a CI failure); in CPU
-  time it reads 2%-4% either way. Load still moves a heavy transform's share (a 600-step Python
-  loop a row: 75% idle, 61% beside two busy loops; benchmarks/results/gil_share.md,
-  gil_share_busy.md). A loop
-  that mostly waits for I/O makes the share overstate what workers gain: their trial measures it. `START_GAIN` is low on
-  purpose: Amdahl's bound leaves out that workers also run the rest of the read in parallel, so
-  it understates what they deliver (a 60-step Python loop a row measured a wall share of 66%, a
-  bound of 1.49x that kept a gate at 1.5x shut, while the worker path read it 1.4x-2.7x as fast
-  as ``num_workers=0`` in epochs 2-8 of the same run:
+- The workers are started at all only where they can pay (`Race.may_start_workers`): what they add
+  over this process's reader threads is running, in parallel, Python code that holds the GIL. So
+  while it reads, the CPU time of a transform that may hold it (`may_hold_gil`: any callable but
+  the package's transforms that declare ``releases_gil``) is measured on the reader threads, and
+  the CPU time of the loop's own thread (its step) on that thread (`Rates.gil_share`: the
+  transform's CPU seconds a call over those plus the loop's a batch, its share of the work the GIL
+  serializes), and the workers are started only when `amdahl_gain` of that share over the workers'
+  cores reaches `START_GAIN` (the fork server is started ahead, at ``setup``, only where such a
+  transform is configured: `lance_lightning.load.handoff.start_server_early`). A read without such
+  a transform (a scan, a filter, a shuffle, a JPEG decode) never starts a process: its imports
+  would take a core from a read that uses them all. CPU time on both sides, so a call's waits (for
+  the GIL, a sleep, I/O), which load stretches, are not the transform's. Timed by wall time, as
+  before, a transform adding one tensor a batch read 1%-11% of the loop on an idle machine and
+  1%-17% beside two busy loops, since each call counted its wait to take the GIL back after a
+  torch op released it, and under load it opened the gate (a CI failure); in CPU time it reads
+  2%-4% either way. Load still moves a heavy transform's share (a 600-step Python loop a row: 75%
+  idle, 61% beside two busy loops; benchmarks/results/gil_share.md, gil_share_busy.md). A loop
+  that mostly waits for I/O makes the share overstate what workers gain: their trial measures it.
+  `START_GAIN` is low on purpose: Amdahl's bound leaves out that workers also run the rest of the
+  read in parallel, so it understates what they deliver (a 60-step Python loop a row measured a
+  wall share of 66%, a bound of 1.49x that kept a gate at 1.5x shut, while the worker path read it
+  1.4x-2.7x as fast as ``num_workers=0`` in epochs 2-8 of the same run:
   benchmarks/results/worker_gate_gil_busy_gate150.md); the gate only keeps the workers from reads
   they cannot speed up, and the trial decides. A gate opened for workers that then lose costs
   their trial (`Race.trial_items` messages) and retrials that back off; the fork server's imports

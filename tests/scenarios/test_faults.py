@@ -379,7 +379,7 @@ def test_workers_that_die_as_they_start_stop_the_fit(
     race's window was read whole in process and its workers were started after its last batch,
     which Lightning never asks past: a 3-epoch fit ended without an error, its workers never
     started. With the race as shipped, a transform that holds the GIL 30 ms a batch in this process (the
-    race counts its busy time) opens the gate at the measured window: the
+    race counts its CPU time) opens the gate at the measured window: the
     hand-over starts the workers mid-epoch (the model waits for the fork server before its first
     batch, `WaitsForForkServer`: the gate opens in the first epoch)."""
     monkeypatch.setenv(CHOICE_SWITCH, choice)
