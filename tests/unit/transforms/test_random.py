@@ -168,3 +168,51 @@ def test_a_seeded_augment_on_another_thread_leaves_this_threads_draws_alone() ->
     torch.manual_seed(0)
     assert torch.equal(torch.cat(drawn), torch.rand(9)), "another thread's seeded augment moved this thread's draws"
     assert torch.equal(out["image"], alone), "this thread's draws moved the seeded augment's"
+
+
+def _random_calls(t: torch.Tensor) -> dict[Any, Any]:
+    """One CPU call of each of `RANDOM_FUNCTIONS`, none naming a generator."""
+    return {
+        torch.rand: lambda: torch.rand(3),
+        torch.randn: lambda: torch.randn(3),
+        torch.randint: lambda: torch.randint(0, 5, (3,)),
+        torch.randperm: lambda: torch.randperm(5),
+        torch.rand_like: lambda: torch.rand_like(t),
+        torch.randn_like: lambda: torch.randn_like(t),
+        torch.randint_like: lambda: torch.randint_like(t, 5),
+        torch.normal: lambda: torch.normal(0.0, 1.0, size=(3,)),
+        torch.bernoulli: lambda: torch.bernoulli(t),
+        torch.multinomial: lambda: torch.multinomial(t[0], 2),
+        torch.poisson: lambda: torch.poisson(t),
+        torch.Tensor.uniform_: lambda: t.clone().uniform_(),
+        torch.Tensor.normal_: lambda: t.clone().normal_(),
+        torch.Tensor.random_: lambda: t.clone().random_(0, 5),
+        torch.Tensor.bernoulli: lambda: t.bernoulli(),
+        torch.Tensor.bernoulli_: lambda: t.clone().bernoulli_(0.5),
+        torch.Tensor.multinomial: lambda: t[0].multinomial(2),
+        torch.Tensor.exponential_: lambda: t.clone().exponential_(),
+        torch.Tensor.cauchy_: lambda: t.clone().cauchy_(),
+        torch.Tensor.log_normal_: lambda: t.clone().log_normal_(),
+        torch.Tensor.geometric_: lambda: t.clone().geometric_(0.5),
+    }
+
+
+def test_every_random_function_the_mode_names_draws_from_its_generator_and_leaves_the_global_one() -> None:
+    """`DrawsFrom` hands ``generator=`` to each of `RANDOM_FUNCTIONS`: each call must accept it (a
+    torch whose function dropped the argument would raise), draw the same values from the same seed,
+    and leave torch's global generator where it was."""
+    from lance_lightning.transforms.augment import RANDOM_FUNCTIONS, DrawsFrom
+
+    calls = _random_calls(torch.rand(4, 4))
+    assert set(calls) == set(RANDOM_FUNCTIONS), "a function of the mode has no call here"
+    generator = torch.Generator()
+    for function, call in calls.items():
+        torch.manual_seed(0)
+        before = torch.get_rng_state()
+        drawn = []
+        for _ in range(2):
+            generator.manual_seed(1)
+            with DrawsFrom(generator):
+                drawn.append(call())
+        assert torch.equal(torch.get_rng_state(), before), f"{function} drew from the global generator"
+        assert torch.equal(drawn[0], drawn[1]), f"{function} drew other values from the same seed"
