@@ -16,7 +16,12 @@ the peer's process tree takes a larger share of the CPU than our one process (an
 loops, not only from other jobs). Ours still read 1.30x its rows/s (3,707 against 3,184) at 104
 against 188 ms of CPU per 1,000 rows. In a synthetic test not kept (a hashing loop in 2 threads
 of one process against 2 processes, same session) both got the same share beside two busy loops,
-so processes against threads as such is not the cause either; what is, is not found.
+so processes against threads as such is not the cause either. What is: how often a process tree's
+threads wake each other (``probe_wakeup_share.py``: the same hashing job got 0.99x its fair share
+with no hand-off and 2.20x handing on through a ``multiprocessing.Queue`` 574 times a second). Run
+again on 2026-12-01 (``'jpeg/ours,litdata/8k/2' --reps 2 --seconds 8 --interval 0.5``, nothing else
+beside it; ``benchmarks/results/busy_share_s27.md``): LitData's tree 1.56 CPU s/s and each busy loop
+0.21, ours 0.73 and 0.63, the busy loops never on one core.
 
 Usage::
 
