@@ -19,7 +19,8 @@ What it answered (2026-12-01 08:26 UTC, ``--units 0.04 0.01 0.0025 0.001 --reps 
 loops a third of the machine (0.67 CPU s/s) is each of the three sessions' fair share. With no
 hand-off the job got 0.99x that third at every unit. A direct pipe got 0.92x-0.97x up to 252
 hand-offs a second (1.31x at 844). A ``multiprocessing.Queue`` got more the more often it handed
-on: 0.97x at 16 a second, 1.51x at 100, 2.20x at 574, taken from the busy loops; 2 threads of one
+on: 0.97x at 16 a second, 1.51x at 100, 2.20x at 574 (on 2 cores with nothing else running that
+CPU can only come from the busy loops, which the probe does not time); 2 threads of one
 process handing to the main thread 1.21x at 80 and 1.50x at 391. So beside busy loops a loader's
 share of the CPU follows how often its threads wake each other, not only its work: torch's
 worker queue, which LitData and ``lance.torch`` read through, earns a large one
